@@ -1,0 +1,40 @@
+# `make test` works on a fresh machine: it creates .venv when missing and installs the project.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-stamp
+export NO_MKDOCS_2_WARNING := 1
+
+.PHONY: venv test lint format docs docs-build bench clean
+
+$(STAMP): pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e ".[dev,docs]"
+	@touch $(STAMP)
+
+venv: $(STAMP)
+
+lint: $(STAMP)
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
+
+format: $(STAMP)
+	$(PY) -m ruff format .
+	$(PY) -m ruff check --fix .
+
+docs-build: $(STAMP)
+	$(PY) -m mkdocs build --strict --site-dir site
+
+test: lint $(STAMP)
+	$(PY) -m pytest
+	$(MAKE) docs-build
+
+docs: $(STAMP)
+	$(PY) -m mkdocs serve
+
+bench: $(STAMP)
+	$(PY) benchmarks/run.py
+
+clean:
+	rm -rf site .pytest_cache .hypothesis build dist

@@ -1,0 +1,84 @@
+"""Shared numerics helpers for the test suite: one tolerance table, one comparison, one gradcheck."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import pytest
+import torch
+
+#: Per-dtype (rtol, atol) used by every numerical comparison in the suite.
+TOLERANCES: dict[torch.dtype, tuple[float, float]] = {
+    torch.float64: (1e-7, 1e-9),
+    torch.float32: (1e-5, 1e-6),
+    torch.float16: (1e-2, 1e-3),
+    torch.bfloat16: (2e-2, 1e-2),
+}
+
+
+def tolerance(dtype: torch.dtype, scale: float = 1.0) -> dict[str, float]:
+    """``rtol``/``atol`` keyword arguments for ``dtype``, optionally scaled up."""
+    rtol, atol = TOLERANCES.get(dtype, (0.0, 0.0))
+    return {"rtol": rtol * scale, "atol": atol * scale}
+
+
+def assert_close(
+    actual: torch.Tensor,
+    expected: torch.Tensor,
+    *,
+    dtype: torch.dtype | None = None,
+    scale: float = 1.0,
+    check_dtype: bool = True,
+    msg: str | None = None,
+) -> None:
+    """``torch.testing.assert_close`` with tolerances from :data:`TOLERANCES`.
+
+    The tolerance is picked from ``dtype`` (default: the lower-precision dtype of the two).
+    """
+    if dtype is None:
+        dtypes = [actual.dtype, expected.dtype]
+        known = [d for d in dtypes if d in TOLERANCES]
+        dtype = max(known, key=lambda d: TOLERANCES[d][0]) if known else actual.dtype
+    torch.testing.assert_close(
+        actual,
+        expected,
+        check_dtype=check_dtype,
+        msg=msg,
+        equal_nan=False,
+        **tolerance(dtype, scale),
+    )
+
+
+def gradcheck(
+    fn: Callable[..., torch.Tensor],
+    inputs: Sequence[torch.Tensor],
+    *,
+    eps: float = 1e-6,
+    atol: float = 1e-5,
+    rtol: float = 1e-3,
+) -> bool:
+    """Float64 ``torch.autograd.gradcheck`` of ``fn`` at ``inputs`` (cast to float64).
+
+    Floating inputs are cast to float64 and made to require grad; other inputs pass through.
+    Returns True, or raises with gradcheck's report.
+    """
+    prepared = []
+    for x in inputs:
+        if isinstance(x, torch.Tensor) and x.is_floating_point():
+            x = x.detach().to(torch.float64).requires_grad_(True)
+        prepared.append(x)
+    return torch.autograd.gradcheck(
+        fn, tuple(prepared), eps=eps, atol=atol, rtol=rtol, fast_mode=False
+    )
+
+
+def cpu_and_cuda() -> list:
+    """Parameters for ``@pytest.mark.parametrize("device", cpu_and_cuda())``; CUDA skips cleanly."""
+    return [
+        pytest.param(torch.device("cpu"), id="cpu"),
+        pytest.param(
+            torch.device("cuda"),
+            id="cuda",
+            marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA not available"),
+        ),
+    ]

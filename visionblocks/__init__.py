@@ -1,0 +1,43 @@
+"""visionblocks: correct, tested, fast PyTorch building blocks for detection and segmentation.
+
+Submodules (``visionblocks.losses``, ``visionblocks.ops``, ...) are imported lazily on first
+attribute access, so ``import visionblocks`` stays cheap.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from visionblocks._dispatch import get_impl, set_impl, use_impl
+
+__version__ = "0.1.0"
+
+_SUBMODULES = (
+    "backbones",
+    "data",
+    "distributed",
+    "features",
+    "init",
+    "kernels",
+    "losses",
+    "models",
+    "nn",
+    "ops",
+    "registry",
+    "weights",
+)
+
+__all__ = ["__version__", "get_impl", "set_impl", "use_impl"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _SUBMODULES:
+        module = importlib.import_module(f"{__name__}.{name}")
+        globals()[name] = module
+        return module
+    raise AttributeError(f"module 'visionblocks' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_SUBMODULES})

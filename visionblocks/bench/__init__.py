@@ -1,0 +1,59 @@
+"""Benchmark harness: our implementations timed and measured against peer libraries.
+
+A :class:`BenchCase` pairs ``ours`` with a ``peer`` on inputs built once by ``setup``, with
+optional targets (``min_speedup``, ``max_memory_ratio``). :func:`run_cases` times each pair
+interleaved (median of paired ratios, :mod:`visionblocks.bench.timing`), measures each side's
+peak extra memory in a fresh process (:mod:`visionblocks.bench.memory`) and returns
+:class:`BenchResult` objects; :func:`format_table` prints them as Markdown. ``visionblocks
+bench`` (and ``benchmarks/run.py``) run it from the command line.
+
+Adding a case: put it in a ``visionblocks/bench/cases*.py`` module listed in
+:data:`CASES`' modules, and call :func:`register_case` at import time.
+
+Only the standard library and torch are imported here; cases import their peers themselves.
+"""
+
+from __future__ import annotations
+
+from visionblocks.bench.case import (
+    CASES,
+    BenchCase,
+    get_case,
+    list_cases,
+    register_case,
+    resolve_case,
+    select_cases,
+)
+from visionblocks.bench.memory import MemoryResult, measure_memory
+from visionblocks.bench.report import (
+    TABLE_COLUMNS,
+    BenchResult,
+    format_table,
+    results_from_json,
+    results_to_json,
+)
+from visionblocks.bench.runner import add_arguments, run_cases, run_from_cli
+from visionblocks.bench.timing import TimingResult, num_threads, time_pair
+
+__all__ = [
+    "CASES",
+    "TABLE_COLUMNS",
+    "BenchCase",
+    "BenchResult",
+    "MemoryResult",
+    "TimingResult",
+    "add_arguments",
+    "format_table",
+    "get_case",
+    "list_cases",
+    "measure_memory",
+    "num_threads",
+    "register_case",
+    "resolve_case",
+    "results_from_json",
+    "results_to_json",
+    "run_cases",
+    "run_from_cli",
+    "select_cases",
+    "time_pair",
+]

@@ -1,0 +1,212 @@
+"""Peak extra memory of one call, measured in a fresh process.
+
+Method (CPU): a fresh Python process (``python -m visionblocks.bench._worker``) finds the
+case, runs ``setup``, then ``gc.collect()`` and ``malloc_trim(0)`` (glibc) so freed memory
+goes back to the OS, resets the kernel's resident-set high-water mark (``5`` written to
+``/proc/self/clear_refs``) and reads the resident set size as the baseline. It then makes
+**one** call of the measured side, the first one, and reads the high-water mark (``VmHWM``)::
+
+    extra peak = VmHWM after the call - VmRSS before it
+
+The first call is measured on purpose: a high-water mark only rises, so a second call can
+show nothing that the first did not, and what the first call allocates (caches, workspaces)
+is memory a user pays for. The returned value is kept alive until the reading, so the output's
+own memory counts.
+
+``resource.getrusage(RUSAGE_SELF).ru_maxrss`` is not used on Linux: a child process inherits
+the *parent's* resident size at ``exec`` into ``ru_maxrss``, so under a large parent (pytest,
+or a benchmark run holding big tensors) the child's own peak stays hidden. It is the fallback
+where ``/proc`` is missing (macOS), where setup's own high-water mark can hide the call's.
+
+Limits: resident memory is page-granular and counts only touched pages (``torch.empty``
+that is never written costs nothing); allocator caching and library initialisation on the
+first call count as the call's memory; expect noise of a few MiB, so compare cases that
+allocate tens of MiB or more. CUDA: when the state holds CUDA tensors, the peak is
+``torch.cuda.max_memory_allocated()`` minus ``torch.cuda.memory_allocated()`` before the call
+(tensor memory only; the caching allocator's reserve and the CUDA context are not counted).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import ctypes.util
+import gc
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
+
+import torch
+
+from visionblocks.bench.timing import uses_cuda
+
+if TYPE_CHECKING:
+    from visionblocks.bench.case import BenchCase
+
+__all__ = ["RESULT_PREFIX", "MemoryResult", "measure_here", "measure_memory"]
+
+Side = Literal["ours", "peer"]
+RESULT_PREFIX = "VISIONBLOCKS-BENCH-MEMORY "
+_STDERR_TAIL_LINES = 15
+
+
+@dataclass
+class MemoryResult:
+    """Peak extra memory of one side of a case.
+
+    Attributes:
+        side: ``"ours"`` or ``"peer"``.
+        extra_bytes: Peak memory above the baseline during the call, or ``None`` on error.
+        baseline_bytes: Memory in use after setup, before the call.
+        method: ``"vmhwm"`` (Linux resident set), ``"ru_maxrss"`` (fallback) or ``"cuda"``.
+        error: What went wrong (with the tail of the process's stderr), or ``None``.
+    """
+
+    side: str
+    extra_bytes: int | None = None
+    baseline_bytes: int | None = None
+    method: str = ""
+    error: str | None = None
+
+
+def _status_bytes(field: str) -> int | None:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1]) * 1024  # reported in kB
+    except OSError:
+        return None
+    return None
+
+
+def _reset_high_water() -> bool:
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        return False
+    return _status_bytes("VmHWM") is not None
+
+
+def _ru_maxrss_bytes() -> int:
+    import resource  # Unix only; imported here so the CLI still starts elsewhere
+
+    value = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return value if sys.platform == "darwin" else value * 1024  # bytes on macOS, KiB on Linux
+
+
+def _trim_heap() -> None:
+    name = ctypes.util.find_library("c")
+    with contextlib.suppress(OSError, AttributeError, TypeError):  # malloc_trim is glibc only
+        ctypes.CDLL(name).malloc_trim(0)
+
+
+def measure_here(case: BenchCase, side: Side) -> MemoryResult:
+    """Measure one side of ``case`` in *this* process (what the fresh process runs).
+
+    Call it only in a process made for it: the measurement resets this process's high-water
+    mark, and anything that ran before may already hold the memory the call would allocate.
+    Use :func:`measure_memory` instead.
+
+    Raises:
+        ValueError: For a ``side`` other than ``"ours"``/``"peer"``, or ``"peer"`` without a peer.
+    """
+    if side not in ("ours", "peer"):
+        raise ValueError(f"side must be 'ours' or 'peer', got {side!r}")
+    fn = case.ours if side == "ours" else case.peer
+    if fn is None:
+        raise ValueError(f"case {case.name!r} has no peer to measure")
+    torch.set_num_threads(case.threads)
+    state = case.setup()
+    gc.collect()
+    if uses_cuda(state):
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        baseline = torch.cuda.memory_allocated()
+        out = fn(state)
+        torch.cuda.synchronize()
+        peak, method = torch.cuda.max_memory_allocated(), "cuda"
+    else:
+        _trim_heap()
+        if _reset_high_water():
+            baseline, method = _status_bytes("VmRSS") or 0, "vmhwm"
+            out = fn(state)
+            peak = _status_bytes("VmHWM") or 0
+        else:
+            baseline, method = _ru_maxrss_bytes(), "ru_maxrss"
+            out = fn(state)
+            peak = _ru_maxrss_bytes()
+    del out
+    return MemoryResult(side, max(0, peak - baseline), baseline, method)
+
+
+def _child_env() -> dict[str, str]:
+    # The child must import whatever this process can (a test module, a script's folder).
+    paths = [os.path.abspath(p) if p else os.getcwd() for p in sys.path]
+    env = dict(os.environ)
+    if env.get("PYTHONPATH"):
+        paths.append(env["PYTHONPATH"])
+    env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
+    return env
+
+
+def _tail(text: str) -> str:
+    lines = text.strip().splitlines()
+    return "\n".join(lines[-_STDERR_TAIL_LINES:])
+
+
+def measure_memory(case: BenchCase | str, side: Side, *, timeout: float = 600.0) -> MemoryResult:
+    """Peak extra memory of one call of ``case``'s ``side``, in a fresh process.
+
+    The fresh process finds the case by name after importing the modules that define its
+    functions (so built-in, plugin, script and test-module cases all work), or from a
+    ``"module:attr"`` string. See the module docstring for the method and its limits.
+
+    Args:
+        case: A case, or a string for :func:`~visionblocks.bench.case.resolve_case`
+            (a registered name or ``"module:attr"``).
+        side: ``"ours"`` or ``"peer"``.
+        timeout: Seconds before the process is killed and an error is reported.
+
+    Returns:
+        MemoryResult: ``extra_bytes`` in bytes; never raises for a failing case: ``error``
+        then holds the reason and the tail of the process's stderr.
+
+    Raises:
+        ValueError: For a ``side`` other than ``"ours"``/``"peer"``.
+
+    Example:
+        >>> result = measure_memory("no_such_case", "ours")  # runs a fresh process
+        >>> result.extra_bytes is None, "no_such_case" in result.error
+        (True, True)
+    """
+    from visionblocks.bench.case import BenchCase, case_origins
+
+    if side not in ("ours", "peer"):
+        raise ValueError(f"side must be 'ours' or 'peer', got {side!r}")
+    if isinstance(case, BenchCase):
+        spec, imports = case.name, case_origins(case)
+    elif isinstance(case, str):
+        spec, imports = case, []
+    else:
+        raise TypeError(f"case must be a BenchCase or a str, got {type(case).__name__}")
+    cmd = [sys.executable, "-m", "visionblocks.bench._worker", spec, side]
+    for origin in imports:
+        cmd += ["--import", origin]
+    try:
+        proc = subprocess.run(
+            cmd, capture_output=True, text=True, timeout=timeout, env=_child_env(), check=False
+        )
+    except subprocess.TimeoutExpired:
+        return MemoryResult(side, error=f"timed out after {timeout:g} s")
+    except OSError as exc:
+        return MemoryResult(side, error=f"could not start {sys.executable}: {exc}")
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(RESULT_PREFIX)]
+    if proc.returncode != 0 or not lines:
+        return MemoryResult(side, error=f"exit status {proc.returncode}\n{_tail(proc.stderr)}")
+    data: dict[str, Any] = json.loads(lines[-1][len(RESULT_PREFIX) :])
+    return MemoryResult(**data)

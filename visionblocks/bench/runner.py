@@ -1,0 +1,190 @@
+"""Running selected cases, and the ``visionblocks bench`` command built on it."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import traceback
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from visionblocks.bench.case import CASES, get_case, list_cases, select_cases
+from visionblocks.bench.memory import measure_memory
+from visionblocks.bench.report import BenchResult, format_table, results_to_json
+from visionblocks.bench.timing import time_pair
+
+__all__ = ["add_arguments", "run_cases", "run_from_cli"]
+
+_TRACEBACK_LINES = 15
+
+
+def run_cases(
+    patterns: Sequence[str] | None = None,
+    repeats: int = 20,
+    warmup: int = 3,
+    memory: bool = True,
+    *,
+    progress: Callable[[str], None] | None = None,
+) -> list[BenchResult]:
+    """Time (and measure the memory of) every case matching ``patterns``.
+
+    A case that fails is reported in its result (``error``, verdict ``"error"``) and the run
+    goes on; so does a failed memory measurement. Missed targets are reported, not raised.
+
+    Args:
+        patterns: fnmatch patterns over case names; ``None`` or empty runs every case.
+        repeats: Timed pairs per case (see :func:`~visionblocks.bench.timing.time_pair`).
+        warmup: Untimed calls of each side before timing.
+        memory: Measure peak memory (of cases with ``memory=True``), each side in a fresh
+            process (see :func:`~visionblocks.bench.memory.measure_memory`).
+        progress: Called with a line of text after each case (e.g. ``print``).
+
+    Returns:
+        list[BenchResult]: One result per case, in name order.
+
+    Raises:
+        ValueError: If a pattern matches no case, ``repeats < 1`` or ``warmup < 0``.
+
+    Example:
+        >>> import torch
+        >>> from visionblocks.bench import BenchCase, register_case
+        >>> _ = register_case(BenchCase("doc_mul", setup=lambda: torch.ones(4), ours=torch.square))
+        >>> [r.verdict for r in run_cases(["doc_mul"], repeats=2, warmup=0, memory=False)]
+        ['-']
+        >>> CASES._remove("doc_mul")
+    """
+    if not isinstance(repeats, int) or repeats < 1:
+        raise ValueError(f"repeats must be an int >= 1, got {repeats!r}")
+    if not isinstance(warmup, int) or warmup < 0:
+        raise ValueError(f"warmup must be an int >= 0, got {warmup!r}")
+    cases = select_cases(patterns)
+    results = []
+    for i, case in enumerate(cases, 1):
+        result = BenchResult(
+            case=case.name,
+            peer_name=case.peer_name,
+            description=case.description,
+            min_speedup=case.min_speedup,
+            max_memory_ratio=case.max_memory_ratio,
+            threads=case.threads,
+        )
+        try:
+            result.timing = time_pair(case, repeats=repeats, warmup=warmup)
+        except Exception:
+            lines = traceback.format_exc().strip().splitlines()
+            result.error = "\n".join(lines[-_TRACEBACK_LINES:])
+        if memory and case.memory and result.error is None:
+            result.ours_memory = measure_memory(case, "ours")
+            if case.peer is not None:
+                result.peer_memory = measure_memory(case, "peer")
+        results.append(result)
+        if progress is not None:
+            progress(f"[{i}/{len(cases)}] {case.name}: {result.verdict}")
+    return results
+
+
+def _int_at_least(minimum: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"expected an integer >= {minimum}, got {value}")
+        return value
+
+    return parse
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the ``visionblocks bench`` arguments to ``parser``.
+
+    Example:
+        >>> import argparse
+        >>> parser = argparse.ArgumentParser()
+        >>> add_arguments(parser)
+        >>> args = parser.parse_args(["focal*", "--repeats", "5", "--no-memory"])
+        >>> args.patterns, args.repeats, args.warmup, args.memory, args.list
+        (['focal*'], 5, 3, False, False)
+    """
+    parser.add_argument(
+        "patterns",
+        nargs="*",
+        metavar="PATTERN",
+        help="fnmatch patterns of case names (default: all)",
+    )
+    parser.add_argument(
+        "--repeats", type=_int_at_least(1), default=20, help="timed pairs per case (default: 20)"
+    )
+    parser.add_argument(
+        "--warmup", type=_int_at_least(0), default=3, help="untimed calls per side (default: 3)"
+    )
+    parser.add_argument(
+        "--no-memory",
+        dest="memory",
+        action="store_false",
+        help="skip the peak-memory measurement (one fresh process per case and side)",
+    )
+    parser.add_argument("--json", metavar="PATH", default=None, help="write results as JSON")
+    parser.add_argument(
+        "--markdown", metavar="PATH", default=None, help="write the results table as Markdown"
+    )
+    parser.add_argument("--list", action="store_true", help="list the case names and exit")
+
+
+def _print_list(patterns: Sequence[str]) -> None:
+    names = sorted({n for p in (patterns or ["*"]) for n in list_cases(p)})
+    if not names:
+        what = f"match {', '.join(map(repr, patterns))}" if patterns else "are registered yet"
+        print(f"no benchmark cases {what}")
+    for name in names:
+        case = get_case(name)
+        peer = f"vs {case.peer_name}" if case.peer is not None else "no peer"
+        about = f": {case.description}" if case.description else ""
+        print(f"{name}  ({peer}){about}")
+
+
+def _write(path: str, text: str) -> None:
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(text, encoding="utf-8")
+    print(f"wrote {target}", file=sys.stderr)
+
+
+def run_from_cli(args: argparse.Namespace) -> int:
+    """Run ``visionblocks bench`` with parsed ``args``; returns the exit status.
+
+    Prints the table and returns 0, missed targets included (they show in the table). Returns
+    1 when a pattern matches no case, with a message listing the available cases. With no
+    cases registered at all (and no pattern), says so and returns 0.
+    """
+    patterns = list(args.patterns or [])
+    if args.list:
+        _print_list(patterns)
+        return 0
+    if not patterns and not CASES.list():
+        print(
+            "visionblocks bench: no benchmark cases are registered yet "
+            "(see benchmarks/README.md to add one); nothing to run",
+            file=sys.stderr,
+        )
+        return 0
+    try:
+        results = run_cases(
+            patterns,
+            repeats=args.repeats,
+            warmup=args.warmup,
+            memory=args.memory,
+            progress=lambda line: print(line, file=sys.stderr, flush=True),
+        )
+    except ValueError as exc:
+        print(f"visionblocks bench: {exc}", file=sys.stderr)
+        return 1
+    table = format_table(results)
+    print(table)
+    if args.json:
+        _write(args.json, json.dumps(results_to_json(results), indent=2) + "\n")
+    if args.markdown:
+        _write(args.markdown, table + "\n")
+    return 0

@@ -1,0 +1,166 @@
+"""Interleaved timing of our implementation against a peer's.
+
+Method: ``setup`` runs once; both sides are warmed up; then each repeat times ``ours`` and
+``peer`` back to back with :func:`time.perf_counter`, alternating which goes first (even
+repeats ours first, odd repeats peer first) so neither side always inherits a warm or cold
+cache. Each repeat gives a paired ratio ``t_peer / t_ours``; the reported speedup is the median
+of those ratios, with its interquartile range, which is robust to a noisy neighbour slowing a
+few repeats. When the state holds CUDA tensors, every timed call is bracketed by
+``torch.cuda.synchronize()``.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+if TYPE_CHECKING:
+    from visionblocks.bench.case import BenchCase
+
+__all__ = ["TimingResult", "num_threads", "time_pair"]
+
+
+@dataclass
+class TimingResult:
+    """Timings of one case.
+
+    Attributes:
+        ours_ms: Median time of one ``ours`` call, in milliseconds.
+        peer_ms: Median time of one ``peer`` call, or ``None`` without a peer.
+        speedup: Median of the paired ratios ``t_peer / t_ours`` (> 1: ours is faster).
+        speedup_q1: First quartile of the paired ratios.
+        speedup_q3: Third quartile of the paired ratios.
+        ours_times_ms: Every timed ``ours`` call, in order.
+        peer_times_ms: Every timed ``peer`` call, in order (empty without a peer).
+    """
+
+    ours_ms: float
+    peer_ms: float | None = None
+    speedup: float | None = None
+    speedup_q1: float | None = None
+    speedup_q3: float | None = None
+    ours_times_ms: list[float] = field(default_factory=list)
+    peer_times_ms: list[float] = field(default_factory=list)
+
+
+@contextmanager
+def num_threads(n: int) -> Iterator[None]:
+    """Run the block with ``torch.set_num_threads(n)``, restoring the old value after.
+
+    Example:
+        >>> import torch
+        >>> before = torch.get_num_threads()
+        >>> with num_threads(1):
+        ...     torch.get_num_threads()
+        1
+        >>> torch.get_num_threads() == before
+        True
+    """
+    old = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(old)
+
+
+def iter_tensors(obj: Any, depth: int = 3) -> Iterator[torch.Tensor]:
+    """Tensors found in a state object: itself, sequences, dict values, object attributes."""
+    if isinstance(obj, torch.Tensor):
+        yield obj
+    elif depth <= 0 or obj is None or isinstance(obj, (str, bytes, int, float, bool)):
+        return
+    elif isinstance(obj, dict):
+        for value in obj.values():
+            yield from iter_tensors(value, depth - 1)
+    elif isinstance(obj, (list, tuple, set)):
+        for value in obj:
+            yield from iter_tensors(value, depth - 1)
+    elif isinstance(obj, torch.nn.Module):
+        yield from obj.parameters()
+    elif hasattr(obj, "__dict__"):
+        for value in vars(obj).values():
+            yield from iter_tensors(value, depth - 1)
+
+
+def uses_cuda(state: Any) -> bool:
+    """Whether any tensor in ``state`` lives on a CUDA device."""
+    return any(t.is_cuda for t in iter_tensors(state))
+
+
+def _quartiles(values: Sequence[float]) -> tuple[float, float]:
+    if len(values) < 2:
+        return values[0], values[0]
+    q1, _, q3 = statistics.quantiles(values, n=4, method="inclusive")
+    return q1, q3
+
+
+def _timed(fn: Callable[[Any], Any], state: Any, sync: Callable[[], None]) -> float:
+    sync()
+    start = time.perf_counter()
+    fn(state)
+    sync()
+    return (time.perf_counter() - start) * 1e3
+
+
+def time_pair(case: BenchCase, repeats: int = 20, warmup: int = 3) -> TimingResult:
+    """Time ``case.ours`` against ``case.peer``, interleaved (see the module docstring).
+
+    Args:
+        case: The case; ``setup`` runs once, under ``torch.set_num_threads(case.threads)``.
+        repeats: Timed pairs (>= 1).
+        warmup: Untimed calls of each side before timing (>= 0).
+
+    Returns:
+        TimingResult: Medians, the median paired speedup and its interquartile range; the peer
+        fields are ``None`` when ``case.peer`` is ``None``.
+
+    Raises:
+        ValueError: If ``repeats < 1`` or ``warmup < 0``.
+
+    Example:
+        >>> import torch
+        >>> from visionblocks.bench import BenchCase
+        >>> case = BenchCase("doc_sum", setup=lambda: torch.ones(16), ours=torch.sum)
+        >>> result = time_pair(case, repeats=3, warmup=1)
+        >>> len(result.ours_times_ms), result.speedup is None
+        (3, True)
+    """
+    if not isinstance(repeats, int) or repeats < 1:
+        raise ValueError(f"repeats must be an int >= 1, got {repeats!r}")
+    if not isinstance(warmup, int) or warmup < 0:
+        raise ValueError(f"warmup must be an int >= 0, got {warmup!r}")
+    with num_threads(case.threads):
+        state = case.setup()
+        sync = torch.cuda.synchronize if uses_cuda(state) else (lambda: None)
+        for _ in range(warmup):
+            case.ours(state)
+            if case.peer is not None:
+                case.peer(state)
+        ours: list[float] = []
+        peer: list[float] = []
+        for i in range(repeats):
+            if case.peer is None:
+                ours.append(_timed(case.ours, state, sync))
+            elif i % 2 == 0:
+                ours.append(_timed(case.ours, state, sync))
+                peer.append(_timed(case.peer, state, sync))
+            else:
+                peer.append(_timed(case.peer, state, sync))
+                ours.append(_timed(case.ours, state, sync))
+        del state
+    result = TimingResult(ours_ms=statistics.median(ours), ours_times_ms=ours)
+    if peer:
+        # A timer tick can read 0.0 for very fast calls; clamp so the ratio stays finite.
+        ratios = [p / max(o, 1e-9) for o, p in zip(ours, peer)]
+        result.peer_ms = statistics.median(peer)
+        result.peer_times_ms = peer
+        result.speedup = statistics.median(ratios)
+        result.speedup_q1, result.speedup_q3 = _quartiles(ratios)
+    return result

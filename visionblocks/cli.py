@@ -1,0 +1,97 @@
+"""The ``visionblocks`` command (also ``python -m visionblocks``).
+
+Subcommands:
+
+- ``visionblocks list [REGISTRY|kernels]``: registered names per registry, or the fast-path report.
+- ``visionblocks bench [PATTERN ...]``: run the benchmark cases and print the table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+import visionblocks
+from visionblocks.registry import REGISTRIES, get_registry
+
+__all__ = ["build_parser", "main"]
+
+
+def _cmd_list(args: argparse.Namespace) -> int:
+    if args.registry == "kernels":
+        from visionblocks.kernels import available
+
+        report = available()
+        triton = report["triton"] or f"unavailable ({report['reason']})"
+        print(f"triton:        {triton}")
+        print(f"interpreter:   {'on (TRITON_INTERPRET=1)' if report['interpret'] else 'off'}")
+        print(f"cuda device:   {report['cuda'] or 'none'}")
+        print(f"default impl:  {report['default_impl']}")
+        ops = report["ops"]
+        print(f"kernel ops:    {', '.join(ops) if ops else '(none)'}")
+        return 0
+    if args.registry is not None:
+        try:
+            registries = [get_registry(args.registry)]
+        except KeyError as exc:
+            print(f"visionblocks list: {exc.args[0]} (or 'kernels')", file=sys.stderr)
+            return 2
+    else:
+        registries = [REGISTRIES[name] for name in sorted(REGISTRIES)]
+    for registry in registries:
+        names = registry.list()
+        print(f"{registry.name} ({len(names)}): {registry.description}")
+        for name in names:
+            aliases = registry.aliases(name)
+            suffix = f"  (aliases: {', '.join(aliases)})" if aliases else ""
+            print(f"  {name}{suffix}")
+    return 0
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    from visionblocks.bench import run_from_cli
+
+    return run_from_cli(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of the ``visionblocks`` command."""
+    parser = argparse.ArgumentParser(
+        prog="visionblocks",
+        description="PyTorch building blocks for detection and segmentation.",
+    )
+    parser.add_argument(
+        "--version", action="version", version=f"visionblocks {visionblocks.__version__}"
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    p_list = sub.add_parser("list", help="list registered names, or the triton kernel report")
+    p_list.add_argument(
+        "registry",
+        nargs="?",
+        default=None,
+        help=f"one of: {', '.join(sorted(REGISTRIES))}, kernels (default: all registries)",
+    )
+    p_list.set_defaults(func=_cmd_list)
+
+    from visionblocks.bench import add_arguments as add_bench_arguments
+
+    p_bench = sub.add_parser("bench", help="run benchmarks against peer implementations")
+    add_bench_arguments(p_bench)
+    p_bench.set_defaults(func=_cmd_bench)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; returns the exit status."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if getattr(args, "func", None) is None:
+        parser.print_help()
+        return 0
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
