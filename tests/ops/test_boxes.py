@@ -1,0 +1,159 @@
+"""box_convert, box_area and input validation of the IoU family (visionblocks.ops.boxes).
+
+The numerics of the IoU family are in test_box_iou.py.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+import torchvision.ops as tvo
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tests.helpers import assert_close
+from visionblocks.ops.boxes import (
+    BOX_FORMATS,
+    box_area,
+    box_convert,
+    box_iou,
+    complete_box_iou,
+    distance_box_iou,
+    generalized_box_iou,
+)
+
+IOU_FUNCTIONS = [box_iou, generalized_box_iou, distance_box_iou, complete_box_iou]
+
+
+def random_boxes(*shape: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Valid xyxy boxes of shape ``(*shape, 4)``, sides in [1, 51]."""
+    xy = torch.rand(*shape, 2, dtype=torch.float64) * 100
+    wh = torch.rand(*shape, 2, dtype=torch.float64) * 50 + 1
+    return torch.cat([xy, xy + wh], dim=-1).to(dtype)
+
+
+# --- box_convert ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("in_fmt,out_fmt", list(itertools.product(BOX_FORMATS, repeat=2)))
+@pytest.mark.parametrize("shape", [(7,), (2, 3), (0,)])
+def test_box_convert_matches_torchvision(in_fmt, out_fmt, dtype, shape):
+    boxes = random_boxes(*shape, dtype=dtype)
+    expected = tvo.box_convert(boxes, in_fmt, out_fmt)
+    actual = box_convert(boxes, in_fmt, out_fmt)
+    assert actual.shape == (*shape, 4)
+    assert_close(actual, expected)
+
+
+@pytest.mark.parametrize("in_fmt,out_fmt", list(itertools.product(BOX_FORMATS, repeat=2)))
+def test_box_convert_integer_dtype_as_torchvision(in_fmt, out_fmt):
+    boxes = torch.tensor([[2, 4, 10, 20], [0, 0, 3, 5]])
+    expected = tvo.box_convert(boxes, in_fmt, out_fmt)
+    actual = box_convert(boxes, in_fmt, out_fmt)
+    assert actual.dtype == expected.dtype
+    assert_close(actual, expected)
+
+
+def test_box_convert_same_format_returns_a_copy():
+    boxes = random_boxes(3)
+    out = box_convert(boxes, "xyxy", "xyxy")
+    assert out is not boxes and out.data_ptr() != boxes.data_ptr()
+    assert torch.equal(out, boxes)
+
+
+def test_box_convert_gradient_flows():
+    boxes = random_boxes(4, dtype=torch.float64).requires_grad_()
+    torch.autograd.gradcheck(lambda b: box_convert(b, "cxcywh", "xywh"), (boxes,))
+
+
+_coord = st.floats(-1e3, 1e3, allow_nan=False, width=64)
+_size = st.floats(0.0, 1e3, allow_nan=False, width=64)
+
+
+@settings(max_examples=50, deadline=None)
+@given(
+    boxes=st.lists(st.tuples(_coord, _coord, _size, _size), min_size=1, max_size=8),
+    fmts=st.tuples(st.sampled_from(BOX_FORMATS), st.sampled_from(BOX_FORMATS)),
+)
+def test_box_convert_round_trip(boxes, fmts):
+    xyxy = box_convert(torch.tensor(boxes, dtype=torch.float64), "xywh", "xyxy")
+    start, middle = fmts
+    boxes_start = box_convert(xyxy, "xyxy", start)
+    back = box_convert(box_convert(boxes_start, start, middle), middle, start)
+    torch.testing.assert_close(back, boxes_start, rtol=1e-9, atol=1e-9)
+
+
+# --- box_area ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.uint8, torch.int64]
+)
+def test_box_area_matches_torchvision(dtype):
+    boxes = random_boxes(2, 5).to(dtype)
+    expected = tvo.box_area(boxes)
+    actual = box_area(boxes)
+    assert actual.dtype == expected.dtype
+    assert actual.shape == (2, 5)
+    assert_close(actual, expected)
+
+
+def test_box_area_inverted_box_is_negative_like_torchvision():
+    boxes = torch.tensor([[4.0, 0.0, 2.0, 3.0]])
+    assert box_area(boxes).item() == tvo.box_area(boxes).item() == -6.0
+
+
+# --- bad inputs ---------------------------------------------------------------------------
+
+
+def test_box_convert_unknown_format_lists_valid_ones():
+    with pytest.raises(
+        ValueError, match=r"in_fmt must be one of 'xyxy', 'xywh', 'cxcywh'; got 'xyhw'"
+    ):
+        box_convert(random_boxes(2), "xyhw", "xyxy")
+    with pytest.raises(ValueError, match=r"out_fmt must be one of .*got 'xywhr'"):
+        box_convert(random_boxes(2), "xyxy", "xywhr")
+
+
+@pytest.mark.parametrize("fn", [box_area, lambda b: box_convert(b, "xyxy", "xywh")])
+def test_box_functions_reject_bad_boxes(fn):
+    with pytest.raises(ValueError, match=r"boxes must have shape \(\.\.\., 4\).*got \(3, 5\)"):
+        fn(torch.zeros(3, 5))
+    with pytest.raises(ValueError, match=r"got \(\)"):
+        fn(torch.tensor(1.0))
+    with pytest.raises(TypeError, match="boxes must be a torch.Tensor, got list"):
+        fn([[0.0, 0.0, 1.0, 1.0]])
+
+
+@pytest.mark.parametrize("fn", IOU_FUNCTIONS)
+def test_iou_rejects_bad_inputs(fn):
+    boxes = random_boxes(3)
+    with pytest.raises(TypeError, match="boxes1 must be a torch.Tensor, got list"):
+        fn([[0.0, 0.0, 1.0, 1.0]], boxes)
+    with pytest.raises(ValueError, match=r"boxes2 must have shape \(\.\.\., 4\).*got \(3, 5\)"):
+        fn(boxes, torch.zeros(3, 5))
+    with pytest.raises(ValueError, match=r"boxes1 must have shape \(\.\.\., N, 4\).*got \(4,\)"):
+        fn(torch.zeros(4), boxes)
+    with pytest.raises(ValueError, match=r"batch dims .* got \(2,\) and \(3,\)"):
+        fn(random_boxes(2, 5), random_boxes(3, 4))
+    with pytest.raises(ValueError, match=r"all but the last dim.* got \(3,\) and \(4,\)"):
+        fn(boxes, random_boxes(4), aligned=True)
+    with pytest.raises(ValueError, match=r"eps must be in \[0.0, inf\), got -1e-07"):
+        fn(boxes, boxes, eps=-1e-7)
+    with pytest.raises(TypeError, match="eps must be float"):
+        fn(boxes, boxes, eps="1e-7")
+    with pytest.raises(TypeError, match="eps must be float, got bool"):
+        fn(boxes, boxes, eps=True)
+    with pytest.raises(TypeError, match="aligned must be bool, got int"):
+        fn(boxes, boxes, aligned=1)
+    with pytest.raises(TypeError, match="must be real"):
+        fn(boxes.to(torch.complex64), boxes)
+
+
+def test_iou_positional_options_are_rejected():
+    boxes = random_boxes(3)
+    with pytest.raises(TypeError):
+        box_iou(boxes, boxes, True)  # aligned and eps are keyword-only

@@ -1,0 +1,346 @@
+"""Axis-aligned boxes: format conversion, area, and the IoU family (IoU, GIoU, DIoU, CIoU).
+
+Every function takes boxes with any number of leading dims, ``(..., 4)``. The four overlap
+measures come in two shapes: **pairwise** (``aligned=False``, the default) compares every box
+of ``boxes1 (..., N, 4)`` with every box of ``boxes2 (..., M, 4)`` and returns ``(..., N, M)``;
+**aligned** (``aligned=True``) compares ``boxes1[..., i, :]`` with ``boxes2[..., i, :]`` and
+returns ``(..., N)`` — the diagonal of the pairwise matrix, without the ``N×M`` cost.
+Leading (batch) dims must be equal or broadcastable, as in ``torch.matmul`` (pairwise) or
+element-wise ops (aligned): one set of ground-truth boxes ``(M, 4)`` against a batch of
+predictions ``(B, N, 4)`` gives ``(B, N, M)``.
+
+For valid boxes the pairwise results equal torchvision's `box_iou`, `generalized_box_iou`,
+`distance_box_iou` and `complete_box_iou`. Unlike torchvision, degenerate boxes give finite
+values and gradients, and large pairwise problems are computed in chunks of rows of
+``boxes1``, so memory beyond the ``N×M`` output stays a few MiB: 3000×3000 GIoU needs about
+45 MiB including its 34 MiB output, where torchvision, which materialises several ``N×M×2``
+temporaries, needs about 410 MiB.
+
+Convention:
+    Formats (``fmt`` strings of `box_convert`):
+
+    - ``"xyxy"``: ``(x1, y1, x2, y2)``, top-left and bottom-right corners. The format of
+      `box_area` and of the IoU family.
+    - ``"xywh"``: ``(x1, y1, w, h)``, top-left corner, width and height.
+    - ``"cxcywh"``: ``(cx, cy, w, h)``, centre, width and height.
+
+    x grows to the right and y downwards (image coordinates), so a valid box has
+    ``x1 <= x2`` and ``y1 <= y2``; ``w = x2 - x1`` and ``h = y2 - y1`` with no ``+ 1``
+    (continuous coordinates: the box ``(0, 0, 2, 2)`` covers 2×2 pixels). Units are free —
+    pixels or coordinates normalised to ``[0, 1]`` — as long as both sets of boxes agree.
+
+    A **zero-area** (degenerate) box has ``w == 0`` or ``h == 0`` (a line or a point). Its
+    intersection with anything is 0, so its IoU is 0 — also against an identical box, which
+    torchvision answers with 0/0 = NaN. Denominators that can vanish (the union, the
+    enclosing box's area) are clamped to ``eps``; the centre-distance term of DIoU/CIoU
+    divides by ``diagonal² + eps`` (as torchvision does). Numerators never get an ``eps``,
+    so valid boxes give torchvision's values — unless their union is below ``eps``: with
+    normalised coordinates and boxes smaller than ``sqrt(eps)`` (3e-4 for the default), pass a
+    smaller ``eps`` (``eps=0`` gives torchvision's behaviour, NaN included).
+
+    An **inverted** box (``x2 < x1`` or ``y2 < y1``) is not valid. It is not rejected (a check
+    would make the GPU wait for the host); the IoU family collapses it to a zero-width
+    (zero-height) box at ``x1`` (``y1``), so results stay finite and in range: IoU 0, GIoU in
+    ``[-1, 0]``. `box_area` returns its negative area, as torchvision does.
+
+Dtypes:
+    The IoU family computes and returns float32 for float16, bfloat16 and integer boxes
+    (torchvision upcasts half boxes with ``_upcast`` and divides integer areas, giving
+    float32), float64 for float64 boxes; mixed inputs promote first. `box_area` follows
+    torchvision's ``_upcast``: float16/bfloat16 → float32, integers narrower than 32 bits →
+    int32, otherwise the input dtype. `box_convert` keeps the input dtype (integer boxes
+    give floating centres for ``"cxcywh"``, as torchvision's do).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+from torch import Tensor
+
+from visionblocks._check import check_choice, check_last_dim, check_tensor
+from visionblocks.ops._box_iou import overlap
+
+__all__ = [
+    "BOX_FORMATS",
+    "box_area",
+    "box_convert",
+    "box_iou",
+    "complete_box_iou",
+    "distance_box_iou",
+    "generalized_box_iou",
+]
+
+BoxFormat = Literal["xyxy", "xywh", "cxcywh"]
+#: The formats `box_convert` understands.
+BOX_FORMATS: tuple[str, ...] = ("xyxy", "xywh", "cxcywh")
+
+
+def _to_xyxy(boxes: Tensor, fmt: str) -> Tensor:
+    a, b, c, d = boxes.unbind(-1)
+    if fmt == "xywh":
+        return torch.stack((a, b, a + c, b + d), dim=-1)
+    if fmt == "cxcywh":
+        return torch.stack((a - 0.5 * c, b - 0.5 * d, a + 0.5 * c, b + 0.5 * d), dim=-1)
+    return boxes
+
+
+def _from_xyxy(boxes: Tensor, fmt: str) -> Tensor:
+    x1, y1, x2, y2 = boxes.unbind(-1)
+    if fmt == "xywh":
+        return torch.stack((x1, y1, x2 - x1, y2 - y1), dim=-1)
+    if fmt == "cxcywh":
+        return torch.stack(((x1 + x2) / 2, (y1 + y2) / 2, x2 - x1, y2 - y1), dim=-1)
+    return boxes
+
+
+def box_convert(boxes: Tensor, in_fmt: BoxFormat, out_fmt: BoxFormat) -> Tensor:
+    """Convert boxes between the ``"xyxy"``, ``"xywh"`` and ``"cxcywh"`` formats.
+
+    Same values as ``torchvision.ops.box_convert`` for these formats (conversions between
+    ``"xywh"`` and ``"cxcywh"`` go through ``"xyxy"``, as there).
+
+    Args:
+        boxes (Tensor[..., 4]): Boxes in ``in_fmt``; any leading dims.
+        in_fmt: Format of ``boxes``: ``"xyxy"``, ``"xywh"`` or ``"cxcywh"``.
+        out_fmt: Format to return.
+
+    Returns:
+        Tensor[..., 4]: A new tensor (a copy when ``in_fmt == out_fmt``), in ``boxes``' dtype
+        — except that integer boxes give floating-point ``"cxcywh"`` centres and ``"xyxy"``
+        corners from ``"cxcywh"``, as in torchvision.
+
+    Raises:
+        TypeError: ``boxes`` is not a tensor.
+        ValueError: Unknown format (the message lists the valid ones), or last dim not 4.
+
+    Convention:
+        See the module docstring: x right, y down, ``w = x2 - x1``, no ``+ 1``.
+
+    Examples:
+        >>> import torch
+        >>> boxes = torch.tensor([[10.0, 20.0, 30.0, 60.0]])
+        >>> box_convert(boxes, "xyxy", "cxcywh")
+        tensor([[20., 40., 20., 40.]])
+        >>> box_convert(boxes, "xyxy", "xywh")
+        tensor([[10., 20., 20., 40.]])
+        >>> box_convert(box_convert(boxes, "xyxy", "cxcywh"), "cxcywh", "xyxy")
+        tensor([[10., 20., 30., 60.]])
+    """
+    boxes = check_tensor("boxes", boxes)
+    check_choice("in_fmt", in_fmt, BOX_FORMATS)
+    check_choice("out_fmt", out_fmt, BOX_FORMATS)
+    check_last_dim("boxes", boxes, 4, what=f"in {in_fmt!r} format")
+    if in_fmt == out_fmt:
+        return boxes.clone()
+    return _from_xyxy(_to_xyxy(boxes, in_fmt), out_fmt)
+
+
+def box_area(boxes: Tensor) -> Tensor:
+    """Area ``(x2 - x1) * (y2 - y1)`` of ``"xyxy"`` boxes.
+
+    Args:
+        boxes (Tensor[..., 4]): Boxes in ``(x1, y1, x2, y2)``; any leading dims.
+
+    Returns:
+        Tensor[...]: Areas. dtype as torchvision's ``box_area``: float16/bfloat16 give float32,
+        integers narrower than 32 bits give int32, other dtypes are kept. Inverted boxes give
+        negative areas (no check: it would synchronise the GPU).
+
+    Raises:
+        TypeError: ``boxes`` is not a tensor.
+        ValueError: Last dim not 4.
+
+    Convention:
+        See the module docstring: ``"xyxy"``, x right, y down, no ``+ 1``.
+
+    Examples:
+        >>> import torch
+        >>> box_area(torch.tensor([[0.0, 0.0, 4.0, 2.0], [1.0, 1.0, 1.0, 3.0]]))
+        tensor([8., 0.])
+        >>> box_area(torch.tensor([0, 0, 3, 3], dtype=torch.uint8))
+        tensor(9, dtype=torch.int32)
+    """
+    boxes = check_tensor("boxes", boxes)
+    check_last_dim("boxes", boxes, 4, what="(x1, y1, x2, y2)")
+    if boxes.is_floating_point():
+        if boxes.dtype not in (torch.float32, torch.float64):
+            boxes = boxes.float()
+    elif boxes.dtype not in (torch.int32, torch.int64):
+        boxes = boxes.int()
+    x1, y1, x2, y2 = boxes.unbind(-1)
+    return (x2 - x1) * (y2 - y1)
+
+
+def box_iou(boxes1: Tensor, boxes2: Tensor, *, aligned: bool = False, eps: float = 1e-7) -> Tensor:
+    """Intersection over union (Jaccard index) of ``"xyxy"`` boxes, in ``[0, 1]``.
+
+    ``IoU = |A ∩ B| / |A ∪ B|`` with the union clamped to ``eps``: a zero-area box gives 0
+    (torchvision: NaN). Otherwise equal to ``torchvision.ops.box_iou``.
+
+    Args:
+        boxes1 (Tensor[..., N, 4]): First set, ``(x1, y1, x2, y2)``.
+        boxes2 (Tensor[..., M, 4]): Second set; leading dims equal to or broadcastable with
+            ``boxes1``'s (with ``aligned=True``: all dims but the last).
+        aligned: False: every pair, ``(..., N, M)``. True: ``boxes1[..., i, :]`` with
+            ``boxes2[..., i, :]``, ``(..., N)``.
+        eps: Smallest union / enclosing area (see the module's Convention); ``>= 0``.
+
+    Returns:
+        Tensor[..., N, M], or Tensor[..., N] when ``aligned``: float32 for float16, bfloat16
+        and integer boxes, else the (promoted) input dtype. Finite, with finite gradients,
+        for any finite boxes when ``eps > 0``.
+
+    Raises:
+        TypeError: Boxes not tensors (or complex), ``aligned`` not a bool, ``eps`` not a number.
+        ValueError: Last dim not 4, fewer than 2 dims (pairwise), leading dims that do not
+            broadcast, ``eps < 0``.
+
+    Convention:
+        ``"xyxy"``, x right, y down; zero-area and inverted boxes as in the module docstring.
+
+    Examples:
+        >>> import torch
+        >>> a = torch.tensor([[0.0, 0.0, 2.0, 2.0]])
+        >>> b = torch.tensor([[1.0, 0.0, 3.0, 2.0], [5.0, 5.0, 6.0, 6.0], [0.0, 0.0, 0.0, 0.0]])
+        >>> box_iou(a, b)
+        tensor([[0.3333, 0.0000, 0.0000]])
+        >>> box_iou(b, b, aligned=True)
+        tensor([1., 1., 0.])
+    """
+    return overlap(boxes1, boxes2, "iou", aligned=aligned, eps=eps)
+
+
+def generalized_box_iou(
+    boxes1: Tensor, boxes2: Tensor, *, aligned: bool = False, eps: float = 1e-7
+) -> Tensor:
+    """Generalised IoU of ``"xyxy"`` boxes, in ``[-1, 1]`` and never above IoU.
+
+    ``GIoU = IoU - (|C| - |A ∪ B|) / |C|``, ``C`` the smallest box enclosing both. Union and
+    ``|C|`` are clamped to ``eps``, so two identical zero-area boxes give 0 (no penalty: the
+    enclosing box is the union). Otherwise equal to ``torchvision.ops.generalized_box_iou``.
+
+    Args:
+        boxes1 (Tensor[..., N, 4]): First set, ``(x1, y1, x2, y2)``.
+        boxes2 (Tensor[..., M, 4]): Second set; leading dims equal to or broadcastable with
+            ``boxes1``'s (with ``aligned=True``: all dims but the last).
+        aligned: False: every pair, ``(..., N, M)``. True: ``boxes1[..., i, :]`` with
+            ``boxes2[..., i, :]``, ``(..., N)``.
+        eps: Smallest union / enclosing area (see the module's Convention); ``>= 0``.
+
+    Returns:
+        Tensor[..., N, M], or Tensor[..., N] when ``aligned``: float32 for float16, bfloat16
+        and integer boxes, else the (promoted) input dtype. Finite, with finite gradients,
+        for any finite boxes when ``eps > 0``.
+
+    Raises:
+        TypeError: Boxes not tensors (or complex), ``aligned`` not a bool, ``eps`` not a number.
+        ValueError: Last dim not 4, fewer than 2 dims (pairwise), leading dims that do not
+            broadcast, ``eps < 0``.
+
+    Convention:
+        ``"xyxy"``, x right, y down; zero-area and inverted boxes as in the module docstring.
+
+    References:
+        Rezatofighi et al., "Generalized Intersection over Union: A Metric and A Loss for
+        Bounding Box Regression", CVPR 2019. https://arxiv.org/abs/1902.09630
+
+    Examples:
+        >>> import torch
+        >>> a = torch.tensor([[0.0, 0.0, 2.0, 2.0]])
+        >>> b = torch.tensor([[1.0, 0.0, 3.0, 2.0], [4.0, 0.0, 6.0, 2.0]])
+        >>> generalized_box_iou(a, b)
+        tensor([[ 0.3333, -0.3333]])
+    """
+    return overlap(boxes1, boxes2, "giou", aligned=aligned, eps=eps)
+
+
+def distance_box_iou(
+    boxes1: Tensor, boxes2: Tensor, *, aligned: bool = False, eps: float = 1e-7
+) -> Tensor:
+    """Distance IoU of ``"xyxy"`` boxes, in ``[-1, 1]`` and never above IoU.
+
+    ``DIoU = IoU - ρ² / (c² + eps)``, ``ρ`` the distance between the box centres and ``c``
+    the diagonal of the smallest enclosing box. Equal to ``torchvision.ops.distance_box_iou``
+    (same ``eps``) for valid boxes.
+
+    Args:
+        boxes1 (Tensor[..., N, 4]): First set, ``(x1, y1, x2, y2)``.
+        boxes2 (Tensor[..., M, 4]): Second set; leading dims equal to or broadcastable with
+            ``boxes1``'s (with ``aligned=True``: all dims but the last).
+        aligned: False: every pair, ``(..., N, M)``. True: ``boxes1[..., i, :]`` with
+            ``boxes2[..., i, :]``, ``(..., N)``.
+        eps: Smallest union / enclosing area (see the module's Convention); ``>= 0``.
+
+    Returns:
+        Tensor[..., N, M], or Tensor[..., N] when ``aligned``: float32 for float16, bfloat16
+        and integer boxes, else the (promoted) input dtype. Finite, with finite gradients,
+        for any finite boxes when ``eps > 0``.
+
+    Raises:
+        TypeError: Boxes not tensors (or complex), ``aligned`` not a bool, ``eps`` not a number.
+        ValueError: Last dim not 4, fewer than 2 dims (pairwise), leading dims that do not
+            broadcast, ``eps < 0``.
+
+    Convention:
+        ``"xyxy"``, x right, y down; zero-area and inverted boxes as in the module docstring.
+
+    References:
+        Zheng et al., "Distance-IoU Loss: Faster and Better Learning for Bounding Box
+        Regression", AAAI 2020. https://arxiv.org/abs/1911.08287
+
+    Examples:
+        >>> import torch
+        >>> a = torch.tensor([[0.0, 0.0, 2.0, 2.0]])
+        >>> b = torch.tensor([[1.0, 0.0, 3.0, 2.0], [0.0, 0.0, 2.0, 2.0]])
+        >>> distance_box_iou(a, b)
+        tensor([[0.2564, 1.0000]])
+    """
+    return overlap(boxes1, boxes2, "diou", aligned=aligned, eps=eps)
+
+
+def complete_box_iou(
+    boxes1: Tensor, boxes2: Tensor, *, aligned: bool = False, eps: float = 1e-7
+) -> Tensor:
+    """Complete IoU of ``"xyxy"`` boxes: DIoU with an aspect-ratio penalty, in ``(-2, 1]``.
+
+    ``CIoU = DIoU - α v`` with ``v = 4/π² (atan(w1/h1) - atan(w2/h2))²`` and the weight
+    ``α = v / (1 - IoU + v + eps)`` treated as a constant (no gradient), as in the paper and
+    in ``torchvision.ops.complete_box_iou``, which it equals (same ``eps``) for valid boxes.
+    The angles are computed per box as ``atan2(w, h)``: a box with ``h == 0`` gets π/2 and a
+    finite gradient (torchvision divides by zero there), a point box gets 0.
+
+    Args:
+        boxes1 (Tensor[..., N, 4]): First set, ``(x1, y1, x2, y2)``.
+        boxes2 (Tensor[..., M, 4]): Second set; leading dims equal to or broadcastable with
+            ``boxes1``'s (with ``aligned=True``: all dims but the last).
+        aligned: False: every pair, ``(..., N, M)``. True: ``boxes1[..., i, :]`` with
+            ``boxes2[..., i, :]``, ``(..., N)``.
+        eps: Smallest union / enclosing area (see the module's Convention); ``>= 0``.
+
+    Returns:
+        Tensor[..., N, M], or Tensor[..., N] when ``aligned``: float32 for float16, bfloat16
+        and integer boxes, else the (promoted) input dtype. Finite, with finite gradients,
+        for any finite boxes when ``eps > 0``.
+
+    Raises:
+        TypeError: Boxes not tensors (or complex), ``aligned`` not a bool, ``eps`` not a number.
+        ValueError: Last dim not 4, fewer than 2 dims (pairwise), leading dims that do not
+            broadcast, ``eps < 0``.
+
+    Convention:
+        ``"xyxy"``, x right, y down; zero-area and inverted boxes as in the module docstring.
+
+    References:
+        Zheng et al., "Distance-IoU Loss: Faster and Better Learning for Bounding Box
+        Regression", AAAI 2020. https://arxiv.org/abs/1911.08287
+
+    Examples:
+        >>> import torch
+        >>> a = torch.tensor([[0.0, 0.0, 2.0, 2.0]])
+        >>> b = torch.tensor([[1.0, 0.0, 3.0, 2.0], [0.0, 0.0, 4.0, 2.0]])
+        >>> complete_box_iou(a, b)
+        tensor([[0.2564, 0.4468]])
+    """
+    return overlap(boxes1, boxes2, "ciou", aligned=aligned, eps=eps)
