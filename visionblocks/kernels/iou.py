@@ -1,0 +1,248 @@
+"""Fused Triton kernels for the GIoU / DIoU / CIoU losses of aligned box pairs.
+
+Called by `visionblocks.ops.iou_loss` (after validation) as
+``generalized_box_iou_loss_triton(pred, target, eps)`` (and the ``distance_``/``complete_``
+variants): ``pred`` and ``target`` are ``(N, 4)`` xyxy boxes of one floating dtype; the result
+is the per-pair loss ``(N,)`` in float32 (float64 for float64 boxes), differentiable with
+respect to both inputs.
+
+One kernel body, specialised by the constexpr ``MODE`` (0 GIoU, 1 DIoU, 2 CIoU); each program
+handles ``BLOCK`` pairs, one pair per lane, reading its 8 coordinates and casting them to the
+compute dtype before any math (which also keeps bfloat16 working in the interpreter).
+
+- Forward writes the loss only; the gradient terms are dead code there and compiled away.
+- Backward recomputes the pair's terms and writes ``grad_out * dloss/dbox`` for the inputs
+  that need it, in their dtype. Recomputing (about 60 flops per pair) is cheaper than saving
+  and re-reading per-pair intermediates, and holds no memory between forward and backward.
+
+The formulas, the tie convention of ``max``/``min`` (ties split the gradient half and half,
+as autograd does) and the degenerate-box policy are those of the torch path,
+`visionblocks.ops._iou_loss_torch`. ``atan`` is a Cephes rational approximation (relative
+error below 3e-16 in float64), since libdevice functions do not run in the interpreter; the
+angle is formed as ``atan(min / max)`` of ``|w|, |h|``, so no division by zero occurs.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+from torch.autograd.function import once_differentiable
+
+__all__ = [
+    "complete_box_iou_loss_triton",
+    "distance_box_iou_loss_triton",
+    "generalized_box_iou_loss_triton",
+]
+
+_BLOCK = 512
+_GIOU, _DIOU, _CIOU = 0, 1, 2
+_K = tl.constexpr(4.0 / math.pi**2)
+_HALF_PI = tl.constexpr(math.pi / 2)
+_QUARTER_PI = tl.constexpr(math.pi / 4)
+_TINY = tl.constexpr(1.1754943508222875e-38)  # float32 tiny: w^2 + h^2 of a point box
+
+
+@triton.jit
+def _atan01(t):
+    """``atan(t)`` for ``t`` in ``[0, 1]`` (Cephes ``atan``: reduction at 0.66, rational P/Q)."""
+    mid = t > 0.66
+    x = tl.where(mid, (t - 1.0) / (t + 1.0), t)
+    z = x * x
+    p = (((-8.750608600031904122785e-1 * z - 1.615753718733365076637e1) * z
+          - 7.500855792314704667340e1) * z - 1.228866684490136173410e2) * z \
+        - 6.485021904942025371773e1  # fmt: skip
+    q = ((((z + 2.485846490142306297962e1) * z + 1.650270098316988542046e2) * z
+          + 4.328810604912902668951e2) * z + 4.853903996359136964868e2) * z \
+        + 1.945506571482613964425e2  # fmt: skip
+    r = x + x * (z * p / q)
+    return tl.where(mid, _QUARTER_PI + (r + 3.061616997868382943065e-17), r)
+
+
+@triton.jit
+def _angle(w, h):
+    """``atan(w / h)``; ``+-pi/2`` where ``h = 0``, ``0`` for a point box."""
+    a = tl.abs(w)
+    b = tl.abs(h)
+    big = tl.maximum(a, b)
+    base = _atan01(tl.minimum(a, b) / tl.where(big > 0, big, 1.0))
+    base = tl.where(a > b, _HALF_PI - base, base)
+    return tl.where((w < 0) != (h < 0), -base, base)
+
+
+@triton.jit
+def _sign(a, b):
+    """``sign(a - b)`` as 1, 0 or -1 in ``a``'s dtype."""
+    return (a > b).to(a.dtype) - (a < b).to(a.dtype)
+
+
+@triton.jit
+def _load_box(ptr, base, mask, CDT: tl.constexpr):
+    x1 = tl.load(ptr + base, mask=mask, other=0.0).to(CDT)
+    y1 = tl.load(ptr + base + 1, mask=mask, other=0.0).to(CDT)
+    x2 = tl.load(ptr + base + 2, mask=mask, other=1.0).to(CDT)
+    y2 = tl.load(ptr + base + 3, mask=mask, other=1.0).to(CDT)
+    return x1, y1, x2, y2
+
+
+@triton.jit
+def _store_box(ptr, base, mask, x1, y1, x2, y2):
+    ty = ptr.dtype.element_ty
+    tl.store(ptr + base, x1.to(ty), mask=mask)
+    tl.store(ptr + base + 1, y1.to(ty), mask=mask)
+    tl.store(ptr + base + 2, x2.to(ty), mask=mask)
+    tl.store(ptr + base + 3, y2.to(ty), mask=mask)
+
+
+@triton.jit
+def _pair_terms(p_ptr, g_ptr, base, mask, eps, MODE: tl.constexpr, CDT: tl.constexpr):
+    """Loss and unit-grad-output gradients (pred, then target, xyxy) of the pairs at ``base``."""
+    px1, py1, px2, py2 = _load_box(p_ptr, base, mask, CDT)
+    gx1, gy1, gx2, gy2 = _load_box(g_ptr, base, mask, CDT)
+    w = px2 - px1
+    h = py2 - py1
+    wg = gx2 - gx1
+    hg = gy2 - gy1
+    iw = tl.maximum(tl.minimum(px2, gx2) - tl.maximum(px1, gx1), 0.0)
+    ih = tl.maximum(tl.minimum(py2, gy2) - tl.maximum(py1, gy1), 0.0)
+    cw = tl.maximum(px2, gx2) - tl.minimum(px1, gx1)
+    ch = tl.maximum(py2, gy2) - tl.minimum(py1, gy1)
+    inter = iw * ih
+    union = w * h + wg * hg - inter
+    ue = union + eps
+    iou = inter / ue
+    zero = tl.zeros_like(iou)
+    kd_x = zero
+    kd_y = zero
+    c_ang = zero
+    if MODE == 0:
+        ce = cw * ch + eps
+        loss = 1.0 - (iou - (cw * ch - union) / ce)
+        g_u = iou / ue - 1.0 / ce  # dL/dU
+        g_c = ue / (ce * ce)  # dL/dC
+        kc_x = g_c * ch
+        kc_y = g_c * cw
+    else:
+        diag = cw * cw + ch * ch + eps
+        dx = (px1 + px2) - (gx1 + gx2)  # twice the centre offset
+        dy = (py1 + py2) - (gy1 + gy2)
+        dist = (dx * dx + dy * dy) * 0.25
+        loss = 1.0 - iou + dist / diag
+        g_u = iou / ue
+        g2q = -2.0 * dist / (diag * diag)  # 2 dL/dQ
+        kc_x = g2q * cw
+        kc_y = g2q * ch
+        kd_x = dx * 0.5 / diag
+        kd_y = dy * 0.5 / diag
+        if MODE == 2:
+            dt = _angle(wg, hg) - _angle(w, h)
+            v = _K * dt * dt
+            alpha = v / (1.0 - iou + v + eps)
+            loss = loss + alpha * v
+            c_ang = 2.0 * _K * alpha * dt  # dL/d angle_g, alpha held constant
+    g_i = -1.0 / ue - g_u  # dL/dI, through U as well
+    ki_x = tl.where(iw > 0, g_i * ih, 0.0)  # torchvision's mask: iw > 0 and ih > 0
+    ki_y = tl.where(ih > 0, g_i * iw, 0.0)
+    m_x = (ki_x + kc_x) * 0.5
+    m_y = (ki_y + kc_y) * 0.5
+    k_x = (ki_x - kc_x) * 0.5
+    k_y = (ki_y - kc_y) * 0.5
+    cn_p = c_ang / tl.maximum(w * w + h * h, _TINY)
+    cn_g = c_ang / tl.maximum(wg * wg + hg * hg, _TINY)
+    wp_x = h * (g_u - cn_p) + m_x
+    wp_y = w * (g_u + cn_p) + m_y
+    wg_x = hg * (g_u + cn_g) + m_x
+    wg_y = wg * (g_u - cn_g) + m_y
+    slx = k_x * _sign(px1, gx1)
+    sly = k_y * _sign(py1, gy1)
+    shx = k_x * _sign(px2, gx2)
+    shy = k_y * _sign(py2, gy2)
+    return (
+        loss,
+        (kd_x - wp_x - slx, kd_y - wp_y - sly, kd_x + wp_x - shx, kd_y + wp_y - shy),
+        (slx - wg_x - kd_x, sly - wg_y - kd_y, wg_x + shx - kd_x, wg_y + shy - kd_y),
+    )
+
+
+@triton.jit
+def _iou_loss_fwd_kernel(
+    p_ptr, g_ptr, loss_ptr, n, eps, MODE: tl.constexpr, CDT: tl.constexpr, BLOCK: tl.constexpr
+):
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    loss, _, _ = _pair_terms(p_ptr, g_ptr, offs * 4, mask, eps, MODE, CDT)
+    tl.store(loss_ptr + offs, loss.to(loss_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _iou_loss_bwd_kernel(
+    p_ptr, g_ptr, go_ptr, gp_ptr, gg_ptr, n, eps,
+    MODE: tl.constexpr, GRAD_P: tl.constexpr, GRAD_G: tl.constexpr,
+    CDT: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    base = offs * 4
+    _, dp, dg = _pair_terms(p_ptr, g_ptr, base, mask, eps, MODE, CDT)
+    go = tl.load(go_ptr + offs, mask=mask, other=0.0).to(CDT)
+    if GRAD_P:
+        _store_box(gp_ptr, base, mask, dp[0] * go, dp[1] * go, dp[2] * go, dp[3] * go)
+    if GRAD_G:
+        _store_box(gg_ptr, base, mask, dg[0] * go, dg[1] * go, dg[2] * go, dg[3] * go)
+
+
+def _cdt(dtype: torch.dtype) -> tl.dtype:
+    return tl.float64 if dtype == torch.float64 else tl.float32
+
+
+class _BoxIoULossTriton(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, pred: Tensor, target: Tensor, mode: int, eps: float) -> Tensor:  # type: ignore[override]
+        pred, target = pred.contiguous(), target.contiguous()
+        n = pred.shape[0]
+        out_dtype = torch.float64 if pred.dtype == torch.float64 else torch.float32
+        loss = torch.empty(n, dtype=out_dtype, device=pred.device)
+        if n:
+            grid = (triton.cdiv(n, _BLOCK),)
+            _iou_loss_fwd_kernel[grid](
+                pred, target, loss, n, eps, MODE=mode, CDT=_cdt(pred.dtype), BLOCK=_BLOCK
+            )
+        ctx.save_for_backward(pred, target)
+        ctx.mode, ctx.eps = mode, eps
+        return loss
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_out: Tensor) -> tuple[Tensor | None, ...]:  # type: ignore[override]
+        pred, target = ctx.saved_tensors
+        need_p, need_g = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        grad_p = torch.empty_like(pred) if need_p else None
+        grad_g = torch.empty_like(target) if need_g else None
+        n = pred.shape[0]
+        if n and (need_p or need_g):
+            _iou_loss_bwd_kernel[(triton.cdiv(n, _BLOCK),)](
+                pred, target, grad_out.contiguous(),
+                pred if grad_p is None else grad_p,  # never written without GRAD_P
+                target if grad_g is None else grad_g,
+                n, ctx.eps,
+                MODE=ctx.mode, GRAD_P=need_p, GRAD_G=need_g, CDT=_cdt(pred.dtype), BLOCK=_BLOCK,
+            )  # fmt: skip
+        return grad_p, grad_g, None, None
+
+
+def generalized_box_iou_loss_triton(pred: Tensor, target: Tensor, eps: float) -> Tensor:
+    """Per-pair GIoU loss ``(N,)`` of ``(N, 4)`` boxes (fused forward and backward)."""
+    return _BoxIoULossTriton.apply(pred, target, _GIOU, eps)
+
+
+def distance_box_iou_loss_triton(pred: Tensor, target: Tensor, eps: float) -> Tensor:
+    """Per-pair DIoU loss ``(N,)`` of ``(N, 4)`` boxes (fused forward and backward)."""
+    return _BoxIoULossTriton.apply(pred, target, _DIOU, eps)
+
+
+def complete_box_iou_loss_triton(pred: Tensor, target: Tensor, eps: float) -> Tensor:
+    """Per-pair CIoU loss ``(N,)`` of ``(N, 4)`` boxes (fused forward and backward)."""
+    return _BoxIoULossTriton.apply(pred, target, _CIOU, eps)

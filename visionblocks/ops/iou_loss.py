@@ -1,0 +1,225 @@
+"""GIoU, DIoU and CIoU losses of aligned box pairs (``1 -`` the IoU variant, plus penalties).
+
+Two fast paths behind one validated function: the lean torch path
+(`visionblocks.ops._iou_loss_torch`: loss and analytic gradient in one chunked sweep) and the
+fused Triton kernels (`visionblocks.kernels.iou`).
+
+Convention:
+    Boxes are ``(x1, y1, x2, y2)`` corners (``"xyxy"``) in any one unit (pixels or normalised),
+    with ``x1 <= x2`` and ``y1 <= y2``; pairs are element-wise: ``pred[i]`` goes with
+    ``target[i]``. Width and height are ``x2 - x1`` and ``y2 - y1`` (no ``+1``). Every loss is
+    symmetric in ``pred`` and ``target``.
+
+Degenerate boxes (zero width and/or height): values and gradients are finite and, wherever
+torchvision's are finite, equal to torchvision's. A zero-area box has IoU 0, so a degenerate
+pair, even two identical points, has loss 1 (torchvision issue #7746 keeps this too). Only
+CIoU's angle term differs: torchvision's ``atan(w / h)`` gives NaN gradients at ``h = 0``
+(and a NaN value for a point box); here the angle is ``atan(w / h)`` for ``h != 0``, its limit
+``+-pi/2`` for ``h = 0``, and ``0`` for a point box, with gradient ``(h, -w) / (w^2 + h^2)``
+(the true derivative wherever ``w^2 + h^2 > 0``) and ``0`` for a point box. Gradients stay
+finite but can reach about ``1 / eps`` for two collinear zero-width (or zero-height) boxes,
+as in torchvision: their enclosing box has zero area. ``eps = 0`` gives NaN for
+degenerate pairs.
+
+Dtype policy: float16/bfloat16 are computed in float32; ``"none"`` returns the inputs'
+dtype, ``"sum"``/``"mean"`` return the compute dtype (`visionblocks._reduce`).
+``pred`` and ``target`` of different floating dtypes are promoted first.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+import torch
+from torch import Tensor
+
+from visionblocks._check import check_floating, check_last_dim, check_same_shape
+from visionblocks._dispatch import resolve_impl
+from visionblocks._reduce import check_reduction, compute_dtype, reduce_loss
+from visionblocks.ops._iou_loss_torch import CIOU, DIOU, GIOU, BoxIoULossFunction
+
+__all__ = ["complete_box_iou_loss", "distance_box_iou_loss", "generalized_box_iou_loss"]
+
+Reduction = Literal["none", "mean", "sum"]
+
+
+def check_eps(eps: float) -> float:
+    """Validate a loss ``eps``: a finite real number ``>= 0``; return it as a float."""
+    if isinstance(eps, bool) or not isinstance(eps, int | float):
+        raise TypeError(f"eps must be a float, got {type(eps).__name__} ({eps!r})")
+    if not (math.isfinite(eps) and eps >= 0):
+        raise ValueError(f"eps must be a finite number >= 0, got {eps!r}")
+    return float(eps)
+
+
+def _box_iou_loss(
+    op: str, mode: int, pred: Tensor, target: Tensor, reduction: str, eps: float, impl: str
+) -> Tensor:
+    check_floating("pred", pred)
+    check_floating("target", target)
+    check_last_dim("pred", pred, 4, what="(x1, y1, x2, y2)")
+    check_last_dim("target", target, 4, what="(x1, y1, x2, y2)")
+    check_same_shape("pred", pred, "target", target)
+    if pred.device != target.device:
+        raise ValueError(
+            f"pred and target must be on the same device, got {pred.device} and {target.device}"
+        )
+    check_reduction(reduction)
+    eps = check_eps(eps)
+    which = resolve_impl(impl, op, pred, target)
+    input_dtype = torch.promote_types(pred.dtype, target.dtype)
+    p, g = pred.reshape(-1, 4), target.reshape(-1, 4)
+    if which == "triton":
+        from visionblocks.kernels import load_kernel
+
+        loss = load_kernel(op)(p.to(input_dtype), g.to(input_dtype), eps)
+    else:
+        cdt = compute_dtype(input_dtype)
+        loss = BoxIoULossFunction.apply(p.to(cdt), g.to(cdt), mode, eps)
+    return reduce_loss(loss.view(pred.shape[:-1]), reduction, input_dtype=input_dtype)
+
+
+def generalized_box_iou_loss(
+    pred: Tensor,
+    target: Tensor,
+    reduction: Reduction = "none",
+    eps: float = 1e-7,
+    *,
+    impl: str = "auto",
+) -> Tensor:
+    """Generalized IoU loss: ``1 - IoU`` plus the empty share of the smallest enclosing box.
+
+    ``loss = 1 - I / (U + eps) + (C - U) / (C + eps)`` with ``I``, ``U`` the intersection and
+    union areas and ``C`` the area of the smallest box enclosing both. Equals torchvision's
+    ``generalized_box_iou_loss`` (values and gradients, for ``pred`` and ``target``);
+    degenerate boxes: see the module notes. Gradients are analytic (no double backward).
+
+    Args:
+        pred (Tensor[..., 4]): Predicted boxes, xyxy, floating point.
+        target (Tensor[..., 4]): Target boxes of ``pred``'s shape.
+        reduction: ``"none"`` | ``"mean"`` | ``"sum"``.
+        eps: Small number ``>= 0`` added to denominators.
+        impl: ``"auto"`` | ``"torch"`` | ``"triton"`` (fused kernel, `visionblocks.kernels.iou`).
+
+    Returns:
+        Tensor: ``"none"``: ``Tensor[...]`` (``pred.shape[:-1]``) in the inputs' dtype;
+        otherwise a scalar in the compute dtype (float32 for half inputs). The ``"mean"`` of
+        an empty input is a zero still connected to the graph.
+
+    Raises:
+        TypeError: Non-floating (e.g. integer) boxes, or an ``eps`` that is not a number.
+        ValueError: A last dimension other than 4, ``pred``/``target`` shapes or devices that
+            differ, a negative ``eps``, or an unknown ``reduction`` or ``impl``.
+
+    Examples:
+        >>> import torch
+        >>> pred = torch.tensor([[0.0, 0.0, 2.0, 2.0], [0.0, 0.0, 1.0, 1.0]])
+        >>> target = torch.tensor([[1.0, 1.0, 3.0, 3.0], [2.0, 0.0, 3.0, 1.0]])
+        >>> generalized_box_iou_loss(pred, target)
+        tensor([1.0794, 1.3333])
+        >>> generalized_box_iou_loss(pred, target, reduction="mean")
+        tensor(1.2063)
+
+    References:
+        Rezatofighi et al., "Generalized Intersection over Union: A Metric and a Loss for
+        Bounding Box Regression", CVPR 2019. https://arxiv.org/abs/1902.09630
+    """
+    return _box_iou_loss("generalized_box_iou_loss", GIOU, pred, target, reduction, eps, impl)
+
+
+def distance_box_iou_loss(
+    pred: Tensor,
+    target: Tensor,
+    reduction: Reduction = "none",
+    eps: float = 1e-7,
+    *,
+    impl: str = "auto",
+) -> Tensor:
+    """Distance IoU loss: ``1 - IoU`` plus the normalised squared distance of the centres.
+
+    ``loss = 1 - I / (U + eps) + d^2 / (c^2 + eps)`` with ``d`` the distance between the box
+    centres and ``c`` the diagonal of the smallest box enclosing both. Equals torchvision's
+    ``distance_box_iou_loss`` (values and gradients, for ``pred`` and ``target``); degenerate
+    boxes: see the module notes. Gradients are analytic (no double backward).
+
+    Args:
+        pred (Tensor[..., 4]): Predicted boxes, xyxy, floating point.
+        target (Tensor[..., 4]): Target boxes of ``pred``'s shape.
+        reduction: ``"none"`` | ``"mean"`` | ``"sum"``.
+        eps: Small number ``>= 0`` added to denominators.
+        impl: ``"auto"`` | ``"torch"`` | ``"triton"`` (fused kernel, `visionblocks.kernels.iou`).
+
+    Returns:
+        Tensor: ``"none"``: ``Tensor[...]`` (``pred.shape[:-1]``) in the inputs' dtype;
+        otherwise a scalar in the compute dtype (float32 for half inputs). The ``"mean"`` of
+        an empty input is a zero still connected to the graph.
+
+    Raises:
+        TypeError: Non-floating (e.g. integer) boxes, or an ``eps`` that is not a number.
+        ValueError: A last dimension other than 4, ``pred``/``target`` shapes or devices that
+            differ, a negative ``eps``, or an unknown ``reduction`` or ``impl``.
+
+    Examples:
+        >>> import torch
+        >>> pred = torch.tensor([[0.0, 0.0, 2.0, 2.0], [0.0, 0.0, 1.0, 1.0]])
+        >>> target = torch.tensor([[1.0, 1.0, 3.0, 3.0], [2.0, 0.0, 3.0, 1.0]])
+        >>> distance_box_iou_loss(pred, target)
+        tensor([0.9683, 1.4000])
+
+    References:
+        Zheng et al., "Distance-IoU Loss: Faster and Better Learning for Bounding Box
+        Regression", AAAI 2020. https://arxiv.org/abs/1911.08287
+    """
+    return _box_iou_loss("distance_box_iou_loss", DIOU, pred, target, reduction, eps, impl)
+
+
+def complete_box_iou_loss(
+    pred: Tensor,
+    target: Tensor,
+    reduction: Reduction = "none",
+    eps: float = 1e-7,
+    *,
+    impl: str = "auto",
+) -> Tensor:
+    """Complete IoU loss: the DIoU loss plus an aspect-ratio consistency term.
+
+    ``loss = diou_loss + alpha v`` with ``v = (4 / pi^2) (atan(wg / hg) - atan(w / h))^2`` and
+    ``alpha = v / (1 - IoU + v + eps)``, held constant in the gradient (torchvision computes
+    it under ``torch.no_grad()``). Equals torchvision's ``complete_box_iou_loss`` (values and
+    gradients, for ``pred`` and ``target``) at the default ``eps`` (torchvision's inner DIoU
+    term always uses ``1e-7``; here ``eps`` is used throughout). Degenerate boxes, where
+    torchvision gives NaN: see the module notes. Gradients are analytic (no double backward).
+
+    Args:
+        pred (Tensor[..., 4]): Predicted boxes, xyxy, floating point.
+        target (Tensor[..., 4]): Target boxes of ``pred``'s shape.
+        reduction: ``"none"`` | ``"mean"`` | ``"sum"``.
+        eps: Small number ``>= 0`` added to denominators.
+        impl: ``"auto"`` | ``"torch"`` | ``"triton"`` (fused kernel, `visionblocks.kernels.iou`).
+
+    Returns:
+        Tensor: ``"none"``: ``Tensor[...]`` (``pred.shape[:-1]``) in the inputs' dtype;
+        otherwise a scalar in the compute dtype (float32 for half inputs). The ``"mean"`` of
+        an empty input is a zero still connected to the graph.
+
+    Raises:
+        TypeError: Non-floating (e.g. integer) boxes, or an ``eps`` that is not a number.
+        ValueError: A last dimension other than 4, ``pred``/``target`` shapes or devices that
+            differ, a negative ``eps``, or an unknown ``reduction`` or ``impl``.
+
+    Examples:
+        >>> import torch
+        >>> pred = torch.tensor([[0.0, 0.0, 2.0, 2.0], [0.0, 0.0, 2.0, 1.0]])
+        >>> target = torch.tensor([[1.0, 1.0, 3.0, 3.0], [0.0, 0.0, 1.0, 2.0]])
+        >>> complete_box_iou_loss(pred, target)
+        tensor([0.9683, 0.7629])
+        >>> point_and_line = torch.tensor([[1.0, 1.0, 1.0, 1.0], [0.0, 0.0, 2.0, 0.0]])
+        >>> complete_box_iou_loss(pred, point_and_line)  # zero-area targets: finite
+        tensor([1.0500, 1.0570])
+
+    References:
+        Zheng et al., "Distance-IoU Loss: Faster and Better Learning for Bounding Box
+        Regression", AAAI 2020. https://arxiv.org/abs/1911.08287
+    """
+    return _box_iou_loss("complete_box_iou_loss", CIOU, pred, target, reduction, eps, impl)
