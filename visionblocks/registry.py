@@ -346,7 +346,7 @@ NECKS = Registry("necks", description="nn.Module mapping a feature dict to a fea
 """Necks (e.g. FPN)."""
 HEADS = Registry("heads", description="nn.Module turning features into predictions and losses")
 """Detection and segmentation heads."""
-LOSSES = Registry("losses", description="nn.Module loss")
+LOSSES = Registry("losses", modules=("visionblocks.losses",), description="nn.Module loss")
 """Loss modules (``focal``, ``softmax_focal``, ``bce``, ``ce``, ``giou``, ``diou``, ``ciou``)."""
 LAYERS = Registry("layers", description="nn.Module building block")
 """Building blocks (convolutions, local ops)."""

@@ -24,7 +24,12 @@ __all__ = [
 
 ENV_DISABLE = "VISIONBLOCKS_DISABLE_TRITON"
 
-KERNEL_OPS: dict[str, str] = {}
+KERNEL_OPS: dict[str, str] = {
+    "sigmoid_focal_loss": "focal:sigmoid_focal_loss_triton",
+    "generalized_box_iou_loss": "iou:generalized_box_iou_loss_triton",
+    "distance_box_iou_loss": "iou:distance_box_iou_loss_triton",
+    "complete_box_iou_loss": "iou:complete_box_iou_loss_triton",
+}
 """Op name → ``"module:function"`` of its triton entry point (a module of this package)."""
 
 

@@ -1,0 +1,241 @@
+"""Fused Triton kernels for the sigmoid focal loss: one pass forward, one pass backward.
+
+Called by `visionblocks.losses.focal.sigmoid_focal_loss` (after validation) as
+``sigmoid_focal_loss_triton(x, targets, w, alpha, gamma, ignore, reduce_sum, out_dtype)``;
+see that function for the semantics.
+
+Layout and fusion:
+
+- The logits are viewed as ``(R, C)`` and processed flat, ``BLOCK`` elements per program.
+  Float targets are read element-wise; class-index targets as one integer per row, with
+  ``t = (label == column)``: no one-hot tensor is built, and a label outside ``[0, C)``
+  (mmdet's background ``C``, or ``-1``) simply never matches. A weight is read through its
+  ``(row, column)`` strides, so per-class ``(C,)`` and per-anchor ``(N, 1)`` weights are
+  broadcast by stride 0 instead of being expanded in memory.
+- Forward writes the element-wise loss (``reduction="none"``, in the output dtype), or one
+  partial sum per program (and the number of non-ignored elements when ignoring), which torch
+  adds up: the summed loss then goes through `reduce_loss`, the same dtype and reduction
+  policy as the torch path. Summed losses therefore never write an ``(R, C)`` tensor.
+- Backward recomputes the element terms and writes ``grad = dloss/dx * grad_out`` in one pass
+  (``grad_out`` a scalar for summed losses, element-wise otherwise). Saving ``dloss/dx`` in
+  forward instead would move the same number of bytes (write it, read it back) and hold an
+  extra ``(R, C)`` float32 buffer between forward and backward; recomputing holds nothing.
+
+Numerics (computed in float32, float64 for float64 inputs; loads are cast before any math,
+which also keeps bfloat16 working in the interpreter). With ``e = exp(-|x|)``:
+``p = 1 / (1 + e)`` or ``e / (1 + e)`` and ``q = 1 - p`` formed the other way round, so
+neither cancels; ``softplus(x) = max(x, 0) + log1p(e)``; ``ce = softplus(x) - t x``;
+``m = 1 - p_t = t q + (1 - t) p`` (exact for binary targets, even at +-1e4); and::
+
+    loss     = a_t ce m^g
+    dloss/dx = a_t m^g [(1 - t) p - t q + g (1 - 2t) ce (p q / m)]
+
+``p q / m <= 1`` for ``t`` in ``[0, 1]``, so the gradient never forms ``m^(g - 1)``: it stays
+finite for ``g < 1`` and saturated logits, where ``m`` is 0 (then ``p q = 0`` too).
+``m^g = exp2(g log2 m)``, with ``0^g = 0`` (``0^0 = 1``). ``alpha`` and ``gamma`` travel as
+float32 kernel arguments, also for float64 inputs.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+from torch.autograd.function import once_differentiable
+
+__all__ = ["sigmoid_focal_loss_triton"]
+
+_BLOCK = 1024
+_TINY = tl.constexpr(1.1754943508222875e-38)  # float32 tiny: clamp before log2 and division
+
+
+@triton.jit
+def _focal_terms(
+    x_ptr, t_ptr, w_ptr, offs, mask, C, w_sr, w_sc, alpha, gamma, zero_pow, ignore,
+    INDEX: tl.constexpr, HAS_W: tl.constexpr, HAS_IGNORE: tl.constexpr,
+    HAS_ALPHA: tl.constexpr, CDT: tl.constexpr,
+):  # fmt: skip
+    """Loss, dloss/dx and the keep mask of the elements at ``offs``."""
+    x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(CDT)
+    row = offs // C
+    col = offs - row * C
+    keep = mask
+    if INDEX:
+        label = tl.load(t_ptr + row, mask=mask, other=-1)
+        t = (label == col).to(CDT)
+        if HAS_IGNORE:
+            keep = keep & (label != ignore)
+    else:
+        t = tl.load(t_ptr + offs, mask=mask, other=0).to(CDT)
+        if HAS_IGNORE:
+            keep = keep & (t != ignore)
+            t = tl.where(keep, t, 0.0)
+    e = tl.exp(-tl.abs(x))
+    d = 1.0 + e
+    inv = 1.0 / d
+    nonneg = x >= 0
+    p = tl.where(nonneg, inv, e * inv)
+    q = tl.where(nonneg, e * inv, inv)
+    # log1p(e) = log(d) * e / (d - 1), exact where d rounds to 1 (then log1p(e) = e).
+    l1p = tl.where(d == 1.0, e, tl.log(d) * e / tl.where(d == 1.0, 1.0, d - 1.0))
+    ce = tl.maximum(x, 0.0) + l1p - t * x
+    m = t * q + (1.0 - t) * p
+    safe_m = tl.maximum(m, _TINY)
+    mg = tl.where(m > 0, tl.exp2(gamma * tl.log2(safe_m)), zero_pow)
+    at = tl.where(keep, 1.0, 0.0).to(CDT)
+    if HAS_ALPHA:
+        at = at * (alpha * t + (1.0 - alpha) * (1.0 - t))
+    if HAS_W:
+        at = at * tl.load(w_ptr + row * w_sr + col * w_sc, mask=mask, other=0.0).to(CDT)
+    loss = at * ce * mg
+    ratio = (p * q) / safe_m
+    dloss = at * mg * ((1.0 - t) * p - t * q + gamma * (1.0 - 2.0 * t) * ce * ratio)
+    return loss, dloss, keep
+
+
+@triton.jit
+def _focal_fwd_kernel(
+    x_ptr, t_ptr, w_ptr, loss_ptr, part_ptr, count_ptr, n, C, w_sr, w_sc,
+    alpha, gamma, zero_pow, ignore,
+    INDEX: tl.constexpr, HAS_W: tl.constexpr, HAS_IGNORE: tl.constexpr,
+    HAS_ALPHA: tl.constexpr, REDUCE: tl.constexpr, CDT: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
+    pid = tl.program_id(0)
+    offs = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    loss, _, keep = _focal_terms(
+        x_ptr, t_ptr, w_ptr, offs, mask, C, w_sr, w_sc, alpha, gamma, zero_pow, ignore,
+        INDEX, HAS_W, HAS_IGNORE, HAS_ALPHA, CDT,
+    )  # fmt: skip
+    if REDUCE:
+        tl.store(part_ptr + pid, tl.sum(tl.where(mask, loss, 0.0), axis=0))
+        if HAS_IGNORE:
+            tl.store(count_ptr + pid, tl.sum(keep.to(tl.int32), axis=0))
+    else:
+        tl.store(loss_ptr + offs, loss.to(loss_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _focal_bwd_kernel(
+    x_ptr, t_ptr, w_ptr, go_ptr, grad_ptr, n, C, w_sr, w_sc,
+    alpha, gamma, zero_pow, ignore,
+    INDEX: tl.constexpr, HAS_W: tl.constexpr, HAS_IGNORE: tl.constexpr,
+    HAS_ALPHA: tl.constexpr, GO_SCALAR: tl.constexpr, CDT: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
+    pid = tl.program_id(0)
+    offs = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    _, dloss, _ = _focal_terms(
+        x_ptr, t_ptr, w_ptr, offs, mask, C, w_sr, w_sc, alpha, gamma, zero_pow, ignore,
+        INDEX, HAS_W, HAS_IGNORE, HAS_ALPHA, CDT,
+    )  # fmt: skip
+    if GO_SCALAR:
+        go = tl.load(go_ptr).to(CDT)
+    else:
+        go = tl.load(go_ptr + offs, mask=mask, other=0.0).to(CDT)
+    tl.store(grad_ptr + offs, (dloss * go).to(grad_ptr.dtype.element_ty), mask=mask)
+
+
+def _launch_args(x: Tensor, targets: Tensor, w: Tensor | None, alpha, gamma, ignore) -> dict:
+    """Arguments shared by both kernels (everything but the outputs)."""
+    cdt = tl.float64 if x.dtype == torch.float64 else tl.float32
+    return {
+        "x_ptr": x,
+        "t_ptr": targets,
+        "w_ptr": x if w is None else w,  # never read without HAS_W
+        "n": x.numel(),
+        "C": x.shape[1],
+        "w_sr": 0 if w is None else w.stride(0),
+        "w_sc": 0 if w is None else w.stride(1),
+        "alpha": 0.0 if alpha is None else float(alpha),
+        "gamma": float(gamma),
+        "zero_pow": 1.0 if gamma == 0 else 0.0,
+        "ignore": 0 if ignore is None else ignore,
+        "INDEX": targets.dim() == 1,
+        "HAS_W": w is not None,
+        "HAS_IGNORE": ignore is not None,
+        "HAS_ALPHA": alpha is not None,
+        "CDT": cdt,
+        "BLOCK": _BLOCK,
+    }
+
+
+class _SigmoidFocalTriton(torch.autograd.Function):
+    """Autograd glue: inputs and outputs as `visionblocks.losses._focal_torch`'s Function."""
+
+    @staticmethod
+    def forward(ctx, x, targets, w, alpha, gamma, ignore, reduce_sum, out_dtype):
+        x = x.contiguous()
+        if targets.dtype == torch.bool:
+            targets = targets.to(torch.uint8)
+        targets = targets.contiguous()
+        cdt = torch.float64 if x.dtype == torch.float64 else torch.float32
+        n = x.numel()
+        grid = (triton.cdiv(n, _BLOCK),)
+        args = _launch_args(x, targets, w, alpha, gamma, ignore)
+        count = torch.tensor(n, device=x.device)
+        if reduce_sum:
+            parts = torch.zeros(grid[0], dtype=cdt, device=x.device)
+            counts = torch.zeros(grid[0], dtype=torch.int32, device=x.device)
+            if n:
+                _focal_fwd_kernel[grid](
+                    loss_ptr=parts, part_ptr=parts, count_ptr=counts, REDUCE=True, **args
+                )
+            loss = parts.sum()
+            if ignore is not None:
+                count = counts.sum()
+        else:
+            loss = torch.empty(x.shape, dtype=out_dtype, device=x.device)
+            if n:
+                _focal_fwd_kernel[grid](
+                    loss_ptr=loss, part_ptr=loss, count_ptr=loss, REDUCE=False, **args
+                )
+        ctx.save_for_backward(x, targets, w)
+        ctx.params = (alpha, gamma, ignore)
+        ctx.mark_non_differentiable(count)
+        return loss, count
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_loss, grad_count):
+        x, targets, w = ctx.saved_tensors
+        grad = torch.empty_like(x)
+        n = x.numel()
+        if n:
+            go = grad_loss.contiguous()
+            _focal_bwd_kernel[(triton.cdiv(n, _BLOCK),)](
+                go_ptr=go,
+                grad_ptr=grad,
+                GO_SCALAR=go.numel() == 1 and go.dim() == 0,
+                **_launch_args(x, targets, w, *ctx.params),
+            )
+        return grad, None, None, None, None, None, None, None
+
+
+def sigmoid_focal_loss_triton(
+    x: Tensor,
+    targets: Tensor,
+    w: Tensor | None,
+    alpha: float | None,
+    gamma: float,
+    ignore: float | None,
+    reduce_sum: bool,
+    out_dtype: torch.dtype,
+) -> tuple[Tensor, Tensor]:
+    """Fused sigmoid focal loss on ``x (Tensor[R, C])``; inputs already validated.
+
+    Args:
+        x (Tensor[R, C]): Logits (float16, bfloat16, float32 or float64).
+        targets (Tensor[R, C] or Tensor[R]): Float (or bool) targets, or integer class indices.
+        w (Tensor[R, C], optional): Element weight; any strides (broadcast views welcome).
+        alpha: Positive weight in ``[0, 1]``, or None for no alpha weighting.
+        gamma: Focusing parameter ``>= 0``.
+        ignore: Target value to ignore (rows for class indices), or None.
+        reduce_sum: Return the 0-d sum (compute dtype) instead of the element-wise loss.
+        out_dtype: Dtype of the element-wise loss.
+
+    Returns:
+        tuple: The loss, and the number of non-ignored elements (int64, not differentiable).
+    """
+    return _SigmoidFocalTriton.apply(x, targets, w, alpha, gamma, ignore, reduce_sum, out_dtype)
