@@ -1,14 +1,14 @@
 """Benchmark harness: our implementations timed and measured against peer libraries.
 
-A :class:`BenchCase` pairs ``ours`` with a ``peer`` on inputs built once by ``setup``, with
-optional targets (``min_speedup``, ``max_memory_ratio``). :func:`run_cases` times each pair
-interleaved (median of paired ratios, :mod:`visionblocks.bench.timing`), measures each side's
-peak extra memory in a fresh process (:mod:`visionblocks.bench.memory`) and returns
-:class:`BenchResult` objects; :func:`format_table` prints them as Markdown. ``visionblocks
+A `BenchCase` pairs ``ours`` with a ``peer`` on inputs built once by ``setup``, with
+optional targets (``min_speedup``, ``max_memory_ratio``). `run_cases` times each pair
+interleaved (median of paired ratios, `visionblocks.bench.timing`), measures each side's
+peak extra memory in a fresh process (`visionblocks.bench.memory`) and returns
+`BenchResult` objects; `format_table` prints them as Markdown. ``visionblocks
 bench`` (and ``benchmarks/run.py``) run it from the command line.
 
 Adding a case: put it in a ``visionblocks/bench/cases*.py`` module listed in
-:data:`CASES`' modules, and call :func:`register_case` at import time.
+`CASES`' modules, and call `register_case` at import time.
 
 Only the standard library and torch are imported here; cases import their peers themselves.
 """

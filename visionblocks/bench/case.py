@@ -1,7 +1,7 @@
 """What a benchmark case is, and the registry that holds them.
 
 A case compares one of our functions (``ours``) with the same computation in a peer library
-(``peer``) on inputs that ``setup`` builds once. Cases live in :data:`CASES`; the built-in ones
+(``peer``) on inputs that ``setup`` builds once. Cases live in `CASES`; the built-in ones
 are in ``visionblocks/bench/cases*.py`` and are imported the first time the registry is listed
 or misses a name.
 """
@@ -32,7 +32,12 @@ __all__ = [
 
 CASES = Registry(
     "benchmarks",
-    modules=("visionblocks.bench.cases",),
+    modules=(
+        "visionblocks.bench.cases",
+        "visionblocks.bench.cases_focal",
+        "visionblocks.bench.cases_iou_loss",
+        "visionblocks.bench.cases_boxes",
+    ),
     description="BenchCase, or a zero-argument callable returning one",
 )
 
@@ -41,8 +46,8 @@ CASES = Registry(
 class BenchCase:
     """One benchmark: our implementation against a peer's, on inputs built once.
 
-    A ``BenchCase`` is its own registry builder: calling it returns itself. :data:`CASES`
-    (a :class:`~visionblocks.registry.Registry`, which only stores callables) therefore holds
+    A ``BenchCase`` is its own registry builder: calling it returns itself. `CASES`
+    (a `visionblocks.registry.Registry`, which only stores callables) therefore holds
     case objects directly, and its builder contract is simply "a zero-argument callable
     returning a ``BenchCase``" — a case, or a factory that builds one lazily.
 
@@ -61,7 +66,7 @@ class BenchCase:
         memory: Measure peak memory (each side in a fresh process).
         threads: ``torch.set_num_threads`` while the case runs.
 
-    Example:
+    Examples:
         >>> import torch
         >>> case = BenchCase(
         ...     name="doc_add",
@@ -111,7 +116,7 @@ class BenchCase:
 
 
 def register_case(case: BenchCase, *, force: bool = False) -> BenchCase:
-    """Register ``case`` in :data:`CASES` under ``case.name`` and return it.
+    """Register ``case`` in `CASES` under ``case.name`` and return it.
 
     Args:
         case: The case to register.
@@ -121,10 +126,10 @@ def register_case(case: BenchCase, *, force: bool = False) -> BenchCase:
         BenchCase: ``case`` itself, so ``CASE = register_case(BenchCase(...))`` reads well.
 
     Raises:
-        TypeError: If ``case`` is not a :class:`BenchCase`.
+        TypeError: If ``case`` is not a `BenchCase`.
         KeyError: If the name is taken and ``force`` is False.
 
-    Example:
+    Examples:
         >>> case = register_case(BenchCase("doc_noop", setup=lambda: None, ours=lambda s: s))
         >>> get_case("doc_noop") is case
         True
@@ -141,7 +146,7 @@ def get_case(name: str) -> BenchCase:
 
     Raises:
         KeyError: Unknown name; the message lists close matches.
-        TypeError: The registered builder did not return a :class:`BenchCase`.
+        TypeError: The registered builder did not return a `BenchCase`.
     """
     case = CASES.build(name)
     if not isinstance(case, BenchCase):
@@ -216,7 +221,7 @@ def resolve_case(spec: str, imports: Iterable[str] = ()) -> BenchCase:
 
     Args:
         spec: ``"module:attr"`` (an attribute holding a case or a factory), or a case name:
-            looked up in :data:`CASES` after importing ``imports``, then among the module-level
+            looked up in `CASES` after importing ``imports``, then among the module-level
             ``BenchCase`` objects of those modules (cases that a test registers temporarily).
         imports: Module names or ``.py`` paths to import first.
 

@@ -1,1 +1,1 @@
-"""Built-in benchmark cases: none yet; later issues add them here and in ``cases_*.py`` modules."""
+"""Built-in benchmark cases live in ``cases_*.py`` modules (listed in `visionblocks.bench.case.CASES`)."""

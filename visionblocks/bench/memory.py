@@ -110,7 +110,7 @@ def measure_here(case: BenchCase, side: Side) -> MemoryResult:
 
     Call it only in a process made for it: the measurement resets this process's high-water
     mark, and anything that ran before may already hold the memory the call would allocate.
-    Use :func:`measure_memory` instead.
+    Use `measure_memory` instead.
 
     Raises:
         ValueError: For a ``side`` other than ``"ours"``/``"peer"``, or ``"peer"`` without a peer.
@@ -167,7 +167,7 @@ def measure_memory(case: BenchCase | str, side: Side, *, timeout: float = 600.0)
     ``"module:attr"`` string. See the module docstring for the method and its limits.
 
     Args:
-        case: A case, or a string for :func:`~visionblocks.bench.case.resolve_case`
+        case: A case, or a string for `visionblocks.bench.case.resolve_case`
             (a registered name or ``"module:attr"``).
         side: ``"ours"`` or ``"peer"``.
         timeout: Seconds before the process is killed and an error is reported.
@@ -179,7 +179,7 @@ def measure_memory(case: BenchCase | str, side: Side, *, timeout: float = 600.0)
     Raises:
         ValueError: For a ``side`` other than ``"ours"``/``"peer"``.
 
-    Example:
+    Examples:
         >>> result = measure_memory("no_such_case", "ours")  # runs a fresh process
         >>> result.extra_bytes is None, "no_such_case" in result.error
         (True, True)

@@ -164,10 +164,10 @@ def _notes(results: Sequence[BenchResult]) -> list[str]:
 def format_table(results: Sequence[BenchResult]) -> str:
     """The results as a Markdown table, followed by error details when something failed.
 
-    Columns: see :data:`TABLE_COLUMNS`. Times are medians in ms; speedup is the median paired
+    Columns: see `TABLE_COLUMNS`. Times are medians in ms; speedup is the median paired
     ratio with its interquartile range; memory is the peak extra memory of one call in MiB.
 
-    Example:
+    Examples:
         >>> from visionblocks.bench.timing import TimingResult
         >>> result = BenchResult("add", peer_name="loop", min_speedup=2.0,
         ...                      timing=TimingResult(0.5, 1.5, 3.0, 2.9, 3.1))
@@ -213,9 +213,9 @@ def results_to_json(results: Sequence[BenchResult]) -> dict[str, Any]:
     """A JSON-ready dict: ``{"schema", "environment", "results": [...]}``.
 
     Each result carries its raw fields plus the derived ``speedup``, ``memory_ratio`` and
-    ``verdict``; :func:`results_from_json` reads it back.
+    ``verdict``; `results_from_json` reads it back.
 
-    Example:
+    Examples:
         >>> data = results_to_json([BenchResult("noop")])
         >>> data["results"][0]["verdict"], results_from_json(data) == [BenchResult("noop")]
         ('-', True)
@@ -229,7 +229,7 @@ def results_to_json(results: Sequence[BenchResult]) -> dict[str, Any]:
 
 
 def results_from_json(data: dict[str, Any]) -> list[BenchResult]:
-    """Read results written by :func:`results_to_json`.
+    """Read results written by `results_to_json`.
 
     Raises:
         ValueError: If ``data`` is not a results dict of a known schema.

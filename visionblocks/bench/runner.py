@@ -34,10 +34,10 @@ def run_cases(
 
     Args:
         patterns: fnmatch patterns over case names; ``None`` or empty runs every case.
-        repeats: Timed pairs per case (see :func:`~visionblocks.bench.timing.time_pair`).
+        repeats: Timed pairs per case (see `visionblocks.bench.timing.time_pair`).
         warmup: Untimed calls of each side before timing.
         memory: Measure peak memory (of cases with ``memory=True``), each side in a fresh
-            process (see :func:`~visionblocks.bench.memory.measure_memory`).
+            process (see `visionblocks.bench.memory.measure_memory`).
         progress: Called with a line of text after each case (e.g. ``print``).
 
     Returns:
@@ -46,7 +46,7 @@ def run_cases(
     Raises:
         ValueError: If a pattern matches no case, ``repeats < 1`` or ``warmup < 0``.
 
-    Example:
+    Examples:
         >>> import torch
         >>> from visionblocks.bench import BenchCase, register_case
         >>> _ = register_case(BenchCase("doc_mul", setup=lambda: torch.ones(4), ours=torch.square))
@@ -100,7 +100,7 @@ def _int_at_least(minimum: int) -> Callable[[str], int]:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the ``visionblocks bench`` arguments to ``parser``.
 
-    Example:
+    Examples:
         >>> import argparse
         >>> parser = argparse.ArgumentParser()
         >>> add_arguments(parser)

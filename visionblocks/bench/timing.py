@@ -1,7 +1,7 @@
 """Interleaved timing of our implementation against a peer's.
 
 Method: ``setup`` runs once; both sides are warmed up; then each repeat times ``ours`` and
-``peer`` back to back with :func:`time.perf_counter`, alternating which goes first (even
+``peer`` back to back with `time.perf_counter`, alternating which goes first (even
 repeats ours first, odd repeats peer first) so neither side always inherits a warm or cold
 cache. Each repeat gives a paired ratio ``t_peer / t_ours``; the reported speedup is the median
 of those ratios, with its interquartile range, which is robust to a noisy neighbour slowing a
@@ -53,7 +53,7 @@ class TimingResult:
 def num_threads(n: int) -> Iterator[None]:
     """Run the block with ``torch.set_num_threads(n)``, restoring the old value after.
 
-    Example:
+    Examples:
         >>> import torch
         >>> before = torch.get_num_threads()
         >>> with num_threads(1):
@@ -124,7 +124,7 @@ def time_pair(case: BenchCase, repeats: int = 20, warmup: int = 3) -> TimingResu
     Raises:
         ValueError: If ``repeats < 1`` or ``warmup < 0``.
 
-    Example:
+    Examples:
         >>> import torch
         >>> from visionblocks.bench import BenchCase
         >>> case = BenchCase("doc_sum", setup=lambda: torch.ones(16), ours=torch.sum)
