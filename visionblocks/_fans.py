@@ -1,0 +1,149 @@
+"""Private helpers of `visionblocks.init`: reaching a module's weight and its group-aware fans.
+
+Kept apart so `visionblocks.init` holds only the public initializers.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from torch.nn.utils import parametrize
+
+__all__ = [
+    "check_number",
+    "draw_zero_mean",
+    "fill_bias",
+    "has_weight",
+    "module_fans",
+    "weight_of",
+    "zero_norm_weight",
+]
+
+
+def has_weight(module: nn.Module) -> bool:
+    """True when ``module.weight`` exists and is a tensor (not None)."""
+    return isinstance(getattr(module, "weight", None), Tensor)
+
+
+def weight_of(module: nn.Module, caller: str) -> Tensor:
+    """Return ``module.weight``, or raise naming ``caller`` when it cannot be initialised."""
+    if not isinstance(module, nn.Module):
+        raise TypeError(f"{caller} expects an nn.Module, got {type(module).__name__}")
+    kind = type(module).__name__
+    weight = getattr(module, "weight", None)
+    if not isinstance(weight, Tensor):
+        what = "weight=None" if hasattr(module, "weight") else "no weight"
+        raise TypeError(
+            f"{caller} initialises a module's weight tensor, but {kind} has {what}; "
+            "apply it to layers with weights (init_weights rules skip such modules)"
+        )
+    if isinstance(weight, nn.parameter.UninitializedParameter):
+        raise ValueError(
+            f"{caller}: the weight of {kind} is an uninitialised lazy parameter; "
+            "run one forward pass before initialising it"
+        )
+    if parametrize.is_parametrized(module, "weight"):
+        raise ValueError(
+            f"{caller}: the weight of {kind} is computed by a parametrization, so filling it "
+            "in place would have no effect; initialise module.parametrizations.weight.original "
+            "instead"
+        )
+    return weight
+
+
+def check_number(name: str, value: object) -> float:
+    """Return ``value`` as a float; raise unless it is a real, non-NaN number (bool excluded)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a real number, got {type(value).__name__} ({value!r})")
+    value = float(value)
+    if math.isnan(value):
+        raise ValueError(f"{name} must not be NaN")
+    return value
+
+
+def fill_bias(module: nn.Module, bias: float | None) -> None:
+    """Fill ``module.bias`` with ``bias`` when both exist; ``bias=None`` leaves it untouched."""
+    tensor = getattr(module, "bias", None)
+    if bias is not None and isinstance(tensor, Tensor):
+        with torch.no_grad():
+            tensor.fill_(bias)
+
+
+def module_fans(module: nn.Module, caller: str) -> tuple[int, int]:
+    """Group-aware ``(fan_in, fan_out)`` of ``module.weight``.
+
+    Weight layouts: ``(out, in, *k)`` for Linear-like layers, ``(out, in / groups, *k)`` for
+    convolutions and ``(in, out / groups, *k)`` for transposed convolutions (modules with a
+    true ``transposed`` attribute). A module with an integer ``groups`` attribute is treated
+    as a convolution. Each fan counts the connections one weight really has:
+    ``fan_in = in / groups * prod(k)`` and ``fan_out = out / groups * prod(k)``.
+    """
+    weight = weight_of(module, caller)
+    kind = type(module).__name__
+    if weight.dim() < 2:
+        raise ValueError(
+            f"{caller} needs a weight with at least 2 dimensions to compute fans, but "
+            f"{kind} has weight of shape {tuple(weight.shape)}; use constant_init, normal_init "
+            "or trunc_normal_init for it (or restrict the init_weights rule with 'layer')"
+        )
+    receptive = math.prod(weight.shape[2:])
+    groups = getattr(module, "groups", 1)
+    if isinstance(groups, bool) or not isinstance(groups, int) or weight.dim() < 3:
+        groups = 1
+    transposed = weight.dim() >= 3 and bool(getattr(module, "transposed", False))
+    # Layout (out, in / groups, *k), or (in, out / groups, *k) when transposed: dim 0 holds
+    # all channels of one side, dim 1 the per-group channels of the other.
+    if weight.shape[0] % groups:
+        raise ValueError(
+            f"{caller}: groups={groups} does not divide dim 0 of the weight of {kind} "
+            f"(shape {tuple(weight.shape)})"
+        )
+    full_side = weight.shape[0] // groups * receptive
+    group_side = weight.shape[1] * receptive
+    if transposed:
+        return full_side, group_side
+    return group_side, full_side
+
+
+def draw_zero_mean(weight: Tensor, std: float, distribution: str) -> None:
+    """Fill ``weight`` from ``N(0, std**2)`` or ``U(-sqrt(3) * std, sqrt(3) * std)``.
+
+    Same arithmetic and RNG use as ``torch.nn.init.kaiming_normal_``/``kaiming_uniform_``.
+    """
+    if not weight.numel():  # a zero fan would divide by zero upstream; nothing to fill
+        return
+    with torch.no_grad():
+        if distribution == "normal":
+            weight.normal_(0, std)
+        else:
+            bound = math.sqrt(3.0) * std
+            weight.uniform_(-bound, bound)
+
+
+def zero_norm_weight(block: nn.Module, block_name: str, norm: Any) -> None:
+    """Zero the weight of ``norm``: the ``last_norm`` of ``block`` (a module or a submodule name)."""
+    if isinstance(norm, str):
+        try:
+            norm = block.get_submodule(norm)
+        except AttributeError:
+            raise ValueError(
+                f"block {block_name!r} ({type(block).__name__}): last_norm={norm!r} names no "
+                "submodule"
+            ) from None
+    if not isinstance(norm, nn.Module):
+        raise TypeError(
+            f"block {block_name!r} ({type(block).__name__}): last_norm must be a submodule "
+            f"name or the norm module, got {type(norm).__name__}"
+        )
+    weight = getattr(norm, "weight", None)
+    if not isinstance(weight, Tensor):
+        raise ValueError(
+            f"block {block_name!r} ({type(block).__name__}): its last norm "
+            f"{type(norm).__name__} has no affine weight to zero"
+        )
+    with torch.no_grad():
+        weight.zero_()
