@@ -1,0 +1,373 @@
+"""Convolution blocks: conv + norm + activation, depthwise (separable) convs, channel shuffle.
+
+Every block keeps its convolution and norm as ``conv``/``norm`` attributes (or as plain
+``nn.Conv2d`` children), so `visionblocks.nn.fuse.fuse_modules` can fold BatchNorms into the
+convolutions for inference. All blocks are registered in `visionblocks.registry.LAYERS`.
+
+Convention (``padding=None``): each side gets ``dilation * (k - 1) // 2``, which keeps the
+spatial size at stride 1 for odd kernels (``ceil(H / stride)`` at any stride). When
+``dilation * (k - 1)`` is odd (even kernel, odd dilation) the size cannot be kept with equal
+padding on both sides: at stride 1 the convolution then uses ``padding="same"`` (the extra
+row/column goes to the bottom/right, like TensorFlow's ``SAME``); at stride > 1 it keeps the
+symmetric ``dilation * (k - 1) // 2`` (a 2x2 or 4x4 kernel at stride 2 halves an even size).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.fx
+from torch import Tensor, nn
+
+from visionblocks._check import check_tensor, check_type
+from visionblocks.nn.layers import ActSpec, NormSpec, make_activation, make_norm
+from visionblocks.registry import LAYERS
+
+__all__ = [
+    "ChannelShuffle",
+    "ConvNormAct",
+    "DepthwiseConv2d",
+    "DepthwiseSeparableConv2d",
+    "channel_shuffle",
+]
+
+_Size2 = int | tuple[int, int]
+
+
+def _check_int(name: str, value: object, minimum: int) -> int:
+    if isinstance(value, bool):
+        raise TypeError(f"{name} must be int, got bool ({value!r})")
+    check_type(name, value, int)
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    return value
+
+
+def _pair(name: str, value: object, minimum: int = 1) -> tuple[int, int]:
+    """``int`` or a pair of ints (each ``>= minimum``) as a tuple of two ints."""
+    if isinstance(value, (tuple, list)):
+        if len(value) != 2:
+            raise ValueError(f"{name} must be an int or a pair of ints, got {value!r}")
+        return (_check_int(name, value[0], minimum), _check_int(name, value[1], minimum))
+    _check_int(name, value, minimum)
+    return (value, value)
+
+
+def _resolve_padding(
+    padding: object, kernel_size: tuple[int, int], stride: tuple[int, int], dilation: tuple
+) -> tuple[int, int] | str:
+    """The padding passed to ``nn.Conv2d`` (see the module docstring for ``None``)."""
+    if padding is None:
+        totals = [d * (k - 1) for k, d in zip(kernel_size, dilation)]
+        if stride == (1, 1) and any(t % 2 for t in totals):
+            return "same"
+        return (totals[0] // 2, totals[1] // 2)
+    if isinstance(padding, str):
+        if padding not in ("same", "valid"):
+            raise ValueError(
+                f"padding must be None, an int, a pair, 'same' or 'valid'; got {padding!r}"
+            )
+        if padding == "same" and stride != (1, 1):
+            raise ValueError(f"padding='same' needs stride 1, got stride={stride}")
+        return padding
+    return _pair("padding", padding, minimum=0)
+
+
+def _check_groups(groups: int, in_channels: int, out_channels: int) -> None:
+    for name, channels in (("in_channels", in_channels), ("out_channels", out_channels)):
+        if channels % groups:
+            raise ValueError(f"groups={groups} must divide {name}={channels}")
+
+
+@LAYERS.register(name="conv_norm_act")
+class ConvNormAct(nn.Module):
+    """``Conv2d -> norm -> activation``, the basic block of most CNNs.
+
+    Args:
+        in_channels: Input channels ``C_in``.
+        out_channels: Output channels ``C_out``.
+        kernel_size: Kernel size, an int or ``(kh, kw)``.
+        stride: Stride, an int or a pair.
+        padding: ``None`` (default) keeps the size at stride 1 (see the module's
+            **Convention**); otherwise an int, a pair, ``"same"`` or ``"valid"`` as
+            ``nn.Conv2d``.
+        dilation: Dilation, an int or a pair.
+        groups: Convolution groups; must divide ``in_channels`` and ``out_channels``.
+        norm: ``"bn"``, ``"syncbn"``, ``"gn"``, ``"ln2d"``, a factory ``f(C_out)`` or
+            ``None`` (see `visionblocks.nn.layers.make_norm`).
+        act: ``"relu"``, ``"relu6"``, ``"silu"``, ``"gelu"``, ``"hardswish"``,
+            ``"leaky_relu"``, a zero-argument factory or ``None`` (see
+            `visionblocks.nn.layers.make_activation`).
+        bias: Give the convolution a bias. ``None`` (default): only when ``norm`` is
+            ``None`` (a norm's shift makes the bias redundant).
+        inplace: Use the in-place variant of a named activation (saves one activation
+            map in training, as torchvision's ``Conv2dNormActivation``).
+
+    Attributes:
+        conv (nn.Conv2d): The convolution.
+        norm (nn.Module): The norm, ``nn.Identity`` when ``norm=None``.
+        act (nn.Module): The activation, ``nn.Identity`` when ``act=None``.
+
+    Shape:
+        - Input: ``(B, C_in, H, W)``.
+        - Output: ``(B, C_out, H_out, W_out)`` with
+          ``H_out = floor((H + 2 * pad - dilation * (k - 1) - 1) / stride) + 1``
+          (``H_out = H`` at stride 1 with ``padding=None``).
+
+    Raises:
+        TypeError: Non-int sizes, an ``act``/``norm`` of the wrong type.
+        ValueError: Sizes below 1, ``groups`` not dividing the channels (the message says
+            which number must divide which), an unknown ``norm``/``act`` name.
+
+    Examples:
+        >>> import torch
+        >>> block = ConvNormAct(16, 32, kernel_size=3, stride=2, act="silu")
+        >>> block(torch.randn(2, 16, 15, 15)).shape
+        torch.Size([2, 32, 8, 8])
+        >>> block.conv.bias is None, type(block.norm).__name__, type(block.act).__name__
+        (True, 'BatchNorm2d', 'SiLU')
+        >>> ConvNormAct(16, 8, kernel_size=1, norm=None, act=None).conv.bias is None
+        False
+        >>> ConvNormAct(64, 64, groups=3)
+        Traceback (most recent call last):
+        ...
+        ValueError: groups=3 must divide in_channels=64
+    """
+
+    def __init__(
+        self,
+        in_channels: int,
+        out_channels: int,
+        kernel_size: _Size2 = 3,
+        stride: _Size2 = 1,
+        padding: _Size2 | str | None = None,
+        dilation: _Size2 = 1,
+        groups: int = 1,
+        norm: NormSpec = "bn",
+        act: ActSpec = "relu",
+        bias: bool | None = None,
+        *,
+        inplace: bool = True,
+    ) -> None:
+        super().__init__()
+        _check_int("in_channels", in_channels, 1)
+        _check_int("out_channels", out_channels, 1)
+        _check_int("groups", groups, 1)
+        _check_groups(groups, in_channels, out_channels)
+        ks = _pair("kernel_size", kernel_size)
+        st = _pair("stride", stride)
+        dil = _pair("dilation", dilation)
+        pad = _resolve_padding(padding, ks, st, dil)
+        if bias is not None:
+            check_type("bias", bias, bool)
+        use_bias = norm is None if bias is None else bias
+        self.conv = nn.Conv2d(
+            in_channels, out_channels, ks, st, pad, dil, groups=groups, bias=use_bias
+        )
+        self.norm = make_norm(norm, out_channels)
+        self.act = make_activation(act, inplace=inplace)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.act(self.norm(self.conv(x)))
+
+
+@LAYERS.register(name="depthwise_conv")
+class DepthwiseConv2d(nn.Conv2d):
+    """Depthwise convolution: every input channel convolved with its own ``multiplier`` filters.
+
+    An ``nn.Conv2d`` with ``groups=channels`` and ``out_channels=channels * multiplier``
+    (output channel ``c * multiplier + m`` comes from input channel ``c``), so it behaves
+    exactly like that ``nn.Conv2d`` everywhere (state dict, fusion, export).
+
+    Args:
+        channels: Input channels ``C``.
+        kernel_size: Kernel size, an int or a pair.
+        stride: Stride, an int or a pair.
+        padding: ``None`` keeps the size at stride 1 (see the module's **Convention**), or
+            an int, a pair, ``"same"``, ``"valid"``.
+        dilation: Dilation, an int or a pair.
+        multiplier: Filters per input channel.
+        bias: Add a learnable bias.
+
+    Shape:
+        - Input: ``(B, C, H, W)``.
+        - Output: ``(B, C * multiplier, H_out, W_out)``, ``H_out`` as `ConvNormAct`.
+
+    Raises:
+        TypeError: Non-int sizes.
+        ValueError: Sizes below 1, an invalid ``padding``.
+
+    Examples:
+        >>> import torch
+        >>> dw = DepthwiseConv2d(8, kernel_size=5, stride=2, multiplier=2)
+        >>> dw(torch.randn(1, 8, 16, 16)).shape
+        torch.Size([1, 16, 8, 8])
+        >>> dw.groups, tuple(dw.weight.shape)
+        (8, (16, 1, 5, 5))
+    """
+
+    def __init__(
+        self,
+        channels: int,
+        kernel_size: _Size2 = 3,
+        stride: _Size2 = 1,
+        padding: _Size2 | str | None = None,
+        dilation: _Size2 = 1,
+        multiplier: int = 1,
+        bias: bool = False,
+    ) -> None:
+        _check_int("channels", channels, 1)
+        _check_int("multiplier", multiplier, 1)
+        check_type("bias", bias, bool)
+        ks = _pair("kernel_size", kernel_size)
+        st = _pair("stride", stride)
+        dil = _pair("dilation", dilation)
+        pad = _resolve_padding(padding, ks, st, dil)
+        super().__init__(
+            channels, channels * multiplier, ks, st, pad, dil, groups=channels, bias=bias
+        )
+
+
+@LAYERS.register(name="depthwise_separable_conv")
+class DepthwiseSeparableConv2d(nn.Module):
+    """Depthwise ``k x k`` `ConvNormAct` followed by a pointwise ``1 x 1`` `ConvNormAct`.
+
+    The MobileNet (v1) block: ``dw conv -> norm -> act -> 1x1 conv -> norm -> act``, about
+    ``k*k + C_out`` instead of ``k*k*C_out`` multiply-adds per input channel and pixel.
+
+    Args:
+        in_channels: Input channels ``C_in``.
+        out_channels: Output channels ``C_out``.
+        kernel_size: Depthwise kernel size.
+        stride: Depthwise stride.
+        dilation: Depthwise dilation (padding keeps the size at stride 1).
+        norm: Norm of both convolutions (see `ConvNormAct`).
+        act: Activation of both convolutions (see `ConvNormAct`).
+
+    Attributes:
+        depthwise (ConvNormAct): ``groups=C_in`` ``k x k`` convolution block.
+        pointwise (ConvNormAct): ``1 x 1`` convolution block.
+
+    Shape:
+        - Input: ``(B, C_in, H, W)``.
+        - Output: ``(B, C_out, H_out, W_out)``, ``H_out = ceil(H / stride)`` for odd ``k``.
+
+    Raises:
+        TypeError: Non-int sizes.
+        ValueError: Sizes below 1, unknown ``norm``/``act``.
+
+    Examples:
+        >>> import torch
+        >>> block = DepthwiseSeparableConv2d(32, 64, stride=2, act="relu6")
+        >>> block(torch.randn(2, 32, 16, 16)).shape
+        torch.Size([2, 64, 8, 8])
+        >>> block.depthwise.conv.groups, block.pointwise.conv.kernel_size
+        (32, (1, 1))
+    """
+
+    def __init__(
+        self,
+        in_channels: int,
+        out_channels: int,
+        kernel_size: _Size2 = 3,
+        stride: _Size2 = 1,
+        dilation: _Size2 = 1,
+        norm: NormSpec = "bn",
+        act: ActSpec = "relu",
+    ) -> None:
+        super().__init__()
+        _check_int("in_channels", in_channels, 1)
+        self.depthwise = ConvNormAct(
+            in_channels,
+            in_channels,
+            kernel_size,
+            stride,
+            dilation=dilation,
+            groups=in_channels,
+            norm=norm,
+            act=act,
+        )
+        self.pointwise = ConvNormAct(in_channels, out_channels, 1, norm=norm, act=act)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.pointwise(self.depthwise(x))
+
+
+def channel_shuffle(x: Tensor, groups: int) -> Tensor:
+    """ShuffleNet's channel shuffle: interleave the channels of ``groups`` equal groups.
+
+    Channels viewed as a ``(groups, C // groups)`` grid are transposed: output channel
+    ``j * groups + g`` is input channel ``g * (C // groups) + j``. Equals torchvision's
+    ``shufflenetv2.channel_shuffle`` on 4-D input; any trailing dimensions are allowed.
+
+    Args:
+        x (Tensor[B, C, *]): Input with channels in dim 1, any dtype.
+        groups: Number of groups; must divide ``C``.
+
+    Returns:
+        Tensor[B, C, *]: The shuffled tensor, ``x``'s dtype (a view of ``x`` when the
+        shuffle is the identity, ``groups`` 1 or ``C``).
+
+    Raises:
+        TypeError: ``x`` not a tensor, ``groups`` not an int.
+        ValueError: ``x`` with fewer than 2 dims, ``groups < 1`` or not dividing ``C``.
+
+    Examples:
+        >>> import torch
+        >>> x = torch.arange(6).view(1, 6, 1, 1)
+        >>> channel_shuffle(x, 2).flatten().tolist()
+        [0, 3, 1, 4, 2, 5]
+        >>> channel_shuffle(x, 4)
+        Traceback (most recent call last):
+        ...
+        ValueError: groups=4 must divide the channels of x, got x of shape (1, 6, 1, 1)
+    """
+    if not torch.jit.is_tracing():  # sizes are traced tensors there; checks would warn
+        check_tensor("x", x)
+        _check_int("groups", groups, 1)
+        if x.dim() < 2:
+            raise ValueError(f"x must have shape (B, C, ...), got {tuple(x.shape)}")
+        if x.shape[1] % groups:
+            raise ValueError(
+                f"groups={groups} must divide the channels of x, got x of shape {tuple(x.shape)}"
+            )
+    return x.unflatten(1, (groups, -1)).transpose(1, 2).flatten(1, 2)
+
+
+# A leaf for torch.fx.symbolic_trace (its checks cannot run on proxies), so models using it
+# stay traceable (feature extraction, `fuse_modules`).
+torch.fx.wrap("channel_shuffle")
+
+
+@LAYERS.register(name="channel_shuffle")
+class ChannelShuffle(nn.Module):
+    """Module form of `channel_shuffle` (no parameters).
+
+    Args:
+        groups: Number of groups; must divide the input's channels.
+
+    Shape:
+        - Input: ``(B, C, *)``.
+        - Output: ``(B, C, *)``.
+
+    Raises:
+        TypeError: ``groups`` not an int.
+        ValueError: ``groups < 1``; in ``forward``, ``groups`` not dividing ``C``.
+
+    Examples:
+        >>> import torch
+        >>> shuffle = ChannelShuffle(3)
+        >>> shuffle(torch.arange(6.0).view(1, 6, 1, 1)).flatten().tolist()
+        [0.0, 2.0, 4.0, 1.0, 3.0, 5.0]
+        >>> shuffle
+        ChannelShuffle(groups=3)
+    """
+
+    def __init__(self, groups: int) -> None:
+        super().__init__()
+        self.groups = _check_int("groups", groups, 1)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return channel_shuffle(x, self.groups)
+
+    def extra_repr(self) -> str:
+        return f"groups={self.groups}"

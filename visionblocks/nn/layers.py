@@ -1,0 +1,282 @@
+"""Activation and normalisation factories: names (``"relu"``, ``"bn"``, ...) to fresh modules.
+
+Blocks such as `ConvNormAct` take ``act=`` and ``norm=`` as a name, ``None`` (no layer, an
+``nn.Identity``) or a factory, and build their layers with `make_activation` and
+`make_norm`. The name tables `ACTIVATIONS` and `NORMS` are plain dicts; adding an entry makes
+the new name usable everywhere:
+
+    ACTIVATIONS["mish"] = lambda inplace=False: nn.Mish(inplace=inplace)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TypeAlias
+
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from visionblocks._check import check_type
+
+__all__ = [
+    "ACTIVATIONS",
+    "NORMS",
+    "ActSpec",
+    "LayerNorm2d",
+    "NormSpec",
+    "group_norm_groups",
+    "make_activation",
+    "make_norm",
+]
+
+ActSpec: TypeAlias = str | Callable[[], nn.Module] | None
+"""What ``act=`` accepts: a name in `ACTIVATIONS`, a zero-argument factory or ``None``."""
+NormSpec: TypeAlias = str | Callable[[int], nn.Module] | None
+"""What ``norm=`` accepts: a name in `NORMS`, a factory ``f(num_channels)`` or ``None``."""
+
+
+class LayerNorm2d(nn.LayerNorm):
+    """LayerNorm over the channel dimension of a ``(B, C, H, W)`` tensor (the ``"ln2d"`` norm).
+
+    Every pixel is normalised over its ``C`` channels, with a per-channel affine, as the
+    LayerNorm of ConvNeXt. Runs ``F.layer_norm`` on a channels-last view, so the state dict
+    (``weight``, ``bias``) is that of ``nn.LayerNorm(C)``.
+
+    Args:
+        num_channels: Number of channels ``C``.
+        eps: Added to the variance (default ``1e-6``, as ConvNeXt).
+        elementwise_affine: Learn a per-channel scale and shift.
+
+    Shape:
+        - Input: ``(B, C, H, W)``.
+        - Output: ``(B, C, H, W)``, same dtype.
+
+    Raises:
+        RuntimeError: In ``forward`` (from torch), if the input is not 4-D with ``C``
+            channels. ``forward`` has no Python checks, so it traces with ``torch.fx``.
+
+    Examples:
+        >>> import torch
+        >>> norm = LayerNorm2d(8)
+        >>> x = torch.randn(2, 8, 4, 4)
+        >>> y = norm(x)
+        >>> y.shape
+        torch.Size([2, 8, 4, 4])
+        >>> torch.allclose(y.mean(dim=1), torch.zeros(2, 4, 4), atol=1e-5)
+        True
+    """
+
+    def __init__(
+        self, num_channels: int, eps: float = 1e-6, elementwise_affine: bool = True
+    ) -> None:
+        super().__init__(num_channels, eps=eps, elementwise_affine=elementwise_affine)
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = x.permute(0, 2, 3, 1)
+        x = F.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)
+        return x.permute(0, 3, 1, 2)
+
+
+def group_norm_groups(num_channels: int, max_groups: int = 32) -> int:
+    """Number of GroupNorm groups used by the ``"gn"`` norm: the largest divisor of
+    ``num_channels`` that is at most ``max_groups``.
+
+    32 groups (Wu & He, 2018) when ``num_channels`` is a multiple of 32; otherwise fewer,
+    never failing (``48 -> 24``, ``3 -> 3``; a prime above 32 gives 1, i.e. LayerNorm-like).
+
+    Args:
+        num_channels: Channels to normalise (``>= 1``).
+        max_groups: Upper bound on the number of groups (``>= 1``).
+
+    Returns:
+        int: The group count.
+
+    Raises:
+        TypeError: Non-int arguments.
+        ValueError: Arguments below 1.
+
+    Examples:
+        >>> group_norm_groups(256), group_norm_groups(48), group_norm_groups(37)
+        (32, 24, 1)
+    """
+    for name, value in (("num_channels", num_channels), ("max_groups", max_groups)):
+        _check_positive_int(name, value)
+    for groups in range(min(num_channels, max_groups), 0, -1):
+        if num_channels % groups == 0:
+            return groups
+    return 1  # unreachable: 1 divides everything
+
+
+def _relu(inplace: bool = False) -> nn.Module:
+    return nn.ReLU(inplace=inplace)
+
+
+def _relu6(inplace: bool = False) -> nn.Module:
+    return nn.ReLU6(inplace=inplace)
+
+
+def _silu(inplace: bool = False) -> nn.Module:
+    return nn.SiLU(inplace=inplace)
+
+
+def _gelu(inplace: bool = False) -> nn.Module:
+    return nn.GELU()  # no in-place variant
+
+
+def _hardswish(inplace: bool = False) -> nn.Module:
+    return nn.Hardswish(inplace=inplace)
+
+
+def _leaky_relu(inplace: bool = False) -> nn.Module:
+    return nn.LeakyReLU(negative_slope=0.01, inplace=inplace)
+
+
+ACTIVATIONS: dict[str, Callable[..., nn.Module]] = {
+    "relu": _relu,
+    "relu6": _relu6,
+    "silu": _silu,
+    "gelu": _gelu,
+    "hardswish": _hardswish,
+    "leaky_relu": _leaky_relu,
+}
+"""Activation names to factories ``f(inplace=False) -> nn.Module``.
+
+``gelu`` is the exact (erf) GELU and ignores ``inplace``; ``leaky_relu`` has slope 0.01
+(pass ``functools.partial(nn.LeakyReLU, 0.1)`` as ``act`` for another slope).
+"""
+
+NORMS: dict[str, Callable[[int], nn.Module]] = {
+    "bn": nn.BatchNorm2d,
+    "syncbn": nn.SyncBatchNorm,
+    "gn": lambda num_channels: nn.GroupNorm(group_norm_groups(num_channels), num_channels),
+    "ln2d": LayerNorm2d,
+}
+"""Norm names to factories ``f(num_channels) -> nn.Module``.
+
+``bn`` is ``nn.BatchNorm2d``; ``syncbn`` is ``nn.SyncBatchNorm`` (plain BatchNorm when no
+process group is initialised); ``gn`` is ``nn.GroupNorm`` with `group_norm_groups` groups;
+``ln2d`` is `LayerNorm2d`. Default hyper-parameters (``eps``, ``momentum``) are torch's.
+"""
+
+
+def _check_positive_int(name: str, value: int) -> None:
+    if isinstance(value, bool):
+        raise TypeError(f"{name} must be int, got bool ({value!r})")
+    check_type(name, value, int)
+    if value < 1:
+        raise ValueError(f"{name} must be >= 1, got {value}")
+
+
+def _lookup(kind: str, table: dict[str, Callable[..., nn.Module]], name: str) -> Callable:
+    key = name.lower()
+    if key not in table:
+        allowed = ", ".join(repr(n) for n in (*table, None))
+        raise ValueError(f"unknown {kind} {name!r}; choose one of {allowed} or pass a factory")
+    return table[key]
+
+
+def _check_spec(kind: str, spec: object) -> None:
+    if isinstance(spec, nn.Module):
+        raise TypeError(
+            f"{kind} must be a name, a factory or None, got a module instance "
+            f"({type(spec).__name__}); pass the class (e.g. {type(spec).__name__}) so that "
+            "every block gets its own layer"
+        )
+    if spec is not None and not isinstance(spec, str) and not callable(spec):
+        raise TypeError(f"{kind} must be a name, a factory or None, got {type(spec).__name__}")
+
+
+def _check_built(kind: str, spec: object, module: object) -> nn.Module:
+    if not isinstance(module, nn.Module):
+        raise TypeError(
+            f"the {kind} factory {spec!r} must return an nn.Module, got {type(module).__name__}"
+        )
+    return module
+
+
+def make_activation(act: ActSpec, *, inplace: bool = False) -> nn.Module:
+    """Build a fresh activation module from a name, a factory or ``None``.
+
+    Args:
+        act: A name in `ACTIVATIONS` (case-insensitive: ``"relu"``, ``"relu6"``,
+            ``"silu"``, ``"gelu"``, ``"hardswish"``, ``"leaky_relu"``), a zero-argument
+            callable returning a module (an ``nn.Module`` class such as ``nn.Tanh``, or a
+            ``functools.partial``), or ``None`` for ``nn.Identity``.
+        inplace: Ask for the in-place variant. Only used for names (and ignored by
+            ``"gelu"``); factories are called without arguments.
+
+    Returns:
+        nn.Module: A new module (never shared between calls).
+
+    Raises:
+        ValueError: An unknown name (the message lists the choices).
+        TypeError: A module instance instead of a class or factory, another type, or a
+            factory that does not return an ``nn.Module``.
+
+    Examples:
+        >>> from torch import nn
+        >>> make_activation("relu6")
+        ReLU6()
+        >>> make_activation("silu", inplace=True)
+        SiLU(inplace=True)
+        >>> make_activation(None)
+        Identity()
+        >>> make_activation(nn.Tanh)
+        Tanh()
+        >>> make_activation("swish")
+        Traceback (most recent call last):
+        ...
+        ValueError: unknown activation 'swish'; choose one of 'relu', 'relu6', 'silu', 'gelu', 'hardswish', 'leaky_relu', None or pass a factory
+    """
+    _check_spec("act", act)
+    check_type("inplace", inplace, bool)
+    if act is None:
+        return nn.Identity()
+    if isinstance(act, str):
+        return _check_built("activation", act, _lookup("activation", ACTIVATIONS, act)(inplace))
+    return _check_built("activation", act, act())
+
+
+def make_norm(norm: NormSpec, num_channels: int) -> nn.Module:
+    """Build a fresh normalisation module for ``num_channels`` channels.
+
+    Args:
+        norm: A name in `NORMS` (case-insensitive): ``"bn"`` (``nn.BatchNorm2d``),
+            ``"syncbn"`` (``nn.SyncBatchNorm``), ``"gn"`` (``nn.GroupNorm`` with
+            `group_norm_groups` groups: 32, or the largest divisor of ``num_channels`` below
+            32), ``"ln2d"`` (`LayerNorm2d`); a callable ``f(num_channels)`` returning a
+            module (``nn.InstanceNorm2d``, ``functools.partial(nn.GroupNorm, 8)``); or
+            ``None`` for ``nn.Identity``.
+        num_channels: Channels of the normalised tensor (``>= 1``).
+
+    Returns:
+        nn.Module: A new module.
+
+    Raises:
+        ValueError: An unknown name (the message lists the choices), ``num_channels < 1``.
+        TypeError: A module instance instead of a class or factory, another type, or a
+            factory that does not return an ``nn.Module``.
+
+    Examples:
+        >>> bn = make_norm("bn", 64)
+        >>> type(bn).__name__, bn.num_features
+        ('BatchNorm2d', 64)
+        >>> gn = make_norm("gn", 48)
+        >>> type(gn).__name__, gn.num_groups, gn.num_channels
+        ('GroupNorm', 24, 48)
+        >>> make_norm("ln2d", 16)
+        LayerNorm2d((16,), eps=1e-06, elementwise_affine=True...)
+        >>> make_norm(None, 16)
+        Identity()
+        >>> make_norm("batchnorm", 16)
+        Traceback (most recent call last):
+        ...
+        ValueError: unknown norm 'batchnorm'; choose one of 'bn', 'syncbn', 'gn', 'ln2d', None or pass a factory
+    """
+    _check_spec("norm", norm)
+    _check_positive_int("num_channels", num_channels)
+    if norm is None:
+        return nn.Identity()
+    if isinstance(norm, str):
+        return _check_built("norm", norm, _lookup("norm", NORMS, norm)(num_channels))
+    return _check_built("norm", norm, norm(num_channels))
