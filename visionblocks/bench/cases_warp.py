@@ -1,0 +1,82 @@
+"""Benchmark cases: `warp_affine` against kornia's ``warp_affine`` (CPU, 2 threads, forward).
+
+A batch of 8 RGB 512×512 float32 images, bilinear, zero padding, output of the same size,
+rotated by 30° and scaled by 0.8 about the image centre.
+
+- ``warp_affine_8x3x512``: one matrix for the whole batch (ours: ``(2, 3)``; kornia: its
+  ``(1, 2, 3)`` broadcast, which builds one grid and expands it, as ours does).
+- ``warp_affine_8x3x512_per_sample``: eight different matrices ``(8, 2, 3)`` (angles 0°–35°).
+
+kornia runs with its default ``align_corners=True``, which in kornia means OpenCV's pixel
+convention (pixel centres on integers) — the same outputs as ours up to float32 rounding
+(``tests/ops/test_warp.py`` checks it). Both end in the same ``F.grid_sample`` call; the
+difference is the grid: ours is built separably from the inverse pixel matrix (two
+multiply-adds per pixel), kornia's from full ``H×W`` base grids.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from visionblocks.bench.case import BenchCase, register_case
+from visionblocks.ops.warp import affine_matrix, warp_affine
+
+__all__ = ["WARP_AFFINE_8X3X512", "WARP_AFFINE_8X3X512_PER_SAMPLE"]
+
+_B, _C, _H, _W = 8, 3, 512, 512
+_CENTER = ((_W - 1) / 2, (_H - 1) / 2)
+
+
+def _setup_shared() -> dict[str, Any]:
+    gen = torch.Generator().manual_seed(0)
+    img = torch.rand(_B, _C, _H, _W, generator=gen)
+    return {"img": img, "matrix": affine_matrix(angle=30.0, scale=0.8, center=_CENTER)}
+
+
+def _setup_per_sample() -> dict[str, Any]:
+    state = _setup_shared()
+    angles = torch.linspace(0.0, 35.0, _B)
+    state["matrix"] = affine_matrix(angle=angles, scale=0.8, center=_CENTER)
+    return state
+
+
+def _ours(state: dict[str, Any]) -> torch.Tensor:
+    return warp_affine(state["img"], state["matrix"])
+
+
+def _kornia(state: dict[str, Any]) -> torch.Tensor:
+    from kornia.geometry.transform import warp_affine as kornia_warp_affine
+
+    matrix = state["matrix"]
+    if matrix.dim() == 2:
+        matrix = matrix[None]
+    return kornia_warp_affine(state["img"], matrix, (_H, _W), align_corners=True)
+
+
+WARP_AFFINE_8X3X512 = register_case(
+    BenchCase(
+        name="warp_affine_8x3x512",
+        setup=_setup_shared,
+        ours=_ours,
+        peer=_kornia,
+        peer_name="kornia",
+        description="warp_affine 8x3x512x512 float32, bilinear, zeros, one rotation+scale "
+        "matrix for the batch, forward, 2 threads",
+        min_speedup=1.0,
+    )
+)
+
+WARP_AFFINE_8X3X512_PER_SAMPLE = register_case(
+    BenchCase(
+        name="warp_affine_8x3x512_per_sample",
+        setup=_setup_per_sample,
+        ours=_ours,
+        peer=_kornia,
+        peer_name="kornia",
+        description="warp_affine 8x3x512x512 float32, bilinear, zeros, 8 rotation+scale "
+        "matrices, forward, 2 threads",
+        min_speedup=1.0,
+    )
+)

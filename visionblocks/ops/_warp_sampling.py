@@ -1,0 +1,150 @@
+"""Sampling internals of `visionblocks.ops.warp`: validation, grids and the two samplers.
+
+Everything here works on **inverse** matrices (destination pixel → source pixel), already
+checked; the public functions in ``warp.py`` and ``warp_targets.py`` validate and invert.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from visionblocks._check import check_floating
+
+__all__ = [
+    "check_matrix",
+    "check_size",
+    "compose_affine",
+    "normaliser",
+    "warp_bilinear",
+    "warp_nearest",
+]
+
+
+def check_matrix(name: str, matrix: object, *, batched: bool = False) -> Tensor:
+    """Check an affine matrix: a floating tensor of shape ``(2, 3)`` or ``(B, 2, 3)``.
+
+    With ``batched=True`` any leading dims ``(..., 2, 3)`` are accepted.
+    """
+    matrix = check_floating(name, matrix)
+    ok = matrix.shape[-2:] == (2, 3) and (matrix.dim() in (2, 3) or (batched and matrix.dim() > 3))
+    if not ok:
+        expected = "(..., 2, 3)" if batched else "(2, 3) or (B, 2, 3)"
+        raise ValueError(f"{name} must have shape {expected}, got {tuple(matrix.shape)}")
+    return matrix
+
+
+def check_size(name: str, size: object) -> tuple[int, int]:
+    """Check a ``(H, W)`` size: two positive ints (a tuple, list or ``torch.Size``)."""
+    if not isinstance(size, (tuple, list, torch.Size)):
+        raise TypeError(f"{name} must be a (H, W) tuple of two ints, got {type(size).__name__}")
+    if len(size) != 2 or not all(isinstance(s, int) and not isinstance(s, bool) for s in size):
+        raise ValueError(f"{name} must be (H, W), two ints, got {tuple(size)!r}")
+    if size[0] <= 0 or size[1] <= 0:
+        raise ValueError(f"{name} must be positive, got {tuple(size)!r}")
+    return int(size[0]), int(size[1])
+
+
+def compose_affine(first: Tensor, second: Tensor) -> Tensor:
+    """``first ∘ second`` for ``(..., 2, 3)`` affine matrices (apply ``second``, then ``first``)."""
+    lin = first[..., :2]
+    return torch.cat((lin @ second[..., :2], lin @ second[..., 2:] + first[..., 2:]), dim=-1)
+
+
+def normaliser(size: tuple[int, int], like: Tensor) -> Tensor:
+    """Pixel → ``align_corners=False`` normalised coordinates, as a ``(2, 3)`` matrix."""
+    h, w = size
+    rows = [[2 / w, 0.0, 1 / w - 1], [0.0, 2 / h, 1 / h - 1]]
+    return torch.tensor(rows, dtype=like.dtype, device=like.device)
+
+
+def fill_tensor(fill: object, channels: int, dtype: torch.dtype, device: torch.device) -> Tensor:
+    """``fill`` as a tensor broadcastable to ``(C, 1, 1)``."""
+    if isinstance(fill, Tensor):
+        value = fill.to(dtype=dtype, device=device)
+    elif isinstance(fill, (int, float)) and not isinstance(fill, bool):
+        return torch.tensor(fill, dtype=dtype, device=device)
+    elif isinstance(fill, Sequence) and all(isinstance(v, (int, float)) for v in fill):
+        value = torch.tensor(list(fill), dtype=dtype, device=device)
+    else:
+        raise TypeError(f"fill must be a number, a sequence of numbers or a tensor, got {fill!r}")
+    if value.numel() == 1:
+        return value.reshape(())
+    if value.dim() != 1 or value.numel() != channels:
+        raise ValueError(
+            f"fill must be a scalar or have one value per channel ({channels}), "
+            f"got shape {tuple(value.shape)}"
+        )
+    return value.view(channels, 1, 1)
+
+
+def source_coords(inv: Tensor, size: tuple[int, int]) -> tuple[Tensor, Tensor]:
+    """Source coordinates ``(Bm, H, W)`` of every destination pixel, from ``inv (Bm, 2, 3)``."""
+    h, w = size
+    xs = torch.arange(w, dtype=inv.dtype, device=inv.device)
+    ys = torch.arange(h, dtype=inv.dtype, device=inv.device)
+    k = inv.unsqueeze(-1)  # (Bm, 2, 3, 1): separable, two multiply-adds per output pixel
+    gx = (k[:, 0, 1] * ys + k[:, 0, 2]).unsqueeze(-1) + (k[:, 0, 0] * xs).unsqueeze(-2)
+    gy = (k[:, 1, 1] * ys + k[:, 1, 2]).unsqueeze(-1) + (k[:, 1, 0] * xs).unsqueeze(-2)
+    return gx, gy
+
+
+def reflect_index(idx: Tensor, n: int) -> Tensor:
+    """``cv2.BORDER_REFLECT`` (``fedcba|abcdef|fedcba``) on integer indices."""
+    idx = torch.remainder(idx, 2 * n)
+    return torch.where(idx >= n, 2 * n - 1 - idx, idx)
+
+
+def warp_nearest(
+    img: Tensor, inv: Tensor, size: tuple[int, int], padding_mode: str, fill: object
+) -> Tensor:
+    """Nearest sampling by gather: exact for any dtype; ``img (B, C, H, W)``, ``inv (Bm, 2, 3)``."""
+    b, c, h, w = img.shape
+    gx, gy = source_coords(inv, size)
+    ix = torch.round(gx).long()  # half to even, as OpenCV 5 and grid_sample
+    iy = torch.round(gy).long()
+    valid = None
+    if padding_mode == "border":
+        ix, iy = ix.clamp(0, w - 1), iy.clamp(0, h - 1)
+    elif padding_mode == "reflection":
+        ix, iy = reflect_index(ix, w), reflect_index(iy, h)
+    else:
+        valid = (ix >= 0) & (ix < w) & (iy >= 0) & (iy < h)
+        ix, iy = ix.clamp(0, w - 1), iy.clamp(0, h - 1)
+    index = (iy * w + ix).flatten(1).unsqueeze(1).expand(b, c, -1)
+    out = img.flatten(2).gather(2, index).unflatten(2, size)
+    if valid is None:
+        return out
+    valid = valid.unsqueeze(1)
+    if padding_mode == "zeros":
+        return out.masked_fill(~valid, 0)
+    value = fill_tensor(fill, c, img.dtype, img.device)
+    if value.dim() == 0 and not value.requires_grad:
+        return out.masked_fill(~valid, value)
+    return torch.where(valid, out, value)
+
+
+def warp_bilinear(
+    img: Tensor, inv: Tensor, size: tuple[int, int], padding_mode: str, fill: object
+) -> Tensor:
+    """Bilinear ``grid_sample`` (``align_corners=False``) on a floating ``img (B, C, H, W)``."""
+    b, c, h, w = img.shape
+    if padding_mode == "fill":
+        # A one-pixel frame of `fill` sampled with "border" equals OpenCV's BORDER_CONSTANT:
+        # neighbours outside the image take the fill value, and positions farther out clamp
+        # onto the frame. One grid_sample instead of warping a ones-mask as well.
+        value = fill_tensor(fill, c, img.dtype, img.device)
+        framed = value.expand(b, c, h + 2, w + 2).clone()
+        framed[:, :, 1:-1, 1:-1] = img
+        img, h, w, padding_mode = framed, h + 2, w + 2, "border"
+        shift = torch.tensor([[0.0, 0.0, 1.0], [0.0, 0.0, 1.0]], dtype=inv.dtype, device=inv.device)
+        inv = inv + shift
+    to_grid = normaliser((h, w), inv)
+    gx, gy = source_coords(compose_affine(to_grid, inv), size)
+    grid = torch.stack((gx, gy), dim=-1).to(img.dtype)
+    if grid.shape[0] != b:
+        grid = grid.expand(b, -1, -1, -1)  # a shared matrix: one grid, no copy
+    return F.grid_sample(img, grid, mode="bilinear", padding_mode=padding_mode, align_corners=False)
