@@ -1,0 +1,266 @@
+"""sliding_windows and local_filter (torch path): references, gradients, geometry, errors."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import visionblocks.ops._local_filter_torch as torch_path
+from tests.helpers import assert_close, gradcheck
+from visionblocks.ops.local import local_filter, sliding_windows
+
+
+def unfold_reference(x, kernels, k, d=1, s=1):
+    """The plain F.unfold implementation (what the torch path must equal)."""
+    b, c = x.shape[:2]
+    ho, wo = kernels.shape[2:]
+    g = kernels.shape[1] // (k * k)
+    cols = F.unfold(x, k, dilation=d, padding=d * (k // 2), stride=s)
+    cols = cols.view(b, g, c // g, k * k, ho, wo)
+    return (cols * kernels.view(b, g, 1, k * k, ho, wo)).sum(3).view(b, c, ho, wo)
+
+
+def naive_loop(x, kernels, k, d=1, s=1):
+    """The defining formula, one output value at a time (tiny inputs only)."""
+    b, c, h, w = x.shape
+    ho, wo = kernels.shape[2:]
+    cg = c // (kernels.shape[1] // (k * k))
+    out = torch.zeros(b, c, ho, wo, dtype=x.dtype)
+    for bi in range(b):
+        for ci in range(c):
+            g = ci // cg
+            for oh in range(ho):
+                for ow in range(wo):
+                    for i in range(k):
+                        for j in range(k):
+                            ih, iw = oh * s + (i - k // 2) * d, ow * s + (j - k // 2) * d
+                            if 0 <= ih < h and 0 <= iw < w:
+                                kv = kernels[bi, g * k * k + i * k + j, oh, ow]
+                                out[bi, ci, oh, ow] += kv * x[bi, ci, ih, iw]
+    return out
+
+
+def inputs(b, c, h, w, k, g, s=1, dtype=torch.float64):
+    gen = torch.Generator().manual_seed(b * 1000 + c * 100 + h * 10 + w + k + g)
+    x = torch.randn(b, c, h, w, generator=gen, dtype=dtype)
+    kernels = torch.randn(b, g * k * k, -(-h // s), -(-w // s), generator=gen, dtype=dtype)
+    return x, kernels
+
+
+# --------------------------------------------------------------------------- sliding_windows
+@pytest.mark.parametrize(("k", "d"), [(1, 1), (3, 1), (3, 2), (5, 3)])
+def test_sliding_windows_matches_unfold(k, d):
+    x = torch.randn(2, 3, 7, 9, dtype=torch.float64)
+    expected = F.unfold(x, k, dilation=d, padding=d * (k // 2)).view(2, 3, k * k, 7, 9)
+    torch.testing.assert_close(sliding_windows(x, k, d), expected, rtol=0, atol=0)
+
+
+def test_sliding_windows_integer_and_gradient():
+    labels = torch.arange(12).view(1, 1, 3, 4)
+    win = sliding_windows(labels, 3)
+    assert win.dtype == torch.int64
+    assert win[0, 0, :, 1, 1].tolist() == [0, 1, 2, 4, 5, 6, 8, 9, 10]
+    x = torch.randn(1, 2, 4, 3, dtype=torch.float64)
+    assert gradcheck(lambda t: sliding_windows(t, 3, 2), [x])
+
+
+# --------------------------------------------------------------------------- references
+@pytest.mark.parametrize(
+    ("shape", "k", "d", "g"),
+    [
+        ((2, 4, 7, 9), 3, 1, 1),
+        ((2, 4, 7, 9), 3, 2, 4),
+        ((1, 6, 13, 17), 5, 1, 3),
+        ((1, 6, 13, 17), 7, 2, 2),
+        ((3, 2, 1, 1), 3, 1, 2),
+        ((1, 3, 6, 5), 1, 1, 1),
+    ],
+)
+def test_matches_unfold_reference(shape, k, d, g):
+    x, kernels = inputs(*shape, k, g)
+    assert_close(local_filter(x, kernels, k, d), unfold_reference(x, kernels, k, d))
+
+
+@pytest.mark.parametrize(("k", "d", "s", "g"), [(3, 1, 1, 2), (3, 2, 2, 1), (5, 1, 3, 4)])
+def test_matches_naive_loop(k, d, s, g):
+    x, kernels = inputs(1, 4, 5, 6, k, g, s)
+    expected = naive_loop(x, kernels, k, d, s)
+    assert_close(local_filter(x, kernels, k, d, stride=s), expected)
+    assert_close(unfold_reference(x, kernels, k, d, s), expected)
+
+
+@pytest.mark.parametrize(("h", "w", "s"), [(7, 9, 2), (8, 8, 2), (13, 5, 3)])
+def test_stride_matches_unfold(h, w, s):
+    x, kernels = inputs(2, 4, h, w, 3, 2, s)
+    out = local_filter(x, kernels, 3, stride=s)
+    assert out.shape == (2, 4, -(-h // s), -(-w // s))
+    assert_close(out, unfold_reference(x, kernels, 3, 1, s))
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    b=st.integers(1, 2),
+    cg=st.integers(1, 3),
+    g=st.integers(1, 3),
+    h=st.integers(1, 9),
+    w=st.integers(1, 9),
+    k=st.sampled_from([1, 3, 5]),
+    d=st.integers(1, 3),
+    s=st.integers(1, 3),
+)
+def test_random_geometry_matches_unfold(b, cg, g, h, w, k, d, s):
+    x, kernels = inputs(b, cg * g, h, w, k, g, s)
+    assert_close(local_filter(x, kernels, k, d, stride=s), unfold_reference(x, kernels, k, d, s))
+
+
+def test_groups_share_kernels():
+    x, kernels = inputs(1, 6, 5, 5, 3, 2)
+    out = local_filter(x, kernels, 3)
+    # channels 0..2 use group 0, 3..5 group 1: filtering one channel alone gives the same
+    for c in range(6):
+        g = c // 3
+        alone = local_filter(x[:, c : c + 1], kernels[:, g * 9 : (g + 1) * 9], 3)
+        assert_close(out[:, c : c + 1], alone)
+
+
+def test_identity_kernel():
+    x = torch.randn(2, 4, 6, 7)
+    kernels = torch.zeros(2, 2 * 25, 6, 7)
+    kernels[:, 12] = kernels[:, 25 + 12] = 1.0  # the centre tap of both groups
+    torch.testing.assert_close(local_filter(x, kernels, 5, 2), x)
+
+
+def test_tiled_sweep_matches(monkeypatch):
+    """Tiles of rows, of groups and of batch items (a tiny tile budget forces all three)."""
+    x, kernels = inputs(3, 8, 9, 10, 3, 4, 2)
+    go = torch.randn(3, 8, 5, 5, dtype=torch.float64)
+
+    def run():
+        xx, kk = x.clone().requires_grad_(), kernels.clone().requires_grad_()
+        out = local_filter(xx, kk, 3, 2, stride=2)
+        return (out, *torch.autograd.grad(out, (xx, kk), go))
+
+    expected = run()
+    for tile in (3, 12, 60, 200):
+        monkeypatch.setattr(torch_path, "_TILE", tile)
+        for a, e in zip(run(), expected, strict=True):
+            assert_close(a, e)
+
+
+# --------------------------------------------------------------------------- gradients
+@pytest.mark.parametrize(("k", "d", "s", "g"), [(3, 1, 1, 1), (3, 2, 1, 4), (5, 1, 2, 2)])
+def test_gradcheck(k, d, s, g):
+    x, kernels = inputs(2, 4, 5, 4, k, g, s)
+    assert gradcheck(lambda a, b: local_filter(a, b, k, d, stride=s), [x, kernels])
+
+
+def test_gradients_match_unfold_autograd():
+    x, kernels = inputs(2, 6, 9, 8, 5, 3)
+    x.requires_grad_(True)
+    kernels.requires_grad_(True)
+    go = torch.randn(2, 6, 9, 8, dtype=torch.float64)
+    ours = torch.autograd.grad(local_filter(x, kernels, 5, 2), (x, kernels), go)
+    ref = torch.autograd.grad(unfold_reference(x, kernels, 5, 2), (x, kernels), go)
+    for a, e in zip(ours, ref, strict=True):
+        assert_close(a, e)
+
+
+def test_gradient_of_one_input_only():
+    x, kernels = inputs(1, 2, 4, 4, 3, 1)
+    kernels.requires_grad_(True)
+    (grad,) = torch.autograd.grad(local_filter(x, kernels, 3).sum(), kernels)
+    expected = sliding_windows(x, 3).sum(1)
+    assert_close(grad, expected)
+
+
+# --------------------------------------------------------------------------- dtypes, layouts
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_half_precision_dtype_and_accuracy(dtype):
+    x, kernels = inputs(1, 4, 6, 6, 3, 2)
+    x16, k16 = x.to(dtype).requires_grad_(), kernels.to(dtype).requires_grad_()
+    out = local_filter(x16, k16, 3)
+    assert out.dtype == dtype
+    expected = unfold_reference(x16.double(), k16.double(), 3)
+    assert_close(out.double(), expected, dtype=dtype, scale=2.0)
+    gx, gk = torch.autograd.grad(out.float().sum(), (x16, k16))
+    assert gx.dtype == gk.dtype == dtype
+
+
+def test_mixed_dtypes_promote():
+    x, kernels = inputs(1, 2, 4, 4, 3, 1)
+    out = local_filter(x.float(), kernels, 3)
+    assert out.dtype == torch.float64
+
+
+def test_non_contiguous_inputs():
+    x, kernels = inputs(2, 4, 6, 7, 3, 2)
+    x_nc = x.transpose(2, 3).contiguous().transpose(2, 3)  # same values, other strides
+    k_nc = kernels.to(memory_format=torch.channels_last)
+    x_sl = torch.cat([x, x], 1)[:, ::2]  # strided channel slice
+    assert not x_nc.is_contiguous() and not k_nc.is_contiguous()
+    expected = unfold_reference(x, kernels, 3)
+    assert_close(local_filter(x_nc, k_nc, 3), expected)
+    assert_close(local_filter(x_sl, kernels, 3), unfold_reference(x_sl.contiguous(), kernels, 3))
+
+
+@pytest.mark.parametrize("shape", [(0, 4, 5, 5), (2, 4, 0, 5)])
+def test_empty(shape):
+    x = torch.randn(shape, requires_grad=True)
+    kernels = torch.randn(shape[0], 18, *shape[2:], requires_grad=True)
+    out = local_filter(x, kernels, 3)
+    assert out.shape == shape
+    gx, gk = torch.autograd.grad(out.sum(), (x, kernels))
+    assert gx.shape == x.shape and gk.shape == kernels.shape
+
+
+def test_zero_channels():
+    x = torch.randn(1, 0, 3, 3, requires_grad=True)
+    kernels = torch.randn(1, 9, 3, 3, requires_grad=True)
+    out = local_filter(x, kernels, 3)
+    assert out.shape == (1, 0, 3, 3)
+    (gk,) = torch.autograd.grad(out.sum(), kernels)
+    assert torch.equal(gk, torch.zeros_like(kernels))
+
+
+# --------------------------------------------------------------------------- errors
+def test_bad_inputs():
+    x, kernels = torch.randn(1, 4, 5, 5), torch.randn(1, 18, 5, 5)
+    with pytest.raises(ValueError, match="kernel_size must be odd"):
+        local_filter(x, torch.randn(1, 32, 5, 5), 4)
+    with pytest.raises(ValueError, match="kernel_size must be odd"):
+        sliding_windows(x, 2)
+    with pytest.raises(ValueError, match="kernel_size must be >= 1"):
+        local_filter(x, kernels, 0)
+    with pytest.raises(ValueError, match="dilation must be >= 1"):
+        local_filter(x, kernels, 3, 0)
+    with pytest.raises(ValueError, match="stride must be >= 1"):
+        local_filter(x, kernels, 3, stride=0)
+    with pytest.raises(TypeError, match="kernel_size must be int"):
+        local_filter(x, kernels, 3.0)
+    with pytest.raises(TypeError, match="dilation must be int, got bool"):
+        local_filter(x, kernels, 3, True)
+    with pytest.raises(ValueError, match="G dividing C = 4"):
+        local_filter(x, torch.randn(1, 27, 5, 5), 3)  # G = 3 does not divide 4
+    with pytest.raises(ValueError, match="G dividing C = 4"):
+        local_filter(x, torch.randn(1, 10, 5, 5), 3)  # not a multiple of 9
+    with pytest.raises(ValueError, match=r"kernels must have shape \(1, G\*9, 5, 5\)"):
+        local_filter(x, torch.randn(1, 18, 5, 4), 3)
+    with pytest.raises(ValueError, match=r"kernels must have shape \(1, G\*9, 3, 3\)"):
+        local_filter(x, kernels, 3, stride=2)
+    with pytest.raises(ValueError, match=r"kernels must have shape"):
+        local_filter(x, torch.randn(2, 18, 5, 5), 3)
+    with pytest.raises(ValueError, match=r"x must have shape \(B, C, H, W\)"):
+        local_filter(x[0], kernels, 3)
+    with pytest.raises(ValueError, match=r"kernels must have shape \(B, C, H, W\)"):
+        local_filter(x, kernels[0], 3)
+    with pytest.raises(TypeError, match="x must be a floating-point tensor"):
+        local_filter(x.long(), kernels, 3)
+    with pytest.raises(TypeError, match="kernels must be a floating-point tensor"):
+        local_filter(x, kernels.int(), 3)
+    with pytest.raises(TypeError, match="x must be a torch.Tensor"):
+        sliding_windows(x.numpy(), 3)
+    with pytest.raises(ValueError, match="impl must be one of"):
+        local_filter(x, kernels, 3, impl="cuda")

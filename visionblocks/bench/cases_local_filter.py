@@ -1,0 +1,101 @@
+"""Benchmark cases: `local_filter` against the plain ``F.unfold`` implementation (CPU, 2 threads).
+
+An involution-sized layer: ``x`` 2 x 64 x 128 x 128 float32, 7 x 7 windows, ``G = 16``
+kernel groups of 4 channels (`visionblocks.nn.involution.Involution2d`'s defaults),
+kernels 2 x 784 x 128 x 128. The peer is the usual unfold implementation (the involution
+authors' naive version, most re-implementations): ``F.unfold`` into ``B x C*49 x H*W``, a
+broadcast product with the kernels and a sum over the taps, which materialises two
+49-times-the-input tensors. Ours runs the torch path (shift and accumulate).
+
+- ``local_filter_fwd``: forward only, inputs not requiring grad.
+- ``local_filter_fwd_bwd``: forward and the gradients with respect to ``x`` and the
+  kernels (``torch.autograd.grad``, so no ``.grad`` accumulation is timed).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from visionblocks.bench.case import BenchCase, register_case
+
+__all__ = ["LOCAL_FILTER_FWD", "LOCAL_FILTER_FWD_BWD"]
+
+_B, _C, _H, _W, _K, _G = 2, 64, 128, 128, 7, 16
+
+
+def _setup(grad: bool) -> dict[str, Any]:
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(_B, _C, _H, _W, generator=gen)
+    kernels = torch.randn(_B, _G * _K * _K, _H, _W, generator=gen) / _K
+    grad_out = torch.randn(_B, _C, _H, _W, generator=gen)
+    return {
+        "x": x.requires_grad_(grad),
+        "kernels": kernels.requires_grad_(grad),
+        "grad_out": grad_out,
+    }
+
+
+def _setup_fwd() -> dict[str, Any]:
+    return _setup(False)
+
+
+def _setup_fwd_bwd() -> dict[str, Any]:
+    return _setup(True)
+
+
+def _ours(state: dict[str, Any]) -> torch.Tensor:
+    from visionblocks.ops.local import local_filter
+
+    return local_filter(state["x"], state["kernels"], _K, impl="torch")
+
+
+def _unfold(state: dict[str, Any]) -> torch.Tensor:
+    x, kernels = state["x"], state["kernels"]
+    cols = F.unfold(x, _K, padding=_K // 2).view(_B, _G, _C // _G, _K * _K, _H, _W)
+    out = (cols * kernels.view(_B, _G, 1, _K * _K, _H, _W)).sum(3)
+    return out.view(_B, _C, _H, _W)
+
+
+def _grads(fn: Any, state: dict[str, Any]) -> tuple[torch.Tensor, ...]:
+    out = fn(state)
+    return torch.autograd.grad(out, (state["x"], state["kernels"]), state["grad_out"])
+
+
+def _ours_fwd_bwd(state: dict[str, Any]) -> tuple[torch.Tensor, ...]:
+    return _grads(_ours, state)
+
+
+def _unfold_fwd_bwd(state: dict[str, Any]) -> tuple[torch.Tensor, ...]:
+    return _grads(_unfold, state)
+
+
+_SIZES = f"x {_B}x{_C}x{_H}x{_W} float32, k={_K}, G={_G}"
+
+LOCAL_FILTER_FWD = register_case(
+    BenchCase(
+        name="local_filter_fwd",
+        setup=_setup_fwd,
+        ours=_ours,
+        peer=_unfold,
+        peer_name="F.unfold",
+        description=f"local_filter {_SIZES}, forward, 2 threads",
+        min_speedup=5.0,
+        max_memory_ratio=0.25,
+    )
+)
+
+LOCAL_FILTER_FWD_BWD = register_case(
+    BenchCase(
+        name="local_filter_fwd_bwd",
+        setup=_setup_fwd_bwd,
+        ours=_ours_fwd_bwd,
+        peer=_unfold_fwd_bwd,
+        peer_name="F.unfold",
+        description=f"local_filter {_SIZES}, forward + grads of x and kernels, 2 threads",
+        min_speedup=5.0,
+        max_memory_ratio=0.25,
+    )
+)

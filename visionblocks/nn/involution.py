@@ -1,0 +1,208 @@
+"""Layers built on per-pixel dynamic filtering (`visionblocks.ops.local.local_filter`).
+
+- `Involution2d`: involution (Li et al., CVPR 2021), kernels generated from the input
+  itself, one ``k x k`` kernel per pixel and channel group.
+- `LocalFilter2d`: a dynamic ``k x k`` filter, its kernels predicted from the input by a
+  convolution (optionally softmax-normalised) or passed in.
+
+Both run `local_filter`, so neither materialises the ``k*k``-times unfolded input.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+from torch import Tensor, nn
+
+from visionblocks._check import check_choice, check_type
+from visionblocks.ops.local import check_window, local_filter
+from visionblocks.registry import LAYERS
+
+__all__ = ["Involution2d", "LocalFilter2d"]
+
+
+def _check_positive_int(name: str, value: int) -> None:
+    if isinstance(value, bool):
+        raise TypeError(f"{name} must be int, got bool ({value!r})")
+    check_type(name, value, int)
+    if value < 1:
+        raise ValueError(f"{name} must be >= 1, got {value}")
+
+
+def _check_groups(channels: int, groups: int) -> None:
+    _check_positive_int("channels", channels)
+    _check_positive_int("groups", groups)
+    if channels % groups:
+        raise ValueError(f"groups must divide channels, got groups={groups}, channels={channels}")
+
+
+@LAYERS.register(name="involution")
+class Involution2d(nn.Module):
+    """Involution: a ``k x k`` kernel per pixel and channel group, generated from the input.
+
+    Kernel generation as in the paper's reference code: ``AvgPool2d(stride)`` (when
+    ``stride > 1``) -> 1x1 conv to ``channels // reduction`` -> BatchNorm -> ReLU -> 1x1 conv
+    (with bias) to ``groups * k * k`` channels; the kernels then filter the input with
+    `local_filter` at that stride (channel ``c`` uses group ``c // (channels // groups)``).
+    Channels are kept: ``(B, C, H, W) -> (B, C, ceil(H / s), ceil(W / s))``. The pooling uses
+    ``ceil_mode=True`` so that sizes not divisible by the stride work (the reference code
+    fails on them) and match the filter's centred windows.
+
+    Args:
+        channels: Input and output channels ``C``.
+        kernel_size: Window side ``k``, odd.
+        stride: Output stride ``s``.
+        groups: Kernel groups ``G`` (must divide ``channels``).
+        reduction: Channel reduction of the kernel generator (``channels // reduction >= 1``).
+
+    Shape:
+        - Input: ``(B, C, H, W)``.
+        - Output: ``(B, C, ceil(H / s), ceil(W / s))``.
+
+    Raises:
+        TypeError: Non-int arguments.
+        ValueError: An even ``kernel_size``, values below 1, ``groups`` not dividing
+            ``channels`` or ``reduction`` larger than ``channels``.
+
+    Examples:
+        >>> import torch
+        >>> layer = Involution2d(32, kernel_size=7, stride=2, groups=4)
+        >>> layer(torch.randn(2, 32, 15, 16)).shape
+        torch.Size([2, 32, 8, 8])
+        >>> layer.extra_repr()
+        'channels=32, kernel_size=7, stride=2, groups=4, reduction=4'
+
+    References:
+        Li et al., "Involution: Inverting the Inherence of Convolution for Visual
+        Recognition", CVPR 2021. https://arxiv.org/abs/2103.06255
+    """
+
+    def __init__(
+        self,
+        channels: int,
+        kernel_size: int = 7,
+        stride: int = 1,
+        groups: int = 16,
+        reduction: int = 4,
+    ) -> None:
+        super().__init__()
+        check_window(kernel_size, 1, stride)
+        _check_groups(channels, groups)
+        _check_positive_int("reduction", reduction)
+        if channels // reduction < 1:
+            raise ValueError(
+                f"reduction must be <= channels (channels // reduction >= 1), "
+                f"got reduction={reduction}, channels={channels}"
+            )
+        self.channels, self.kernel_size, self.stride = channels, kernel_size, stride
+        self.groups, self.reduction = groups, reduction
+        hidden = channels // reduction
+        self.pool = nn.AvgPool2d(stride, stride, ceil_mode=True) if stride > 1 else nn.Identity()
+        self.reduce = nn.Sequential(
+            nn.Conv2d(channels, hidden, 1, bias=False),
+            nn.BatchNorm2d(hidden),
+            nn.ReLU(inplace=True),
+        )
+        self.span = nn.Conv2d(hidden, groups * kernel_size * kernel_size, 1)
+
+    def kernels(self, x: Tensor) -> Tensor:
+        """The generated kernels ``(B, G*k*k, ceil(H / s), ceil(W / s))`` of ``x``."""
+        return self.span(self.reduce(self.pool(x)))
+
+    def forward(self, x: Tensor) -> Tensor:
+        """Involve ``x (B, C, H, W)`` with its own kernels."""
+        return local_filter(x, self.kernels(x), self.kernel_size, stride=self.stride)
+
+    def extra_repr(self) -> str:
+        return (
+            f"channels={self.channels}, kernel_size={self.kernel_size}, stride={self.stride}, "
+            f"groups={self.groups}, reduction={self.reduction}"
+        )
+
+
+@LAYERS.register(name="local_filter")
+class LocalFilter2d(nn.Module):
+    """A dynamic per-pixel ``k x k`` filter (`local_filter`), its kernels predicted or given.
+
+    With ``predict=True`` a ``3 x 3`` convolution predicts ``groups * k * k`` kernel values
+    per pixel from the input; ``normalize="softmax"`` turns each pixel's ``k*k`` taps into
+    weights summing to 1 (a content-aware blur, as CARAFE's reassembly kernels), ``"none"``
+    keeps them raw (dynamic filter networks). Kernels passed to ``forward`` are used as
+    given: no prediction and no normalisation. ``predict=False`` builds a parameter-free
+    layer that needs them.
+
+    Args:
+        channels: Input and output channels ``C``.
+        kernel_size: Window side ``k``, odd.
+        dilation: Spacing between taps.
+        groups: Kernel groups ``G`` (must divide ``channels``; ``G = C``: a depthwise filter).
+        normalize: ``"softmax"`` | ``"none"``, applied to predicted kernels.
+        predict: Build the kernel predictor.
+
+    Shape:
+        - Input: ``x (B, C, H, W)``, optional ``kernels (B, G*k*k, H, W)``.
+        - Output: ``(B, C, H, W)``.
+
+    Raises:
+        TypeError: Non-int sizes.
+        ValueError: An even ``kernel_size``, values below 1, ``groups`` not dividing
+            ``channels``, an unknown ``normalize``; in ``forward``, no kernels without a
+            predictor (and `local_filter`'s shape checks).
+
+    Examples:
+        >>> import torch
+        >>> layer = LocalFilter2d(16, kernel_size=5, groups=4)
+        >>> x = torch.randn(2, 16, 9, 9)
+        >>> layer(x).shape
+        torch.Size([2, 16, 9, 9])
+        >>> box = torch.full((2, 4 * 25, 9, 9), 1 / 25)  # given kernels: a 5x5 mean filter
+        >>> torch.allclose(layer(x, box), local_filter(x, box, 5))
+        True
+    """
+
+    def __init__(
+        self,
+        channels: int,
+        kernel_size: int = 3,
+        dilation: int = 1,
+        groups: int = 1,
+        normalize: Literal["softmax", "none"] = "softmax",
+        predict: bool = True,
+    ) -> None:
+        super().__init__()
+        check_window(kernel_size, dilation)
+        _check_groups(channels, groups)
+        check_choice("normalize", normalize, ("softmax", "none"))
+        check_type("predict", predict, bool)
+        self.channels, self.kernel_size, self.dilation = channels, kernel_size, dilation
+        self.groups, self.normalize = groups, normalize
+        taps = groups * kernel_size * kernel_size
+        self.predictor = nn.Conv2d(channels, taps, 3, padding=1) if predict else None
+
+    def predict_kernels(self, x: Tensor) -> Tensor:
+        """Predicted (and normalised) kernels ``(B, G*k*k, H, W)`` of ``x``.
+
+        Raises:
+            ValueError: If the layer was built with ``predict=False``.
+        """
+        if self.predictor is None:
+            raise ValueError("LocalFilter2d(predict=False) has no predictor; pass kernels")
+        kernels = self.predictor(x)
+        if self.normalize == "softmax":
+            taps = self.kernel_size * self.kernel_size
+            kernels = torch.softmax(kernels.unflatten(1, (self.groups, taps)), 2).flatten(1, 2)
+        return kernels
+
+    def forward(self, x: Tensor, kernels: Tensor | None = None) -> Tensor:
+        """Filter ``x (B, C, H, W)`` with ``kernels`` (predicted from ``x`` when None)."""
+        if kernels is None:
+            kernels = self.predict_kernels(x)
+        return local_filter(x, kernels, self.kernel_size, self.dilation)
+
+    def extra_repr(self) -> str:
+        return (
+            f"channels={self.channels}, kernel_size={self.kernel_size}, "
+            f"dilation={self.dilation}, groups={self.groups}, normalize={self.normalize!r}, "
+            f"predict={self.predictor is not None}"
+        )
