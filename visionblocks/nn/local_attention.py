@@ -1,0 +1,108 @@
+"""A local self-attention layer (`visionblocks.ops.local_attention.local_attention2d`).
+
+`LocalAttention2d`: a ``1 x 1`` convolution projects the input to queries, keys and values;
+every pixel attends to its ``k x k`` neighbourhood (multi-head, masked at the image border);
+a ``1 x 1`` convolution projects the result back. It runs `local_attention2d`, so it never
+materialises the ``k*k``-times unfolded keys or values.
+"""
+
+from __future__ import annotations
+
+from torch import Tensor, nn
+
+from visionblocks._check import check_type
+from visionblocks.ops.local_attention import local_attention2d
+from visionblocks.registry import LAYERS
+
+__all__ = ["LocalAttention2d"]
+
+
+def _check_positive_int(name: str, value: int) -> None:
+    if isinstance(value, bool):
+        raise TypeError(f"{name} must be int, got bool ({value!r})")
+    check_type(name, value, int)
+    if value < 1:
+        raise ValueError(f"{name} must be >= 1, got {value}")
+
+
+@LAYERS.register(name="local_attention")
+class LocalAttention2d(nn.Module):
+    """Multi-head self-attention of every pixel over its ``k x k`` neighbourhood.
+
+    ``q, k, v = chunk(qkv(x), 3)`` (one ``1 x 1`` conv to ``3 * channels``), then
+    ``out = proj(local_attention2d(q, k, v, kernel_size, dilation, num_heads))`` with a
+    ``1 x 1`` conv ``proj``: the stand-alone self-attention layer of Ramachandran et al.
+    with centred windows clipped (masked) at the border. Channels and size are kept.
+
+    There is no relative position bias: the attention weights depend on content only, as
+    the fused kernels compute them. Add position information before the layer where it
+    matters (e.g. a depthwise ``3 x 3`` conv as a conditional positional encoding).
+
+    Args:
+        channels: Input and output channels ``C``.
+        kernel_size: Window side ``k``, odd.
+        num_heads: Attention heads (must divide ``channels``).
+        dilation: Spacing between window taps.
+        qkv_bias: Bias in the query/key/value projection.
+
+    Shape:
+        - Input: ``(B, C, H, W)``.
+        - Output: ``(B, C, H, W)``.
+
+    Raises:
+        TypeError: Non-int sizes or a non-bool ``qkv_bias``.
+        ValueError: An even ``kernel_size``, values below 1, or ``num_heads`` not dividing
+            ``channels``.
+
+    Examples:
+        >>> import torch
+        >>> layer = LocalAttention2d(32, kernel_size=5, num_heads=4)
+        >>> layer(torch.randn(2, 32, 9, 10)).shape
+        torch.Size([2, 32, 9, 10])
+        >>> layer.extra_repr()
+        'channels=32, kernel_size=5, num_heads=4, dilation=1, qkv_bias=True'
+
+    References:
+        Ramachandran et al., "Stand-Alone Self-Attention in Vision Models", NeurIPS 2019.
+        https://arxiv.org/abs/1906.05909
+    """
+
+    def __init__(
+        self,
+        channels: int,
+        kernel_size: int = 7,
+        num_heads: int = 8,
+        dilation: int = 1,
+        qkv_bias: bool = True,
+    ) -> None:
+        super().__init__()
+        for name, value in (
+            ("channels", channels),
+            ("kernel_size", kernel_size),
+            ("num_heads", num_heads),
+            ("dilation", dilation),
+        ):
+            _check_positive_int(name, value)
+        if kernel_size % 2 == 0:
+            raise ValueError(f"kernel_size must be odd (windows are centred), got {kernel_size}")
+        if channels % num_heads:
+            raise ValueError(
+                f"num_heads must divide channels, got num_heads={num_heads}, channels={channels}"
+            )
+        check_type("qkv_bias", qkv_bias, bool)
+        self.channels, self.kernel_size, self.num_heads = channels, kernel_size, num_heads
+        self.dilation, self.qkv_bias = dilation, qkv_bias
+        self.qkv = nn.Conv2d(channels, 3 * channels, 1, bias=qkv_bias)
+        self.proj = nn.Conv2d(channels, channels, 1)
+
+    def forward(self, x: Tensor) -> Tensor:
+        """Attend ``x (B, C, H, W)`` to itself within each pixel's window."""
+        q, k, v = self.qkv(x).chunk(3, dim=1)
+        out = local_attention2d(q, k, v, self.kernel_size, self.dilation, self.num_heads)
+        return self.proj(out)
+
+    def extra_repr(self) -> str:
+        return (
+            f"channels={self.channels}, kernel_size={self.kernel_size}, "
+            f"num_heads={self.num_heads}, dilation={self.dilation}, qkv_bias={self.qkv_bias}"
+        )

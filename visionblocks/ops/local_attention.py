@@ -1,0 +1,138 @@
+"""Local (neighbourhood) attention over 2-D feature maps: every pixel attends to its window.
+
+Two fast paths behind one validated function: the lean torch path
+(`visionblocks.ops._local_attention_torch`: tap by tap, nothing ``k*k`` times the input)
+and the fused Triton kernels (`visionblocks.kernels.local_attention`).
+
+Convention:
+    Windows are centred and clipped, never shifted: tap ``t = i*k + j`` (row-major,
+    ``0 <= i, j < k``) of query pixel ``(h, w)`` is key/value pixel
+    ``(h + (i - k//2)*d, w + (j - k//2)*d)`` for dilation ``d``. Taps outside the image are
+    **masked out of the softmax** (a pixel near the border attends to fewer keys); they are
+    not zero keys, which would take part with logit 0 and draw probability towards zero
+    values. Only odd ``k``. The centre tap always exists, so every softmax is well defined
+    (a ``1 x 1`` image returns ``v``). Unlike neighbourhood attention (NATTEN), windows at
+    the border are not shifted back inside the image.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+from torch import Tensor
+
+from visionblocks._check import check_floating, check_same_shape, check_type
+from visionblocks._dispatch import resolve_impl
+from visionblocks.ops._local_attention_torch import LocalAttentionFunction
+
+__all__ = ["local_attention2d"]
+
+
+def _check_int(name: str, value: int) -> None:
+    if isinstance(value, bool):
+        raise TypeError(f"{name} must be int, got bool ({value!r})")
+    check_type(name, value, int)
+    if value < 1:
+        raise ValueError(f"{name} must be >= 1, got {value}")
+
+
+def _check_args(
+    q: Tensor, k: Tensor, v: Tensor, kernel_size: int, dilation: int, num_heads: int
+) -> None:
+    """Validate the arguments of `local_attention2d` (see its ``Raises:``)."""
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        check_floating(name, x)
+        if x.dim() != 4:
+            raise ValueError(f"{name} must have shape (B, C, H, W), got {tuple(x.shape)}")
+    check_same_shape("q", q, "k", k)
+    check_same_shape("q", q, "v", v)
+    if not q.device == k.device == v.device:
+        raise ValueError(
+            f"q, k and v must be on the same device, got {q.device}, {k.device} and {v.device}"
+        )
+    for name, value in (("kernel_size", kernel_size), ("dilation", dilation)):
+        _check_int(name, value)
+    if kernel_size % 2 == 0:
+        raise ValueError(f"kernel_size must be odd (windows are centred), got {kernel_size}")
+    _check_int("num_heads", num_heads)
+    if q.shape[1] % num_heads:
+        raise ValueError(
+            f"num_heads must divide the channels C = {q.shape[1]}, got num_heads={num_heads}"
+        )
+
+
+def local_attention2d(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    kernel_size: int,
+    dilation: int = 1,
+    num_heads: int = 1,
+    *,
+    impl: Literal["auto", "torch", "triton"] = "auto",
+) -> Tensor:
+    """Multi-head attention of every pixel over its (dilated) ``k x k`` neighbourhood.
+
+    Channels split into ``num_heads`` heads of ``D = C / num_heads``; for head ``n``,
+    query pixel ``p`` and its window taps ``t`` (pixel ``p + o_t``, see the module notes)::
+
+        logits[n, t, p] = sum_D q[n, :, p] * k[n, :, p + o_t] / sqrt(D)
+        attn = softmax over the taps inside the image (outside: masked, weight 0)
+        out[n, :, p] = sum_t attn[n, t, p] * v[n, :, p + o_t]
+
+    This equals unfolding ``k`` and ``v`` with ``F.unfold(x, k, dilation=d, padding=d*(k//2))``
+    and masking the padded taps with ``-inf`` before the softmax, without ever building the
+    ``k*k``-times unfolded tensors. Differentiable with respect to ``q``, ``k`` and ``v``
+    (no double backward); backward recomputes the attention weights from a saved
+    ``(B, heads, H, W)`` log-sum-exp, so nothing ``k*k`` times the input is kept.
+
+    Args:
+        q (Tensor[B, C, H, W]): Queries, floating point.
+        k (Tensor[B, C, H, W]): Keys, same shape.
+        v (Tensor[B, C, H, W]): Values, same shape.
+        kernel_size: Window side ``k``, odd.
+        dilation: Spacing ``d`` between window taps.
+        num_heads: Heads; must divide ``C``.
+        impl: ``"auto"`` | ``"torch"`` | ``"triton"`` (fused kernels,
+            `visionblocks.kernels.local_attention`).
+
+    Returns:
+        Tensor[B, C, H, W]: In the promoted dtype of ``q``, ``k`` and ``v``. Half inputs are
+        computed in float32.
+
+    Raises:
+        TypeError: Non-tensor or non-floating (e.g. integer) inputs, or non-int
+            ``kernel_size``/``dilation``/``num_heads``.
+        ValueError: Inputs not 4-D or of different shapes or devices, an even
+            ``kernel_size``, ``dilation``/``num_heads < 1``, ``num_heads`` not dividing ``C``,
+            or an unknown ``impl``.
+
+    Examples:
+        >>> import torch
+        >>> q, k, v = torch.randn(3, 2, 16, 9, 9).unbind(0)
+        >>> local_attention2d(q, k, v, kernel_size=3, num_heads=4).shape
+        torch.Size([2, 16, 9, 9])
+        >>> x = torch.randn(1, 4, 1, 1)  # a 1x1 image: the pixel attends to itself only
+        >>> torch.equal(local_attention2d(x, x, x, 7), x)
+        True
+        >>> ones = torch.ones(1, 1, 3, 3)  # equal logits: a mean over the taps inside
+        >>> v = torch.arange(9.0).view(1, 1, 3, 3)
+        >>> local_attention2d(ones, ones, v, 3)[0, 0]
+        tensor([[2.0000, 2.5000, 3.0000],
+                [3.5000, 4.0000, 4.5000],
+                [5.0000, 5.5000, 6.0000]])
+
+    References:
+        Ramachandran et al., "Stand-Alone Self-Attention in Vision Models", NeurIPS 2019.
+        https://arxiv.org/abs/1906.05909
+    """
+    _check_args(q, k, v, kernel_size, dilation, num_heads)
+    which = resolve_impl(impl, "local_attention2d", q, k, v)
+    dtype = torch.promote_types(torch.promote_types(q.dtype, k.dtype), v.dtype)
+    q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
+    if which == "triton":
+        from visionblocks.kernels import load_kernel
+
+        return load_kernel("local_attention2d")(q, k, v, kernel_size, dilation, num_heads)
+    return LocalAttentionFunction.apply(q, k, v, kernel_size, dilation, num_heads)
