@@ -348,9 +348,17 @@ HEADS = Registry("heads", description="nn.Module turning features into predictio
 """Detection and segmentation heads."""
 LOSSES = Registry("losses", modules=("visionblocks.losses",), description="nn.Module loss")
 """Loss modules (``focal``, ``softmax_focal``, ``bce``, ``ce``, ``giou``, ``diou``, ``ciou``)."""
-LAYERS = Registry("layers", description="nn.Module building block")
+LAYERS = Registry(
+    "layers",
+    modules=("visionblocks.nn",),
+    description="nn.Module building block",
+)
 """Building blocks (convolutions, local ops)."""
-INITIALIZERS = Registry("initializers", description="fn(module, **params) initialising in place")
+INITIALIZERS = Registry(
+    "initializers",
+    modules=("visionblocks.init",),
+    description="fn(module, **params) initialising in place",
+)
 """Weight initializers used by ``init_weights`` rules."""
 DATASETS = Registry("datasets", description="map-style torch Dataset")
 """Datasets (COCO wrappers)."""

@@ -37,6 +37,9 @@ CASES = Registry(
         "visionblocks.bench.cases_focal",
         "visionblocks.bench.cases_iou_loss",
         "visionblocks.bench.cases_boxes",
+        "visionblocks.bench.cases_warp",
+        "visionblocks.bench.cases_local_filter",
+        "visionblocks.bench.cases_local_attention",
     ),
     description="BenchCase, or a zero-argument callable returning one",
 )

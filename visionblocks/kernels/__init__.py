@@ -29,6 +29,8 @@ KERNEL_OPS: dict[str, str] = {
     "generalized_box_iou_loss": "iou:generalized_box_iou_loss_triton",
     "distance_box_iou_loss": "iou:distance_box_iou_loss_triton",
     "complete_box_iou_loss": "iou:complete_box_iou_loss_triton",
+    "local_filter": "local_filter:local_filter_triton",
+    "local_attention2d": "local_attention:local_attention2d_triton",
 }
 """Op name → ``"module:function"`` of its triton entry point (a module of this package)."""
 

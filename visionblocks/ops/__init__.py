@@ -1,4 +1,4 @@
-"""Functional tensor ops: box conversion, the IoU family and the IoU losses.
+"""Functional tensor ops: boxes and IoUs, IoU losses, affine warping and unfold-based local ops.
 
 Ops know nothing of ``nn``: tensors in, tensors out. Box convention: ``"xyxy"`` corners unless
 a ``fmt`` says otherwise (see `visionblocks.ops.boxes`).
@@ -18,9 +18,20 @@ from visionblocks.ops.iou_loss import (
     distance_box_iou_loss,
     generalized_box_iou_loss,
 )
+from visionblocks.ops.local import local_filter, sliding_windows
+from visionblocks.ops.local_attention import local_attention2d
+from visionblocks.ops.warp import (
+    affine_matrix,
+    invert_affine,
+    matrix_to_theta,
+    theta_to_matrix,
+    warp_affine,
+)
+from visionblocks.ops.warp_targets import warp_boxes, warp_masks, warp_points, warp_sample
 
 __all__ = [
     "BOX_FORMATS",
+    "affine_matrix",
     "box_area",
     "box_convert",
     "box_iou",
@@ -30,4 +41,15 @@ __all__ = [
     "distance_box_iou_loss",
     "generalized_box_iou",
     "generalized_box_iou_loss",
+    "invert_affine",
+    "local_attention2d",
+    "local_filter",
+    "matrix_to_theta",
+    "sliding_windows",
+    "theta_to_matrix",
+    "warp_affine",
+    "warp_boxes",
+    "warp_masks",
+    "warp_points",
+    "warp_sample",
 ]
