@@ -306,3 +306,61 @@ def test_fuse_modules_frozen_batchnorm_resnet():
         expected = model(x)
         scale = expected.abs().amax().item()
         torch.testing.assert_close(fused(x), expected, rtol=1e-5, atol=1e-5 * scale)
+
+
+class _BatchNormReLU(nn.BatchNorm2d):
+    """A norm subclass that also activates (as timm's BatchNormAct2d): not foldable."""
+
+    def forward(self, x):
+        return torch.relu(super().forward(x))
+
+
+class _BatchNormChecked(nn.BatchNorm2d):
+    """Overrides a helper, not forward: still a plain BatchNorm, so it folds."""
+
+    def _check_input_dim(self, input):
+        super()._check_input_dim(input)
+
+
+def test_fuse_modules_leaves_norm_subclasses_that_do_more():
+    model = _randomize(
+        nn.Sequential(
+            nn.Conv2d(3, 4, 3), _BatchNormReLU(4), nn.Conv2d(4, 4, 1), _BatchNormChecked(4)
+        )
+    ).eval()
+    assert find_conv_bn_pairs(model) == [("2", "3")]
+    fused = fuse_modules(model)
+    assert isinstance(fused[1], _BatchNormReLU) and isinstance(fused[3], nn.Identity)
+    x = torch.randn(2, 3, 9, 9)
+    assert_close(fused(x), model(x))
+    with pytest.raises(TypeError, match="cannot fold _BatchNormReLU: it overrides the forward"):
+        fuse_conv_bn(model[0], model[1])
+
+
+def test_fuse_modules_untraceable_sequential_leaves_norm_subclasses():
+    class Untraceable(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.body = nn.Sequential(nn.Conv2d(3, 4, 3), _BatchNormReLU(4))
+
+        def forward(self, x):
+            return self.body(x) if x.sum() > -1e9 else x  # data-dependent: fx cannot trace
+
+    model = _randomize(Untraceable()).eval()
+    assert find_conv_bn_pairs(model) == []
+    x = torch.randn(1, 3, 8, 8)
+    assert_close(fuse_modules(model)(x), model(x))
+
+
+@pytest.mark.parametrize("name", ["efficientnet_b0", "resnet18d"])
+def test_fuse_modules_timm_models(name):
+    """timm's BatchNormAct2d (norm + activation in one module) must not lose its activation."""
+    timm = pytest.importorskip("timm")
+    model = _randomize(timm.create_model(name, pretrained=False, num_classes=10)).eval()
+    fused = fuse_modules(model)
+    x = torch.randn(1, 3, 64, 64)
+    with torch.no_grad():
+        expected, actual = model(x), fused(x)
+    torch.testing.assert_close(actual, expected, rtol=1e-4, atol=1e-4 * expected.abs().max().item())
+    if name == "resnet18d":  # plain BatchNorm2d everywhere: every pair folds
+        assert not any(isinstance(m, nn.BatchNorm2d) for m in fused.modules())

@@ -9,7 +9,8 @@ a model, and `find_conv_bn_pairs` says which pairs those are.
 Which pairs fold: a ``nn.Conv2d`` (or a subclass that keeps ``Conv2d``'s ``forward``, such
 as `visionblocks.nn.conv.DepthwiseConv2d`) whose output goes **only** into a
 ``nn.BatchNorm2d``, ``nn.SyncBatchNorm`` or torchvision ``FrozenBatchNorm2d`` that keeps
-running statistics. The pairs are found on the ``torch.fx`` graph of the model (so
+running statistics and the stock ``forward`` (norm subclasses that do more, such as timm's
+``BatchNormAct2d`` with its built-in activation, are left alone). The pairs are found on the ``torch.fx`` graph of the model (so
 ``conv1 -> bn1`` inside a ResNet block, ``downsample`` branches and any other wiring are
 found); a (sub)module that ``torch.fx`` cannot trace, e.g. one with data-dependent control
 flow, is searched by structure instead: consecutive children of an ``nn.Sequential`` and the
@@ -52,6 +53,20 @@ def _is_plain_conv(module: nn.Module) -> bool:
         and cls.forward is nn.Conv2d.forward
         and cls._conv_forward is nn.Conv2d._conv_forward
     )
+
+
+@cache
+def _bn_forwards() -> frozenset:
+    return frozenset(t.forward for t in _bn_types())
+
+
+def _is_plain_bn(module: nn.Module) -> bool:
+    """A supported norm whose ``forward`` is the stock one: only normalisation, so foldable.
+
+    Subclasses that do more in ``forward`` (timm's ``BatchNormAct2d`` also applies an
+    activation) are not: replacing them by ``nn.Identity`` would drop that work.
+    """
+    return isinstance(module, _bn_types()) and type(module).forward in _bn_forwards()
 
 
 def _num_features(bn: nn.Module) -> int:
@@ -110,8 +125,13 @@ def fuse_conv_bn(conv: nn.Conv2d, bn: nn.Module) -> nn.Conv2d:
             f"cannot fold into {type(conv).__name__}: it overrides nn.Conv2d's forward, "
             "so a plain nn.Conv2d would not compute the same thing"
         )
-    bn_types = _bn_types()
-    check_type("bn", bn, bn_types)
+    check_type("bn", bn, _bn_types())
+    if not _is_plain_bn(bn):
+        raise TypeError(
+            f"cannot fold {type(bn).__name__}: it overrides the forward of "
+            f"{type(bn).__mro__[1].__name__} (it may do more than normalise, e.g. apply an "
+            "activation), so removing it would change the output"
+        )
     if isinstance(conv.weight, nn.parameter.UninitializedParameter):
         raise ValueError("conv is an uninitialised lazy module; run one forward pass first")
     if _uses_batch_stats(bn):
@@ -187,7 +207,7 @@ def _graph_pairs(graph: fx.Graph, module: nn.Module, prefix: str) -> list[tuple[
     attrs = [n.target for n in graph.nodes if n.op == "get_attr"]
     pairs = []
     for node in graph.nodes:
-        if node.op != "call_module" or not isinstance(modules.get(node.target), _bn_types()):
+        if node.op != "call_module" or not _is_plain_bn(modules.get(node.target)):
             continue
         if len(node.args) != 1 or node.kwargs:
             continue
@@ -205,18 +225,17 @@ def _graph_pairs(graph: fx.Graph, module: nn.Module, prefix: str) -> list[tuple[
 
 
 def _structural_pairs(module: nn.Module, prefix: str) -> list[tuple[str, str]]:
-    bn_types = _bn_types()
     if type(module).forward is nn.Sequential.forward:
         children = list(module.named_children())
         return [
             (prefix + a, prefix + b)
             for (a, conv), (b, bn) in pairwise(children)
-            if isinstance(conv, nn.Conv2d) and isinstance(bn, bn_types)
+            if isinstance(conv, nn.Conv2d) and _is_plain_bn(bn)
         ]
     if (
         isinstance(module, ConvNormAct)
         and type(module).forward is ConvNormAct.forward
-        and isinstance(module.norm, bn_types)
+        and _is_plain_bn(module.norm)
     ):
         return [(prefix + "conv", prefix + "norm")]
     return []
