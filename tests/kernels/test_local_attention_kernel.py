@@ -16,14 +16,10 @@ from visionblocks.ops.local_attention import local_attention2d
 RUNNABLE = kernels.triton_available() and (torch.cuda.is_available() or kernels.interpret_mode())
 pytestmark = pytest.mark.skipif(not RUNNABLE, reason="triton cannot run here")
 
-ENTRY = "local_attention:local_attention2d_triton"
 
-
-@pytest.fixture(autouse=True)
-def _kernel_registered(monkeypatch):
-    """Until the lead adds it to KERNEL_OPS, register the op's kernel for these tests."""
-    if "local_attention2d" not in kernels.KERNEL_OPS:
-        monkeypatch.setitem(kernels.KERNEL_OPS, "local_attention2d", ENTRY)
+def test_dispatch_table_names_the_kernel():
+    assert kernels.KERNEL_OPS["local_attention2d"] == "local_attention:local_attention2d_triton"
+    assert kernels.has_kernel("local_attention2d")
 
 
 def run(q, k, v, grad_out, impl, *args):

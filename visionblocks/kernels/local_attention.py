@@ -44,10 +44,10 @@ def _offsets(
     C, HEADS, D, H, W, BLOCK_D: tl.constexpr, BLOCK_P: tl.constexpr
 ):  # fmt: skip
     """Lane offsets of this program: channel rows (int64), pixels, masks, ``(b, head)``."""
-    bn = tl.program_id(0)
+    bn = tl.program_id(1)
     b = bn // HEADS
     n = bn % HEADS
-    offs_p = tl.program_id(1) * BLOCK_P + tl.arange(0, BLOCK_P)
+    offs_p = tl.program_id(0) * BLOCK_P + tl.arange(0, BLOCK_P)
     p_mask = offs_p < H * W
     offs_d = tl.arange(0, BLOCK_D)
     d_mask = offs_d < D
@@ -193,7 +193,8 @@ def _launch(q: Tensor, num_heads: int) -> tuple[tuple[int, int], dict[str, int],
     depth = channels // num_heads
     block_d = max(2, triton.next_power_of_2(depth))
     block_p = max(16, min(128, 2048 // block_d))
-    grid = (batch * num_heads, triton.cdiv(height * width, block_p))
+    # Pixel blocks on axis 0: CUDA allows 2**31 - 1 programs there but only 65535 on axis 1.
+    grid = (triton.cdiv(height * width, block_p), batch * num_heads)
     return (
         grid,
         {"BLOCK_D": block_d, "BLOCK_P": block_p},
@@ -250,5 +251,26 @@ class _LocalAttentionTriton(torch.autograd.Function):
 def local_attention2d_triton(
     q: Tensor, k: Tensor, v: Tensor, kernel_size: int, dilation: int, num_heads: int
 ) -> Tensor:
-    """Local attention ``(B, C, H, W)`` of ``(B, C, H, W)`` inputs (fused forward and backward)."""
+    """Fused `visionblocks.ops.local_attention.local_attention2d`; inputs already validated.
+
+    Reached through dispatch (``local_attention2d(..., impl="triton")``), not called directly.
+
+    Args:
+        q (Tensor[B, C, H, W]): Queries, float16, bfloat16, float32 or float64.
+        k (Tensor[B, C, H, W]): Keys, like ``q``.
+        v (Tensor[B, C, H, W]): Values, like ``q``.
+        kernel_size: Odd window size.
+        dilation: Spacing of the window's positions.
+        num_heads: Heads, dividing ``C``.
+
+    Returns:
+        Tensor[B, C, H, W]: The attention output in ``q``'s dtype, differentiable with
+        respect to ``q``, ``k`` and ``v`` (fused backward).
+
+    Examples:
+        >>> import torch
+        >>> q, k, v = (torch.randn(1, 8, 6, 6, device="cuda") for _ in range(3))  # doctest: +SKIP
+        >>> local_attention2d_triton(q, k, v, 3, 1, 2).shape  # doctest: +SKIP
+        torch.Size([1, 8, 6, 6])
+    """
     return _LocalAttentionTriton.apply(q, k, v, kernel_size, dilation, num_heads)

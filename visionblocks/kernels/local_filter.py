@@ -45,11 +45,11 @@ def _gather_kernel(
     Forward (``TRANSPOSE=False``): src = x, dst = out, kernels on the dst grid.
     ``grad_x`` (``TRANSPOSE=True``): src = grad_out, dst = grad_x, kernels on the src grid.
     """
-    bg = tl.program_id(0)
+    bg = tl.program_id(2)
     b = bg // G
     g = bg % G
     offs_c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
-    offs_p = tl.program_id(2) * BLOCK_P + tl.arange(0, BLOCK_P)
+    offs_p = tl.program_id(0) * BLOCK_P + tl.arange(0, BLOCK_P)
     c_mask = offs_c < CG
     p_mask = offs_p < H_DST * W_DST
     h = offs_p // W_DST
@@ -99,11 +99,11 @@ def _grad_kernels_kernel(
     CDT: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_P: tl.constexpr,
 ):  # fmt: skip
     """``grad_kernels[b, g, t, p] = sum over the group's channels of grad_out[p] x[p*s + o_t]``."""
-    bg = tl.program_id(0)
+    bg = tl.program_id(2)
     t = tl.program_id(1)
     b = bg // G
     g = bg % G
-    offs_p = tl.program_id(2) * BLOCK_P + tl.arange(0, BLOCK_P)
+    offs_p = tl.program_id(0) * BLOCK_P + tl.arange(0, BLOCK_P)
     p_mask = offs_p < HO * WO
     ih = (offs_p // WO) * STRIDE + (t // KS - KS // 2) * DIL
     iw = (offs_p % WO) * STRIDE + (t % KS - KS // 2) * DIL
@@ -145,7 +145,8 @@ def _gather(
     g = kernels.shape[1] // (ks * ks)
     cg = c // g
     block_c = _block_c(cg)
-    grid = (b * g, triton.cdiv(cg, block_c), triton.cdiv(h_dst * w_dst, _BLOCK_P))
+    # Pixel blocks on axis 0: CUDA allows 2**31 - 1 programs there but only 65535 on 1 and 2.
+    grid = (triton.cdiv(h_dst * w_dst, _BLOCK_P), triton.cdiv(cg, block_c), b * g)
     if min(grid) == 0:
         dst.zero_()
         return
@@ -187,7 +188,7 @@ class _LocalFilterTriton(torch.autograd.Function):
             g = kernels.shape[1] // (ks * ks)
             cg = c // g
             ho, wo = kernels.shape[2:]
-            grid = (b * g, ks * ks, triton.cdiv(ho * wo, _BLOCK_P))
+            grid = (triton.cdiv(ho * wo, _BLOCK_P), ks * ks, b * g)
             if min(grid) == 0 or cg == 0:
                 grad_kernels.zero_()
             else:
@@ -203,5 +204,26 @@ class _LocalFilterTriton(torch.autograd.Function):
 def local_filter_triton(
     x: Tensor, kernels: Tensor, kernel_size: int, dilation: int = 1, stride: int = 1
 ) -> Tensor:
-    """``local_filter`` of ``x (B, C, H, W)`` with ``kernels (B, G*k*k, Ho, Wo)`` (fused)."""
+    """Fused `visionblocks.ops.local.local_filter`; the inputs are already validated.
+
+    Reached through dispatch (``local_filter(..., impl="triton")``), not called directly.
+
+    Args:
+        x (Tensor[B, C, H, W]): Input, float16, bfloat16, float32 or float64.
+        kernels (Tensor[B, G*k*k, Ho, Wo]): Per-pixel kernels of ``x``'s dtype, ``G`` dividing
+            ``C``; ``Ho = ceil(H / stride)``, ``Wo = ceil(W / stride)``.
+        kernel_size: Odd window size ``k``.
+        dilation: Tap spacing.
+        stride: Output stride.
+
+    Returns:
+        Tensor[B, C, Ho, Wo]: The filtered input in ``x``'s dtype, differentiable with
+        respect to ``x`` and ``kernels``.
+
+    Examples:
+        >>> import torch
+        >>> x, kernels = torch.randn(1, 4, 8, 8), torch.randn(1, 18, 8, 8)  # G = 2, k = 3
+        >>> local_filter_triton(x.cuda(), kernels.cuda(), 3).shape  # doctest: +SKIP
+        torch.Size([1, 4, 8, 8])
+    """
     return _LocalFilterTriton.apply(x, kernels, kernel_size, dilation, stride)
