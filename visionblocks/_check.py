@@ -150,6 +150,22 @@ def check_last_dim(name: str, value: torch.Tensor, size: int, *, what: str = "")
         raise ValueError(f"{name} must have shape (..., {size}){suffix}, got {tuple(value.shape)}")
 
 
+def check_feature_map(name: str, value: Any, channels: int) -> torch.Tensor:
+    """Raise unless ``value`` is a ``(B, channels, H, W)`` floating-point tensor; return it.
+
+    Examples:
+        >>> import torch
+        >>> check_feature_map("x", torch.zeros(32, 9, 9), 32)
+        Traceback (most recent call last):
+        ...
+        ValueError: x must have shape (B, 32, H, W), got (32, 9, 9)
+    """
+    check_floating(name, value)
+    if value.dim() != 4 or value.shape[1] != channels:
+        raise ValueError(f"{name} must have shape (B, {channels}, H, W), got {tuple(value.shape)}")
+    return value
+
+
 def format_shape(shape: Sequence[int]) -> str:
     """Format a shape as a plain tuple string: ``(2, 3)``."""
     return str(tuple(int(s) for s in shape))

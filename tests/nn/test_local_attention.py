@@ -65,3 +65,13 @@ def test_bad_arguments(kwargs, error, match):
     args = {"channels": 8, "num_heads": 2, **kwargs}
     with pytest.raises(error, match=match):
         LocalAttention2d(**args)
+
+
+def test_forward_checks_the_input_shape():
+    module = LocalAttention2d(32, kernel_size=3, num_heads=4)
+    with pytest.raises(ValueError, match=r"x must have shape \(B, 32, H, W\), got \(32, 9, 9\)"):
+        module(torch.randn(32, 9, 9))
+    with pytest.raises(ValueError, match=r"got \(1, 16, 9, 9\)"):
+        module(torch.randn(1, 16, 9, 9))
+    with pytest.raises(TypeError, match="floating-point"):
+        module(torch.zeros(1, 32, 9, 9, dtype=torch.long))

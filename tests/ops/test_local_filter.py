@@ -225,6 +225,13 @@ def test_zero_channels():
     assert torch.equal(gk, torch.zeros_like(kernels))
 
 
+def test_sliding_windows_empty_inputs():
+    for shape in [(1, 2, 0, 5), (1, 2, 5, 0), (0, 2, 4, 4), (1, 0, 4, 4)]:
+        x = torch.randn(shape)
+        out = sliding_windows(x, 3, 2)
+        assert out.shape == (*shape[:2], 9, *shape[2:]) and out.dtype == x.dtype
+
+
 # --------------------------------------------------------------------------- errors
 def test_bad_inputs():
     x, kernels = torch.randn(1, 4, 5, 5), torch.randn(1, 18, 5, 5)

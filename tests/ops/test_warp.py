@@ -145,6 +145,16 @@ def test_theta_round_trip(angle, scale, tx, src, dst):
     assert_close(matrix_to_theta(theta_to_matrix(theta, src, dst), src, dst), theta, scale=100)
 
 
+def test_theta_conversions_gradcheck():
+    mats = affine_matrix(
+        angle=torch.tensor([10.0, -35.0]), scale=torch.tensor([1.2, 0.7]), center=(3.0, 2.0)
+    )
+    gradcheck(lambda m: matrix_to_theta(m, (7, 9), (5, 11)), [mats])
+    gradcheck(
+        lambda t: theta_to_matrix(t, (7, 9), (5, 11)), [matrix_to_theta(mats, (7, 9), (5, 11))]
+    )
+
+
 def test_identity_theta_and_matrix():
     assert torch.equal(matrix_to_theta(torch.eye(2, 3), (7, 9), (7, 9)), torch.eye(2, 3))
     assert torch.equal(theta_to_matrix(torch.eye(2, 3), (7, 9), (7, 9)), torch.eye(2, 3))

@@ -304,6 +304,8 @@ def test_warp_sample_errors():
         warp_sample(
             image, {**target, "labels": torch.tensor([1, 2])}, affine_matrix(translate=(-40.0, 0.0))
         )
+    with pytest.raises(ValueError, match="has 2 rows but there are 3 boxes"):
+        warp_sample(image, {**target, "labels": torch.tensor([1, 2])}, m)  # no box dropped
     with pytest.raises(ValueError, match="one \\(2, 3\\) matrix"):
         warp_sample(image, target, m[None])
     with pytest.raises(TypeError, match="target must be a dict"):
@@ -323,3 +325,8 @@ def test_warp_boxes_and_points_errors():
         warp_points(torch.zeros(3, 2), torch.eye(2, 3, dtype=torch.int64))
     with pytest.raises(ValueError, match="size must be positive"):
         warp_boxes(torch.zeros(3, 4), torch.eye(2, 3), size=(0, 3))
+    two = torch.eye(2, 3).expand(2, 2, 3)
+    with pytest.raises(ValueError, match=r"matrix of shape \(2, 2, 3\) does not broadcast with"):
+        warp_points(torch.zeros(3, 5, 2), two)
+    with pytest.raises(ValueError, match=r"does not broadcast with boxes of shape \(3, 5, 4\)"):
+        warp_boxes(torch.zeros(3, 5, 4), two)

@@ -180,6 +180,8 @@ def sigmoid_focal_loss(
         TypeError: Non-floating ``inputs``, complex ``targets``, arguments of the wrong type.
         ValueError: Mismatched shapes, ``alpha > 1``, ``gamma < 0``, a ``weight`` that does not
             broadcast, or an unknown ``reduction`` or ``impl``.
+        RuntimeError: ``impl="triton"`` where triton cannot run (triton missing, or a CPU
+            tensor without ``TRITON_INTERPRET=1``).
 
     Examples:
         >>> import torch

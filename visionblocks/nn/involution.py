@@ -15,7 +15,7 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
-from visionblocks._check import check_choice, check_type
+from visionblocks._check import check_choice, check_feature_map, check_type
 from visionblocks.ops.local import check_window, local_filter
 from visionblocks.registry import LAYERS
 
@@ -112,6 +112,7 @@ class Involution2d(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         """Involve ``x (B, C, H, W)`` with its own kernels."""
+        check_feature_map("x", x, self.channels)
         return local_filter(x, self.kernels(x), self.kernel_size, stride=self.stride)
 
     def extra_repr(self) -> str:
@@ -196,6 +197,7 @@ class LocalFilter2d(nn.Module):
 
     def forward(self, x: Tensor, kernels: Tensor | None = None) -> Tensor:
         """Filter ``x (B, C, H, W)`` with ``kernels`` (predicted from ``x`` when None)."""
+        check_feature_map("x", x, self.channels)
         if kernels is None:
             kernels = self.predict_kernels(x)
         return local_filter(x, kernels, self.kernel_size, self.dilation)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
-from visionblocks._check import check_type
+from visionblocks._check import check_feature_map, check_type
 from visionblocks.ops.local_attention import local_attention2d
 from visionblocks.registry import LAYERS
 
@@ -97,6 +97,7 @@ class LocalAttention2d(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         """Attend ``x (B, C, H, W)`` to itself within each pixel's window."""
+        check_feature_map("x", x, self.channels)
         q, k, v = self.qkv(x).chunk(3, dim=1)
         out = local_attention2d(q, k, v, self.kernel_size, self.dilation, self.num_heads)
         return self.proj(out)

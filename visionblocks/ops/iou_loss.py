@@ -111,6 +111,8 @@ def generalized_box_iou_loss(
         TypeError: Non-floating (e.g. integer) boxes, or an ``eps`` that is not a number.
         ValueError: A last dimension other than 4, ``pred``/``target`` shapes or devices that
             differ, a negative ``eps``, or an unknown ``reduction`` or ``impl``.
+        RuntimeError: ``impl="triton"`` where triton cannot run (triton missing, or a CPU
+            tensor without ``TRITON_INTERPRET=1``).
 
     Examples:
         >>> import torch
@@ -159,6 +161,8 @@ def distance_box_iou_loss(
         TypeError: Non-floating (e.g. integer) boxes, or an ``eps`` that is not a number.
         ValueError: A last dimension other than 4, ``pred``/``target`` shapes or devices that
             differ, a negative ``eps``, or an unknown ``reduction`` or ``impl``.
+        RuntimeError: ``impl="triton"`` where triton cannot run (triton missing, or a CPU
+            tensor without ``TRITON_INTERPRET=1``).
 
     Examples:
         >>> import torch
@@ -207,6 +211,8 @@ def complete_box_iou_loss(
         TypeError: Non-floating (e.g. integer) boxes, or an ``eps`` that is not a number.
         ValueError: A last dimension other than 4, ``pred``/``target`` shapes or devices that
             differ, a negative ``eps``, or an unknown ``reduction`` or ``impl``.
+        RuntimeError: ``impl="triton"`` where triton cannot run (triton missing, or a CPU
+            tensor without ``TRITON_INTERPRET=1``).
 
     Examples:
         >>> import torch

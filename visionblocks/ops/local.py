@@ -92,6 +92,8 @@ def sliding_windows(x: Tensor, kernel_size: int, dilation: int = 1) -> Tensor:
     _check_image("x", x)
     check_window(kernel_size, dilation)
     b, c, h, w = x.shape
+    if x.numel() == 0:  # F.pad / unfold reject empty spatial dims
+        return x.new_zeros(b, c, kernel_size * kernel_size, h, w)
     pad, span = dilation * (kernel_size // 2), dilation * (kernel_size - 1) + 1
     xp = F.pad(x, (pad, pad, pad, pad))
     win = xp.unfold(2, span, 1).unfold(3, span, 1)[..., ::dilation, ::dilation]
@@ -139,6 +141,8 @@ def local_filter(
             ``kernels`` whose channels are not a multiple ``G*k*k`` with ``G`` dividing ``C``,
             batch or spatial sizes that do not match, different devices, or an unknown
             ``impl``.
+        RuntimeError: ``impl="triton"`` where triton cannot run (triton missing, or a CPU
+            tensor without ``TRITON_INTERPRET=1``).
 
     Examples:
         >>> import torch

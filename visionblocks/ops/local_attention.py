@@ -107,6 +107,8 @@ def local_attention2d(
         ValueError: Inputs not 4-D or of different shapes or devices, an even
             ``kernel_size``, ``dilation``/``num_heads < 1``, ``num_heads`` not dividing ``C``,
             or an unknown ``impl``.
+        RuntimeError: ``impl="triton"`` where triton cannot run (triton missing, or a CPU
+            tensor without ``TRITON_INTERPRET=1``).
 
     Examples:
         >>> import torch

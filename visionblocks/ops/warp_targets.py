@@ -42,6 +42,19 @@ def _promoted(x: Tensor, matrix: Tensor) -> torch.dtype:
     return dtype if dtype.is_floating_point else torch.get_default_dtype()
 
 
+def _check_batch(name: str, x: Tensor, matrix: Tensor) -> None:
+    """``matrix``'s leading dims must broadcast with ``x``'s ``(..., N, k)`` leading dims."""
+    try:
+        torch.broadcast_shapes(x.shape[:-2], matrix.shape[:-2])
+    except RuntimeError:
+        raise ValueError(
+            f"matrix of shape {tuple(matrix.shape)} does not broadcast with {name} of shape "
+            f"{tuple(x.shape)}: the leading dims {tuple(matrix.shape[:-2])} and "
+            f"{tuple(x.shape[:-2])} must broadcast (e.g. (B, 2, 3) matrices with (B, N, "
+            f"{x.shape[-1]}) {name})"
+        ) from None
+
+
 def warp_points(points: Tensor, matrix: Tensor) -> Tensor:
     """Move points with forward affine matrices: ``p' = M @ [x, y, 1]`` (``cv2.transform``).
 
@@ -57,7 +70,8 @@ def warp_points(points: Tensor, matrix: Tensor) -> Tensor:
 
     Raises:
         TypeError: Not tensors, or a non-floating matrix.
-        ValueError: ``points`` not ``(..., N, 2)`` or ``matrix`` not ``(..., 2, 3)``.
+        ValueError: ``points`` not ``(..., N, 2)``, ``matrix`` not ``(..., 2, 3)``, or their
+            leading dims do not broadcast.
 
     Convention:
         Pixel centres on integers, forward matrices; see the module docstring.
@@ -76,6 +90,7 @@ def warp_points(points: Tensor, matrix: Tensor) -> Tensor:
     check_last_dim("points", points, 2, what="(x, y)")
     if points.dim() < 2:
         raise ValueError(f"points must have shape (..., N, 2), got {tuple(points.shape)}")
+    _check_batch("points", points, matrix)
     dtype = _promoted(points, matrix)
     points, matrix = points.to(dtype), matrix.to(dtype)
     return points @ matrix[..., :2].transpose(-1, -2) + matrix[..., 2].unsqueeze(-2)
@@ -105,7 +120,8 @@ def warp_boxes(boxes: Tensor, matrix: Tensor, size: Sequence[int] | None = None)
 
     Raises:
         TypeError: Not tensors, a non-floating matrix, or a bad ``size`` type.
-        ValueError: ``boxes`` not ``(..., N, 4)``, ``matrix`` not ``(..., 2, 3)``, bad ``size``.
+        ValueError: ``boxes`` not ``(..., N, 4)``, ``matrix`` not ``(..., 2, 3)``, leading dims
+            that do not broadcast, bad ``size``.
 
     Convention:
         Box corners are moved as ``M (p - 0.5) + 0.5`` (pixel centres at ``j + 0.5``); see the
@@ -130,6 +146,7 @@ def warp_boxes(boxes: Tensor, matrix: Tensor, size: Sequence[int] | None = None)
     check_last_dim("boxes", boxes, 4, what="(x1, y1, x2, y2)")
     if boxes.dim() < 2:
         raise ValueError(f"boxes must have shape (..., N, 4), got {tuple(boxes.shape)}")
+    _check_batch("boxes", boxes, matrix)
     out_size = None if size is None else check_size("size", size)
     dtype = _promoted(boxes, matrix)
     boxes, matrix = boxes.to(dtype), matrix.to(dtype)
@@ -356,7 +373,15 @@ def warp_sample(
             out[key] = tv.wrap(moved, like=value, canvas_size=out_size)
         else:
             out[key] = value
-    if keep is None or bool(keep.all()):
+    if keep is None:
+        return warped, out
+    for key in instance_keys:
+        value = out.get(key)
+        if isinstance(value, Tensor) and value.dim() > 0 and value.shape[0] != num_boxes:
+            raise ValueError(
+                f"target[{key!r}] has {value.shape[0]} rows but there are {num_boxes} boxes"
+            )
+    if bool(keep.all()):
         return warped, out
 
     for key, value in out.items():
@@ -378,9 +403,5 @@ def warp_sample(
             if is_instance:
                 out[key] = tv.wrap(value.as_subclass(Tensor)[keep], like=value)
         elif key in instance_keys:
-            if not per_box:
-                raise ValueError(
-                    f"target[{key!r}] has {value.shape[0]} rows but there are {num_boxes} boxes"
-                )
             out[key] = value[keep]
     return warped, out
