@@ -178,8 +178,9 @@ def test_kaiming_and_xavier_equal_torch_for_ungrouped(mode, distribution):
     )
 
 
-def test_c2_fills_against_fvcore_if_installed():
-    weight_init = pytest.importorskip("fvcore.nn.weight_init")
+def test_c2_fills_against_fvcore():
+    from fvcore.nn import weight_init
+
     for ours, theirs in (
         (c2_msra_fill, weight_init.c2_msra_fill),
         (c2_xavier_fill, weight_init.c2_xavier_fill),
@@ -341,11 +342,13 @@ def test_bias_init_with_prob_rejects(p, error):
         ("constant", constant_init),
         ("c2_msra", c2_msra_fill),
         ("c2_xavier", c2_xavier_fill),
+        ("zero_init_last_norm", zero_init_last_norm),
+        ("zero_last_norm", zero_init_last_norm),
     ],
 )
 def test_registered(name, fn):
     assert INITIALIZERS.get(name) is fn
-    assert name in INITIALIZERS.list()
+    assert name in INITIALIZERS.list() or name in INITIALIZERS.aliases("zero_init_last_norm")
 
 
 def test_registry_contract_call():
@@ -612,3 +615,36 @@ def test_protocol_norm_without_weight():
         zero_init_last_norm(block)
     with pytest.raises(TypeError, match="model must be Module"):
         zero_init_last_norm("resnet18")
+
+
+def test_zero_init_last_norm_as_a_rule_runs_after_weight_rules():
+    """A block rule zeroes the last norms even when a later weight rule sets every norm."""
+    model = torchvision.models.resnet18()
+    report = init_weights(
+        model,
+        [
+            {"type": "zero_init_last_norm"},
+            {"type": "constant", "layer": "BatchNorm2d", "val": 1.0},
+        ],
+    )
+    blocks = [f"layer{i}.{j}" for i in range(1, 5) for j in range(2)]
+    assert all(report[b] == "rules[0] zero_init_last_norm()" for b in blocks)
+    assert report["bn1"] == "rules[1] constant(val=1.0)"
+    for i in range(1, 5):
+        for block in getattr(model, f"layer{i}"):
+            assert torch.count_nonzero(block.bn2.weight) == 0
+            assert torch.equal(block.bn1.weight, torch.ones_like(block.bn1.weight))
+
+
+def test_zero_init_last_norm_rule_scoped_by_layer_and_name():
+    model = torchvision.models.resnet50()
+    report = init_weights(model, [{"type": "zero_last_norm", "name": r"layer4\..*"}])
+    assert sorted(report) == ["layer4.0", "layer4.1", "layer4.2"]
+    assert torch.count_nonzero(model.layer4[2].bn3.weight) == 0
+    assert torch.count_nonzero(model.layer3[0].bn3.weight) > 0
+    report = init_weights(model, [{"type": "zero_init_last_norm", "layer": "Bottleneck"}])
+    assert len(report) == 16 and torch.count_nonzero(model.layer1[0].bn3.weight) == 0
+    with pytest.raises(ValueError, match="selects no module"):
+        init_weights(model, [{"type": "zero_init_last_norm", "name": "nothing_here"}])
+    with pytest.raises(ValueError, match="unknown keys"):
+        init_weights(model, [{"type": "zero_init_last_norm", "val": 0.0}])

@@ -14,7 +14,13 @@ from torch import nn
 from visionblocks._fans import has_weight
 from visionblocks.registry import Registry
 
-__all__ = ["apply_rules"]
+__all__ = ["BLOCK_INITIALIZER", "apply_rules"]
+
+BLOCK_INITIALIZER = "_vb_block_initializer"
+"""Attribute set (True) on initializers that act on whole blocks, not on one layer's weight:
+their rules match any module (not only modules with a weight), the model itself when the
+rule has no ``layer`` or ``name``, and run after the weight rules. Such an initializer
+returns the names (relative to the module it got) of the blocks it changed."""
 
 _RESERVED = ("type", "layer", "name")
 
@@ -145,9 +151,12 @@ def apply_rules(model: nn.Module, rules: Any, registry: Registry) -> dict[str, s
     known = _known_class_names([m for _, m in named])
     parsed = [_parse_rule(i, r, registry, known) for i, r in enumerate(rules)]
 
+    block_rules = [r for r in parsed if getattr(r.fn, BLOCK_INITIALIZER, False)]
     weighted = [(n, m) for n, m in named if has_weight(m)]
     chosen: dict[str, _Rule] = {}
     for rule in parsed:
+        if rule in block_rules:
+            continue
         hits = [n for n, m in weighted if rule.matches(n, m)]
         if rule.pattern is not None and not hits:
             examples = ", ".join(repr(n) for n, _ in weighted[:4]) or "none"
@@ -170,4 +179,28 @@ def apply_rules(model: nn.Module, rules: Any, registry: Registry) -> dict[str, s
                 f"{rule.description} failed on module {name!r} ({type(module).__name__}): {exc}"
             ) from exc
         report[name] = rule.description
+    for rule in block_rules:
+        _apply_block_rule(rule, named, report)
     return report
+
+
+def _apply_block_rule(
+    rule: _Rule, named: list[tuple[str, nn.Module]], report: dict[str, str]
+) -> None:
+    """Run a block initializer on the modules its rule selects (the model when unscoped)."""
+    if rule.classes or rule.class_names or rule.pattern is not None:
+        hits = [(n, m) for n, m in named if rule.matches(n, m)]
+        if not hits:
+            raise ValueError(f"rules[{rule.index}] ({rule.description}) selects no module")
+    else:
+        hits = named[:1]  # the model itself
+    for prefix, module in hits:
+        try:
+            changed = rule.fn(module, **rule.params)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(
+                f"{rule.description} failed on module {prefix!r} ({type(module).__name__}): {exc}"
+            ) from exc
+        for name in changed or ():
+            full = ".".join(p for p in (prefix, name) if p)
+            report[full] = rule.description

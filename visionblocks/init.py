@@ -34,7 +34,7 @@ from visionblocks._fans import (
     weight_of,
     zero_norm_weight,
 )
-from visionblocks._init_rules import apply_rules
+from visionblocks._init_rules import BLOCK_INITIALIZER, apply_rules
 from visionblocks.registry import INITIALIZERS
 
 __all__ = [
@@ -376,6 +376,7 @@ def bias_init_with_prob(prior_prob: float) -> float:
     return math.log(p) - math.log1p(-p)  # = -log((1 - p) / p), accurate near 0 and 1
 
 
+@INITIALIZERS.register(name="zero_init_last_norm", aliases=("zero_last_norm",))
 def zero_init_last_norm(model: nn.Module) -> list[str]:
     """Zero the scale of the last norm layer in every residual block, in place.
 
@@ -393,6 +394,10 @@ def zero_init_last_norm(model: nn.Module) -> list[str]:
        zeroed. This is the protocol for visionblocks blocks and your own.
     3. torchvision's ``BasicBlock`` (``bn2``) and ``Bottleneck`` (``bn3``), used by resnet,
        resnext and wide_resnet.
+
+    Registered in ``INITIALIZERS`` as ``zero_init_last_norm`` (alias ``zero_last_norm``), a
+    block initializer: the rule ``{"type": "zero_init_last_norm"}`` of `init_weights`
+    applies it to the whole model after the weight rules, and ``layer``/``name`` scope it.
 
     Args:
         model: Any module.
@@ -448,6 +453,9 @@ def zero_init_last_norm(model: nn.Module) -> list[str]:
     return handled
 
 
+setattr(zero_init_last_norm, BLOCK_INITIALIZER, True)
+
+
 def init_weights(
     model: nn.Module, rules: Sequence[Mapping[str, Any]] | Mapping[str, Any]
 ) -> dict[str, str]:
@@ -472,6 +480,11 @@ def init_weights(
     matches it (later rules win). Modules are initialised in ``named_modules()`` order, so a
     fixed seed gives a fixed result; shared modules are initialised once.
 
+    Block initializers (``zero_init_last_norm``) act on whole residual blocks: their rules
+    run after all weight rules, on every module their ``layer``/``name`` select (a
+    ``name`` pattern may then select modules without a weight), or on the whole model when
+    the rule has neither; the report lists the blocks they changed.
+
     Rules are checked before any weight is touched (types, keys, layer names, patterns,
     parameter names). Parameter values are checked by the initializer itself, so an error in
     one can stop the walk part-way; its message names the rule and the module.
@@ -482,7 +495,7 @@ def init_weights(
 
     Returns:
         dict[str, str]: ``{module name: "rules[i] type(params)"}`` for every module
-        initialised, in module order.
+        initialised, in module order, then the blocks changed by block initializers.
 
     Raises:
         TypeError: If ``model`` is not a module, a rule is not a dict, or ``type``, ``layer``
@@ -504,6 +517,14 @@ def init_weights(
         0 <- rules[0] kaiming(mode='fan_out')
         1 <- rules[1] constant(val=1.0)
         3 <- rules[2] normal(std=0.01, bias=-4.59511985013459)
+        >>> import torchvision
+        >>> resnet = torchvision.models.resnet18()
+        >>> report = init_weights(resnet, [
+        ...     {"type": "kaiming", "layer": "Conv2d"},
+        ...     {"type": "zero_init_last_norm"},  # the whole model: every residual block
+        ... ])
+        >>> report["layer1.0"], float(resnet.layer1[0].bn2.weight.abs().sum())
+        ('rules[1] zero_init_last_norm()', 0.0)
     """
     check_type("model", model, nn.Module)
     return apply_rules(model, rules, INITIALIZERS)
