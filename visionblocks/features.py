@@ -1,0 +1,440 @@
+"""Intermediate feature extraction: `IntermediateLayerGetter` and `feature_info`.
+
+`IntermediateLayerGetter` returns the outputs of named submodules (top-level like
+``"layer3"`` or nested like ``"layer4.1.conv2"``) exactly as the model's own ``forward``
+computes them: forward hooks on the requested modules capture their outputs while
+``model.forward`` runs, and the forward stops as soon as every requested output exists. So it
+is right for models that are not a chain of children (skip connections, reused modules,
+functional ops in ``forward``), and on chain-like models (ResNets, ``nn.Sequential``) it gives
+what torchvision's ``IntermediateLayerGetter`` gives: same outputs, same keys, same
+parameters and state-dict keys. The model is not modified.
+
+`feature_info` measures the channels and stride of features with a dry run.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from visionblocks._check import check_type
+from visionblocks._features_capture import (
+    MirrorChildren,
+    capture,
+    dry_run,
+    eval_mode,
+    example_args,
+    resolve_modules,
+    select_into,
+    sync,
+)
+
+__all__ = ["IntermediateLayerGetter", "feature_info"]
+
+_DEFAULT_INPUT_SIZE = (3, 224, 224)
+
+
+def _return_layers(return_layers: Any) -> dict[str, str]:
+    """Normalise ``return_layers`` to an ordered ``{module name: output name}`` dict."""
+    if isinstance(return_layers, Mapping):
+        pairs = list(return_layers.items())
+    elif isinstance(return_layers, (list, tuple)):
+        pairs = [(name, name) for name in return_layers]
+    else:
+        raise TypeError(
+            "return_layers must be a {name: out_name} dict or a list of names, got "
+            f"{type(return_layers).__name__}"
+        )
+    if not pairs:
+        raise ValueError("return_layers is empty; name at least one submodule")
+    for name, out in pairs:
+        for what, value in (("module name", name), ("output name", out)):
+            if not isinstance(value, (str, int)) or isinstance(value, bool):
+                raise TypeError(
+                    f"return_layers {what}s must be str, got {type(value).__name__} ({value!r})"
+                )
+    result = {str(name): str(out) for name, out in pairs}
+    if len(result) != len(pairs):
+        raise ValueError(f"return_layers names a module twice: {[n for n, _ in pairs]}")
+    outs = list(result.values())
+    if len(set(outs)) != len(outs):
+        raise ValueError(f"return_layers output names are not unique: {outs}")
+    return result
+
+
+def _input_size(input_size: Any) -> tuple[int, ...]:
+    check_type("input_size", input_size, (tuple, list, torch.Size))
+    if len(input_size) != 3 or not all(
+        isinstance(s, int) and not isinstance(s, bool) and s > 0 for s in input_size
+    ):
+        raise ValueError(f"input_size must be 3 positive ints (C, H, W), got {input_size!r}")
+    return tuple(input_size)
+
+
+class IntermediateLayerGetter(MirrorChildren, nn.Module):
+    """Return the outputs of named submodules of a model, as its ``forward`` computes them.
+
+    Calling the getter runs ``model(*args, **kwargs)`` with forward hooks on the requested
+    modules and stops the forward as soon as every requested output has been captured, so
+    nothing after the last requested output (in execution order) is computed. The hooks exist
+    only during the call; ``model`` itself is never modified and stays usable.
+
+    **Parameters, buffers and state dict.** At construction a dry run of ``model`` (in eval
+    mode, the modes and ``requires_grad`` flags restored afterwards) on ``example_input``, or on
+    zeros of shape ``(1, *input_size)``, finds the modules that run before the stop and the
+    parameters the requested outputs depend on. The getter registers exactly those, under their
+    original names: ``parameters()`` holds no parameter that gets no gradient from the
+    outputs (so ``DistributedDataParallel`` needs no ``find_unused_parameters``), and
+    ``state_dict()`` keys are the model's own keys (``layer1.0.conv1.weight``), a subset of
+    ``model.state_dict()``. For top-level names of a chain-like model this is exactly what
+    torchvision's getter holds: the children up to the last requested one. A module of which
+    only a part runs (the container of a nested name) is registered as a ``[partial]`` stand-in
+    holding the parts that run. Frozen parameters (``requires_grad=False``) of modules that run
+    are kept, and so are the parameters of modules that run under ``torch.no_grad()`` in the
+    model's forward. Trainable parameters of modules that run with autograd on but reach no
+    requested output (a side branch computed before the stop, or one whose result the model
+    ``.detach()``-es) are not registered, but still follow ``.to()`` / ``.half()``.
+
+    The getter shares these modules with ``model``: ``.to()``, ``.train()`` / ``.eval()``,
+    ``load_state_dict`` and optimiser steps on the getter act on them (modules that never run
+    before the stop are left alone), and a child replaced in the getter's tree (by
+    ``nn.SyncBatchNorm.convert_sync_batchnorm``, say) is replaced in ``model`` too, so the
+    forward runs it.
+
+    **Threads and parallelism.** The hooks act only for the thread that calls the getter:
+    the model (or another getter on it) can run in other threads at the same time.
+    ``DistributedDataParallel``, ``torch.compile`` and ``torch.jit.trace`` work;
+    ``nn.DataParallel`` raises (its replicas would all run the original model), and
+    ``torch.export`` is not supported (the early stop is an exception raised from a hook):
+    export the model with torchvision's ``create_feature_extractor`` instead.
+
+    **Conventions.** A module that runs several times in one forward (a reused activation, a
+    shared block) gives the output of its *first* call, as ``torch.fx`` names the first call of
+    a module after the module (the stop comes once every requested module ran once). A module
+    registered under several names can be requested under any of them. The set of modules is
+    fixed by the dry run: a model whose forward takes other branches for other inputs or in
+    training mode may run modules the getter does not hold (build torchvision's Inception with
+    ``aux_logits=False``, say); if a requested module does not run at all, the call raises.
+    Outputs are the tensors the modules returned: a later in-place op of the model (a
+    ``ReLU(inplace=True)`` after a requested norm) changes them, as with torchvision's getter.
+
+    Args:
+        model: Any ``nn.Module``; it is called with the getter's arguments.
+        return_layers: ``{module name: output name}`` or a list of module names (output name =
+            module name). Names are as in ``model.named_modules()``: top-level (``"layer1"``)
+            or dotted (``"layer4.1.conv2"``, ``"features.3"``).
+        example_input: Input for the construction dry run: one argument (a tensor, a list of
+            tensors, ...) or a tuple of positional arguments. Default: zeros of shape
+            ``(1, *input_size)`` on the model's device and dtype.
+        input_size: ``(C, H, W)`` of the default dry-run input, ``(3, 224, 224)`` if not given.
+            A small size (e.g. ``(3, 64, 64)``) makes construction cheaper where the model
+            allows it.
+
+    Shape:
+        - Input: whatever ``model`` takes, e.g. ``(B, C, H, W)``.
+        - Output: ``OrderedDict[str, Any]`` in ``return_layers`` order, mapping each output
+          name to that module's output (typically ``Tensor[B, C_i, H_i, W_i]``).
+
+    Raises:
+        TypeError: ``model`` is not an ``nn.Module`` or ``return_layers`` is neither a dict nor
+            a list of names.
+        ValueError: A name is not a submodule (the message lists close names), names or output
+            names repeat, both ``example_input`` and ``input_size`` are given, or a requested
+            module does not run in the dry run.
+        RuntimeError: The dry run fails (pass an input the model accepts); at call time, a
+            requested module did not run.
+
+    Examples:
+        >>> import torch, torchvision
+        >>> model = torchvision.models.resnet18(weights=None)
+        >>> getter = IntermediateLayerGetter(
+        ...     model, {"layer2": "p3", "layer4.1.conv2": "c5"}, input_size=(3, 64, 64)
+        ... )
+        >>> out = getter(torch.rand(2, 3, 128, 128))
+        >>> {name: tuple(t.shape) for name, t in out.items()}
+        {'p3': (2, 128, 16, 16), 'c5': (2, 512, 4, 4)}
+        >>> "fc.weight" in getter.state_dict(), "layer4.0.conv1.weight" in getter.state_dict()
+        (False, True)
+        >>> list(IntermediateLayerGetter(model, ["layer1"], input_size=(3, 64, 64)).state_dict())[:2]
+        ['conv1.weight', 'bn1.weight']
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        return_layers: Mapping[str, str] | Sequence[str],
+        *,
+        example_input: torch.Tensor | tuple[Any, ...] | None = None,
+        input_size: Sequence[int] | None = None,
+    ) -> None:
+        super().__init__()
+        check_type("model", model, nn.Module)
+        if isinstance(model, torch.jit.ScriptModule):
+            raise TypeError("IntermediateLayerGetter needs an eager module, not a ScriptModule")
+        layers = _return_layers(return_layers)
+        if example_input is not None and input_size is not None:
+            raise ValueError("give example_input or input_size, not both")
+        size = _input_size(_DEFAULT_INPUT_SIZE if input_size is None else input_size)
+        targets = resolve_modules(model, layers, "return_layers")
+        run = dry_run(model, targets, example_args(model, example_input, size))
+        self.return_layers = layers
+        self.training = model.training
+        selection = select_into(self, model, run)  # children under the model's own names
+        # Not registered: the model (whose unused tail must stay out of parameters()), the
+        # requested modules, and the holder of parameters that run but reach no output.
+        object.__setattr__(self, "_model", model)
+        object.__setattr__(self, "_original", model)  # replaced children mirror into it
+        object.__setattr__(self, "_targets", targets)
+        object.__setattr__(self, "_links", selection.links)
+        object.__setattr__(self, "_hidden", selection.hidden)
+
+    def forward(self, *args: Any, **kwargs: Any) -> OrderedDict[str, Any]:
+        captured, _ = capture(self._model, self._targets, args, kwargs)
+        missing = [name for name in self.return_layers if name not in captured]
+        if missing:
+            raise RuntimeError(
+                f"return_layers {missing} did not run in {type(self._model).__name__}.forward"
+            )
+        return OrderedDict((out, captured[name]) for name, out in self.return_layers.items())
+
+    def train(self, mode: bool = True) -> IntermediateLayerGetter:
+        super().train(mode)
+        for holder, orig in self._links:  # the partly-run originals behind the stand-ins
+            holder.training = mode
+            orig.training = mode
+        return self
+
+    def _apply(self, fn: Any, recurse: bool = True) -> IntermediateLayerGetter:
+        super()._apply(fn, recurse)
+        self._hidden._apply(fn, recurse)
+        sync(self._links)  # buffers (and overwritten parameters) back into the model
+        return self
+
+    def _replicate_for_data_parallel(self) -> IntermediateLayerGetter:
+        raise RuntimeError(
+            "IntermediateLayerGetter does not support nn.DataParallel: its forward runs the "
+            "original model, which DataParallel does not replicate. Use "
+            "torch.nn.parallel.DistributedDataParallel (one process per GPU) instead"
+        )
+
+    def extra_repr(self) -> str:
+        return f"return_layers={self.return_layers}"
+
+
+_CHECK_MULTIPLE = 256
+"""Second dry runs (see `feature_info`) use sizes rounded up to a multiple of this."""
+
+
+def _is_power_of_two(ratio: float) -> bool:
+    return ratio >= 1 and math.log2(ratio).is_integer()
+
+
+def _snap(size_in: int, size_out: int) -> float:
+    """``size_in / size_out``, snapped to a power of two whose rounding gives ``size_out``."""
+    ratio = size_in / size_out
+    if ratio <= 1 or _is_power_of_two(ratio):
+        return ratio
+    low = 2 ** math.floor(math.log2(ratio))
+    for p in sorted((low, 2 * low), key=lambda p: abs(p - ratio)):
+        if size_out in (math.ceil(size_in / p), size_in // p):
+            return float(p)
+    return ratio
+
+
+def _axis_stride(size_in: int, size_out: int, check: tuple[int, int] | None) -> float:
+    """Stride along one axis from the dry run and, if there was one, the check run's sizes."""
+    ratio = size_in / size_out
+    if _is_power_of_two(ratio) or ratio < 1:
+        return ratio
+    if check is None:  # the model accepts no other size (fixed input): snap
+        return _snap(size_in, size_out)
+    check_in, check_out = check
+    exact = check_in % check_out == 0 and _is_power_of_two(check_in / check_out)
+    return check_in / check_out if exact else ratio
+
+
+def _stride(
+    name: Any,
+    size_in: Sequence[int],
+    size_out: Sequence[int],
+    check: tuple[Sequence[int], Sequence[int]] | None = None,
+) -> int | float:
+    if min(size_out) < 1:
+        raise ValueError(f"feature {name!r} is empty ({tuple(size_out)}) for input {size_in}")
+    strides = [
+        _axis_stride(i, o, None if check is None else (check[0][a], check[1][a]))
+        for a, (i, o) in enumerate(zip(size_in, size_out, strict=True))
+    ]
+    if strides[0] != strides[1]:
+        raise ValueError(
+            f"feature {name!r} has different strides in H and W ({strides[0]:g} vs "
+            f"{strides[1]:g}: input {tuple(size_in)}, output {tuple(size_out)})"
+        )
+    return int(strides[0]) if strides[0].is_integer() else strides[0]
+
+
+def _dry_run(
+    model: nn.Module, targets: Mapping[str, nn.Module], size: Sequence[int]
+) -> tuple[dict[Any, Any], Any]:
+    (x,) = example_args(model, None, size)
+    with eval_mode(model), torch.no_grad():
+        captured, out = capture(model, targets, (x,), {}, stop=False)
+    if isinstance(out, Mapping):
+        return dict(out), out
+    if isinstance(out, (list, tuple)):
+        return dict(enumerate(out)), out
+    return captured, out
+
+
+def feature_info(
+    model: nn.Module,
+    input_size: Sequence[int] = _DEFAULT_INPUT_SIZE,
+    layers: Sequence[str | int] | None = None,
+) -> list[dict[str, Any]]:
+    """Measure the channels and stride of a model's features with one dry run.
+
+    Runs ``model`` on zeros of shape ``(1, *input_size)`` (on the model's device and dtype)
+    under ``torch.no_grad()`` in eval mode; every module's mode is restored afterwards. Nothing
+    is read from hand-written tables. What ``layers`` refers to depends on what ``model``
+    returns:
+
+    - a dict (an `IntermediateLayerGetter`, a backbone): its keys;
+    - a list or tuple (timm ``features_only`` models): indices into it;
+    - anything else: module names as in ``model.named_modules()`` (nested names allowed),
+      whose outputs are captured by forward hooks (first call, as in the getter).
+
+    ``layers=None`` takes every 4-D entry of a dict or list output, or else every top-level
+    child whose output is a 4-D tensor, in execution order (a global pooling layer shows up
+    with stride ``H``).
+
+    **Stride** is ``input H / output H`` and must equal ``input W / output W``. It is exact
+    when ``H`` and ``W`` are divisible by the model's total stride (224 = 7 * 32 suits
+    stride-32 networks; a smaller size such as 64 is cheaper). When a ratio is not a power of
+    two (resnet's ``layer4`` maps 100 pixels to 4: ratio 25, stride 32), a second dry run on
+    sizes rounded up to a multiple of 256 settles it: a power-of-two ratio there is the
+    stride, otherwise the first ratio stands (a stride-3 pool, a patch-14 ViT). A model that
+    rejects the second size (fixed input) gets the ratio snapped to the power of two whose
+    rounding gives the output size. The stride is an ``int`` when it is a whole number and a
+    ``float`` otherwise (``0.5`` for an upsampled output).
+
+    Args:
+        model: The model.
+        input_size: ``(C, H, W)`` of the dry-run input.
+        layers: Names, keys or indices of the features; ``None`` for all (see above).
+
+    Returns:
+        list[dict]: One ``{"name": name, "channels": int, "stride": int | float}`` per feature,
+        in ``layers`` order; ``name`` is the key, the (non-negative) index or the module name.
+
+    Raises:
+        TypeError: ``model`` is not an ``nn.Module``.
+        ValueError: ``input_size`` is not 3 positive ints, a layer is unknown (the message
+            lists close names), a requested feature is not a 4-D tensor, or its H and W
+            strides differ.
+
+    Examples:
+        >>> import torchvision
+        >>> resnet = torchvision.models.resnet18(weights=None)
+        >>> info = feature_info(resnet, (3, 64, 64), ["layer1", "layer2", "layer3", "layer4"])
+        >>> [(i["name"], i["channels"], i["stride"]) for i in info]
+        [('layer1', 64, 4), ('layer2', 128, 8), ('layer3', 256, 16), ('layer4', 512, 32)]
+        >>> getter = IntermediateLayerGetter(resnet, {"layer3": "c4"}, input_size=(3, 64, 64))
+        >>> feature_info(getter, (3, 64, 64))
+        [{'name': 'c4', 'channels': 256, 'stride': 16}]
+    """
+    check_type("model", model, nn.Module)
+    size = _input_size(input_size)
+    if layers is not None:
+        if isinstance(layers, (str, int)) or not isinstance(layers, (list, tuple)):
+            raise TypeError(f"layers must be a list of names or indices, got {layers!r}")
+        layers = list(layers)
+    names = [n for n in layers or () if isinstance(n, str) and n]
+    modules = dict(model.named_modules(remove_duplicate=False))
+    if layers is None:
+        targets = dict(model.named_children())
+    else:
+        targets = {n: modules[n] for n in names if n in modules}
+    features, out = _dry_run(model, targets, size)
+    if isinstance(out, Mapping):
+        what = "keys of the model's output"
+    elif isinstance(out, (list, tuple)):
+        what = "indices of the model's output"
+        if layers is not None:
+            layers = [_index(i, len(out)) for i in layers]
+    else:
+        what = "submodules"
+        if layers is not None:
+            if not all(isinstance(n, str) for n in layers):
+                raise ValueError(
+                    f"layers: {type(model).__name__} returns {type(out).__name__}, not a dict or "
+                    f"list, so layers must be module names, got {layers!r}"
+                )
+            resolve_modules(model, layers, "layers")  # raises for unknown names
+    if layers is None:
+        layers = [k for k, v in features.items() if isinstance(v, torch.Tensor) and v.dim() == 4]
+        if not layers:
+            raise ValueError(
+                f"{type(model).__name__} has no 4-D (N, C, H, W) feature among its {what} "
+                "(feature_info measures submodules, or the entries of a dict or list output)"
+            )
+    shapes = {}
+    for name in layers:
+        if name not in features:
+            raise ValueError(f"layers: {name!r} is not one of the {what}: {list(features)}")
+        value = features[name]
+        if not isinstance(value, torch.Tensor) or value.dim() != 4:
+            got = tuple(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__
+            raise ValueError(f"feature {name!r} is not a 4-D (N, C, H, W) tensor: got {got}")
+        shapes[name] = tuple(value.shape)
+    checks = _check_run(model, targets, size, shapes)
+    return [
+        {
+            "name": name,
+            "channels": int(shape[1]),
+            "stride": _stride(name, size[1:], shape[2:], checks.get(name)),
+        }
+        for name, shape in shapes.items()
+    ]
+
+
+def _check_run(
+    model: nn.Module,
+    targets: Mapping[str, nn.Module],
+    size: tuple[int, ...],
+    shapes: Mapping[Any, tuple[int, ...]],
+) -> dict[Any, tuple[tuple[int, int], tuple[int, int]]]:
+    """A second dry run, when a size ratio is not a power of two, on sizes that divide well.
+
+    Returns ``{name: (check input (H, W), check output (H, W))}``; empty when no check was
+    needed or the model rejects the check size (a fixed-size model).
+    """
+    ratios = [i / o for shape in shapes.values() for i, o in zip(size[1:], shape[2:])]
+    if all(_is_power_of_two(r) or r < 1 for r in ratios):
+        return {}
+    check = tuple(-(-s // _CHECK_MULTIPLE) * _CHECK_MULTIPLE for s in size[1:])
+    try:
+        features, _ = _dry_run(model, targets, (size[0], *check))
+    except Exception:  # the model accepts no other size
+        return {}
+    found = {}
+    for name in shapes:
+        value = features.get(name)
+        if isinstance(value, torch.Tensor) and value.dim() == 4 and min(value.shape[2:]) > 0:
+            found[name] = (check, tuple(value.shape[2:]))
+    return found
+
+
+def _index(index: Any, length: int) -> int:
+    if not isinstance(index, int) or isinstance(index, bool):
+        raise ValueError(
+            f"layers: the model returns a list of {length} features, so layers must be int "
+            f"indices, got {index!r}"
+        )
+    if not -length <= index < length:
+        raise ValueError(f"layers: index {index} is out of range for {length} features")
+    return index % length
