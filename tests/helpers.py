@@ -82,3 +82,19 @@ def cpu_and_cuda() -> list:
             marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA not available"),
         ),
     ]
+
+
+def write_marker(path: str) -> None:
+    """What `MaliciousPickle` runs when unpickled: a file whose existence proves it ran."""
+    with open(path, "w") as f:
+        f.write("pwned")
+
+
+class MaliciousPickle:
+    """An object whose unpickling calls `write_marker` (a stand-in for arbitrary code)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __reduce__(self):
+        return (write_marker, (self.path,))

@@ -81,7 +81,7 @@ def check_range(
     """
     too_low = low is not None and (value < low if low_inclusive else value <= low)
     too_high = high is not None and (value > high if high_inclusive else value >= high)
-    if too_low or too_high:
+    if too_low or too_high or value != value:  # NaN fails every comparison: reject it too
         left = "[" if low_inclusive and low is not None else "("
         right = "]" if high_inclusive and high is not None else ")"
         lo = "-inf" if low is None else repr(low)

@@ -1,0 +1,411 @@
+"""Reading checkpoints safely and loading the parts of them that fit a model.
+
+`read_state_dict` reads ``.pt``/``.pth``/``.bin`` files with ``torch.load(weights_only=True)``
+(memory-mapped when the file is in the zip format) and ``.safetensors`` files with
+safetensors; it never runs code stored in a file. `load_partial` copies every tensor that
+fits into a model and returns a `LoadReport` saying what was loaded, what was skipped and
+why. It can fail loudly instead of logging (``strict``, ``require``, ``min_loaded``), and
+all of its checks run before anything is copied, so a failed load leaves the model as it was.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from visionblocks._check import check_range, check_type, format_shape
+from visionblocks._weights_adapt import (
+    adapt_input_conv_weight,
+    compile_rename,
+    input_conv_key,
+    map_keys,
+)
+from visionblocks._weights_io import FilePages, read_checkpoint, unwrap_state_dict
+
+__all__ = ["LoadError", "LoadReport", "load_partial", "read_state_dict"]
+
+_SHOW = 10  # list entries shown per section of str(LoadReport)
+
+Shape = tuple[int, ...]
+
+
+@dataclass
+class LoadReport:
+    """What `load_partial` did with each key.
+
+    Every key of the model's state dict (parameters *and* buffers, such as BatchNorm running
+    statistics and ``num_batches_tracked``) is in exactly one of ``loaded``, ``mismatched``
+    and ``missing``. Keys are model names, i.e. checkpoint names after prefix stripping and
+    renaming.
+
+    Attributes:
+        loaded: Model keys that received a tensor (adapted ones included).
+        missing: Model keys for which the checkpoint had no tensor.
+        unexpected: Checkpoint keys (after renaming) that the model does not have.
+        mismatched: ``{key: (checkpoint_shape, model_shape)}`` for tensors skipped because
+            their shapes differ.
+        adapted: Keys loaded after adapting the first convolution to the model's number of
+            input channels.
+        renamed: ``{checkpoint key: new key}`` for every key that prefix stripping or
+            ``rename`` changed.
+        dry_run: True when nothing was copied (``load_partial(..., dry_run=True)``).
+
+    Examples:
+        >>> report = LoadReport(loaded=["a"], missing=["b"], unexpected=["c"])
+        >>> report.num_loaded, report.num_model_keys, report.fraction_loaded, report.ok
+        (1, 2, 0.5, False)
+        >>> print(report)
+        loaded 1/2 model keys (50.0%): 1 missing, 0 mismatched, 1 unexpected, 0 adapted, 0 renamed
+        missing (1):
+          b
+        unexpected (1):
+          c
+    """
+
+    loaded: list[str] = field(default_factory=list)
+    missing: list[str] = field(default_factory=list)
+    unexpected: list[str] = field(default_factory=list)
+    mismatched: dict[str, tuple[Shape, Shape]] = field(default_factory=dict)
+    adapted: list[str] = field(default_factory=list)
+    renamed: dict[str, str] = field(default_factory=dict)
+    dry_run: bool = False
+
+    @property
+    def num_loaded(self) -> int:
+        """Number of model keys that received a tensor."""
+        return len(self.loaded)
+
+    @property
+    def num_model_keys(self) -> int:
+        """Number of keys in the model's state dict."""
+        return len(self.loaded) + len(self.mismatched) + len(self.missing)
+
+    @property
+    def fraction_loaded(self) -> float:
+        """``num_loaded / num_model_keys`` (1.0 for a model without state)."""
+        total = self.num_model_keys
+        return self.num_loaded / total if total else 1.0
+
+    @property
+    def ok(self) -> bool:
+        """True when nothing is missing, unexpected or mismatched."""
+        return not (self.missing or self.unexpected or self.mismatched)
+
+    def __str__(self) -> str:
+        head = (
+            f"loaded {self.num_loaded}/{self.num_model_keys} model keys "
+            f"({100 * self.fraction_loaded:.1f}%): {len(self.missing)} missing, "
+            f"{len(self.mismatched)} mismatched, {len(self.unexpected)} unexpected, "
+            f"{len(self.adapted)} adapted, {len(self.renamed)} renamed"
+        )
+        lines = [head + (" (dry run: nothing copied)" if self.dry_run else "")]
+        mismatched = [
+            f"{k}: {format_shape(a)} vs {format_shape(b)}" for k, (a, b) in self.mismatched.items()
+        ]
+        sections = [
+            ("missing", "", self.missing),
+            ("mismatched", ", checkpoint vs model shape", mismatched),
+            ("unexpected", "", self.unexpected),
+            ("adapted", "", self.adapted),
+            ("renamed", "", [f"{old} -> {new}" for old, new in self.renamed.items()]),
+        ]
+        for name, note, items in sections:
+            if items:
+                lines.append(f"{name} ({len(items)}{note}):")
+                lines.extend(f"  {item}" for item in items[:_SHOW])
+                if len(items) > _SHOW:
+                    lines.append(f"  ... and {len(items) - _SHOW} more")
+        return "\n".join(lines)
+
+
+class LoadError(RuntimeError):
+    """A guard of `load_partial` failed; ``report`` holds the `LoadReport` (nothing was copied).
+
+    Attributes:
+        report: What the load would have done.
+    """
+
+    def __init__(self, message: str, report: LoadReport) -> None:
+        super().__init__(f"{message}\n{report}")
+        self.report = report
+
+
+def read_state_dict(
+    path: str | os.PathLike[str], map_location: Any = "cpu", *, key: str | None = None
+) -> dict[str, torch.Tensor]:
+    """Read a checkpoint file into a flat ``{name: Tensor}`` state dict, safely.
+
+    * ``.safetensors``: read with ``safetensors.torch.load_file``.
+    * ``.pt``, ``.pth``, ``.bin``, ``.ckpt``, ``.tar``: ``torch.load(weights_only=True)``,
+      memory-mapped (``mmap=True``) when the file has the zip format of ``torch.save``; legacy
+      files (``_use_new_zipfile_serialization=False``) are read into memory instead. Any other
+      extension is tried as a torch file.
+    * Training checkpoints are unwrapped: the first of ``state_dict``, ``model_state_dict``,
+      ``model_state``, ``model`` and ``module`` that holds a mapping is descended into (again
+      and again, for nested containers). EMA weights (``state_dict_ema``, ``model_ema``) are
+      not picked automatically, since the plain weights are what the run's model held; select
+      them with ``key="state_dict_ema"``.
+    * Entries that are not tensors (``epoch``, ``optimizer``, nested dicts, ...) are dropped.
+    * A ``module.`` prefix (``DataParallel``/``DistributedDataParallel``) is removed when
+      *every* key has it.
+
+    Args:
+        path: The checkpoint file.
+        map_location: Where tensors go, as for ``torch.load`` (a device for safetensors).
+        key: Take the state dict from this top-level entry instead of guessing.
+
+    Returns:
+        dict[str, Tensor]: The tensors by name. Tensors of a memory-mapped file are views of
+        it (copy-on-write: changing them never changes the file).
+
+    Raises:
+        FileNotFoundError: If ``path`` does not exist.
+        ValueError: If the file needs code to be unpickled (it is refused before anything
+            runs; the message explains ``weights_only``), is not a valid torch file, or
+            holds no tensors where a state dict is looked for.
+        KeyError: If ``key`` is given and the file has no mapping under it.
+        TypeError: If the file holds something other than a mapping.
+
+    Examples:
+        >>> import os, tempfile, torch
+        >>> folder = tempfile.TemporaryDirectory()
+        >>> path = os.path.join(folder.name, "ckpt.pt")
+        >>> model = torch.nn.Linear(2, 3)
+        >>> torch.save({"epoch": 7, "state_dict": model.state_dict()}, path)
+        >>> sorted(read_state_dict(path))
+        ['bias', 'weight']
+        >>> read_state_dict(os.path.join(folder.name, "nope.pt"))
+        Traceback (most recent call last):
+        ...
+        FileNotFoundError: checkpoint file not found: '.../nope.pt'
+        >>> folder.cleanup()
+    """
+    state, _ = read_checkpoint(path, map_location, key)
+    return _strip_common_prefix(state, "module.")
+
+
+def _strip_common_prefix(state: dict[str, torch.Tensor], prefix: str) -> dict[str, torch.Tensor]:
+    if state and all(k.startswith(prefix) for k in state):
+        return {k[len(prefix) :]: v for k, v in state.items()}
+    return state
+
+
+def _source_state(source: Any) -> tuple[dict[str, torch.Tensor], FilePages | None]:
+    if isinstance(source, (str, os.PathLike)):
+        state, info = read_checkpoint(source)
+        return state, FilePages(source) if info.format.endswith("mmap)") else None
+    if isinstance(source, Mapping):
+        return unwrap_state_dict(source)[0], None
+    raise TypeError(
+        f"source must be a checkpoint path or a state dict, got {type(source).__name__}"
+    )
+
+
+def _patterns(require: str | Sequence[str] | None) -> list[str]:
+    if require is None:
+        return []
+    patterns = [require] if isinstance(require, str) else list(require)
+    for p in patterns:
+        check_type("require pattern", p, str)
+    return patterns
+
+
+def load_partial(
+    model: nn.Module,
+    source: str | os.PathLike[str] | Mapping[str, Any],
+    *,
+    rename: Sequence[tuple[str, str]] | None = None,
+    strip_prefixes: Sequence[str] = ("module.",),
+    skip_mismatched: bool = True,
+    adapt_input_channels: bool = True,
+    strict: bool = False,
+    dry_run: bool = False,
+    require: str | Sequence[str] | None = None,
+    min_loaded: float | None = None,
+) -> LoadReport:
+    """Copy the tensors of a checkpoint that fit ``model`` into it, and report the rest.
+
+    Checkpoint keys are mapped to model keys in two steps: each prefix of ``strip_prefixes``
+    is removed, in order, from every key that starts with it (unless the key already is a
+    model key: a model wrapped in ``DistributedDataParallel`` loads its own ``module.*``
+    checkpoint); then each ``(regex, replacement)`` pair of ``rename`` is applied, in order,
+    with ``re.sub``. Tied parameters (one tensor under several names) load through any of
+    their names. A tensor whose
+    shape matches the model's is copied into the existing parameter or buffer (under
+    ``torch.no_grad()``, cast to its dtype and device; parameters are never replaced).
+
+    Input-channel adaptation (``adapt_input_channels``): the first convolution weight
+    ``(O, I, kh, kw)`` (in state-dict order) whose checkpoint tensor differs from it only in
+    ``I`` - the stem, the one convolution that sees the image - is adapted instead of
+    skipped. For ``I == 1`` the checkpoint's channels are summed, so a grey image
+    gives exactly the output that its RGB copy (the grey channel repeated) gives with the
+    original weights. For any other ``I`` the channels are repeated cyclically (R, G, B, R, ...)
+    and scaled by ``3 / I`` (in general: checkpoint channels / ``I``).
+
+    Guards, all checked before anything is copied (a failure raises `LoadError` with the
+    report, and the model is left unchanged):
+
+    * ``skip_mismatched=False``: any shape mismatch fails.
+    * ``strict=True``: any missing, unexpected or mismatched key fails.
+    * ``require``: fnmatch patterns (``*`` also matches dots) on *model* keys; every model
+      key matched by a pattern must be loaded. A pattern that matches no model key is an
+      error too (`ValueError`), so a typo cannot pass silently.
+    * ``min_loaded``: at least this fraction (0..1) of the model's keys must be loaded.
+
+    Memory: a zip-format torch file given as a path is memory-mapped, and each tensor's
+    pages are handed back to the OS (``madvise``, Linux) once it is copied, so the peak extra
+    memory is about the largest tensor rather than the file (tensors that are not loaded
+    are never read).
+
+    Args:
+        model: The module to load into.
+        source: A checkpoint path (read with `read_state_dict`'s rules) or a state dict
+            (training-checkpoint containers are unwrapped and non-tensors dropped).
+        rename: ``(regex, replacement)`` pairs applied in order with ``re.sub``.
+        strip_prefixes: Prefixes removed, in order, from the keys that start with them.
+        skip_mismatched: Skip (and report) tensors whose shape differs; False raises instead.
+        adapt_input_channels: Adapt the first convolution to the model's input channels.
+        strict: Fail unless every model key loads and no checkpoint key is left over.
+        dry_run: Compute the report (and run the guards) without copying anything.
+        require: fnmatch pattern(s) of model keys that must all load.
+        min_loaded: Smallest acceptable fraction of loaded model keys, in ``[0, 1]``.
+
+    Returns:
+        LoadReport: Loaded, missing, unexpected, mismatched, adapted and renamed keys.
+
+    Raises:
+        LoadError: A guard failed (a `RuntimeError`; ``.report`` has the report).
+        ValueError: Two checkpoint keys map to one name, a ``rename`` regex is invalid, a
+            ``require`` pattern matches no model key, ``min_loaded`` is outside ``[0, 1]``,
+            the file cannot be read safely, or tensors to load into are on the meta device.
+        FileNotFoundError: ``source`` is a path that does not exist.
+        TypeError: An argument has the wrong type.
+
+    Examples:
+        >>> import torch
+        >>> from torch import nn
+        >>> pretrained = nn.Sequential(nn.Conv2d(3, 4, 3), nn.Flatten(), nn.Linear(4, 1000))
+        >>> model = nn.Sequential(nn.Conv2d(1, 4, 3), nn.Flatten(), nn.Linear(4, 10))
+        >>> report = load_partial(model, pretrained.state_dict())
+        >>> print(report)
+        loaded 2/4 model keys (50.0%): 0 missing, 2 mismatched, 0 unexpected, 1 adapted, 0 renamed
+        mismatched (2, checkpoint vs model shape):
+          2.weight: (1000, 4) vs (10, 4)
+          2.bias: (1000,) vs (10,)
+        adapted (1):
+          0.weight
+        >>> load_partial(model, pretrained.state_dict(), require="2.*")
+        Traceback (most recent call last):
+        ...
+        visionblocks.weights.LoadError: 2 required key(s) not loaded: 2.weight (mismatched), ...
+    """
+    check_type("model", model, nn.Module)
+    rules = compile_rename(rename)
+    prefixes = [strip_prefixes] if isinstance(strip_prefixes, str) else list(strip_prefixes)
+    for p in prefixes:
+        check_type("strip_prefixes entry", p, str)
+    patterns = _patterns(require)
+    if min_loaded is not None:
+        check_type("min_loaded", min_loaded, (int, float))
+        check_range("min_loaded", float(min_loaded), 0.0, 1.0)
+
+    state, pages = _source_state(source)
+    model_state = model.state_dict(keep_vars=True)
+    key_map = map_keys(state, prefixes, rules, model_state)
+    pairs = [
+        (new, state[old], model_state[new]) for old, new in key_map.items() if new in model_state
+    ]
+    stem = input_conv_key(pairs) if adapt_input_channels else None
+
+    report = LoadReport(dry_run=dry_run)
+    report.renamed = {old: new for old, new in key_map.items() if old != new}
+    updates: dict[str, str] = {}  # model key -> checkpoint key
+    for old, new in key_map.items():
+        if new not in model_state:
+            report.unexpected.append(new)
+            continue
+        value, target = state[old], model_state[new]
+        if value.shape == target.shape:
+            updates[new] = old
+        elif new == stem:
+            updates[new] = old
+            report.adapted.append(new)
+        else:
+            report.mismatched[new] = (tuple(value.shape), tuple(target.shape))
+    # Tied tensors (one Parameter under several names) load through any of their names.
+    written = {id(model_state[name]) for name in updates}
+    for name in model_state:
+        if name in updates or (name not in report.mismatched and id(model_state[name]) in written):
+            report.loaded.append(name)
+        elif name not in report.mismatched:
+            report.missing.append(name)
+
+    _run_guards(report, model_state, skip_mismatched, strict, patterns, min_loaded)
+    on_meta = [name for name in updates if model_state[name].is_meta]
+    if on_meta and not dry_run:
+        raise ValueError(
+            f"{len(on_meta)} model tensor(s) are on the meta device (first: {on_meta[0]!r}), "
+            "which holds no data to copy into; materialise the model first, e.g. "
+            "model.to_empty(device='cpu'), then load"
+        )
+    if not dry_run:
+        adapted = set(report.adapted)
+        with torch.no_grad():
+            for name, old in updates.items():
+                target, value = model_state[name], state[old]
+                if name in adapted:
+                    value = adapt_input_conv_weight(value, target.shape[1])
+                target.copy_(value)
+                if pages is not None:  # a file we mapped: give its pages back once copied
+                    pages.release(state[old])
+    return report
+
+
+def _run_guards(
+    report: LoadReport,
+    model_state: Mapping[str, torch.Tensor],
+    skip_mismatched: bool,
+    strict: bool,
+    patterns: list[str],
+    min_loaded: float | None,
+) -> None:
+    if report.mismatched and not skip_mismatched:
+        raise LoadError(
+            f"{len(report.mismatched)} tensor(s) have a different shape in the checkpoint "
+            "(skip_mismatched=False)",
+            report,
+        )
+    if strict and not report.ok:
+        raise LoadError(
+            f"strict load failed: {len(report.missing)} missing, "
+            f"{len(report.mismatched)} mismatched, {len(report.unexpected)} unexpected key(s)",
+            report,
+        )
+    if patterns:
+        loaded = set(report.loaded)
+        failed: list[str] = []
+        for pattern in patterns:
+            matched = fnmatch.filter(model_state, pattern)
+            if not matched:
+                raise ValueError(
+                    f"require pattern {pattern!r} matches no key of the model "
+                    f"(fnmatch on model keys, e.g. {next(iter(model_state), '')!r})"
+                )
+            failed.extend(k for k in matched if k not in loaded and k not in failed)
+        if failed:
+            status = ["mismatched" if k in report.mismatched else "missing" for k in failed]
+            listed = ", ".join(f"{k} ({s})" for k, s in zip(failed[:_SHOW], status))
+            more = f" and {len(failed) - _SHOW} more" if len(failed) > _SHOW else ""
+            raise LoadError(f"{len(failed)} required key(s) not loaded: {listed}{more}", report)
+    if min_loaded is not None and report.fraction_loaded < min_loaded:
+        raise LoadError(
+            f"only {report.num_loaded}/{report.num_model_keys} model keys "
+            f"({100 * report.fraction_loaded:.1f}%) loaded; min_loaded={min_loaded}",
+            report,
+        )
