@@ -64,3 +64,22 @@ def test_python_dash_m_entry_point():
     )
     assert out.returncode == 0
     assert out.stdout.strip() == f"visionblocks {visionblocks.__version__}"
+
+
+@pytest.mark.parametrize(
+    ("registry", "expected"),
+    [
+        ("backbones", "resnet50"),
+        ("losses", "focal"),
+        ("layers", "conv_norm_act"),
+        ("initializers", "kaiming"),
+    ],
+)
+def test_list_in_a_fresh_process_shows_builtin_entries(registry, expected):
+    """Built-in entries register lazily: a cold `visionblocks list NAME` must show them."""
+    out = subprocess.run(
+        [sys.executable, "-m", "visionblocks", "list", registry], capture_output=True, text=True
+    )
+    assert out.returncode == 0, out.stderr
+    assert f"\n  {expected}" in out.stdout, out.stdout
+    assert not out.stdout.startswith(f"{registry} (0)")

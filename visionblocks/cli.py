@@ -3,6 +3,8 @@
 Subcommands:
 
 - ``visionblocks list [REGISTRY|kernels]``: registered names per registry, or the fast-path report.
+- ``visionblocks inspect CHECKPOINT [--model NAME]``: what a checkpoint holds, and how it
+  would load into a registered backbone.
 - ``visionblocks bench [PATTERN ...]``: run the benchmark cases and print the table.
 """
 
@@ -49,6 +51,12 @@ def _cmd_list(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_inspect(args: argparse.Namespace) -> int:
+    from visionblocks._inspect import run_inspect
+
+    return run_inspect(args.checkpoint, args.model)
+
+
 def _cmd_bench(args: argparse.Namespace) -> int:
     from visionblocks.bench import run_from_cli
 
@@ -74,6 +82,19 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"one of: {', '.join(sorted(REGISTRIES))}, kernels (default: all registries)",
     )
     p_list.set_defaults(func=_cmd_list)
+
+    p_inspect = sub.add_parser(
+        "inspect", help="summarise a checkpoint file, or how it would load into a model"
+    )
+    p_inspect.add_argument("checkpoint", help="a .pt/.pth/.bin or .safetensors file")
+    p_inspect.add_argument(
+        "--model",
+        default=None,
+        metavar="NAME",
+        help="a backbone name (see `visionblocks list backbones`, or timm/<model>): "
+        "load the file into it as build_backbone does and print the report",
+    )
+    p_inspect.set_defaults(func=_cmd_inspect)
 
     from visionblocks.bench import add_arguments as add_bench_arguments
 

@@ -339,7 +339,9 @@ class Registry:
 
 
 BACKBONES = Registry(
-    "backbones", description="nn.Module returning OrderedDict[str, Tensor], with .feature_info"
+    "backbones",
+    modules=("visionblocks.backbones",),
+    description="nn.Module returning OrderedDict[str, Tensor], with .feature_info",
 )
 """Backbones: ``build_backbone(name, ...)`` builds from here."""
 NECKS = Registry("necks", description="nn.Module mapping a feature dict to a feature dict")

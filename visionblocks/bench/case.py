@@ -40,6 +40,7 @@ CASES = Registry(
         "visionblocks.bench.cases_warp",
         "visionblocks.bench.cases_local_filter",
         "visionblocks.bench.cases_local_attention",
+        "visionblocks.bench.cases_weights",
     ),
     description="BenchCase, or a zero-argument callable returning one",
 )

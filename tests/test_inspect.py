@@ -1,0 +1,194 @@
+"""`visionblocks inspect CHECKPOINT [--model NAME]` through the CLI entry function."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+import pytest
+import torch
+import torchvision
+from safetensors.torch import save_file
+from torch import nn
+
+from tests.helpers import MaliciousPickle
+from visionblocks.cli import main
+from visionblocks.registry import BACKBONES
+
+
+class _TinyBackbone(nn.Module):
+    """Follows the BACKBONES contract: a feature dict and ``feature_info``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 4, 3, bias=False)
+        self.bn1 = nn.BatchNorm2d(4)
+        self.layer1 = nn.Conv2d(4, 8, 3, stride=2)
+        self.feature_info = [{"name": "layer1", "channels": 8, "stride": 2}]
+
+    def forward(self, x: torch.Tensor) -> OrderedDict[str, torch.Tensor]:
+        return OrderedDict(layer1=self.layer1(self.bn1(self.conv1(x)).relu()))
+
+
+def _classifier_state() -> dict[str, torch.Tensor]:
+    """The backbone's weights plus a classifier head (``fc``), as a pretrained file holds them."""
+    state = dict(_TinyBackbone().state_dict())
+    state["fc.weight"] = torch.zeros(10, 8)
+    state["fc.bias"] = torch.zeros(10)
+    return state
+
+
+@pytest.fixture
+def checkpoint(tmp_path):
+    path = tmp_path / "tiny.pth"
+    torch.save({"state_dict": _classifier_state(), "epoch": 12}, path)
+    return path
+
+
+@pytest.fixture
+def tiny_backbone():
+    """A registered builder that keeps no load report (inspect falls back to a dry run)."""
+    name = "_test_inspect_tiny_backbone"
+    BACKBONES.register(lambda **options: _TinyBackbone(), name=name)
+    yield name
+    BACKBONES._remove(name)
+
+
+def test_inspect_prints_summary(checkpoint, capsys):
+    assert main(["inspect", str(checkpoint)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    # conv1 108 + bn1 4 * 4 + 1 + layer1 288 + 8 + fc 80 + 10 = 511 elements
+    assert f"file:      {checkpoint} ({checkpoint.stat().st_size / 2**20:.2f} MiB on disk)" in out
+    assert "format:    torch (zip, mmap)" in out
+    assert "unwrapped: 'state_dict'" in out
+    assert "dropped:   epoch (not tensors)" in out
+    assert "tensors:   10 (511 elements, 0.00 MiB)" in out
+    assert "dtypes:    float32 9, int64 1" in out
+    assert "prefixes:  4" in out
+    groups = [line.split() for line in out if line.startswith("  ")]
+    assert [g[:3] for g in groups] == [
+        ["conv1.", "1", "tensor"],
+        ["bn1.", "5", "tensors"],
+        ["layer1.", "2", "tensors"],
+        ["fc.", "2", "tensors"],
+    ]
+
+
+def test_inspect_shows_a_common_prefix_and_megabytes(tmp_path, capsys):
+    path = tmp_path / "det.safetensors"
+    state = {"backbone.body.a.weight": torch.zeros(2**18), "backbone.body.b.weight": torch.zeros(4)}
+    save_file(state, str(path))
+    assert main(["inspect", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "format:    safetensors" in out
+    assert "common:    every key starts with 'backbone.body.'" in out
+    assert "backbone.body.a.  1 tensor   1.00 MiB" in out
+
+
+def test_inspect_expands_named_parts_but_not_numbered_blocks(tmp_path, capsys):
+    names = [
+        "backbone.body.conv1.weight",
+        "backbone.body.layer1.0.weight",
+        "backbone.fpn.inner.weight",
+        "head.0.weight",
+        "head.1.weight",
+        "scale",
+    ]
+    path = tmp_path / "det.pt"
+    torch.save({name: torch.zeros(2) for name in names}, path)
+    assert main(["inspect", str(path)]) == 0
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("  ")]
+    assert [row.split()[:2] for row in rows] == [
+        ["backbone.", "3"],
+        ["backbone.body.", "2"],
+        ["backbone.fpn.", "1"],
+        ["head.", "2"],
+        ["scale", "1"],
+    ]
+    assert rows[1].startswith("    backbone.body.")
+
+
+def test_inspect_with_a_torchvision_backbone(tmp_path, capsys):
+    path = tmp_path / "r18.pth"
+    torch.save(torchvision.models.resnet18(num_classes=10).state_dict(), path)
+    assert main(["inspect", str(path), "--model", "resnet18"]) == 0
+    out = capsys.readouterr().out
+    report = out.split("build_backbone('resnet18', pretrained=FILE) loads:\n")
+    assert report[1].splitlines() == [
+        "loaded 120/120 model keys (100.0%): 0 missing, 0 mismatched, 2 unexpected, 0 adapted, "
+        "0 renamed",
+        "unexpected (2):",
+        "  fc.weight",
+        "  fc.bias",
+    ]
+
+
+def test_inspect_with_a_builder_without_report_does_a_dry_run(checkpoint, tiny_backbone, capsys):
+    assert main(["inspect", str(checkpoint), "--model", tiny_backbone]) == 0
+    out = capsys.readouterr().out
+    assert out.split(f"build_backbone({tiny_backbone!r}, pretrained=FILE) loads:")[1].splitlines()[
+        1:
+    ] == [
+        "loaded 8/8 model keys (100.0%): 0 missing, 0 mismatched, 2 unexpected, 0 adapted, "
+        "0 renamed (dry run: nothing copied)",
+        "unexpected (2):",
+        "  fc.weight",
+        "  fc.bias",
+    ]
+
+
+def test_inspect_a_checkpoint_of_another_architecture(tmp_path, capsys):
+    """The report is printed (not a traceback) with a verdict: build_backbone would refuse it."""
+    path = tmp_path / "r18.pth"
+    torch.save(torchvision.models.resnet18().state_dict(), path)
+    assert main(["inspect", str(path), "--model", "resnet34"]) == 0
+    out = capsys.readouterr().out
+    assert "build_backbone('resnet34', pretrained=FILE) does NOT load" in out
+    assert (
+        "loaded 120/216 model keys" in out
+        and "missing (96)" in out
+        and "(dry run: nothing copied)" in out
+    )
+
+
+@pytest.mark.parametrize(
+    ("name", "message"),
+    [
+        ("timm", "timm backbones are named 'timm/<model>'"),
+        ("timm/no_such_net", "'no_such_net' is not a timm model"),
+    ],
+)
+def test_inspect_bad_timm_names_exit_2_before_reading(checkpoint, capsys, name, message):
+    assert main(["inspect", str(checkpoint), "--model", name]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and message in captured.err
+
+
+def test_inspect_unknown_model_exits_2_before_reading(checkpoint, capsys):
+    assert main(["inspect", str(checkpoint), "--model", "resnet_18"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.startswith("visionblocks inspect: 'resnet_18' is not in the backbones")
+    assert "Did you mean: 'resnet18'" in captured.err
+
+
+def test_inspect_missing_file_exits_1(tmp_path, capsys):
+    missing = tmp_path / "missing.pt"
+    assert main(["inspect", str(missing)]) == 1
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.strip() == f"visionblocks inspect: checkpoint file not found: '{missing}'"
+
+
+def test_inspect_unsafe_file_exits_1_without_running_it(tmp_path, capsys):
+    marker = tmp_path / "marker"
+    path = tmp_path / "unsafe.pt"
+    torch.save({"w": torch.ones(1), "x": MaliciousPickle(str(marker))}, path)
+    assert main(["inspect", str(path)]) == 1
+    err = capsys.readouterr().err
+    assert "refusing to load" in err and "weights_only" in err and "unsafe.pt" in err
+    assert not marker.exists()
+
+
+def test_help_lists_inspect(capsys):
+    assert main([]) == 0
+    assert "inspect" in capsys.readouterr().out

@@ -1,0 +1,203 @@
+"""What ``visionblocks inspect CHECKPOINT [--model NAME]`` prints (private; cli stays thin)."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections import Counter
+from collections.abc import Mapping
+from typing import TextIO
+
+import torch
+from torch import nn
+
+from visionblocks._weights_io import ReadInfo, read_checkpoint
+from visionblocks.weights import LoadReport
+
+__all__ = ["check_model_name", "describe_state_dict", "load_into_backbone", "run_inspect"]
+
+_MIB = 1024 * 1024
+_MAX_ROWS = 24
+
+
+def _nbytes(tensor: torch.Tensor) -> int:
+    return tensor.numel() * tensor.element_size()
+
+
+def _common_prefix(keys: list[str]) -> str:
+    """Longest dotted prefix (ending in ".") shared by every key and shorter than each."""
+    parts = [k.split(".")[:-1] for k in keys]  # never the whole key
+    common: list[str] = []
+    for level in zip(*parts):
+        if len(set(level)) != 1:
+            break
+        common.append(level[0])
+    return "".join(p + "." for p in common)
+
+
+def _group(
+    state: Mapping[str, torch.Tensor], common: str
+) -> dict[str, tuple[int, int, dict[str, tuple[int, int]]]]:
+    """``{first part: (count, bytes, {second part: (count, bytes)})}`` of keys after ``common``."""
+    counts: dict[str, list[int]] = {}
+    subcounts: dict[str, dict[str, list[int]]] = {}
+    for key, tensor in state.items():
+        head, dot, rest = key[len(common) :].partition(".")
+        entry = counts.setdefault(head + dot, [0, 0])
+        entry[0] += 1
+        entry[1] += _nbytes(tensor)
+        sub, sub_dot, leaf = rest.partition(".")
+        if leaf:  # only parts that hold further names, not the tensor's own name
+            sub_entry = subcounts.setdefault(head + dot, {}).setdefault(sub + sub_dot, [0, 0])
+            sub_entry[0] += 1
+            sub_entry[1] += _nbytes(tensor)
+    return {
+        group: (count, size, {k: (c, b) for k, (c, b) in subcounts.get(group, {}).items()})
+        for group, (count, size) in counts.items()
+    }
+
+
+def _field(label: str, value: str) -> str:
+    return f"{label + ':':<11}{value}"
+
+
+def describe_state_dict(
+    state: Mapping[str, torch.Tensor], info: ReadInfo | None = None, *, path: str | None = None
+) -> str:
+    """A readable summary: tensor count, total size, dtypes and top-level key groups.
+
+    Examples:
+        >>> import torch
+        >>> state = {"body.conv.weight": torch.zeros(8, 3, 3, 3), "body.conv.bias": torch.zeros(8),
+        ...          "head.weight": torch.zeros(2, 8, dtype=torch.float16)}
+        >>> print(describe_state_dict(state))
+        tensors:   3 (240 elements, 0.00 MiB)
+        dtypes:    float32 2, float16 1
+        prefixes:  2
+          body.  2 tensors  0.00 MiB
+          head.  1 tensor   0.00 MiB
+    """
+    lines = []
+    if path is not None:
+        lines.append(_field("file", f"{path} ({os.path.getsize(path) / _MIB:.2f} MiB on disk)"))
+    if info is not None:
+        lines.append(_field("format", info.format))
+        if info.containers:
+            lines.append(_field("unwrapped", " -> ".join(repr(c) for c in info.containers)))
+        others = [*info.other_keys, *info.dropped]
+        if others:
+            lines.append(_field("dropped", f"{', '.join(others)} (not tensors)"))
+    total = sum(_nbytes(t) for t in state.values())
+    elements = sum(t.numel() for t in state.values())
+    lines.append(_field("tensors", f"{len(state)} ({elements:,} elements, {total / _MIB:.2f} MiB)"))
+    dtypes = Counter(str(t.dtype).removeprefix("torch.") for t in state.values())
+    lines.append(_field("dtypes", ", ".join(f"{d} {n}" for d, n in dtypes.most_common())))
+    keys = list(state)
+    if not keys:
+        return "\n".join(lines)
+    common = _common_prefix(keys)
+    if common:
+        lines.append(_field("common", f"every key starts with {common!r}"))
+    groups = _group(state, common)
+    lines.append(_field("prefixes", str(len(groups))))
+    rows: list[tuple[str, int, int]] = []
+    for group, (count, size, subgroups) in groups.items():
+        rows.append(("  " + common + group, count, size))
+        # Named parts (backbone.body / backbone.fpn) are worth a line; numbered blocks are not.
+        if len(subgroups) >= 2 and not all(name[:-1].isdigit() for name in subgroups):
+            for sub, (sub_count, sub_size) in subgroups.items():
+                rows.append(("    " + common + group + sub, sub_count, sub_size))
+    shown = rows[:_MAX_ROWS]
+    width = max(len(name) for name, _, _ in shown)
+    count_width = max(len(str(count)) for _, count, _ in shown)
+    size_width = max(len(f"{size / _MIB:.2f}") for _, _, size in shown)
+    for name, count, size in shown:
+        noun = "tensor " if count == 1 else "tensors"
+        lines.append(
+            f"{name:<{width}}  {count:>{count_width}} {noun}  {size / _MIB:>{size_width}.2f} MiB"
+        )
+    if len(rows) > _MAX_ROWS:
+        lines.append(f"  ... and {len(rows) - _MAX_ROWS} more")
+    return "\n".join(lines)
+
+
+def check_model_name(name: str) -> None:
+    """Raise ``KeyError`` (with close matches) unless `build_backbone` knows ``name``."""
+    from visionblocks.backbones import build_backbone  # noqa: F401  (fills BACKBONES)
+    from visionblocks.backbones._timm import TIMM_PREFIX
+    from visionblocks.registry import BACKBONES
+
+    if name.startswith(TIMM_PREFIX) or name == "timm":
+        from visionblocks.backbones._timm import check_model_name as check_timm_name
+
+        try:
+            check_timm_name(name[len(TIMM_PREFIX) :])
+        except ValueError as exc:
+            raise KeyError(str(exc)) from None
+    else:
+        BACKBONES.get(name)
+
+
+def load_into_backbone(name: str, state: Mapping[str, torch.Tensor]) -> tuple[LoadReport, bool]:
+    """The report of ``build_backbone(name, pretrained=state)`` (a throw-away backbone), and
+    whether that load passes build_backbone's guard (every backbone tensor loads).
+
+    The backbone's own loading is used, so its key renaming (timm backbones) is applied as
+    it would be for a user; a builder that keeps no report gets a dry-run `load_partial`.
+    """
+    from visionblocks.backbones import build_backbone
+    from visionblocks.weights import LoadError, load_partial
+
+    try:
+        backbone: nn.Module = build_backbone(name, pretrained=state)
+    except LoadError as exc:  # the guard failed: the report says why
+        return exc.report, False
+    report = getattr(backbone, "load_report", None)
+    if not isinstance(report, LoadReport):
+        report = load_partial(backbone, state, dry_run=True)
+    return report, True
+
+
+def run_inspect(
+    checkpoint: str, model_name: str | None = None, *, out: TextIO | None = None
+) -> int:
+    """Print the summary of ``checkpoint`` (and how it loads into a backbone); return the exit code.
+
+    Exit codes: 0 printed; 1 the file is missing, unsafe or unreadable, or building the
+    backbone failed; 2 unknown backbone name.
+    """
+    out = sys.stdout if out is None else out
+    prog = "visionblocks inspect"
+    if model_name is not None:
+        try:
+            check_model_name(model_name)
+        except KeyError as exc:
+            print(f"{prog}: {exc.args[0]}", file=sys.stderr)
+            return 2
+    try:
+        state, info = read_checkpoint(checkpoint)
+    except (OSError, ValueError, TypeError, KeyError) as exc:
+        message = exc.args[0] if exc.args else str(exc)
+        print(f"{prog}: {message}", file=sys.stderr)
+        return 1
+    print(describe_state_dict(state, info, path=checkpoint), file=out)
+    if model_name is None:
+        return 0
+    try:
+        report, passes = load_into_backbone(model_name, state)
+    except KeyError as exc:  # e.g. an unknown timm model
+        print(f"{prog}: {exc.args[0] if exc.args else exc}", file=sys.stderr)
+        return 2
+    except (RuntimeError, ValueError, TypeError) as exc:
+        print(f"{prog}: cannot build backbone {model_name!r}: {exc}", file=sys.stderr)
+        return 1
+    verdict = (
+        "loads"
+        if passes
+        else "does NOT load (a backbone tensor is missing or mismatched; it raises LoadError)"
+    )
+    print(
+        f"\nbuild_backbone({model_name!r}, pretrained=FILE) {verdict}:\n{report}",
+        file=out,
+    )
+    return 0

@@ -1,0 +1,188 @@
+"""Validation of the options every backbone builder takes (private).
+
+One place for the rules of ``pretrained`` (local files only), ``out_indices`` (Python-style
+indices over the stages), ``in_channels`` and ``frozen_stages``, so every family reports the
+same errors.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from visionblocks._check import check_type
+from visionblocks._weights_adapt import adapt_input_conv_weight
+
+__all__ = [
+    "check_in_channels",
+    "check_pretrained",
+    "check_stage_names",
+    "first_conv",
+    "normalize_frozen_stages",
+    "normalize_out_indices",
+    "replace_first_conv",
+]
+
+_SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*://")
+_HUB_PREFIXES = ("hf-hub:", "hf_hub:", "timm:", "torchvision:", "open-mmlab:")
+_HOW = (
+    "visionblocks never downloads weights: download the checkpoint yourself (for example "
+    "torch.hub.download_url_to_file(url, 'resnet50.pth'), or huggingface_hub.hf_hub_download) "
+    "and pass the local file: build_backbone(name, pretrained='resnet50.pth')"
+)
+
+
+def check_pretrained(pretrained: Any) -> str | Mapping[str, Any] | None:
+    """``None`` (no weights), a path of an existing file, or a state dict.
+
+    Raises:
+        ValueError: ``True``, a URL or a hub name (nothing is ever downloaded).
+        FileNotFoundError: A string or path that is not an existing file.
+        TypeError: Anything else (a torchvision ``WeightsEnum`` value, a number, ...).
+    """
+    if pretrained is None or pretrained is False:
+        return None
+    if pretrained is True:
+        raise ValueError(f"pretrained=True asks for a download. {_HOW}")
+    if isinstance(pretrained, Mapping):
+        return pretrained
+    if isinstance(pretrained, (str, os.PathLike)):
+        path = os.fspath(pretrained)
+        if _SCHEME.match(path) or path.startswith(_HUB_PREFIXES):
+            raise ValueError(f"pretrained={path!r} is a URL or hub name. {_HOW}")
+        if not os.path.isfile(path):
+            raise FileNotFoundError(
+                f"pretrained={path!r} is not an existing file; pretrained must be the path of "
+                f"a local checkpoint (.pt, .pth, .bin, .safetensors) or a state dict. {_HOW}"
+            )
+        return path
+    url = getattr(pretrained, "url", None)
+    hint = f" (its weights are at {url})" if isinstance(url, str) else ""
+    raise TypeError(
+        f"pretrained must be None, a local file path or a state dict, got "
+        f"{type(pretrained).__name__}{hint}. {_HOW}"
+    )
+
+
+def _check_int(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be int, got {type(value).__name__} ({value!r})")
+    return value
+
+
+def check_in_channels(in_channels: Any) -> int:
+    """``in_channels`` as a positive int."""
+    _check_int("in_channels", in_channels)
+    if in_channels < 1:
+        raise ValueError(f"in_channels must be >= 1, got {in_channels}")
+    return in_channels
+
+
+def normalize_out_indices(out_indices: Any, num_stages: int, what: str) -> tuple[int, ...]:
+    """Sorted non-negative stage indices; ``None`` means the last four (or all) stages.
+
+    Raises:
+        TypeError: Not a tuple or list of ints.
+        ValueError: Empty, an index outside ``[-num_stages, num_stages)``, or one stage twice.
+    """
+    if out_indices is None:
+        return tuple(range(max(0, num_stages - 4), num_stages))
+    if not isinstance(out_indices, (tuple, list)):
+        raise TypeError(
+            f"out_indices must be a tuple or list of ints, got {type(out_indices).__name__} "
+            f"({out_indices!r})"
+        )
+    if not out_indices:
+        raise ValueError("out_indices is empty; name at least one stage")
+    normalized = []
+    for index in out_indices:
+        _check_int("out_indices entries", index)
+        if not -num_stages <= index < num_stages:
+            raise ValueError(
+                f"out_indices={tuple(out_indices)!r}: index {index} is out of range for "
+                f"{what}, which has {num_stages} stages (valid indices: {-num_stages} to "
+                f"{num_stages - 1}; negative ones count from the end)"
+            )
+        normalized.append(index % num_stages)
+    if len(set(normalized)) != len(normalized):
+        raise ValueError(
+            f"out_indices={tuple(out_indices)!r} names a stage twice (normalized: {normalized})"
+        )
+    return tuple(sorted(normalized))
+
+
+def normalize_frozen_stages(frozen_stages: Any, num_stages: int, what: str) -> int:
+    """``frozen_stages`` checked against the number of stages."""
+    _check_int("frozen_stages", frozen_stages)
+    if not 0 <= frozen_stages <= num_stages:
+        raise ValueError(
+            f"frozen_stages must be in [0, {num_stages}] for {what} (0 freezes nothing, n "
+            f"freezes the stem and the first n stages), got {frozen_stages}"
+        )
+    return frozen_stages
+
+
+def first_conv(model: nn.Module) -> tuple[str, nn.Conv2d] | None:
+    """The module holding the model's first 4-D weight in state-dict order, if a Conv2d."""
+    for name, tensor in model.state_dict(keep_vars=True).items():
+        if name.endswith("weight") and tensor.dim() == 4 and tensor.is_floating_point():
+            module = model.get_submodule(name.rpartition(".")[0])
+            return (name.rpartition(".")[0], module) if isinstance(module, nn.Conv2d) else None
+    return None
+
+
+def replace_first_conv(model: nn.Module, in_channels: int) -> None:
+    """Give ``model``'s first convolution ``in_channels`` inputs (in place).
+
+    The first convolution is the owner of the first 4-D weight in state-dict order (the rule
+    `visionblocks.weights.load_partial` uses to adapt pretrained stems). Its replacement keeps
+    every other setting, and its weight is the old one adapted as pretrained weights are
+    (summed for one channel, else repeated and rescaled).
+
+    Raises:
+        ValueError: The model has no ``nn.Conv2d`` first, or a grouped one.
+    """
+    found = first_conv(model)
+    if found is None:
+        raise ValueError(
+            f"in_channels={in_channels}: cannot find the first nn.Conv2d of "
+            f"{type(model).__name__} to replace"
+        )
+    name, conv = found
+    if conv.in_channels == in_channels:
+        return
+    if conv.groups != 1:
+        raise ValueError(f"in_channels: the first convolution {name!r} is grouped ({conv})")
+    new = nn.Conv2d(
+        in_channels,
+        conv.out_channels,
+        conv.kernel_size,
+        conv.stride,
+        conv.padding,
+        conv.dilation,
+        bias=conv.bias is not None,
+        padding_mode=conv.padding_mode,
+        device=conv.weight.device,
+        dtype=conv.weight.dtype,
+    )
+    with torch.no_grad():
+        new.weight.copy_(adapt_input_conv_weight(conv.weight, in_channels))
+        if conv.bias is not None:
+            new.bias.copy_(conv.bias)
+    model.set_submodule(name, new)
+
+
+def check_stage_names(stages: Sequence[str]) -> tuple[str, ...]:
+    """A non-empty tuple of distinct module names."""
+    if isinstance(stages, str) or not isinstance(stages, (tuple, list)) or not stages:
+        raise TypeError(f"stages must be a non-empty list of module names, got {stages!r}")
+    for stage in stages:
+        check_type("stage name", stage, str)
+    if len(set(stages)) != len(stages):
+        raise ValueError(f"stages name a module twice: {list(stages)}")
+    return tuple(stages)

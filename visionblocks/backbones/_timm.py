@@ -1,0 +1,242 @@
+"""Any timm model as a backbone: ``build_backbone("timm/<name>")`` (nothing is downloaded).
+
+The model is created with ``timm.create_model(name, features_only=True, pretrained=False,
+in_chans=in_channels)``. Its feature levels are measured by a dry run; the backbone's stages
+are the levels with stride 4 or more (a stride-2 stem level is left out, so stage 0 is at
+stride 4 as for the torchvision families). When the selected stages end before the model's
+last level, the model is created again with timm's ``out_indices`` so its tail is dropped.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from visionblocks._check import check_type
+from visionblocks._weights_io import unwrap_state_dict
+from visionblocks.backbones._options import (
+    normalize_frozen_stages,
+    normalize_out_indices,
+)
+from visionblocks.backbones.base import (
+    DRY_RUN_SIZE,
+    Backbone,
+    check_common,
+    load_pretrained,
+    stage_name,
+)
+from visionblocks.features import feature_info
+from visionblocks.registry import BACKBONES
+from visionblocks.weights import read_state_dict
+
+__all__ = ["TIMM_PREFIX", "check_model_name", "timm_backbone"]
+
+TIMM_PREFIX = "timm/"
+"""``build_backbone`` names starting with this are timm model names."""
+
+_RESERVED = ("features_only", "pretrained", "out_indices", "in_chans")
+
+
+def check_model_name(model_name: Any) -> str:
+    check_type("model_name", model_name, str)
+    if not model_name:
+        raise ValueError(
+            "timm backbones are named 'timm/<model>' (build_backbone('timm/resnet50')) or "
+            "built as BACKBONES.build({'type': 'timm', 'model_name': 'resnet50'})"
+        )
+    if ":" in model_name or "/" in model_name:
+        raise ValueError(
+            f"timm model name {model_name!r} looks like a hub name; visionblocks never "
+            "downloads. Use a plain timm architecture name (timm/resnet50) and pass weights "
+            "as a local file: pretrained='path/to/model.safetensors'"
+        )
+    import timm
+
+    if not timm.is_model(model_name):
+        close = difflib.get_close_matches(model_name, timm.list_models(), n=3, cutoff=0.6)
+        hint = f" Did you mean: {', '.join(repr(c) for c in close)}?" if close else ""
+        raise KeyError(f"{model_name!r} is not a timm model.{hint} (see timm.list_models())")
+    return model_name
+
+
+def _dry_run_size(
+    model: nn.Module, in_channels: int, kwargs: dict[str, Any]
+) -> tuple[int, int, int]:
+    """Input size of the dry runs: the model's own size for fixed-size models (``img_size=``
+    when given, else the pretrained config's), else a small one."""
+    cfg = getattr(model, "pretrained_cfg", None) or {}
+    if not cfg.get("fixed_input_size"):
+        return (in_channels, DRY_RUN_SIZE, DRY_RUN_SIZE)
+    size = kwargs.get("img_size", cfg.get("input_size"))
+    if isinstance(size, int):
+        size = (size, size)
+    return (in_channels, int(size[-2]), int(size[-1]))
+
+
+def _is_nhwc(model: nn.Module) -> bool:
+    """timm feature models of channels-last families (Swin) return ``(B, H, W, C)``."""
+    return str(getattr(model, "output_fmt", "NCHW")).endswith("NHWC")
+
+
+def _upstream_names(model: nn.Module, size: Sequence[int], positions: Sequence[int]) -> set[str]:
+    """Names of the trainable parameters that the outputs at ``positions`` depend on."""
+    trainable = {n: p for n, p in model.named_parameters() if p.requires_grad}
+    modes = [(m, m.training) for m in model.modules()]
+    model.eval()
+    try:
+        with torch.enable_grad():
+            out = model(torch.zeros(1, *size))
+            total = sum(out[p].float().sum() for p in positions)
+            grads = torch.autograd.grad(total, list(trainable.values()), allow_unused=True)
+    finally:
+        for module, mode in modes:
+            module.training = mode
+    return {name for name, grad in zip(trainable, grads) if grad is not None}
+
+
+def _rename_rules(model_keys: Iterable[str], ckpt_keys: Iterable[str]) -> list[tuple[str, str]]:
+    """Rules mapping a timm checkpoint's keys to the keys of its ``features_only`` model.
+
+    timm's feature wrappers rename modules: a wrapped model's keys gain ``model.``, and
+    flattened ``nn.Sequential`` children turn ``stages.0.`` into ``stages_0.``.
+    """
+    model_keys = set(model_keys)
+    ckpt_keys = [k[len("module.") :] if k.startswith("module.") else k for k in ckpt_keys]
+    rules: dict[str, str] = {}
+    if all(k.startswith("model.") for k in model_keys) and not any(
+        k.startswith("model.") for k in ckpt_keys
+    ):
+        rules["^"] = "model."
+    for key in ckpt_keys:
+        head, _, rest = key.partition(".")
+        sub, dot, tail = rest.partition(".")
+        if key not in model_keys and dot and f"{head}_{sub}.{tail}" in model_keys:
+            rules[rf"^{re.escape(head)}\.{re.escape(sub)}\."] = f"{head}_{sub}."
+    return list(rules.items())
+
+
+def _state_dict(source: str | os.PathLike[str] | Mapping[str, Any]) -> dict[str, torch.Tensor]:
+    if isinstance(source, Mapping):
+        return unwrap_state_dict(source)[0]
+    return read_state_dict(source)
+
+
+def _levels(model: nn.Module, size: Sequence[int], nhwc: bool) -> list[dict[str, Any]]:
+    """Channels and strides of every level of a timm feature model (a dry run)."""
+    if not nhwc:
+        return feature_info(model, size)
+    probe = Backbone(model, [str(i) for i in range(len(model.feature_info.out_indices))],
+                     input_size=size, channels_last_outputs=True)  # fmt: skip
+    return probe.feature_info
+
+
+@BACKBONES.register(name="timm")
+def timm_backbone(
+    model_name: str,
+    *,
+    pretrained: str | os.PathLike[str] | Mapping[str, Any] | None = None,
+    out_indices: Sequence[int] | None = None,
+    in_channels: int = 3,
+    frozen_stages: int = 0,
+    norm_eval: bool = False,
+    **kwargs: Any,
+) -> Backbone:
+    """The timm model ``model_name`` (``features_only=True``, no download) as a backbone.
+
+    Registered as ``"timm"`` (``BACKBONES.build({"type": "timm", "model_name": ...})``);
+    ``build_backbone("timm/<model_name>")`` calls it too.
+
+    Stages are the model's feature levels with a measured stride of at least 4 (all levels
+    if none has). Channels-last feature models (Swin) return ``(B, C, H, W)``
+    like every other backbone. Parameters the selected stages do not depend on (blocks that
+    timm's EfficientNet-family feature models still run after the last selected level) are
+    frozen, so ``DistributedDataParallel`` sees no unused parameters; they stay in the state
+    dict. State-dict keys are those of timm's ``features_only`` model; ``pretrained``
+    may be a checkpoint of the full timm model: its keys are mapped to the feature model's
+    (``model.`` prefixes and flattened ``stages_0``-style names), and the classifier's keys
+    are reported as unexpected.
+
+    Args:
+        model_name: A timm architecture (``timm.list_models()``), optionally with a
+            pretrained tag (``"resnet50.a1_in1k"``, only the config is used).
+        pretrained: Local checkpoint file or state dict.
+        out_indices: Stages to return, indices into the stages (negative allowed).
+        in_channels: Input channels (timm's ``in_chans``).
+        frozen_stages: Freeze the stem and the first ``frozen_stages`` stages.
+        norm_eval: Keep BatchNorms in eval mode.
+        **kwargs: Passed to ``timm.create_model`` (``drop_path_rate``, ``output_stride``,
+            ...), except ``features_only``, ``pretrained``, ``out_indices``, ``in_chans``.
+
+    Returns:
+        Backbone: Outputs ``stage{i}`` for ``i`` in ``out_indices``.
+
+    Raises:
+        KeyError: Unknown timm model (with close matches).
+        TypeError: A reserved timm argument in ``kwargs``.
+        ValueError: A hub name (``hf-hub:...``) or an invalid option.
+
+    Examples:
+        >>> backbone = timm_backbone("resnet18", out_indices=(-2, -1))
+        >>> [(f["name"], f["channels"], f["stride"]) for f in backbone.feature_info]
+        [('stage2', 256, 16), ('stage3', 512, 32)]
+    """
+    check_model_name(model_name)
+    check_common(pretrained, in_channels, norm_eval)
+    reserved = sorted(set(kwargs) & set(_RESERVED))
+    if reserved:
+        raise TypeError(
+            f"timm_backbone sets {', '.join(reserved)} itself; use pretrained=, "
+            "out_indices= and in_channels= instead"
+        )
+    if isinstance(frozen_stages, bool) or not isinstance(frozen_stages, int):
+        raise TypeError(f"frozen_stages must be int, got {type(frozen_stages).__name__}")
+    import timm
+
+    what = f"{TIMM_PREFIX}{model_name}"
+    options = dict(features_only=True, pretrained=False, in_chans=in_channels, **kwargs)
+    probe = timm.create_model(model_name, **options)
+    size = _dry_run_size(probe, in_channels, kwargs)
+    nhwc = _is_nhwc(probe)
+    levels = _levels(probe, size, nhwc)
+    kept = [i for i, level in enumerate(levels) if level["stride"] >= 4]
+    kept = kept or list(range(len(levels)))
+    indices = normalize_out_indices(out_indices, len(kept), what)
+    frozen_stages = normalize_frozen_stages(frozen_stages, len(kept), what)
+    frozen = _upstream_names(probe, size, [kept[frozen_stages - 1]]) if frozen_stages else set()
+    selected = [kept[i] for i in indices]
+    if selected[-1] == len(levels) - 1:
+        model, positions = probe, selected
+    else:  # drop the unused tail
+        timm_indices = tuple(probe.feature_info.out_indices[p] for p in selected)
+        model = timm.create_model(model_name, out_indices=timm_indices, **options)
+        positions = list(range(len(selected)))
+    # Some feature models (timm's EfficientNet family) still run blocks after the last
+    # selected level: their parameters get no gradient, so they are frozen (DDP needs no
+    # find_unused_parameters); they stay in the state dict.
+    used = _upstream_names(model, size, positions)
+    unused = [p for n, p in model.named_parameters() if p.requires_grad and n not in used]
+    backbone = Backbone(
+        model,
+        [stage_name(i) for i in indices],
+        input_size=size,
+        positions=positions,
+        frozen_parameters=[p for n, p in model.named_parameters() if n in frozen],
+        norm_eval=norm_eval,
+        out_indices=indices,
+        num_stages=len(kept),
+        channels_last_outputs=nhwc,
+    )
+    for p in unused:
+        p.requires_grad_(False)
+    backbone.frozen_stages = frozen_stages
+    if pretrained is not None and pretrained is not False:
+        state = _state_dict(pretrained)
+        rules = _rename_rules(backbone.state_dict().keys(), state.keys())
+        backbone.load_report = load_pretrained(backbone, state, what, rename=rules)
+    return backbone

@@ -1,0 +1,133 @@
+"""``vb_tiny``: a small, fast CNN built only from visionblocks blocks, for tests and demos.
+
+A stride-2 `ConvNormAct` stem, then four stages of `DepthwiseSeparableConv2d` blocks (the
+first block of each stage has stride 2), so the stage outputs have strides 4, 8, 16 and 32.
+With the default widths ``(16, 32, 64, 128)`` it has about 37 thousand parameters and runs a
+256 x 256 image in under 10 ms on one CPU core.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from torch import Tensor, nn
+
+from visionblocks._check import check_type
+from visionblocks.backbones.base import Backbone, backbone_from_model
+from visionblocks.nn.conv import ConvNormAct, DepthwiseSeparableConv2d
+from visionblocks.nn.layers import ActSpec, NormSpec
+from visionblocks.registry import BACKBONES
+
+__all__ = ["TinyNet", "vb_tiny"]
+
+TINY_STAGES = ("stage1", "stage2", "stage3", "stage4")
+"""Module names of `TinyNet` whose outputs are the backbone's stages (strides 4 to 32)."""
+
+
+def _positive_ints(name: str, values: Sequence[int], length: int) -> tuple[int, ...]:
+    check_type(name, values, (tuple, list))
+    if len(values) != length or not all(
+        isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in values
+    ):
+        raise ValueError(f"{name} must be {length} positive ints, got {values!r}")
+    return tuple(values)
+
+
+class TinyNet(nn.Module):
+    """A four-stage depthwise-separable CNN: ``stem`` (stride 2), ``stage1`` ... ``stage4``.
+
+    Stage ``i`` starts with a stride-2 `DepthwiseSeparableConv2d` from the previous width to
+    ``widths[i]`` and adds ``depths[i] - 1`` stride-1 blocks, so ``stage1`` ... ``stage4``
+    end at strides 4, 8, 16 and 32. ``forward`` returns the last stage's output; use
+    ``build_backbone("vb_tiny")`` for all four.
+
+    Args:
+        in_channels: Input channels.
+        widths: Output channels of the four stages; the stem has ``widths[0]``.
+        depths: Blocks per stage (each at least 1).
+        norm: Norm of every block (see `visionblocks.nn.ConvNormAct`).
+        act: Activation of every block.
+
+    Shape:
+        - Input: ``(B, in_channels, H, W)``.
+        - Output: ``(B, widths[3], ceil(H / 32), ceil(W / 32))``.
+
+    Raises:
+        TypeError: ``widths`` or ``depths`` not a tuple or list.
+        ValueError: They are not four positive ints.
+
+    Examples:
+        >>> import torch
+        >>> net = TinyNet(widths=(8, 16, 32, 64))
+        >>> net(torch.randn(1, 3, 64, 64)).shape
+        torch.Size([1, 64, 2, 2])
+        >>> [name for name, _ in net.named_children()]
+        ['stem', 'stage1', 'stage2', 'stage3', 'stage4']
+    """
+
+    def __init__(
+        self,
+        in_channels: int = 3,
+        widths: Sequence[int] = (16, 32, 64, 128),
+        depths: Sequence[int] = (1, 2, 2, 2),
+        norm: NormSpec = "bn",
+        act: ActSpec = "relu",
+    ) -> None:
+        super().__init__()
+        widths = _positive_ints("widths", widths, 4)
+        depths = _positive_ints("depths", depths, 4)
+        self.stem = ConvNormAct(in_channels, widths[0], 3, stride=2, norm=norm, act=act)
+        previous = widths[0]
+        for index, (width, depth) in enumerate(zip(widths, depths), start=1):
+            blocks = [DepthwiseSeparableConv2d(previous, width, stride=2, norm=norm, act=act)]
+            blocks += [
+                DepthwiseSeparableConv2d(width, width, norm=norm, act=act) for _ in range(depth - 1)
+            ]
+            self.add_module(f"stage{index}", nn.Sequential(*blocks))
+            previous = width
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = self.stem(x)
+        for name in TINY_STAGES:
+            x = getattr(self, name)(x)
+        return x
+
+
+@BACKBONES.register(name="vb_tiny", aliases=("tiny",))
+def vb_tiny(
+    *,
+    pretrained: str | os.PathLike[str] | Mapping[str, Any] | None = None,
+    out_indices: Sequence[int] | None = None,
+    in_channels: int = 3,
+    frozen_stages: int = 0,
+    norm_eval: bool = False,
+    **kwargs: Any,
+) -> Backbone:
+    """`TinyNet` as a backbone: stages ``stage1`` ... ``stage4`` at strides 4, 8, 16, 32.
+
+    Registered as ``"vb_tiny"`` (alias ``"tiny"``). The options are those of
+    `visionblocks.backbones.build_backbone`; ``kwargs`` go to `TinyNet` (``widths``,
+    ``depths``, ``norm``, ``act``).
+
+    Returns:
+        Backbone: Its forward returns ``OrderedDict[str, Tensor]`` (``stage0`` ... ``stage3``).
+
+    Examples:
+        >>> import torch
+        >>> backbone = vb_tiny(widths=(8, 16, 32, 64))
+        >>> [(f["name"], f["channels"], f["stride"]) for f in backbone.feature_info]
+        [('stage0', 8, 4), ('stage1', 16, 8), ('stage2', 32, 16), ('stage3', 64, 32)]
+    """
+    model = TinyNet(in_channels, **kwargs)
+    return backbone_from_model(
+        model,
+        TINY_STAGES,
+        name="vb_tiny",
+        pretrained=pretrained,
+        out_indices=out_indices,
+        in_channels=in_channels,
+        frozen_stages=frozen_stages,
+        norm_eval=norm_eval,
+    )
