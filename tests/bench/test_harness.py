@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -265,6 +266,32 @@ def test_format_table_columns_and_verdicts():
     assert rows[1][-1] == "MISSED" and rows[1][5] == "≥8x"
     assert rows[2] == ["no_target", "-", "2", "-", "-", "-", "error", "-", "-", "-"]
     assert "Errors:" in lines and "MemoryError: tail" in "\n".join(lines)
+
+
+def test_absolute_memory_target():
+    def result(mib: float) -> BenchResult:
+        return BenchResult(
+            "load",
+            peer_name="torch",
+            min_speedup=1.0,
+            max_memory_mib=117.0,
+            timing=TimingResult(1.0, 2.0, 2.0, 2.0, 2.0, [1.0], [2.0]),
+            ours_memory=MemoryResult("ours", int(mib * MIB), 500 * MIB, "vmhwm"),
+        )
+
+    assert result(13.0).verdict == "ok" and result(13.0).memory_mib_met is True
+    assert result(130.0).verdict == "MISSED" and result(130.0).memory_mib_met is False
+    row = format_table([result(13.0)]).splitlines()[2]
+    assert "≥1x, ≤117 MiB" in row
+    assert BenchResult("x", max_memory_mib=1.0).memory_mib_met is None  # not measured
+
+
+def test_weights_case_file_size_constant():
+    """FILE_MIB, the basis of the load cases' memory target, is the real file's size."""
+    from visionblocks.bench import cases_weights
+
+    path = cases_weights._checkpoint_path()
+    assert os.path.getsize(path) / MIB == pytest.approx(cases_weights.FILE_MIB, abs=0.05)
 
 
 def test_json_round_trip():

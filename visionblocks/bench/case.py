@@ -67,6 +67,8 @@ class BenchCase:
             (``1.0`` means "not slower"); ``None`` for no speed target.
         max_memory_ratio: Target: ours' peak extra memory divided by the peer's must be at most
             this; ``None`` for no memory target.
+        max_memory_mib: Target: ours' peak extra memory must be at most this many MiB;
+            ``None`` for no absolute memory target.
         memory: Measure peak memory (each side in a fresh process).
         threads: ``torch.set_num_threads`` while the case runs.
 
@@ -94,6 +96,7 @@ class BenchCase:
     description: str = ""
     min_speedup: float | None = None
     max_memory_ratio: float | None = None
+    max_memory_mib: float | None = None
     memory: bool = True
     threads: int = 2
 
@@ -105,7 +108,7 @@ class BenchCase:
                 raise TypeError(f"BenchCase {field} must be callable, got {getattr(self, field)!r}")
         if self.peer is not None and not callable(self.peer):
             raise TypeError(f"BenchCase peer must be callable or None, got {self.peer!r}")
-        for field in ("min_speedup", "max_memory_ratio"):
+        for field in ("min_speedup", "max_memory_ratio", "max_memory_mib"):
             value = getattr(self, field)
             if value is not None and not (isinstance(value, (int, float)) and value > 0):
                 raise ValueError(

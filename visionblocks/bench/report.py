@@ -40,6 +40,8 @@ class BenchResult:
         description: What the case measures.
         min_speedup: Speed target (ours at least this many times faster), or ``None``.
         max_memory_ratio: Memory target (ours' peak / peer's peak at most this), or ``None``.
+        max_memory_mib: Memory target (ours' peak extra memory at most this many MiB), or
+            ``None``.
         threads: Threads the case ran with.
         timing: Timings, or ``None`` when the case failed.
         ours_memory: Our peak memory, or ``None`` when not measured.
@@ -56,6 +58,7 @@ class BenchResult:
     description: str = ""
     min_speedup: float | None = None
     max_memory_ratio: float | None = None
+    max_memory_mib: float | None = None
     threads: int = 2
     timing: TimingResult | None = None
     ours_memory: MemoryResult | None = None
@@ -97,11 +100,20 @@ class BenchResult:
         return pair[0] <= self.max_memory_ratio * pair[1]
 
     @property
+    def memory_mib_met(self) -> bool | None:
+        """Whether the absolute memory target was met; ``None`` when none or unchecked."""
+        ours = self.ours_memory
+        if self.max_memory_mib is None or ours is None or ours.extra_bytes is None:
+            return None
+        return ours.extra_bytes <= self.max_memory_mib * _MIB
+
+    @property
     def verdict(self) -> str:
         """``"ok"``, ``"MISSED"``, ``"error"`` or ``"-"`` (see the class docstring)."""
         if self.error is not None:
             return "error"
-        checked = [met for met in (self.speed_met, self.memory_met) if met is not None]
+        targets = (self.speed_met, self.memory_met, self.memory_mib_met)
+        checked = [met for met in targets if met is not None]
         if not checked:
             return "-"
         return "ok" if all(checked) else "MISSED"
@@ -138,6 +150,8 @@ def _target(r: BenchResult) -> str:
         parts.append(f"≥{r.min_speedup:g}x")
     if r.max_memory_ratio is not None:
         parts.append(f"mem ≤{r.max_memory_ratio:g}")
+    if r.max_memory_mib is not None:
+        parts.append(f"≤{r.max_memory_mib:.0f} MiB")
     return ", ".join(parts) or "-"
 
 

@@ -67,6 +67,7 @@ def run_cases(
             description=case.description,
             min_speedup=case.min_speedup,
             max_memory_ratio=case.max_memory_ratio,
+            max_memory_mib=case.max_memory_mib,
             threads=case.threads,
         )
         try:
