@@ -252,14 +252,15 @@ def dry_run(model: nn.Module, targets: Mapping[str, nn.Module], args: Sequence[A
 
 
 class MirrorChildren:
-    """Mixin for modules that hold children of another module (``self._original``).
+    """Mixin for modules that hold children of other modules (``self._originals``).
 
     Replacing a child (``setattr``, ``add_module``, as ``nn.SyncBatchNorm.
-    convert_sync_batchnorm`` does) replaces it in the original too, so the forward that
-    runs the original runs the new module.
+    convert_sync_batchnorm`` does) replaces it in every original that holds the old child
+    under that name too, so a forward that runs an original runs the new module. Set the
+    originals with ``object.__setattr__(self, "_originals", (...))``.
     """
 
-    _original: nn.Module | None = None
+    _originals: tuple[nn.Module, ...] = ()
 
     def add_module(self, name: str, module: nn.Module | None) -> None:
         old = self._modules.get(name)
@@ -277,11 +278,11 @@ class MirrorChildren:
             self._mirror(name, old, value)
 
     def _mirror(self, name: str, old: Any, new: Any) -> None:
-        original = self.__dict__.get("_original")
-        if original is None or old is None or new is old:
+        if old is None or new is old:
             return
-        if original._modules.get(name) is old:
-            original._modules[name] = new
+        for original in self.__dict__.get("_originals", ()):
+            if original._modules.get(name) is old:
+                original._modules[name] = new
 
 
 class _Partial(MirrorChildren, nn.Module):
@@ -296,7 +297,7 @@ class _Partial(MirrorChildren, nn.Module):
         super().__init__()
         self.like = type(like).__name__
         self.training = like.training
-        object.__setattr__(self, "_original", original)
+        object.__setattr__(self, "_originals", () if original is None else (original,))
 
     def _get_name(self) -> str:
         return f"{self.like}[partial]"

@@ -188,7 +188,7 @@ class IntermediateLayerGetter(MirrorChildren, nn.Module):
         # Not registered: the model (whose unused tail must stay out of parameters()), the
         # requested modules, and the holder of parameters that run but reach no output.
         object.__setattr__(self, "_model", model)
-        object.__setattr__(self, "_original", model)  # replaced children mirror into it
+        object.__setattr__(self, "_originals", (model,))  # replaced children mirror into it
         object.__setattr__(self, "_targets", targets)
         object.__setattr__(self, "_links", selection.links)
         object.__setattr__(self, "_hidden", selection.hidden)

@@ -9,6 +9,7 @@ backbone is built; the tests check that the strides are 4, 8, 16 and 32.
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -117,26 +118,9 @@ def torchvision_backbone(
 
 
 def _factory(arch: str) -> Callable[..., Backbone]:
-    def build(
-        *,
-        pretrained: str | os.PathLike[str] | Mapping[str, Any] | None = None,
-        out_indices: Sequence[int] | None = None,
-        in_channels: int = 3,
-        frozen_stages: int = 0,
-        norm_eval: bool = False,
-        **kwargs: Any,
-    ) -> Backbone:
-        return torchvision_backbone(
-            arch,
-            pretrained=pretrained,
-            out_indices=out_indices,
-            in_channels=in_channels,
-            frozen_stages=frozen_stages,
-            norm_eval=norm_eval,
-            **kwargs,
-        )
-
-    build.__name__ = build.__qualname__ = arch
+    """``torchvision_backbone`` with ``arch`` filled in: the builder registered as ``arch``."""
+    build = functools.partial(torchvision_backbone, arch)
+    build.__name__ = arch  # type: ignore[attr-defined]
     build.__doc__ = (
         f"torchvision ``{arch}`` (``weights=None``) as a backbone, stages ending at "
         f"{', '.join(TORCHVISION_STAGES[arch])}. See `torchvision_backbone`."

@@ -18,6 +18,7 @@ from torch import Tensor, nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from visionblocks._check import check_type
+from visionblocks._features_capture import MirrorChildren
 from visionblocks.backbones._options import (
     check_in_channels,
     check_pretrained,
@@ -41,7 +42,7 @@ def stage_name(index: int) -> str:
     return f"stage{index}"
 
 
-class Backbone(nn.Module):
+class Backbone(MirrorChildren, nn.Module):
     """A feature extractor whose ``forward`` returns ``OrderedDict[str, Tensor]``.
 
     Wraps a *body*: a module returning a dict of feature maps (an
@@ -123,8 +124,9 @@ class Backbone(nn.Module):
         check_type("norm_eval", norm_eval, bool)
         mode = body.training
         object.__setattr__(self, "_body", body)
-        owners = (body,) if model is None else (body, model)
-        object.__setattr__(self, "_owners", owners)
+        # A replaced child (convert_sync_batchnorm) is replaced in the body and in the model
+        # the body calls too, so that the forward runs the new module.
+        object.__setattr__(self, "_originals", (body,) if model is None else (body, model))
         for name, child in body.named_children():
             self.add_module(name, child)
         self._share_tensors()
@@ -209,27 +211,6 @@ class Backbone(nn.Module):
             if names and all(n in self._frozen_names for n in names):
                 found.append(module)
         return found
-
-    def add_module(self, name: str, module: nn.Module | None) -> None:
-        old = self._modules.get(name)
-        super().add_module(name, module)
-        self._replace_in_owners(name, old, module)
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        modules = self.__dict__.get("_modules")
-        old = modules.get(name) if modules is not None else None
-        super().__setattr__(name, value)
-        if old is not None and isinstance(value, nn.Module):
-            self._replace_in_owners(name, old, value)
-
-    def _replace_in_owners(self, name: str, old: Any, new: Any) -> None:
-        """A replaced child (``convert_sync_batchnorm`` swaps norms) is replaced in the body
-        and in the model the body calls too, so that the forward runs the new module."""
-        if old is None or new is old:
-            return
-        for owner in self.__dict__.get("_owners", ()):
-            if owner._modules.get(name) is old:
-                owner._modules[name] = new
 
     def _apply(self, fn: Any, recurse: bool = True) -> Backbone:
         # The children are the body's: let the body convert them (and whatever it keeps
