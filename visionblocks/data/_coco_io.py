@@ -1,0 +1,109 @@
+"""Decoding COCO images and segmentations (private; see `visionblocks.data.coco`)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+__all__ = ["decode_rgb", "rles_of", "segmentation_masks"]
+
+
+def decode_rgb(path: Path, image_id: Any) -> Tensor:
+    """``path`` as a ``uint8`` ``(3, H, W)`` RGB tensor.
+
+    ``torchvision.io`` decodes JPEG, PNG, GIF and WebP (grey, palette, RGBA and CMYK files
+    are converted to RGB; 16-bit PNGs are scaled to 8 bits). Other formats (BMP, TIFF, ...)
+    go through Pillow, and so does everything once torchvision drops the image decoders it
+    deprecated in 0.29 (in favour of TorchCodec). EXIF orientation is not applied: COCO
+    annotations refer to the pixels as stored.
+
+    Raises:
+        FileNotFoundError: The file is missing (the message names it and the image id).
+        ValueError: The file is not an image either decoder can read.
+    """
+    if not path.is_file():
+        raise FileNotFoundError(f"image file of image id {image_id!r} not found: '{path}'")
+    try:
+        from torchvision.io import ImageReadMode, decode_image, read_file
+
+        image = decode_image(read_file(str(path)), mode=ImageReadMode.RGB)
+    except (RuntimeError, ImportError, AttributeError):  # a format (or a torchvision) without
+        image = _decode_with_pillow(path, image_id)  # these decoders
+    if image.dtype == torch.uint16:  # 16-bit PNG: keep the high byte
+        image = (image.to(torch.int32) >> 8).to(torch.uint8)
+    return image
+
+
+def _decode_with_pillow(path: Path, image_id: Any) -> Tensor:
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with Image.open(path) as pil:
+            array = np.asarray(pil.convert("RGB"))
+    except (UnidentifiedImageError, OSError) as exc:
+        raise ValueError(f"cannot decode '{path}' (image id {image_id!r}): {exc}") from None
+    return torch.from_numpy(array.copy()).permute(2, 0, 1).contiguous()
+
+
+def rles_of(segmentations: Sequence[Any], height: int, width: int) -> list[dict[str, Any] | None]:
+    """One RLE per segmentation: polygons (merged), uncompressed or compressed RLE.
+
+    An empty or missing segmentation gives ``None``.
+
+    Raises:
+        ValueError: A segmentation of another form, or an RLE of another image size.
+    """
+    from pycocotools import mask as mask_utils
+
+    rles: list[dict[str, Any] | None] = []
+    for seg in segmentations:
+        if not seg:
+            rles.append(None)
+        elif isinstance(seg, list):
+            polygons = [p for p in seg if isinstance(p, list) and len(p) >= 6]
+            rles.append(
+                mask_utils.merge(mask_utils.frPyObjects(polygons, height, width))
+                if polygons
+                else None
+            )
+        elif isinstance(seg, dict) and "counts" in seg and "size" in seg:
+            if list(seg["size"]) != [height, width]:
+                raise ValueError(
+                    f"an RLE segmentation has size {seg['size']}, but the image is "
+                    f"{height} x {width}"
+                )
+            counts = seg["counts"]
+            rles.append(
+                seg
+                if isinstance(counts, (str, bytes))
+                else mask_utils.frPyObjects(seg, height, width)
+            )
+        else:
+            raise ValueError(
+                "a segmentation must be a list of polygons or an RLE dict with 'counts' and "
+                f"'size', got {str(seg)[:80]}"
+            )
+    return rles
+
+
+def segmentation_masks(segmentations: Sequence[Any], height: int, width: int) -> Tensor:
+    """``uint8`` masks ``(N, H, W)``, decoded in one pycocotools call; empty ones all zero."""
+    from pycocotools import mask as mask_utils
+
+    rles = rles_of(segmentations, height, width)
+    present = [i for i, rle in enumerate(rles) if rle is not None]
+    if not present:
+        return torch.zeros(len(segmentations), height, width, dtype=torch.uint8)
+    decoded = mask_utils.decode([rles[i] for i in present])  # (H, W, n), Fortran order
+    # One transposing copy to (n, H, W) in C order (NumPy's is about twice torch's speed).
+    planes = torch.from_numpy(np.ascontiguousarray(decoded.transpose(2, 0, 1)))
+    if len(present) == len(rles):
+        return planes
+    masks = torch.zeros(len(segmentations), height, width, dtype=torch.uint8)
+    masks.index_copy_(0, torch.tensor(present), planes)
+    return masks

@@ -1,0 +1,310 @@
+"""COCO detection data as model-ready ``tv_tensors``: `CocoDetection`.
+
+Built on pycocotools and torchvision. An item is ``(image, target)``: a
+``tv_tensors.Image`` (``uint8``, RGB, ``(3, H, W)``) and a dict of typed tensors, so a
+``torchvision.transforms.v2`` pipeline transforms image, boxes and masks together, and an
+image without annotations still gives correctly shaped empty tensors.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import torch
+from torch import Tensor
+from torch.utils.data import Dataset
+
+from visionblocks._check import check_choice, check_type
+from visionblocks.data._coco_index import (
+    ImageEntry,
+    build_index,
+    load_coco,
+    read_annotation_file,
+)
+from visionblocks.data._coco_io import decode_rgb, segmentation_masks
+from visionblocks.registry import DATASETS
+
+__all__ = ["CocoBase", "CocoDetection"]
+
+CrowdPolicy = Literal["keep", "drop", "ignore"]
+
+
+class CocoBase(Dataset):
+    """The parts shared by `CocoDetection` and `visionblocks.data.CocoSegmentation`.
+
+    Reads and checks the annotation file, builds the per-image index, maps category ids to
+    labels and decodes images. Not meant to be used on its own.
+    """
+
+    def __init__(
+        self,
+        root: str | os.PathLike[str],
+        ann_file: str | os.PathLike[str],
+        *,
+        transforms: Callable[..., Any] | None = None,
+        contiguous_labels: bool = True,
+    ) -> None:
+        check_type("root", root, (str, os.PathLike))
+        check_type("ann_file", ann_file, (str, os.PathLike))
+        check_type("contiguous_labels", contiguous_labels, bool)
+        if transforms is not None and not callable(transforms):
+            raise TypeError(f"transforms must be callable or None, got {type(transforms).__name__}")
+        self.root = Path(root)
+        if not self.root.is_dir():
+            raise FileNotFoundError(f"image root is not a directory: '{self.root}'")
+        self.ann_file = Path(ann_file)
+        self.transforms = transforms
+        self.contiguous_labels = contiguous_labels
+        data = read_annotation_file(self.ann_file)
+        self._coco = load_coco(data)
+        entries, stats = build_index(self.ann_file, data)
+        categories = sorted(data["categories"], key=lambda c: c["id"])
+        self.classes: list[str] = [str(c["name"]) for c in categories]
+        ids = [c["id"] for c in categories]
+        if contiguous_labels:
+            self.category_id_to_label = {cid: i for i, cid in enumerate(ids)}
+        else:
+            self.category_id_to_label = {cid: cid for cid in ids}
+        self.label_to_category_id = {v: k for k, v in self.category_id_to_label.items()}
+        self.num_degenerate = len(stats.degenerate)
+        if stats.degenerate:
+            shown = ", ".join(repr(i) for i in stats.degenerate[:5])
+            warnings.warn(
+                f"{type(self).__name__}: dropped {len(stats.degenerate)} annotation(s) of "
+                f"'{self.ann_file.name}' whose box has zero width or height inside the image "
+                f"(annotation ids {shown}{', ...' if len(stats.degenerate) > 5 else ''})",
+                stacklevel=3,
+            )
+        self._entries: list[ImageEntry] = self._select(entries)
+        self._label_lookup = self._lookup_table()
+
+    # ----------------------------------------------------------------------- subclass hooks
+    def _select(self, entries: list[ImageEntry]) -> list[ImageEntry]:
+        return entries
+
+    # --------------------------------------------------------------------------- metadata
+    @property
+    def coco(self) -> Any:
+        """The ``pycocotools.coco.COCO`` of the annotation file (reloaded after unpickling)."""
+        if self._coco is None:
+            self._coco = load_coco(read_annotation_file(self.ann_file))
+        return self._coco
+
+    @property
+    def ids(self) -> list[int]:
+        """The image id of each index: image-id order, as torchvision's ``CocoDetection``."""
+        return [e.image_id for e in self._entries]
+
+    def get_height_and_width(self, index: int) -> tuple[int, int]:
+        """``(H, W)`` of image ``index`` from the annotation file (nothing is decoded).
+
+        Examples:
+            >>> import tempfile
+            >>> from visionblocks.data import make_synthetic_coco
+            >>> folder = tempfile.TemporaryDirectory()
+            >>> ann = make_synthetic_coco(folder.name, num_images=2, image_size=(48, 64))
+            >>> CocoDetection(f"{folder.name}/images", ann).get_height_and_width(0)
+            (48, 64)
+            >>> folder.cleanup()
+        """
+        entry = self._entries[self._index(index)]
+        return entry.height, entry.width
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def _index(self, index: Any) -> int:
+        if isinstance(index, bool) or not isinstance(index, (int, np.integer)):
+            raise TypeError(f"dataset index must be an int, got {type(index).__name__}")
+        n = len(self._entries)
+        if not -n <= index < n:
+            raise IndexError(f"index {index} is out of range for a dataset of {n} images")
+        return int(index) % n
+
+    def _lookup_table(self) -> np.ndarray | None:
+        """A dense category id -> label array when the ids are small non-negative ints."""
+        ids = list(self.category_id_to_label)
+        if not ids or not all(isinstance(i, int) and 0 <= i < 1_000_000 for i in ids):
+            return None
+        table = np.full(max(ids) + 1, -1, dtype=np.int64)
+        for cid, label in self.category_id_to_label.items():
+            table[cid] = label
+        return table
+
+    def _labels(self, category_ids: np.ndarray) -> Tensor:
+        if self._label_lookup is not None:
+            return torch.from_numpy(self._label_lookup[category_ids])
+        return torch.tensor(
+            [self.category_id_to_label[int(c)] for c in category_ids], dtype=torch.int64
+        )
+
+    def _image(self, entry: ImageEntry) -> Tensor:
+        image = decode_rgb(self.root / entry.file_name, entry.image_id)
+        if tuple(image.shape[-2:]) != (entry.height, entry.width):
+            raise ValueError(
+                f"image '{self.root / entry.file_name}' (image id {entry.image_id!r}) is "
+                f"{image.shape[-2]} x {image.shape[-1]}, but the annotation file says "
+                f"{entry.height} x {entry.width}; the annotations would not fit it"
+            )
+        return image
+
+    # --------------------------------------------------------------------------- pickling
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_coco"] = None  # large; rebuilt from ann_file on first use of .coco
+        return state
+
+
+@DATASETS.register(name="coco_detection", aliases=("coco",))
+class CocoDetection(CocoBase):
+    """COCO instance annotations as ``(tv_tensors.Image, target)`` pairs.
+
+    ``target`` holds:
+
+    - ``boxes``: ``tv_tensors.BoundingBoxes`` ``(N, 4)`` float32, XYXY, clipped to the image
+      (``canvas_size=(H, W)``);
+    - ``labels``: int64 ``(N,)``: contiguous ``0..K-1`` in category-id order (see
+      ``classes``, ``category_id_to_label``, ``label_to_category_id``), or the category ids
+      themselves with ``contiguous_labels=False``;
+    - ``masks``: ``tv_tensors.Mask`` ``(N, H, W)`` uint8, when ``with_masks=True``, decoded
+      per item from polygons, multi-polygons, or compressed or uncompressed RLE (an
+      annotation without a segmentation gets an empty mask);
+    - ``iscrowd``: int64 ``(N,)``; ``area``: float32 ``(N,)`` (the file's ``area``);
+      ``image_id``: int;
+    - ``ignore_boxes``: ``tv_tensors.BoundingBoxes`` ``(M, 4)``, with ``crowd="ignore"``.
+
+    An image without annotations gives ``boxes (0, 4)``, ``labels (0,)`` and ``masks
+    (0, H, W)``. Annotations whose box has zero width or height inside the image are dropped
+    at construction (one warning gives the count; ``num_degenerate`` keeps it).
+
+    Crowd annotations (``iscrowd=1``): ``crowd="keep"`` keeps them with ``iscrowd`` 1,
+    ``"drop"`` removes them, ``"ignore"`` moves their boxes to ``ignore_boxes`` (regions a
+    detector should neither reward nor punish). ``remove_empty`` drops images left without
+    annotations (after the crowd policy); ``remove_crowd_only`` drops images whose only
+    annotations are crowd.
+
+    Images are decoded with ``torchvision.io`` (grey, palette, RGBA and CMYK files become
+    RGB) or, for other formats, Pillow. File names are relative to ``root``: an absolute one,
+    or one that leads out of ``root`` with ``..``, is refused at construction. The dataset
+    pickles (for ``DataLoader`` workers) without its ``coco`` object, which is reloaded on
+    first use.
+
+    Args:
+        root: Folder the ``file_name`` entries are relative to.
+        ann_file: COCO annotation JSON.
+        transforms: ``transforms(image, target) -> (image, target)``, e.g. a
+            ``torchvision.transforms.v2.Compose``.
+        with_masks: Decode instance masks.
+        remove_empty: Drop images without annotations.
+        contiguous_labels: Labels ``0..K-1`` (True) or raw category ids (False).
+        crowd: ``"keep"``, ``"drop"`` or ``"ignore"``.
+        remove_crowd_only: Drop images whose only annotations are crowd.
+
+    Attributes:
+        coco: ``pycocotools.coco.COCO`` of the annotation file.
+        ids (list[int]): Image id of each index.
+        classes (list[str]): Category names in label order.
+        category_id_to_label (dict[int, int]): Category id -> label.
+        label_to_category_id (dict[int, int]): Label -> category id.
+        num_degenerate (int): Annotations dropped for a degenerate box.
+
+    Raises:
+        FileNotFoundError: ``root`` or ``ann_file`` does not exist; at item time, a missing
+            image (the message names the file and the image id).
+        ValueError: A broken annotation file (the message names it), annotations pointing
+            at unknown images or categories (naming the ids), an unsafe ``file_name``, a bad
+            ``crowd``; at item time, an image whose size differs from the file's.
+        TypeError: Arguments of the wrong type.
+
+    Examples:
+        >>> import tempfile
+        >>> from visionblocks.data import make_synthetic_coco
+        >>> folder = tempfile.TemporaryDirectory()
+        >>> ann = make_synthetic_coco(folder.name, num_images=4, image_size=(64, 96), seed=1)
+        >>> dataset = CocoDetection(f"{folder.name}/images", ann, with_masks=True)
+        >>> image, target = dataset[0]
+        >>> image.shape, image.dtype, dataset.classes
+        (torch.Size([3, 64, 96]), torch.uint8, ['circle', 'square', 'triangle'])
+        >>> n = len(target["labels"])
+        >>> target["boxes"].shape == (n, 4), target["masks"].shape == (n, 64, 96)
+        (True, True)
+        >>> folder.cleanup()
+    """
+
+    def __init__(
+        self,
+        root: str | os.PathLike[str],
+        ann_file: str | os.PathLike[str],
+        *,
+        transforms: Callable[..., Any] | None = None,
+        with_masks: bool = False,
+        remove_empty: bool = False,
+        contiguous_labels: bool = True,
+        crowd: CrowdPolicy = "keep",
+        remove_crowd_only: bool = False,
+    ) -> None:
+        check_type("with_masks", with_masks, bool)
+        check_type("remove_empty", remove_empty, bool)
+        check_type("remove_crowd_only", remove_crowd_only, bool)
+        check_choice("crowd", crowd, ("keep", "drop", "ignore"))
+        self.with_masks = with_masks
+        self.remove_empty = remove_empty
+        self.crowd = crowd
+        self.remove_crowd_only = remove_crowd_only
+        super().__init__(root, ann_file, transforms=transforms, contiguous_labels=contiguous_labels)
+
+    def _select(self, entries: list[ImageEntry]) -> list[ImageEntry]:
+        kept = []
+        for entry in entries:
+            crowd = entry.iscrowd
+            if self.remove_crowd_only and crowd.size and crowd.all():
+                continue
+            if self.remove_empty and not (crowd.size if self.crowd == "keep" else (~crowd).sum()):
+                continue
+            kept.append(entry)
+        return kept
+
+    def __getitem__(self, index: int) -> tuple[Any, dict[str, Any]]:
+        from torchvision import tv_tensors
+
+        entry = self._entries[self._index(index)]
+        image = tv_tensors.Image(self._image(entry))
+        size = (entry.height, entry.width)
+        crowd = entry.iscrowd
+        keep = np.ones(len(crowd), bool) if self.crowd == "keep" else ~crowd
+        rows = np.flatnonzero(keep)
+
+        def boxes_of(select: np.ndarray) -> Any:
+            return tv_tensors.BoundingBoxes(
+                torch.from_numpy(entry.boxes[select]).reshape(-1, 4),
+                format=tv_tensors.BoundingBoxFormat.XYXY,
+                canvas_size=size,
+            )
+
+        target: dict[str, Any] = {
+            "boxes": boxes_of(rows),
+            "labels": self._labels(entry.category_ids[rows]),
+        }
+        if self.with_masks:
+            segmentations = [entry.segmentations[i] for i in rows]
+            target["masks"] = tv_tensors.Mask(segmentation_masks(segmentations, *size))
+        target["iscrowd"] = torch.from_numpy(crowd[rows].astype(np.int64))
+        target["area"] = torch.from_numpy(entry.area[rows])
+        target["image_id"] = entry.image_id
+        if self.crowd == "ignore":
+            target["ignore_boxes"] = boxes_of(np.flatnonzero(crowd))
+        if self.transforms is not None:
+            image, target = self.transforms(image, target)
+        return image, target
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(images={len(self)}, classes={len(self.classes)}, "
+            f"root='{self.root}', ann_file='{self.ann_file}', with_masks={self.with_masks}, "
+            f"crowd={self.crowd!r}, remove_empty={self.remove_empty})"
+        )
