@@ -1,0 +1,301 @@
+"""COCO box and mask evaluation (AP/AR) of model outputs, single-process or distributed.
+
+`coco_evaluate` turns per-image model outputs (or ready COCO result dicts) into COCO results,
+gathers them from every rank, runs ``COCOeval`` (pycocotools or faster_coco_eval) once on rank
+0 and hands the twelve standard numbers to every rank.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, Literal
+
+import torch
+
+from visionblocks._check import check_choice, check_range
+from visionblocks.data._coco_results import as_int, ids_text, to_results
+from visionblocks.distributed import all_gather_object, get_rank, get_world_size
+
+__all__ = ["COCO_STAT_NAMES", "coco_evaluate"]
+
+COCO_STAT_NAMES: tuple[str, ...] = (
+    *("AP", "AP50", "AP75", "APs", "APm", "APl"),
+    *("AR1", "AR10", "AR100", "ARs", "ARm", "ARl"),
+)
+"""The keys of `coco_evaluate`'s result, in COCOeval's ``stats`` order."""
+_IOU_TYPES = ("bbox", "segm")
+_BACKENDS = ("pycocotools", "faster_coco_eval")
+_ACCEPTED_GT = "a COCO object, a path to an annotation JSON, a COCO-format dict or a dataset"
+
+
+# ------------------------------------------------------------------------------ ground truth
+
+
+def _is_coco(obj: Any) -> bool:  # pycocotools.coco.COCO, faster_coco_eval.COCO and look-alikes
+    return all(hasattr(obj, a) for a in ("dataset", "imgs", "cats", "loadRes"))
+
+
+def _load_coco(source: Any, backend: str) -> Any:
+    """A COCO object of ``backend``'s own class from a path, a dict or another COCO object."""
+    if backend == "faster_coco_eval":
+        try:
+            from faster_coco_eval import COCO
+        except ImportError as err:
+            raise ImportError(
+                "backend='faster_coco_eval' needs the faster-coco-eval package: "
+                "pip install faster-coco-eval"
+            ) from err
+    else:
+        from pycocotools.coco import COCO
+    if isinstance(source, COCO):
+        return source
+    data = source.dataset if _is_coco(source) else source
+    with contextlib.redirect_stdout(io.StringIO()):
+        if isinstance(data, (str, os.PathLike)):
+            return COCO(os.fspath(data))
+        coco = COCO()
+        coco.dataset = data
+        coco.createIndex()
+    return coco
+
+
+def _resolve_ground_truth(coco_gt: Any, backend: str) -> tuple[Any, list[int], Any]:
+    """``(coco, image ids of coco_gt, label map of the dataset or None)``."""
+    if isinstance(coco_gt, torch.utils.data.Subset):
+        indices = list(range(len(coco_gt)))
+        dataset: Any = coco_gt
+        while isinstance(dataset, torch.utils.data.Subset):
+            indices = [int(dataset.indices[i]) for i in indices]
+            dataset = dataset.dataset
+        if not (hasattr(dataset, "coco") and hasattr(dataset, "ids")):
+            raise TypeError(
+                "coco_gt is a Subset of a dataset without .coco and .ids; "
+                f"got a Subset of {type(dataset).__name__}"
+            )
+        all_ids = list(dataset.ids)
+        coco, _, label_map = _resolve_ground_truth(dataset, backend)
+        return coco, [all_ids[i] for i in indices], label_map
+    if _is_coco(coco_gt) or isinstance(coco_gt, (str, os.PathLike, Mapping)):
+        if isinstance(coco_gt, (str, os.PathLike)) and not os.path.isfile(coco_gt):
+            raise FileNotFoundError(f"coco_gt: no annotation file at {os.fspath(coco_gt)!r}")
+        coco = _load_coco(coco_gt, backend)
+        return coco, sorted(coco.imgs), None
+    if hasattr(coco_gt, "coco") and _is_coco(coco_gt.coco):
+        coco = _load_coco(coco_gt.coco, backend)
+        ids = list(coco_gt.ids) if hasattr(coco_gt, "ids") else sorted(coco.imgs)
+        return coco, ids, getattr(coco_gt, "label_to_category_id", None)
+    raise TypeError(f"coco_gt must be {_ACCEPTED_GT}, got {type(coco_gt).__name__}")
+
+
+# ------------------------------------------------------------------------------ evaluation
+
+
+def _run_cocoeval(
+    coco: Any,
+    results: list[dict[str, Any]],
+    image_ids: list[int],
+    iou_type: str,
+    backend: str,
+    verbose: bool,
+) -> list[float]:
+    quiet = contextlib.nullcontext() if verbose else contextlib.redirect_stdout(io.StringIO())
+    with quiet:
+        if backend == "faster_coco_eval":
+            from faster_coco_eval import COCOeval_faster
+
+            coco_dt = coco.loadRes(results)  # accepts an empty list
+            evaluator = COCOeval_faster(
+                coco, coco_dt, iou_type, print_function=print if verbose else lambda *a, **k: None
+            )
+        else:
+            from pycocotools.coco import COCO
+            from pycocotools.cocoeval import COCOeval
+
+            if results:
+                coco_dt = coco.loadRes(results)
+            else:  # loadRes fails on []: an empty result set with the same images and categories
+                coco_dt = COCO()
+                coco_dt.dataset = {
+                    "images": list(coco.dataset["images"]),
+                    "categories": list(coco.dataset.get("categories", [])),
+                    "annotations": [],
+                }
+                coco_dt.createIndex()
+            evaluator = COCOeval(coco, coco_dt, iou_type)
+        evaluator.params.imgIds = sorted(image_ids)
+        evaluator.evaluate()
+        evaluator.accumulate()
+        evaluator.summarize()
+    return [float(s) for s in evaluator.stats[: len(COCO_STAT_NAMES)]]
+
+
+def _gather(payload: tuple) -> list[tuple]:
+    """Every rank's payload; a failure on any rank is raised on every rank (no rank hangs)."""
+    gathered = all_gather_object(payload) if get_world_size() > 1 else [payload]
+    for rank, item in enumerate(gathered):
+        if item[0] == "error":
+            error_type = {"ValueError": ValueError, "TypeError": TypeError}.get(
+                item[1], RuntimeError
+            )
+            raise error_type(f"coco_evaluate failed on rank {rank}: {item[2]}")
+    return gathered
+
+
+def _guarded(fn: Any, *args: Any) -> tuple:
+    try:
+        return ("ok", fn(*args))
+    except Exception as err:
+        if get_world_size() == 1:
+            raise
+        return ("error", type(err).__name__, str(err))  # re-raised on every rank by _gather
+
+
+def _merge(per_rank: list[tuple[list[int], list[dict]]], eval_ids: set[int]) -> list[dict]:
+    """All ranks' results on the evaluated images; an image on several ranks counts once."""
+    seen: set[int] = set()
+    merged: list[dict[str, Any]] = []
+    for covered, results in per_rank:
+        new = set(covered) - seen
+        merged.extend(r for r in results if r["image_id"] in new and r["image_id"] in eval_ids)
+        seen |= new
+    return merged
+
+
+def coco_evaluate(
+    predictions: Mapping[int, Mapping[str, Any]] | Sequence[Mapping[str, Any]],
+    coco_gt: Any,
+    iou_type: Literal["bbox", "segm"] = "bbox",
+    backend: Literal["pycocotools", "faster_coco_eval"] = "pycocotools",
+    *,
+    label_to_category_id: Mapping[int, int] | Sequence[int] | None = None,
+    image_ids: Iterable[int] | None = None,
+    mask_threshold: float = 0.5,
+    verbose: bool = False,
+) -> dict[str, float]:
+    """COCO AP/AR of detections or instance masks: the twelve numbers of ``COCOeval.summarize``.
+
+    Standard COCO protocol and defaults throughout: IoU thresholds 0.50:0.05:0.95, 101 recall
+    points, ``maxDets`` (1, 10, 100), area ranges small < 32² ≤ medium < 96² ≤ large, crowd
+    ground truth matched but ignored, every category of ``coco_gt`` evaluated.
+
+    Distributed:
+        With ``torch.distributed`` initialised, **call it on every rank** (it is a collective).
+        Each rank converts its own ``predictions`` (each rank's share, e.g. from a
+        ``DistributedSampler``), they are gathered with ``all_gather_object``, rank 0 runs
+        ``COCOeval`` and the stats are sent back: every rank returns the same dict, so logging
+        and early stopping can happen anywhere. An image predicted on several ranks (the
+        padding of ``DistributedSampler``) counts once, from the lowest rank. An error on any
+        rank is raised on every rank instead of leaving the others waiting. ``coco_gt``,
+        ``image_ids`` and the options must be the same on all ranks. With nccl, set the CUDA
+        device of each rank first (``all_gather_object`` needs it).
+
+    Args:
+        predictions: Either per-image model outputs, as a dict ``{image_id: output}`` or a list
+            of outputs each with an ``"image_id"``, where ``output`` holds
+            ``boxes (Tensor[N, 4])`` XYXY in pixels of the original image, ``scores
+            (Tensor[N])``, ``labels (Tensor[N])`` integer and, for ``"segm"``, ``masks
+            (Tensor[N, H, W] or Tensor[N, 1, H, W])`` at the image's size: bool/integer
+            (non-zero is foreground) or float probabilities (``> mask_threshold``). Any device
+            and floating dtype; gradients are ignored; other keys are ignored. An image may have
+            N = 0 (then ``masks`` may be absent). Or a list of COCO result dicts
+            ``{"image_id", "category_id", "score", "bbox": [x, y, w, h]}`` (``"bbox"``) or
+            ``... "segmentation": {"size": [H, W], "counts": str}`` (``"segm"``), which are
+            validated and copied, never modified. An empty dict/list is allowed.
+        coco_gt: The ground truth: a ``pycocotools.coco.COCO`` (or ``faster_coco_eval.COCO``),
+            a path to a COCO annotation JSON, a COCO-format dict, or a dataset with ``.coco``
+            and ``.label_to_category_id`` (``.ids`` gives its images) such as
+            ``CocoDetection``, or a ``torch.utils.data.Subset`` of one. A dataset is evaluated
+            on the images it keeps (after ``remove_empty`` and the like), a Subset on its
+            indices' images; pass ``dataset.coco`` for every image of the annotation file.
+        iou_type: ``"bbox"`` (boxes) or ``"segm"`` (masks).
+        backend: ``"pycocotools"`` or ``"faster_coco_eval"`` (C++, same numbers, faster).
+        label_to_category_id: Maps ``labels`` of per-image outputs to COCO category ids
+            (dict, or list indexed by label). Default: the dataset's map when ``coco_gt`` is a
+            dataset or Subset, else labels are taken as category ids. Result dicts are never
+            mapped.
+        image_ids: Evaluate only these images (they must belong to ``coco_gt``); predictions
+            for the other images are dropped. Default: every image of ``coco_gt`` (of the
+            dataset's ``ids`` or the Subset's indices), so images without predictions count as
+            misses, as in the standard protocol.
+        mask_threshold: Threshold for float ``masks``, in [0, 1].
+        verbose: Print the pycocotools/faster_coco_eval log and summary table (rank 0 only).
+            Quiet by default.
+
+    Returns:
+        dict[str, float]: ``AP, AP50, AP75, APs, APm, APl, AR1, AR10, AR100, ARs, ARm, ARl``
+        (in this order), plain floats in [0, 1], or ``-1.0`` where that number has
+        no ground truth (e.g. ``APs`` without small objects, everything for images without
+        annotations), exactly as ``COCOeval`` reports it. No predictions at all is not an error
+        and gives what ``COCOeval`` gives for an empty result set: 0.0 wherever there is ground
+        truth, -1.0 where there is none, so the numbers do not jump when the first detection
+        appears.
+
+    Raises:
+        ValueError: Unknown ``iou_type``/``backend``; image ids or labels/category ids that
+            ``coco_gt`` does not know (they are named); wrong shapes; masks missing or of the
+            wrong size for ``"segm"``; NaN/inf boxes or scores; an image with two outputs;
+            ``image_ids`` empty or outside ``coco_gt``.
+        TypeError: Inputs of the wrong type (non-tensor boxes, float labels, ...).
+        FileNotFoundError: ``coco_gt`` names no file.
+        ImportError: ``backend="faster_coco_eval"`` without the package.
+
+    Note:
+        As with ``COCOeval`` itself, evaluation adds an ``ignore`` flag to the ground-truth
+        annotation dicts and, for ``"segm"``, may replace their polygons by the equivalent RLE;
+        the numbers of later evaluations are unaffected.
+
+    Examples:
+        >>> import torch
+        >>> gt = {
+        ...     "images": [{"id": 1, "height": 100, "width": 100}],
+        ...     "categories": [{"id": 3, "name": "dog"}],
+        ...     "annotations": [{"id": 1, "image_id": 1, "category_id": 3, "iscrowd": 0,
+        ...                      "bbox": [10, 10, 40, 30], "area": 1200.0}],
+        ... }
+        >>> outputs = {1: {"boxes": torch.tensor([[10.0, 10.0, 50.0, 40.0]]),
+        ...                "scores": torch.tensor([0.9]), "labels": torch.tensor([0])}}
+        >>> stats = coco_evaluate(outputs, gt, label_to_category_id={0: 3})
+        >>> round(stats["AP"], 6), round(stats["APm"], 6), stats["APl"]
+        (1.0, 1.0, -1.0)
+        >>> coco_evaluate([], gt)["AP"]
+        0.0
+    """
+    check_choice("iou_type", iou_type, _IOU_TYPES)
+    check_choice("backend", backend, _BACKENDS)
+    check_range("mask_threshold", float(mask_threshold), 0.0, 1.0)
+    coco, gt_image_ids, dataset_map = _resolve_ground_truth(coco_gt, backend)
+    gt_ids = set(gt_image_ids)
+    if image_ids is None:
+        eval_ids = gt_ids
+    else:
+        eval_ids = {as_int("image_ids[...]", i) for i in image_ids}
+        if eval_ids - gt_ids:
+            raise ValueError(f"image_ids not in coco_gt: {ids_text(eval_ids - gt_ids)}")
+    if not eval_ids:
+        raise ValueError("no images to evaluate: image_ids (or coco_gt) is empty")
+
+    category_ids = set(coco.cats)
+    label_map = dataset_map if label_to_category_id is None else label_to_category_id
+    if label_map is not None:
+        if not isinstance(label_map, Mapping):
+            label_map = dict(enumerate(label_map))
+        label_map = {as_int("label", k): as_int("category id", v) for k, v in label_map.items()}
+        if set(label_map.values()) - category_ids:
+            bad = set(label_map.values()) - category_ids
+            raise ValueError(f"label_to_category_id maps to unknown category ids {ids_text(bad)}")
+    sizes = {i: (int(coco.imgs[i]["height"]), int(coco.imgs[i]["width"])) for i in gt_ids}
+    ctx = {
+        "iou_type": iou_type, "label_map": label_map, "category_ids": category_ids,
+        "gt_ids": gt_ids, "sizes": sizes, "thr": float(mask_threshold),
+    }  # fmt: skip
+
+    gathered = _gather(_guarded(to_results, predictions, ctx))
+    stats: tuple = ("ok", None)
+    if get_rank() == 0:
+        results = _merge([payload[1] for payload in gathered], eval_ids)
+        stats = _guarded(_run_cocoeval, coco, results, sorted(eval_ids), iou_type, backend, verbose)
+    del gathered
+    return dict(zip(COCO_STAT_NAMES, _gather(stats)[0][1]))
