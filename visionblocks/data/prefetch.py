@@ -1,0 +1,298 @@
+"""Move batches to a device, and overlap the host-to-device copies with compute on CUDA.
+
+`move_to_device` moves every tensor of a nested batch (tuples, lists, dicts, NamedTuples such
+as `visionblocks.data.collate.DetectionBatch`) and keeps ``torchvision.tv_tensors`` with their
+subclass and metadata (``canvas_size``, ``format``). `prefetch_to_device` wraps a loader so
+that, on a CUDA device, batch ``i + 1`` is copied on a side stream while the caller computes on
+batch ``i``.
+
+Convention:
+    - Containers are rebuilt only where a tensor inside them moved: a batch whose tensors are all
+      on ``device`` already comes back as the **same object**. Tuples, lists, mappings
+      (``dict`` subclasses keep their type) and NamedTuples are walked; strings, numbers and
+      every other object are returned as they are (tensors inside them are not moved).
+    - ``"cuda"`` without an index means the current CUDA device
+      (``torch.cuda.current_device()``, read when the copy is made).
+"""
+
+from __future__ import annotations
+
+import copy
+import sys
+from collections.abc import Callable, Iterable, Iterator, Mapping, MutableMapping
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from visionblocks._check import check_type
+
+__all__ = ["DevicePrefetcher", "move_to_device", "prefetch_to_device"]
+
+
+def _map_tensors(data: Any, fn: Callable[[Tensor], Tensor]) -> Any:
+    """Apply ``fn`` to every tensor in nested tuples/lists/mappings; rebuild only what changed."""
+    if isinstance(data, Tensor):
+        return fn(data)
+    if isinstance(data, (str, bytes)):
+        return data
+    if isinstance(data, Mapping):
+        values = {key: _map_tensors(value, fn) for key, value in data.items()}
+        if all(values[key] is data[key] for key in values):
+            return data
+        if isinstance(data, MutableMapping):
+            clone = copy.copy(data)  # keeps OrderedDict, defaultdict, ... and their attributes
+            clone.update(values)
+            return clone
+        return dict(values)
+    if isinstance(data, (tuple, list)):
+        items = [_map_tensors(item, fn) for item in data]
+        if all(new is old for new, old in zip(items, data)):
+            return data
+        if isinstance(data, tuple) and hasattr(data, "_fields"):  # NamedTuple
+            return type(data)(*items)
+        return tuple(items) if isinstance(data, tuple) else items
+    return data
+
+
+def _resolve(device: torch.device) -> torch.device:
+    if device.type == "cuda" and device.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
+def _is_on(tensor: Tensor, device: torch.device) -> bool:
+    if device.index is None:
+        return tensor.device.type == device.type
+    return tensor.device == device
+
+
+def _tv_tensors() -> Any:
+    """``torchvision.tv_tensors`` if something imported it, else None (then no tensor can be
+    a tv_tensor, and importing torchvision, which takes seconds, is not needed)."""
+    return sys.modules.get("torchvision.tv_tensors")
+
+
+def _is_tv_tensor(tensor: Tensor) -> bool:
+    tv = _tv_tensors() if type(tensor) is not Tensor else None
+    return tv is not None and isinstance(tensor, tv.TVTensor)
+
+
+def _rewrap(like: Tensor, output: Tensor) -> Tensor:
+    """Give ``output`` the tv_tensor subclass and metadata of ``like``; plain stays plain."""
+    if _is_tv_tensor(like):
+        return _tv_tensors().wrap(output, like=like)
+    return output
+
+
+def _plain(tensor: Tensor) -> Tensor:
+    return tensor.as_subclass(Tensor) if _is_tv_tensor(tensor) else tensor
+
+
+def _copy_to(tensor: Tensor, device: torch.device, non_blocking: bool) -> Tensor:
+    return _rewrap(tensor, _plain(tensor).to(device, non_blocking=non_blocking))
+
+
+def _pinned(tensor: Tensor) -> Tensor:
+    if tensor.device.type != "cpu" or tensor.is_pinned():
+        return tensor
+    return _rewrap(tensor, _plain(tensor).pin_memory())
+
+
+def _as_device(device: Any) -> torch.device:
+    check_type("device", device, (str, torch.device))
+    if isinstance(device, str):
+        try:
+            device = torch.device(device)
+        except RuntimeError as err:
+            raise ValueError(f"device must name a torch device, got {device!r}") from err
+    return device
+
+
+def move_to_device(data: Any, device: str | torch.device, *, non_blocking: bool = False) -> Any:
+    """Move every tensor of a nested batch to ``device``, keeping containers and tv_tensors.
+
+    Args:
+        data: A tensor, or tuples / lists / mappings / NamedTuples of them, nested at will.
+            Other objects are kept as they are.
+        device: Target device (``"cpu"``, ``"cuda"``, ``"cuda:1"``, a ``torch.device``).
+        non_blocking: Passed to ``Tensor.to``: asynchronous host-to-device copies when the
+            source is pinned memory (the caller then owns the stream synchronisation).
+
+    Returns:
+        The same structure with every tensor on ``device``. Tensors already there, and
+        containers holding nothing that moved, are returned as the same objects; tv_tensors
+        keep their subclass and metadata.
+
+    Raises:
+        TypeError: If ``device`` is neither a ``str`` nor a ``torch.device``.
+        ValueError: If ``device`` names no device.
+
+    Examples:
+        >>> import torch
+        >>> from torchvision import tv_tensors
+        >>> boxes = tv_tensors.BoundingBoxes(torch.zeros(1, 4), format="XYXY", canvas_size=(4, 5))
+        >>> batch = {"boxes": boxes, "labels": torch.tensor([1]), "image_id": 7}
+        >>> moved = move_to_device(batch, "cpu")
+        >>> moved is batch  # everything is on the CPU already: nothing is rebuilt
+        True
+        >>> moved = move_to_device(batch, "meta")
+        >>> type(moved["boxes"]).__name__, moved["boxes"].canvas_size, moved["image_id"]
+        ('BoundingBoxes', (4, 5), 7)
+    """
+    target = _resolve(_as_device(device))
+    check_type("non_blocking", non_blocking, bool)
+
+    def move(tensor: Tensor) -> Tensor:
+        return tensor if _is_on(tensor, target) else _copy_to(tensor, target, non_blocking)
+
+    return _map_tensors(data, move)
+
+
+_DONE = object()
+
+
+class DevicePrefetcher:
+    """Iterate over ``loader`` with every batch moved to ``device``; see `prefetch_to_device`.
+
+    Attributes:
+        loader: The wrapped iterable (a ``DataLoader`` or any re-iterable of batches).
+        device: The target device.
+        non_blocking: Whether host-to-device copies are asynchronous (pinned memory).
+    """
+
+    def __init__(
+        self, loader: Iterable[Any], device: str | torch.device, *, non_blocking: bool = True
+    ) -> None:
+        if not isinstance(loader, Iterable):
+            raise TypeError(f"loader must be iterable, got {type(loader).__name__}")
+        device = _as_device(device)
+        check_type("non_blocking", non_blocking, bool)
+        if device.type == "cuda":
+            if not torch.cuda.is_available():
+                raise RuntimeError(
+                    f"device {str(device)!r} was asked for but CUDA is not available "
+                    "(torch.cuda.is_available() is False); use device='cpu'"
+                )
+            if device.index is not None and device.index >= torch.cuda.device_count():
+                raise RuntimeError(
+                    f"device {str(device)!r} was asked for but only "
+                    f"{torch.cuda.device_count()} CUDA device(s) are visible"
+                )
+        self.loader = loader
+        self.device = device
+        self.non_blocking = non_blocking
+
+    def __len__(self) -> int:
+        try:
+            return len(self.loader)  # type: ignore[arg-type]
+        except TypeError as err:
+            raise TypeError(
+                f"the wrapped {type(self.loader).__name__} has no len(), so neither has the "
+                "prefetcher"
+            ) from err
+
+    def __iter__(self) -> Iterator[Any]:
+        if self.device.type == "cuda":
+            return self._iter_cuda()
+        return (move_to_device(batch, self.device) for batch in self.loader)
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(loader={type(self.loader).__name__}, "
+            f"device={str(self.device)!r}, non_blocking={self.non_blocking})"
+        )
+
+    def _iter_cuda(self) -> Iterator[Any]:
+        device = _resolve(self.device)
+        copy_stream = torch.cuda.Stream(device=device)
+        batches = iter(self.loader)
+
+        def start_copy() -> Any:
+            """Fetch the next batch and enqueue its copies on ``copy_stream`` (no waiting)."""
+            batch = next(batches, _DONE)
+            if batch is _DONE:
+                return _DONE
+            moved: list[Tensor] = []
+
+            def move(tensor: Tensor) -> Tensor:
+                if _is_on(tensor, device):
+                    return tensor
+                if self.non_blocking:
+                    tensor = _pinned(tensor)
+                out = _copy_to(tensor, device, self.non_blocking)
+                moved.append(out)
+                return out
+
+            with torch.cuda.stream(copy_stream):  # new tensors are allocated on copy_stream
+                return _map_tensors(batch, move), moved
+
+        pending = start_copy()
+        while pending is not _DONE:
+            batch, moved = pending
+            consumer = torch.cuda.current_stream(device)
+            consumer.wait_stream(copy_stream)  # the caller's kernels start after the copies
+            for tensor in moved:
+                tensor.record_stream(consumer)  # keep the memory until the caller's work ends
+            try:  # batch i + 1 is copied while the caller computes on batch i
+                pending = start_copy()
+            except Exception as err:  # the loader failed on batch i + 1: raise it in its turn
+                yield batch
+                raise err
+            yield batch
+
+
+def prefetch_to_device(
+    loader: Iterable[Any], device: str | torch.device, *, non_blocking: bool = True
+) -> DevicePrefetcher:
+    """Wrap a loader so that its batches arrive on ``device``, copied ahead of time on CUDA.
+
+    On a CUDA device, iteration works one batch ahead on a dedicated side stream:
+
+    1. The first batch is fetched from ``loader``; its CPU tensors are pinned (``pin_memory()``,
+       skipped for memory that is pinned already, e.g. by ``DataLoader(pin_memory=True)``) and
+       copied with ``non_blocking=True`` on the side stream. Tensors already on ``device`` are
+       not touched.
+    2. When the caller asks for batch ``i``, the stream that is **current at that moment**
+       (``torch.cuda.current_stream(device)``) is made to wait for the side stream
+       (``wait_stream``: a GPU-side dependency, the host does not block), and every copied
+       tensor gets ``record_stream(current)`` so the caching allocator does not hand its
+       memory out again before the caller's queued work on it is done.
+    3. Batch ``i + 1`` is then fetched and its copies enqueued on the side stream, and batch
+       ``i`` is returned: the copy of ``i + 1`` overlaps the kernels the caller launches on
+       batch ``i``.
+
+    So the caller can use each batch on the current stream without synchronising. A caller
+    that uses a batch on another stream must order that stream itself. Pinning happens in the
+    calling thread; ``DataLoader(pin_memory=True)`` moves it to a background thread, which is
+    faster. On any other device (CPU included) this is a plain pass-through: each batch is
+    `move_to_device`'d synchronously, so batches already there are yielded as the loader's own
+    objects.
+
+    Args:
+        loader: A re-iterable of batches (``DataLoader``, list, ...): tensors in tuples, lists,
+            dicts and NamedTuples such as ``DetectionBatch`` (see `move_to_device`).
+        device: Target device; ``str`` or ``torch.device``. ``"cuda"`` means the current CUDA
+            device when iteration starts.
+        non_blocking: Pin CPU tensors and copy asynchronously (CUDA only). ``False`` copies
+            synchronously, on the side stream still.
+
+    Returns:
+        DevicePrefetcher: Iterable any number of times (each pass iterates ``loader`` once)
+        and with ``len()`` equal to ``len(loader)`` when the loader has a length.
+
+    Raises:
+        TypeError: If ``loader`` is not iterable, or ``device`` / ``non_blocking`` has the
+            wrong type.
+        ValueError: If ``device`` names no device.
+        RuntimeError: If a CUDA device is asked for but not available.
+
+    Examples:
+        >>> import torch
+        >>> from torch.utils.data import DataLoader
+        >>> loader = DataLoader(torch.arange(6.0), batch_size=4)
+        >>> batches = prefetch_to_device(loader, "cpu")
+        >>> len(batches), [batch.tolist() for batch in batches]
+        (2, [[0.0, 1.0, 2.0, 3.0], [4.0, 5.0]])
+    """
+    return DevicePrefetcher(loader, device, non_blocking=non_blocking)
