@@ -73,6 +73,7 @@ def test_python_dash_m_entry_point():
         ("losses", "focal"),
         ("layers", "conv_norm_act"),
         ("initializers", "kaiming"),
+        ("datasets", "coco_detection"),
     ],
 )
 def test_list_in_a_fresh_process_shows_builtin_entries(registry, expected):

@@ -178,6 +178,7 @@ def test_kaiming_and_xavier_equal_torch_for_ungrouped(mode, distribution):
     )
 
 
+@pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:FutureWarning")  # fvcore
 def test_c2_fills_against_fvcore():
     from fvcore.nn import weight_init
 

@@ -362,7 +362,9 @@ INITIALIZERS = Registry(
     description="fn(module, **params) initialising in place",
 )
 """Weight initializers used by ``init_weights`` rules."""
-DATASETS = Registry("datasets", description="map-style torch Dataset")
+DATASETS = Registry(
+    "datasets", modules=("visionblocks.data",), description="map-style torch Dataset"
+)
 """Datasets (COCO wrappers)."""
 
 REGISTRIES: dict[str, Registry] = {

@@ -41,6 +41,7 @@ CASES = Registry(
         "visionblocks.bench.cases_local_filter",
         "visionblocks.bench.cases_local_attention",
         "visionblocks.bench.cases_weights",
+        "visionblocks.bench.cases_coco",
     ),
     description="BenchCase, or a zero-argument callable returning one",
 )

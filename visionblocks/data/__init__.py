@@ -1,0 +1,35 @@
+"""COCO data: dataset wrappers, batching, sampling, evaluation and a synthetic COCO generator.
+
+- `CocoDetection`, `CocoSegmentation`: COCO annotations as ``tv_tensors`` (registered in
+  ``DATASETS`` as ``coco_detection`` / ``coco`` and ``coco_segmentation``).
+- `collate_detection` / `DetectionBatch`: pad a batch into one tensor, keep sizes and targets.
+- `aspect_ratio_groups`, `GroupedBatchSampler`: batches of like-shaped images (with
+  ``DistributedSampler`` too).
+- `prefetch_to_device`, `move_to_device`: host-to-device copies, overlapped on CUDA.
+- `coco_evaluate`: the twelve COCO numbers of model outputs, gathered across ranks.
+- `make_synthetic_coco`: the built-in default data, written as a real COCO dataset.
+"""
+
+from visionblocks.data.coco import CocoDetection
+from visionblocks.data.collate import DetectionBatch, collate_detection
+from visionblocks.data.evaluate import COCO_STAT_NAMES, coco_evaluate
+from visionblocks.data.prefetch import DevicePrefetcher, move_to_device, prefetch_to_device
+from visionblocks.data.samplers import GroupedBatchSampler, aspect_ratio_groups
+from visionblocks.data.segmentation import CocoSegmentation
+from visionblocks.data.synthetic import SYNTHETIC_CLASSES, make_synthetic_coco
+
+__all__ = [
+    "COCO_STAT_NAMES",
+    "SYNTHETIC_CLASSES",
+    "CocoDetection",
+    "CocoSegmentation",
+    "DetectionBatch",
+    "DevicePrefetcher",
+    "GroupedBatchSampler",
+    "aspect_ratio_groups",
+    "coco_evaluate",
+    "collate_detection",
+    "make_synthetic_coco",
+    "move_to_device",
+    "prefetch_to_device",
+]
