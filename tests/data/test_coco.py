@@ -356,3 +356,128 @@ def test_registered_as_a_dataset(coco_dir):
         built = DATASETS.build({"type": "coco", "root": coco_dir[0], "ann_file": coco_dir[1]})
     assert isinstance(built, CocoDetection) and len(built) == 6
     assert "images=6, classes=3" in repr(built)
+
+
+# -------------------------------------------------------- transforms that drop boxes
+@pytest.fixture(scope="module")
+def crowded(tmp_path_factory) -> tuple[Path, Path]:
+    from visionblocks.data.synthetic import make_synthetic_coco
+
+    root = tmp_path_factory.mktemp("crowded")
+    ann = make_synthetic_coco(root, num_images=12, image_size=(96, 128), seed=4, crowd_prob=1.0)
+    return root / "images", ann
+
+
+def _crop_pipeline(getter) -> v2.Compose:
+    return v2.Compose(
+        [v2.RandomIoUCrop(), v2.Resize((64, 64)), v2.SanitizeBoundingBoxes(labels_getter=getter)]
+    )
+
+
+@pytest.mark.parametrize("crowd", ["keep", "drop", "ignore"])
+def test_crops_and_sanitize_keep_every_instance_field_aligned(crowded, crowd):
+    from visionblocks.data import instance_fields
+
+    torch.manual_seed(0)
+    dataset = CocoDetection(
+        *crowded, with_masks=True, crowd=crowd, transforms=_crop_pipeline(instance_fields)
+    )
+    removed = 0
+    for index in range(len(dataset)):
+        _, target = dataset[index]
+        n = len(target["boxes"])
+        assert len(target["labels"]) == len(target["iscrowd"]) == len(target["area"]) == n
+        assert target["masks"].shape == (n, 64, 64)
+        if crowd == "ignore":
+            assert target["iscrowd"].sum() == 0
+            assert isinstance(target["ignore_boxes"], tv_tensors.BoundingBoxes)
+            assert target["ignore_boxes"].canvas_size == (64, 64)
+        removed += len(dataset._entries[index].iscrowd) - n
+    assert removed > 0  # the crops did remove boxes, so alignment was really exercised
+
+
+def test_ignore_boxes_follow_the_geometric_transforms(crowded):
+    plain = CocoDetection(*crowded, crowd="ignore")
+    flipped = CocoDetection(*crowded, crowd="ignore", transforms=v2.RandomHorizontalFlip(p=1.0))
+    for index in range(len(plain)):
+        expected = plain[index][1]["ignore_boxes"]
+        got = flipped[index][1]["ignore_boxes"]
+        assert len(expected) == 1
+        assert torch.allclose(got[:, [2, 0]], 128 - expected[:, [0, 2]])
+
+
+def test_default_sanitize_getter_gives_a_clear_error(crowded):
+    dataset = CocoDetection(*crowded, transforms=_crop_pipeline("default"))
+    torch.manual_seed(1)
+    with pytest.raises(ValueError, match=r"labels_getter=visionblocks\.data\.instance_fields"):
+        for index in range(len(dataset)):
+            dataset[index]
+
+
+# ------------------------------------------------------------ malformed annotations
+@pytest.mark.parametrize(
+    ("annotation", "match"),
+    [
+        (
+            {"segmentation": [[1, 1, float("nan"), 3, 3, 1]]},
+            r"annotation 1: segmentation polygon 0 must be a flat list",
+        ),
+        ({"segmentation": [[1, 1, 1e9, 3, 3, 1]]}, r"far outside the 4 x 4 image"),
+        ({"segmentation": [[[1, 1], [3, 3], [3, 1]]]}, "must be a flat list"),
+        ({"segmentation": [[1, 1, 3]]}, "must be a flat list"),
+        ({"segmentation": [[1, 1, 3, 3]]}, "at least 3 points"),
+        (
+            {"segmentation": {"size": [5, 4], "counts": [0, 16]}},
+            r"RLE segmentation has size \[5, 4\], but the image is 4 x 4",
+        ),
+        ({"segmentation": {"size": [4, 4], "counts": [3, 20]}}, "summing to height \\* width = 16"),
+        ({"segmentation": {"size": [4, 4], "counts": [3, -1, 14]}}, "non-negative ints"),
+        (
+            {"segmentation": {"size": [4, 4], "counts": "zzzz"}},
+            "compressed RLE counts do not decode",
+        ),
+        ({"segmentation": "a polygon"}, "segmentation of type str"),
+        ({"bbox": [0, 0, float("nan"), 2]}, r"has bbox \[0, 0, nan, 2\]"),
+        ({"bbox": [0, 0, float("inf"), 2]}, "finite"),
+        ({"iscrowd": "0"}, "has iscrowd '0', expected 0 or 1"),
+        ({"area": float("nan")}, "has area nan"),
+        ({"image_id": "1"}, r"point at image ids '1'"),
+        ({"id": 1.5}, r"annotations\[0\] has id 1.5; ids must be integers"),
+    ],
+)
+def test_malformed_annotations_fail_at_construction(tmp_path, annotation, match):
+    ann = {"id": 1, "image_id": 1, "category_id": 1, "bbox": [0, 0, 2, 2], **annotation}
+    with pytest.raises(ValueError, match=match):
+        CocoDetection(tmp_path / "images", _write(tmp_path, _minimal(annotations=[ann])))
+
+
+@pytest.mark.parametrize(
+    ("changes", "match"),
+    [
+        (
+            {"images": [{"id": "a", "file_name": "a.png", "height": 4, "width": 4}]},
+            r"images\[0\] has id 'a'",
+        ),
+        ({"categories": [{"id": True, "name": "x"}]}, r"categories\[0\] has id True"),
+        (
+            {"images": [{"id": 1, "file_name": "", "height": 4, "width": 4}]},
+            "expected a non-empty string",
+        ),
+    ],
+)
+def test_id_types_and_file_names(tmp_path, changes, match):
+    with pytest.raises(ValueError, match=match):
+        CocoDetection(tmp_path / "images", _write(tmp_path, _minimal(annotations=[], **changes)))
+
+
+def test_two_point_polygons_are_refused(tmp_path):
+    """pycocotools itself crashes on them (annToMask raises a TypeError)."""
+    ann = {
+        "id": 1,
+        "image_id": 1,
+        "category_id": 1,
+        "bbox": [1, 1, 2, 2],
+        "segmentation": [[1, 1, 2, 2]],
+    }
+    with pytest.raises(ValueError, match="at least 3 points"):
+        CocoDetection(tmp_path / "images", _write(tmp_path, _minimal(annotations=[ann])))

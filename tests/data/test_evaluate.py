@@ -282,7 +282,7 @@ def test_subset_and_image_ids_restrict_the_images(gt_path):
         coco_evaluate(outputs, gt_path, image_ids=[4, 2], label_to_category_id=LABEL_MAP)
         == expected
     )
-    with pytest.raises(ValueError, match="not in coco_gt: 1, 3"):
+    with pytest.raises(ValueError, match="images 1, 3, which are in the annotation file but not"):
         coco_evaluate(outputs, subset)
 
 
@@ -581,3 +581,29 @@ def test_two_gloo_processes_gather_to_the_same_stats(gt_path):
         assert report["bbox"] == expected_bbox
         assert report["segm"] == expected_segm
         assert "failed on rank 1" in report["error"] and "99" in report["error"]
+
+
+def test_ground_truth_without_iscrowd_or_area_and_segm_without_masks(tmp_path):
+    """pycocotools raises a bare KeyError on such files; the defaults are filled in instead."""
+    import json
+
+    gt = {
+        "images": [{"id": 1, "height": 50, "width": 60}],
+        "categories": [{"id": 1, "name": "a"}],
+        "annotations": [{"id": 1, "image_id": 1, "category_id": 1, "bbox": [5, 5, 20, 10]}],
+    }
+    path = tmp_path / "gt.json"
+    path.write_text(json.dumps(gt))
+    outputs = {1: {"boxes": torch.tensor([[5.0, 5.0, 25.0, 15.0]]), "scores": torch.tensor([0.8]),
+                   "labels": torch.tensor([1])}}  # fmt: skip
+    for backend in ("pycocotools", "faster_coco_eval"):
+        assert coco_evaluate(outputs, path, backend=backend)["AP50"] == pytest.approx(1.0)
+    with pytest.raises(ValueError, match="needs ground-truth segmentations, but annotations 1"):
+        coco_evaluate([], path, iou_type="segm")
+
+
+def test_result_dicts_may_hold_numpy_and_tensors(gt_path):
+    results = [{"image_id": 2, "category_id": 3, "bbox": np.array([0.0, 0.0, 10.0, 10.0]),
+                "score": torch.tensor(0.5)}]  # fmt: skip
+    as_lists = [{**results[0], "bbox": [0.0, 0.0, 10.0, 10.0], "score": 0.5}]
+    assert coco_evaluate(results, gt_path) == coco_evaluate(as_lists, gt_path)

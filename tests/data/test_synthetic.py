@@ -339,3 +339,10 @@ def test_uncompressed_rle_matches_pycocotools(fill: str) -> None:
     rle = _uncompressed_rle(mask)
     assert rle["size"] == [7, 5] and sum(rle["counts"]) == 35
     assert mask_utils.frPyObjects(rle, 7, 5) == mask_utils.encode(np.asfortranarray(mask, np.uint8))
+
+
+@pytest.mark.parametrize("size", [(33, 517), (16, 16)])
+def test_objects_stay_recognisable_in_small_images(tmp_path, size):
+    ann = make_synthetic_coco(tmp_path, num_images=10, image_size=size, seed=0)
+    areas = [a["area"] for a in json.loads(ann.read_text())["annotations"]]
+    assert areas and min(areas) >= 20  # shapes of about 5 x 5 pixels or more

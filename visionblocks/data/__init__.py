@@ -1,7 +1,8 @@
 """COCO data: dataset wrappers, batching, sampling, evaluation and a synthetic COCO generator.
 
 - `CocoDetection`, `CocoSegmentation`: COCO annotations as ``tv_tensors`` (registered in
-  ``DATASETS`` as ``coco_detection`` / ``coco`` and ``coco_segmentation``).
+  ``DATASETS`` as ``coco_detection`` / ``coco`` and ``coco_segmentation``);
+  `instance_fields` keeps their per-instance rows aligned in ``SanitizeBoundingBoxes``.
 - `collate_detection` / `DetectionBatch`: pad a batch into one tensor, keep sizes and targets.
 - `aspect_ratio_groups`, `GroupedBatchSampler`: batches of like-shaped images (with
   ``DistributedSampler`` too).
@@ -10,7 +11,7 @@
 - `make_synthetic_coco`: the built-in default data, written as a real COCO dataset.
 """
 
-from visionblocks.data.coco import CocoDetection
+from visionblocks.data.coco import CocoDetection, instance_fields
 from visionblocks.data.collate import DetectionBatch, collate_detection
 from visionblocks.data.evaluate import COCO_STAT_NAMES, coco_evaluate
 from visionblocks.data.prefetch import DevicePrefetcher, move_to_device, prefetch_to_device
@@ -29,6 +30,7 @@ __all__ = [
     "aspect_ratio_groups",
     "coco_evaluate",
     "collate_detection",
+    "instance_fields",
     "make_synthetic_coco",
     "move_to_device",
     "prefetch_to_device",

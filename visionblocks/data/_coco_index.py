@@ -23,6 +23,8 @@ from typing import Any
 
 import numpy as np
 
+from visionblocks.data._coco_checks import check_annotation, is_int, is_number
+
 __all__ = ["ImageEntry", "build_index", "load_coco", "read_annotation_file"]
 
 _SHOW = 5  # ids listed in an error message
@@ -72,6 +74,11 @@ def _check_ids(path: Path, data: Mapping[str, Any]) -> None:
                     f"COCO annotation file '{path}': {key}[{i}] lacks {missing} "
                     f"(got {str(item)[:120]})"
                 )
+            if not is_int(item["id"]):
+                raise ValueError(
+                    f"COCO annotation file '{path}': {key}[{i}] has id {item['id']!r}; ids must "
+                    "be integers"
+                )
             found.append(item["id"])
         duplicates = [i for i, n in Counter(found).items() if n > 1]
         if duplicates:
@@ -96,17 +103,17 @@ def _check_ids(path: Path, data: Mapping[str, Any]) -> None:
             f"COCO annotation file '{path}': annotations use category ids "
             f"{_listing(unknown_categories)} that are not in 'categories'"
         )
-    for ann in anns:
-        box = ann["bbox"]
-        if not (isinstance(box, list) and len(box) == 4 and all(_is_number(v) for v in box)):
+    sizes = {}
+    for info in data["images"]:
+        height, width = info["height"], info["width"]
+        if not (is_int(height) and is_int(width) and height > 0 and width > 0):
             raise ValueError(
-                f"COCO annotation file '{path}': annotation {ann['id']!r} has bbox {box!r}, "
-                "expected [x, y, width, height]"
+                f"COCO annotation file '{path}': image {info['id']!r} has height/width "
+                f"{height!r}/{width!r}, expected positive integers"
             )
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+        sizes[info["id"]] = (height, width)
+    for ann in anns:
+        check_annotation(path, ann, *sizes[ann["image_id"]])
 
 
 def load_coco(data: dict[str, Any]) -> Any:
@@ -177,22 +184,20 @@ def build_index(path: Path, data: Mapping[str, Any]) -> tuple[list[ImageEntry], 
     stats = IndexStats()
     entries = []
     for info in sorted(data["images"], key=lambda i: i["id"]):
-        name = safe_relative(info["file_name"])
+        file_name = info["file_name"]
+        if not isinstance(file_name, str) or not file_name:
+            raise ValueError(
+                f"COCO annotation file '{path}': image {info['id']!r} has file_name "
+                f"{file_name!r}, expected a non-empty string"
+            )
+        name = safe_relative(file_name)
         if name is None:
             raise ValueError(
                 f"COCO annotation file '{path}': image {info['id']!r} has file_name "
-                f"{info['file_name']!r}, which is absolute or leads out of the image root; "
+                f"{file_name!r}, which is absolute or leads out of the image root; "
                 "file names must be relative to the root"
             )
-        height, width = info["height"], info["width"]
-        if not all(
-            isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in (height, width)
-        ):
-            raise ValueError(
-                f"COCO annotation file '{path}': image {info['id']!r} has height/width "
-                f"{height!r}/{width!r}, expected positive integers"
-            )
-        entry = ImageEntry(info["id"], name, height, width)
+        entry = ImageEntry(info["id"], name, info["height"], info["width"])
         anns = by_image.get(info["id"], [])
         if anns:
             _fill(entry, anns, stats)
@@ -211,11 +216,11 @@ def _fill(entry: ImageEntry, anns: list[Mapping[str, Any]], stats: IndexStats) -
     kept = [a for a, k in zip(anns, keep) if k]
     entry.boxes = boxes[keep].astype(np.float32)
     entry.category_ids = np.asarray([a["category_id"] for a in kept], dtype=np.int64)
-    entry.iscrowd = np.asarray([bool(a.get("iscrowd", 0)) for a in kept], dtype=bool)
+    entry.iscrowd = np.asarray([a.get("iscrowd", 0) == 1 for a in kept], dtype=bool)
     areas = [a.get("area") for a in kept]
     box_areas = (entry.boxes[:, 2] - entry.boxes[:, 0]) * (entry.boxes[:, 3] - entry.boxes[:, 1])
     entry.area = np.asarray(
-        [a if _is_number(a) else b for a, b in zip(areas, box_areas)], dtype=np.float32
+        [a if is_number(a) else b for a, b in zip(areas, box_areas)], dtype=np.float32
     )
     entry.ann_ids = [a["id"] for a in kept]
     entry.segmentations = [a.get("segmentation") for a in kept]

@@ -51,9 +51,11 @@ def _decode_with_pillow(path: Path, image_id: Any) -> Tensor:
 
 
 def rles_of(segmentations: Sequence[Any], height: int, width: int) -> list[dict[str, Any] | None]:
-    """One RLE per segmentation: polygons (merged), uncompressed or compressed RLE.
+    """One RLE per segmentation, exactly as ``COCO.annToRLE`` builds it: polygons (merged
+    when several), uncompressed or compressed RLE. An empty or missing segmentation gives
+    ``None``.
 
-    An empty or missing segmentation gives ``None``.
+    The dataset checks segmentations when it is built (`visionblocks.data._coco_checks`).
 
     Raises:
         ValueError: A segmentation of another form, or an RLE of another image size.
@@ -65,12 +67,9 @@ def rles_of(segmentations: Sequence[Any], height: int, width: int) -> list[dict[
         if not seg:
             rles.append(None)
         elif isinstance(seg, list):
-            polygons = [p for p in seg if isinstance(p, list) and len(p) >= 6]
-            rles.append(
-                mask_utils.merge(mask_utils.frPyObjects(polygons, height, width))
-                if polygons
-                else None
-            )
+            parts = mask_utils.frPyObjects(seg, height, width)
+            # One polygon needs no merge (which would compress and parse it once more).
+            rles.append(parts[0] if len(parts) == 1 else mask_utils.merge(parts))
         elif isinstance(seg, dict) and "counts" in seg and "size" in seg:
             if list(seg["size"]) != [height, width]:
                 raise ValueError(

@@ -117,6 +117,15 @@ def _outputs_to_results(
     return [{**r, "segmentation": m} for r, m in zip(common, rles)]
 
 
+def _plain(value: Any) -> Any:
+    """Tensors and NumPy arrays/scalars as Python numbers or lists (result dicts may hold them)."""
+    if isinstance(value, Tensor):
+        value = value.detach().cpu().numpy()
+    if isinstance(value, (np.ndarray, np.generic)):
+        return value.tolist()
+    return value
+
+
 def _check_result(result: Any, where: str, ctx: dict[str, Any]) -> dict[str, Any]:
     if not isinstance(result, Mapping):
         raise TypeError(f"{where} must be a dict, got {type(result).__name__}")
@@ -128,11 +137,11 @@ def _check_result(result: Any, where: str, ctx: dict[str, Any]) -> dict[str, Any
     category_id = as_int(f"{where}['category_id']", result["category_id"])
     if category_id not in ctx["category_ids"]:
         raise ValueError(f"{where} has category_id {category_id}, not a category of coco_gt")
-    score = result["score"]
+    score = _plain(result["score"])
     if not isinstance(score, numbers.Real) or not np.isfinite(score):
         raise ValueError(f"{where}['score'] must be a finite number, got {score!r}")
     out = {"image_id": image_id, "category_id": category_id, "score": float(score)}
-    value = result[key]
+    value = _plain(result[key]) if key == "bbox" else result[key]
     if key == "bbox":
         ok = isinstance(value, Sequence) and len(value) == 4
         if not ok or not all(isinstance(v, numbers.Real) and np.isfinite(v) for v in value):
@@ -196,6 +205,14 @@ def to_results(predictions: Any, ctx: dict[str, Any]) -> tuple[list[int], list[d
     if not as_outputs:
         covered = list(dict.fromkeys(r["image_id"] for r in results))
     unknown = set(covered) - ctx["gt_ids"]
+    in_file = unknown & ctx.get("file_ids", set())
+    if in_file:
+        raise ValueError(
+            f"predictions for images {ids_text(in_file)}, which are in the annotation file but "
+            "not among the images evaluated (a dataset built with remove_empty=True, a Subset): "
+            "evaluate against dataset.coco to count every image of the file, or drop those "
+            "predictions"
+        )
     if unknown:
         raise ValueError(f"predictions for images that are not in coco_gt: {ids_text(unknown)}")
     if len(set(covered)) != len(covered) and as_outputs:

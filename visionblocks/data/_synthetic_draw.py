@@ -31,6 +31,7 @@ SYNTHETIC_CLASSES: tuple[str, ...] = (
     "heart",
 )
 
+_MIN_DIAMETER = 10.0  # pixels: smaller shapes cannot be told apart
 _EDGE = 1.0  # objects keep this many pixels from the image border
 _GAP = 2.0  # and this many pixels between their boxes
 _MIN_CONTRAST = 120.0  # Euclidean RGB distance between an object and the background under it
@@ -201,7 +202,8 @@ def _draw(
     polygon's box (a sharp tip thinner than a pixel can miss every pixel centre).
     """
     for _ in range(_SHAPE_TRIES):
-        outline = _shape(rng, name, rng.uniform(*size) * min(h, w))
+        diameter = max(rng.uniform(*size) * min(h, w), min(_MIN_DIAMETER, min(h, w) - 2 * _EDGE))
+        outline = _shape(rng, name, diameter)
         span = np.ptp(outline, axis=0)
         outline = outline * min(1.0, (w - 2 * _EDGE) / span[0], (h - 2 * _EDGE) / span[1])
         shift = _place(rng, np.concatenate([outline.min(0), outline.max(0)]), h, w, taken)

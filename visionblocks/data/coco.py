@@ -29,7 +29,7 @@ from visionblocks.data._coco_index import (
 from visionblocks.data._coco_io import decode_rgb, segmentation_masks
 from visionblocks.registry import DATASETS
 
-__all__ = ["CocoBase", "CocoDetection"]
+__all__ = ["INSTANCE_KEYS", "CocoBase", "CocoDetection", "instance_fields"]
 
 CrowdPolicy = Literal["keep", "drop", "ignore"]
 
@@ -160,6 +160,73 @@ class CocoBase(Dataset):
         return state
 
 
+INSTANCE_KEYS = ("labels", "iscrowd", "area")
+"""Per-instance tensors of a `CocoDetection` target besides ``boxes`` and ``masks``."""
+
+
+def instance_fields(*inputs: Any) -> tuple[Tensor, ...]:
+    """``labels_getter`` for ``torchvision.transforms.v2.SanitizeBoundingBoxes``: every
+    per-instance tensor of a `CocoDetection` target (``labels``, ``iscrowd``, ``area``).
+
+    torchvision's default getter filters only ``labels`` when boxes are removed, which
+    would leave ``iscrowd`` and ``area`` longer than ``boxes`` (the dataset raises then).
+
+    Examples:
+        >>> import torch
+        >>> from torchvision.transforms import v2
+        >>> sanitize = v2.SanitizeBoundingBoxes(labels_getter=instance_fields)
+        >>> target = {"labels": torch.tensor([1]), "iscrowd": torch.tensor([0]), "area": torch.tensor([4.0])}
+        >>> [t.tolist() for t in instance_fields(torch.zeros(3, 2, 2), target)]
+        [[1], [0], [4.0]]
+    """
+    target = next((x for x in inputs if isinstance(x, dict)), None)
+    if target is None and len(inputs) == 1 and isinstance(inputs[0], (tuple, list)):
+        target = next((x for x in inputs[0] if isinstance(x, dict)), None)
+    if target is None:
+        raise ValueError("instance_fields: no target dict among the transform's inputs")
+    return tuple(target[k] for k in INSTANCE_KEYS if isinstance(target.get(k), Tensor))
+
+
+def check_instances(target: dict[str, Any], image_id: Any) -> None:
+    """Raise if transforms left per-instance tensors with another length than ``boxes``."""
+    boxes = target.get("boxes")
+    if not isinstance(boxes, Tensor):
+        return
+    n = boxes.shape[0]
+    wrong = {
+        k: int(v.shape[0])
+        for k in (*INSTANCE_KEYS, "masks")
+        if isinstance(v := target.get(k), Tensor) and v.dim() > 0 and v.shape[0] != n
+    }
+    if wrong:
+        raise ValueError(
+            f"after the transforms, image id {image_id!r} has {n} boxes but {wrong}: a transform "
+            "removed boxes without these rows (torchvision's SanitizeBoundingBoxes filters only "
+            "'labels' by default). Use v2.SanitizeBoundingBoxes("
+            "labels_getter=visionblocks.data.instance_fields)"
+        )
+
+
+def split_crowd(target: dict[str, Any]) -> dict[str, Any]:
+    """Move the ``iscrowd == 1`` rows of a target into ``ignore_boxes``."""
+    from torchvision import tv_tensors
+
+    crowd = target["iscrowd"].bool()
+    out = dict(target)
+    for key in ("boxes", "masks", *INSTANCE_KEYS):
+        value = target.get(key)
+        if isinstance(value, Tensor):
+            kept = value.as_subclass(Tensor)[~crowd]
+            out[key] = (
+                tv_tensors.wrap(kept, like=value)
+                if isinstance(value, tv_tensors.TVTensor)
+                else kept
+            )
+    boxes = target["boxes"]
+    out["ignore_boxes"] = tv_tensors.wrap(boxes.as_subclass(Tensor)[crowd], like=boxes)
+    return out
+
+
 @DATASETS.register(name="coco_detection", aliases=("coco",))
 class CocoDetection(CocoBase):
     """COCO instance annotations as ``(tv_tensors.Image, target)`` pairs.
@@ -184,13 +251,22 @@ class CocoDetection(CocoBase):
 
     Crowd annotations (``iscrowd=1``): ``crowd="keep"`` keeps them with ``iscrowd`` 1,
     ``"drop"`` removes them, ``"ignore"`` moves their boxes to ``ignore_boxes`` (regions a
-    detector should neither reward nor punish). ``remove_empty`` drops images left without
+    detector should neither reward nor punish).
+
+    Transforms: ``transforms(image, target)`` sees one ``BoundingBoxes`` per sample, as
+    torchvision's v2 transforms expect: with ``crowd="ignore"`` the crowd rows are still in
+    ``boxes`` (``iscrowd`` 1) and are moved to ``ignore_boxes`` after the transforms. A
+    transform that removes boxes must remove the same rows of ``labels``, ``iscrowd`` and
+    ``area``: use ``v2.SanitizeBoundingBoxes(labels_getter=instance_fields)`` (its default
+    getter filters ``labels`` only); misaligned rows raise a ``ValueError`` saying so. ``remove_empty`` drops images left without
     annotations (after the crowd policy); ``remove_crowd_only`` drops images whose only
     annotations are crowd.
 
     Images are decoded with ``torchvision.io`` (grey, palette, RGBA and CMYK files become
     RGB) or, for other formats, Pillow. File names are relative to ``root``: an absolute one,
-    or one that leads out of ``root`` with ``..``, is refused at construction. The dataset
+    or one that leads out of ``root`` with ``..``, is refused at construction (the check is on
+    the name; symbolic links inside ``root`` are followed, as dataset folders often link to
+    where the images really are). The dataset
     pickles (for ``DataLoader`` workers) without its ``coco`` object, which is reloaded on
     first use.
 
@@ -217,8 +293,12 @@ class CocoDetection(CocoBase):
         FileNotFoundError: ``root`` or ``ann_file`` does not exist; at item time, a missing
             image (the message names the file and the image id).
         ValueError: A broken annotation file (the message names it), annotations pointing
-            at unknown images or categories (naming the ids), an unsafe ``file_name``, a bad
-            ``crowd``; at item time, an image whose size differs from the file's.
+            at unknown images or categories (naming the ids), ids that are not integers,
+            malformed annotations (non-finite boxes, polygons of fewer than 3 points or with
+            coordinates far outside the image, RLEs of another size or with invalid counts,
+            ``iscrowd`` other than 0/1: naming the annotation), an unsafe ``file_name``, a
+            bad ``crowd``; at item time, an image whose size differs from the file's, or
+            transforms that left per-instance rows misaligned.
         TypeError: Arguments of the wrong type.
 
     Examples:
@@ -274,32 +354,37 @@ class CocoDetection(CocoBase):
 
         entry = self._entries[self._index(index)]
         image = tv_tensors.Image(self._image(entry))
-        size = (entry.height, entry.width)
         crowd = entry.iscrowd
-        keep = np.ones(len(crowd), bool) if self.crowd == "keep" else ~crowd
-        rows = np.flatnonzero(keep)
-
-        def boxes_of(select: np.ndarray) -> Any:
-            return tv_tensors.BoundingBoxes(
-                torch.from_numpy(entry.boxes[select]).reshape(-1, 4),
-                format=tv_tensors.BoundingBoxFormat.XYXY,
-                canvas_size=size,
-            )
-
+        # With crowd="ignore", crowd rows travel with the others (iscrowd=1) through the
+        # transforms, which know one BoundingBoxes per sample, and are split off afterwards.
+        rows = np.flatnonzero(~crowd) if self.crowd == "drop" else np.arange(len(crowd))
+        if self.crowd == "ignore" and self.transforms is None:
+            rows = np.flatnonzero(~crowd)
         target: dict[str, Any] = {
-            "boxes": boxes_of(rows),
+            "boxes": tv_tensors.BoundingBoxes(
+                torch.from_numpy(entry.boxes[rows]).reshape(-1, 4),
+                format=tv_tensors.BoundingBoxFormat.XYXY,
+                canvas_size=(entry.height, entry.width),
+            ),
             "labels": self._labels(entry.category_ids[rows]),
         }
         if self.with_masks:
             segmentations = [entry.segmentations[i] for i in rows]
-            target["masks"] = tv_tensors.Mask(segmentation_masks(segmentations, *size))
+            masks = segmentation_masks(segmentations, entry.height, entry.width)
+            target["masks"] = tv_tensors.Mask(masks)
         target["iscrowd"] = torch.from_numpy(crowd[rows].astype(np.int64))
         target["area"] = torch.from_numpy(entry.area[rows])
         target["image_id"] = entry.image_id
-        if self.crowd == "ignore":
-            target["ignore_boxes"] = boxes_of(np.flatnonzero(crowd))
+        if self.crowd == "ignore" and self.transforms is None:
+            ignore = np.flatnonzero(crowd)
+            target["ignore_boxes"] = tv_tensors.wrap(
+                torch.from_numpy(entry.boxes[ignore]).reshape(-1, 4), like=target["boxes"]
+            )
         if self.transforms is not None:
             image, target = self.transforms(image, target)
+            check_instances(target, entry.image_id)
+            if self.crowd == "ignore":
+                target = split_crowd(target)
         return image, target
 
     def __repr__(self) -> str:

@@ -93,6 +93,27 @@ def _resolve_ground_truth(coco_gt: Any, backend: str) -> tuple[Any, list[int], A
 # ------------------------------------------------------------------------------ evaluation
 
 
+def _complete_ground_truth(coco: Any, iou_type: str, image_ids: set[int]) -> None:
+    """Give ground-truth annotations the fields COCOeval reads (in place, as COCOeval does).
+
+    ``iscrowd`` defaults to 0 and ``area`` to the box area (pycocotools raises a bare
+    ``KeyError`` without them, faster-coco-eval assumes these defaults). For ``"segm"``
+    every annotation of the evaluated images needs a segmentation.
+    """
+    missing_segm = []
+    for ann in coco.dataset.get("annotations", []):
+        ann.setdefault("iscrowd", 0)
+        if "area" not in ann:
+            ann["area"] = float(ann["bbox"][2] * ann["bbox"][3])
+        if iou_type == "segm" and not ann.get("segmentation") and ann["image_id"] in image_ids:
+            missing_segm.append(ann["id"])
+    if missing_segm:
+        raise ValueError(
+            f"iou_type='segm' needs ground-truth segmentations, but annotations "
+            f"{ids_text(missing_segm)} have none"
+        )
+
+
 def _run_cocoeval(
     coco: Any,
     results: list[dict[str, Any]],
@@ -290,7 +311,9 @@ def coco_evaluate(
     ctx = {
         "iou_type": iou_type, "label_map": label_map, "category_ids": category_ids,
         "gt_ids": gt_ids, "sizes": sizes, "thr": float(mask_threshold),
+        "file_ids": set(coco.imgs),
     }  # fmt: skip
+    _complete_ground_truth(coco, iou_type, eval_ids)
 
     gathered = _gather(_guarded(to_results, predictions, ctx))
     stats: tuple = ("ok", None)

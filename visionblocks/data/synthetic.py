@@ -135,7 +135,8 @@ def make_synthetic_coco(
             ``[min_objects, max_objects]``.
         object_size: ``(low, high)`` range of an object's size as a fraction of
             ``min(H, W)`` (the diameter of the shape's outline before stretching),
-            ``0 < low <= high <= 1``.
+            ``0 < low <= high <= 1``; never below 10 pixels (or the image), so that the
+            shapes of small images stay recognisable.
         image_format: ``"jpg"`` (fast to decode) or ``"png"`` (lossless).
         crowd_prob: Probability that a non-empty image also gets one crowd annotation.
         empty_prob: Probability that an image has no objects (and no crowd).
