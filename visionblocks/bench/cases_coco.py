@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+from pathlib import Path
 from typing import Any
 
 from visionblocks.bench.case import BenchCase, register_case
@@ -28,16 +29,19 @@ _SIZE = (320, 416)
 
 
 def _data() -> tuple[str, str]:
-    """Write the synthetic dataset once (a marker file says it is complete)."""
+    """Write the synthetic dataset once; a marker holding the generator's version says it is
+    complete and current (another visionblocks version writes it again)."""
+    import visionblocks
     from visionblocks.data.synthetic import make_synthetic_coco
 
     root = os.path.join(tempfile.gettempdir(), "visionblocks-bench", "coco-320x416")
     ann = os.path.join(root, "annotations.json")
     done = os.path.join(root, ".complete")
-    if not os.path.exists(done):
+    stamp = f"{visionblocks.__version__} {_NUM_IMAGES} {_SIZE}"
+    current = os.path.exists(done) and Path(done).read_text() == stamp
+    if not current:
         make_synthetic_coco(root, num_images=_NUM_IMAGES, image_size=_SIZE, seed=0)
-        with open(done, "w") as f:
-            f.write("ok")
+        Path(done).write_text(stamp)
     return os.path.join(root, "images"), ann
 
 
