@@ -15,6 +15,7 @@ Builder contract, per global registry:
 | `LAYERS` | `nn.Module` block | `builder(*args, **kwargs)` |
 | `INITIALIZERS` | function `fn(module, **params)` initialising one module in place | `get(name)(module, **params)` |
 | `DATASETS` | a map-style `torch.utils.data.Dataset` | `builder(**kwargs)` |
+| `MODELS` | a whole model (backbone, neck, head) from config entries | `builder(**cfg)` |
 
 Built-in entries are imported lazily: a registry knows which visionblocks modules fill it
 and imports them on its first miss, listing or iteration, so a name is never "missing" just
@@ -48,6 +49,7 @@ __all__ = [
     "INITIALIZERS",
     "LAYERS",
     "LOSSES",
+    "MODELS",
     "NECKS",
     "PLUGIN_GROUP",
     "REGISTRIES",
@@ -344,9 +346,17 @@ BACKBONES = Registry(
     description="nn.Module returning OrderedDict[str, Tensor], with .feature_info",
 )
 """Backbones: ``build_backbone(name, ...)`` builds from here."""
-NECKS = Registry("necks", description="nn.Module mapping a feature dict to a feature dict")
+NECKS = Registry(
+    "necks",
+    modules=("visionblocks.models",),
+    description="nn.Module mapping a feature dict to a feature dict",
+)
 """Necks (e.g. FPN)."""
-HEADS = Registry("heads", description="nn.Module turning features into predictions and losses")
+HEADS = Registry(
+    "heads",
+    modules=("visionblocks.models",),
+    description="nn.Module turning features into predictions and losses",
+)
 """Detection and segmentation heads."""
 LOSSES = Registry("losses", modules=("visionblocks.losses",), description="nn.Module loss")
 """Loss modules (``focal``, ``softmax_focal``, ``bce``, ``ce``, ``giou``, ``diou``, ``ciou``)."""
@@ -367,8 +377,15 @@ DATASETS = Registry(
 )
 """Datasets (COCO wrappers)."""
 
+MODELS = Registry(
+    "models",
+    modules=("visionblocks.models",),
+    description="whole model (backbone + neck + head) built from a config dict",
+)
+"""Complete models: the reference ``detector`` and ``segmenter``."""
+
 REGISTRIES: dict[str, Registry] = {
-    r.name: r for r in (BACKBONES, NECKS, HEADS, LOSSES, LAYERS, INITIALIZERS, DATASETS)
+    r.name: r for r in (BACKBONES, NECKS, HEADS, LOSSES, LAYERS, INITIALIZERS, DATASETS, MODELS)
 }
 """The global registries by name."""
 

@@ -1,0 +1,139 @@
+"""Detector: built through the registries, inputs, losses vs predictions, learning one image."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torchvision.ops import box_iou
+
+from visionblocks.models import (
+    Detector,
+    FCOSHead,
+    build_detector,
+    decode_ltrb,
+    postprocess_detections,
+)
+from visionblocks.registry import MODELS
+
+CFG = {
+    "backbone": {"type": "vb_tiny", "out_indices": [1, 2, 3], "widths": [8, 16, 32, 64]},
+    "neck": {"type": "fpn", "out_channels": 16},
+    "head": {
+        "type": "fcos",
+        "num_classes": 2,
+        "num_convs": 1,
+        "size_ranges": [(0, 16), (16, 32), (32, 1e8)],
+    },
+}
+
+
+def image_and_target():
+    image = torch.full((3, 64, 64), 40, dtype=torch.uint8)
+    image[:, 8:30, 6:34] = torch.tensor([230, 40, 40], dtype=torch.uint8)[:, None, None]
+    image[:, 36:60, 40:60] = torch.tensor([40, 230, 40], dtype=torch.uint8)[:, None, None]
+    target = {
+        "boxes": torch.tensor([[6.0, 8.0, 34.0, 30.0], [40.0, 36.0, 60.0, 60.0]]),
+        "labels": torch.tensor([0, 1]),
+    }
+    return image, target
+
+
+def test_build_wires_channels_and_strides_and_leaves_the_config_alone():
+    cfg = {
+        **CFG,
+        "neck": {**CFG["neck"], "extra_levels": 1},
+        "head": {**CFG["head"], "size_ranges": None},
+    }
+    before = repr(cfg)
+    model = build_detector(cfg)
+    assert repr(cfg) == before
+    assert model.neck.lateral[0].conv.in_channels == 16  # vb_tiny's stage 1
+    assert model.head.strides == [8, 16, 32, 64]
+    assert isinstance(MODELS.build({"type": "detector", **CFG}), Detector)
+    ready = build_detector(CFG, head=FCOSHead(16, 5, [8, 16, 32], num_convs=1))
+    assert ready.head.num_classes == 5
+
+
+def test_training_returns_losses_and_eval_returns_detections():
+    torch.manual_seed(0)
+    model = build_detector(CFG)
+    image, target = image_and_target()
+    losses = model(image[None], [target])
+    assert set(losses) == {"loss", "loss_cls", "loss_box", "loss_centerness"}
+    torch.testing.assert_close(
+        losses["loss"], losses["loss_cls"] + losses["loss_box"] + losses["loss_centerness"]
+    )
+    model.eval()
+    for images in (image[None], image[None].float(), [image]):
+        out = model(images)
+        assert len(out) == 1 and set(out[0]) == {"boxes", "scores", "labels"}
+    assert model.train()(image[None]) != {}  # no targets: predictions in training mode too
+
+
+def test_list_inputs_are_padded_and_sizes_kept():
+    model = build_detector(CFG).eval()
+    small, large = (
+        torch.zeros(3, 40, 50, dtype=torch.uint8),
+        torch.zeros(3, 64, 70, dtype=torch.uint8),
+    )
+    for image, out in zip((small, large), model([small, large])):
+        if len(out["boxes"]):
+            assert (
+                out["boxes"][:, 2].max() <= image.shape[-1]
+                and out["boxes"][:, 3].max() <= image.shape[-2]
+            )
+
+
+def test_learns_one_image():
+    """A few dozen steps on one image must find both objects: the loss, the targets and the
+    decoding agree with each other."""
+    torch.manual_seed(0)
+    model = build_detector(CFG)
+    image, target = image_and_target()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=5e-3)
+    for _ in range(120):
+        loss = model(image[None], [target])["loss"]
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    out = model.eval()(image[None])[0]
+    for box, label in zip(target["boxes"], target["labels"]):
+        same = out["labels"] == label
+        assert same.any()
+        assert box_iou(out["boxes"][same][:1], box[None]).item() > 0.6
+
+
+def test_errors():
+    with pytest.raises(ValueError, match="cfg needs 'backbone', 'neck' and 'head'"):
+        build_detector({"backbone": "vb_tiny", "neck": "fpn"})
+    with pytest.raises(ValueError, match=r"got keys \['backbone', 'extra', 'head', 'neck'\]"):
+        build_detector({**CFG, "extra": 1})
+    with pytest.raises(KeyError, match="Did you mean"):
+        build_detector({**CFG, "head": {"type": "fcoss", "num_classes": 2}})
+    with pytest.raises(TypeError, match="head must be a module, a registered name or a dict"):
+        build_detector({**CFG, "head": 3})
+    with pytest.raises(TypeError, match="head must have a loss"):
+        Detector(torch.nn.Identity(), torch.nn.Identity(), torch.nn.Identity())
+    with pytest.raises(ValueError, match=r"images must be \(B, C, H, W\)"):
+        build_detector(CFG)(torch.zeros(3, 32, 32))
+
+
+def test_decode_and_postprocess():
+    torch.testing.assert_close(
+        decode_ltrb(torch.tensor([[10.0, 10.0]]), torch.tensor([[2.0, 3.0, 4.0, 5.0]])),
+        torch.tensor([[8.0, 7.0, 14.0, 15.0]]),
+    )
+    scores = [torch.tensor([[0.9, 0.0], [0.85, 0.0], [0.2, 0.7]]), torch.tensor([[0.01, 0.6]])]
+    boxes = [
+        torch.tensor([[0.0, 0.0, 10.0, 10.0], [1.0, 1.0, 10.0, 10.0], [20.0, 20.0, 40.0, 40.0]]),
+        torch.tensor([[-5.0, 0.0, 100.0, 50.0]]),
+    ]
+    out = postprocess_detections(scores, boxes, (32, 48), score_thresh=0.1, nms_thresh=0.5)
+    # (0, class 0) suppresses (1, class 0); class 1 boxes don't overlap class 0 ones; clipped
+    assert out["scores"].tolist() == pytest.approx([0.9, 0.7, 0.6, 0.2])
+    assert out["labels"].tolist() == [0, 1, 1, 0]
+    assert out["boxes"][2].tolist() == [0.0, 0.0, 48.0, 32.0]
+    top = postprocess_detections(scores, boxes, (32, 48), max_detections=2, topk_candidates=1)
+    assert top["scores"].tolist() == pytest.approx([0.9, 0.6])
+    with pytest.raises(ValueError, match="as many score as box levels"):
+        postprocess_detections(scores, boxes[:1], (32, 48))

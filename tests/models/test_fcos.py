@@ -1,0 +1,151 @@
+"""FCOS head: target assignment against a naive loop, centerness, losses, prediction."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from visionblocks.models import FCOSHead
+from visionblocks.models._fcos_targets import centerness_target, grid_locations, match_locations
+
+STRIDES = [8, 16]
+
+
+def naive_match(points, strides, ranges, boxes, labels, num_classes, radius):
+    """One location at a time, straight from the FCOS paper's rules."""
+    cls, matched = [], []
+    for (x, y), s, (lo, hi) in zip(points.tolist(), strides.tolist(), ranges.tolist()):
+        best, best_area = None, math.inf
+        for j, (x1, y1, x2, y2) in enumerate(boxes.tolist()):
+            sides = (x - x1, y - y1, x2 - x, y2 - y)
+            if min(sides) <= 0:
+                continue
+            if radius > 0:
+                cx, cy = (x1 + x2) / 2, (y1 + y2) / 2
+                left, top = max(cx - radius * s, x1), max(cy - radius * s, y1)
+                right, bottom = min(cx + radius * s, x2), min(cy + radius * s, y2)
+                if not (left < x < right and top < y < bottom):
+                    continue
+            if not (lo < max(sides) <= hi):
+                continue
+            area = (x2 - x1) * (y2 - y1)
+            if area < best_area:
+                best, best_area = j, area
+        cls.append(num_classes if best is None else int(labels[best]))
+        matched.append([0.0] * 4 if best is None else boxes[best].tolist())
+    return torch.tensor(cls), torch.tensor(matched)
+
+
+def test_grid_locations():
+    points, levels = grid_locations([(2, 3), (1, 2)], [8, 16], torch.device("cpu"))
+    assert points.tolist()[:4] == [[4.0, 4.0], [12.0, 4.0], [20.0, 4.0], [4.0, 12.0]]
+    assert points.tolist()[-2:] == [[8.0, 8.0], [24.0, 8.0]]
+    assert levels.tolist() == [0] * 6 + [1] * 2
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    boxes=st.lists(
+        st.tuples(st.floats(0, 60), st.floats(0, 60), st.floats(2, 50), st.floats(2, 50)),
+        min_size=0, max_size=5,
+    ),
+    radius=st.sampled_from([0.0, 1.0, 1.5]),
+)  # fmt: skip
+def test_matching_equals_the_naive_rules(boxes, radius):
+    points, levels = grid_locations([(8, 8), (4, 4)], STRIDES, torch.device("cpu"))
+    strides = torch.tensor(STRIDES)[levels]
+    ranges = torch.tensor([[0.0, 24.0], [24.0, 1e8]])[levels]
+    xyxy = torch.tensor([[x, y, x + w, y + h] for x, y, w, h in boxes]).reshape(-1, 4)
+    labels = torch.arange(len(boxes)) % 3
+    cls, matched = match_locations(points, strides, ranges, xyxy, labels, 3, radius)
+    expected_cls, expected_boxes = naive_match(points, strides, ranges, xyxy, labels, 3, radius)
+    assert torch.equal(cls, expected_cls)
+    positive = cls < 3
+    assert torch.allclose(matched[positive], expected_boxes[positive])
+
+
+def test_matching_prefers_the_smaller_box_and_respects_ranges():
+    points = torch.tensor([[20.0, 20.0], [20.0, 20.0]])
+    strides = torch.tensor([8, 16])
+    ranges = torch.tensor([[0.0, 16.0], [16.0, 1e8]])
+    boxes = torch.tensor([[0.0, 0.0, 40.0, 40.0], [10.0, 10.0, 30.0, 30.0]])
+    cls, matched = match_locations(points, strides, ranges, boxes, torch.tensor([1, 2]), 3, 0.0)
+    assert cls.tolist() == [2, 1]  # stride 8 takes the small box (extent 10), 16 the big one (20)
+    assert matched.tolist() == boxes.flip(0).tolist()
+
+
+def test_centerness_target():
+    points = torch.tensor([[5.0, 5.0], [2.0, 5.0]])
+    boxes = torch.tensor([[0.0, 0.0, 10.0, 10.0]] * 2)
+    expected = torch.tensor([1.0, math.sqrt(2 / 8 * 5 / 5)])
+    torch.testing.assert_close(centerness_target(points, boxes), expected)
+
+
+def head_and_features(num_classes=3):
+    torch.manual_seed(0)
+    head = FCOSHead(8, num_classes, STRIDES, num_convs=1, norm="gn")
+    feats = [torch.randn(2, 8, 8, 8), torch.randn(2, 8, 4, 4)]
+    return head, feats
+
+
+def test_losses_are_finite_and_reach_every_parameter():
+    head, feats = head_and_features()
+    targets = [
+        {
+            "boxes": torch.tensor([[4.0, 4.0, 40.0, 30.0], [30.0, 30.0, 60.0, 60.0]]),
+            "labels": torch.tensor([0, 2]),
+        },
+        {"boxes": torch.zeros(0, 4), "labels": torch.zeros(0, dtype=torch.long)},
+    ]
+    losses = head.loss(head(feats), targets)
+    assert set(losses) == {"loss_cls", "loss_box", "loss_centerness"}
+    assert all(torch.isfinite(v) and v.dim() == 0 for v in losses.values())
+    sum(losses.values()).backward()
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in head.parameters())
+
+
+def test_images_without_boxes_have_only_a_classification_loss():
+    head, feats = head_and_features()
+    empty = {"boxes": torch.zeros(0, 4), "labels": torch.zeros(0, dtype=torch.long)}
+    losses = head.loss(head(feats), [empty, empty])
+    assert losses["loss_box"] == 0 and losses["loss_centerness"] == 0 and losses["loss_cls"] > 0
+
+
+def test_class_bias_starts_at_the_prior():
+    head, _ = head_and_features()
+    assert torch.allclose(torch.sigmoid(head.cls_logits.bias), torch.tensor(0.01))
+
+
+def test_predict_decodes_a_confident_location():
+    head, feats = head_and_features()
+    outputs = head(feats)
+    outputs["cls_logits"] = [torch.full_like(t, -20.0) for t in outputs["cls_logits"]]
+    outputs["centerness"] = [torch.full_like(t, 20.0) for t in outputs["centerness"]]
+    # location 9 of level 0 is (12, 12): a box from (2, 4) to (30, 20) as class 1
+    outputs["cls_logits"][0][0, 9, 1] = 20.0
+    outputs["boxes"][0] = outputs["boxes"][0].detach().clone()
+    outputs["boxes"][0][0, 9] = torch.tensor([10.0, 8.0, 18.0, 8.0])
+    result = head.predict(outputs, [(64, 64), (64, 64)])
+    assert result[0]["labels"].tolist() == [1]
+    torch.testing.assert_close(result[0]["boxes"], torch.tensor([[2.0, 4.0, 30.0, 20.0]]))
+    assert result[0]["scores"].item() == pytest.approx(1.0, abs=1e-6)
+    assert len(result[1]["boxes"]) == 0
+
+
+def test_bad_arguments_and_targets():
+    with pytest.raises(ValueError, match="size_ranges needs one"):
+        FCOSHead(8, 3, STRIDES, size_ranges=[(0, 1)])
+    with pytest.raises(ValueError, match="num_classes must be in"):
+        FCOSHead(8, 0, STRIDES)
+    head, feats = head_and_features()
+    bad = {"boxes": torch.tensor([[0.0, 0.0, 5.0, 5.0]]), "labels": torch.tensor([3])}
+    with pytest.raises(ValueError, match=r"labels must lie in \[0, 3\)"):
+        head.loss(head(feats), [bad, bad])
+    with pytest.raises(ValueError, match="2 images but 1 targets"):
+        head.loss(head(feats), [bad])
+    with pytest.raises(ValueError, match="expects 2 levels, got 1"):
+        head(feats[:1])

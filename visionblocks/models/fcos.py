@@ -1,0 +1,267 @@
+"""FCOS-style anchor-free detection head: `FCOSHead`, registered in ``HEADS`` as ``"fcos"``."""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from visionblocks._check import check_range, check_type
+from visionblocks.distributed import reduce_mean
+from visionblocks.init import bias_init_with_prob, normal_init
+from visionblocks.losses.focal import sigmoid_focal_loss
+from visionblocks.models._fcos_targets import centerness_target, grid_locations, match_locations
+from visionblocks.models.postprocess import decode_ltrb, postprocess_detections
+from visionblocks.nn.conv import ConvNormAct
+from visionblocks.nn.layers import NormSpec
+from visionblocks.ops.iou_loss import generalized_box_iou_loss
+from visionblocks.registry import HEADS
+
+__all__ = ["FCOSHead"]
+
+Outputs = dict[str, list[Any]]
+
+
+@HEADS.register(name="fcos")
+class FCOSHead(nn.Module):
+    """FCOS head: shared GroupNorm towers, per-location classes, box sides and centerness.
+
+    One classification tower and one regression tower (``num_convs`` 3x3 ``ConvNormAct``
+    each), shared by every level. The class logits (``num_classes``, no background class)
+    come from the first; the box distances ``(l, t, r, b)`` (``relu(scale_level * x) *
+    stride``, in pixels) and the centerness logit from the second. The class bias starts
+    at ``bias_init_with_prob(prior_prob)``, so early training is not swamped by background.
+
+    Training (`loss`): each location is matched to the smallest ground-truth box that
+    contains it within ``center_sampling_radius`` strides of the box centre and whose
+    largest side distance falls in the level's range (``size_ranges``; by default
+    ``(0, 8s]``, ``(8s, 16s]``, ... for the level strides ``s``, the last one open-ended,
+    as FCOS's 64/128/256/512). Losses:
+
+    - ``loss_cls``: sigmoid focal loss over all locations and classes, summed and divided by
+      the number of positive locations **averaged over ranks** (`visionblocks.distributed.
+      reduce_mean`), so every rank divides by the same number;
+    - ``loss_box``: GIoU loss of the positives, weighted by their centerness targets and
+      divided by the rank-averaged sum of those weights;
+    - ``loss_centerness``: binary cross-entropy of the centerness logits of the positives,
+      divided by the rank-averaged number of positives.
+
+    Inference (`predict`): score ``sqrt(sigmoid(class) * sigmoid(centerness))``, then
+    `visionblocks.models.postprocess.postprocess_detections` (threshold, top candidates per
+    level, ``torchvision.ops.batched_nms``).
+
+    Args:
+        in_channels: Channels of every input level (an FPN's ``out_channels``).
+        num_classes: Object classes (no background class).
+        strides: Stride of each input level, finest first.
+        num_convs: 3x3 convolutions per tower.
+        norm: Norm of the tower convolutions (``"gn"``: GroupNorm).
+        prior_prob: Initial foreground probability of the class logits.
+        center_sampling_radius: Positives lie within this many strides of a box centre
+            (``0``: anywhere in the box).
+        size_ranges: ``(low, high)`` per level on ``max(l, t, r, b)``; ``None``: see above.
+        focal_alpha: Focal loss alpha.
+        focal_gamma: Focal loss gamma.
+        score_thresh: Smallest detection score kept at inference.
+        nms_thresh: NMS IoU threshold.
+        topk_candidates: Candidates per level before NMS.
+        max_detections: Detections per image.
+
+    Raises:
+        TypeError, ValueError: Bad options (and at call time, features that do not match
+            ``strides``).
+
+    Examples:
+        >>> import torch
+        >>> head = FCOSHead(16, num_classes=3, strides=[8, 16], num_convs=1)
+        >>> feats = [torch.randn(1, 16, 8, 8), torch.randn(1, 16, 4, 4)]
+        >>> out = head(feats)
+        >>> [tuple(t.shape) for t in out["cls_logits"]], [tuple(t.shape) for t in out["boxes"]]
+        ([(1, 64, 3), (1, 16, 3)], [(1, 64, 4), (1, 16, 4)])
+        >>> targets = [{"boxes": torch.tensor([[4.0, 4.0, 40.0, 30.0]]), "labels": torch.tensor([1])}]
+        >>> sorted(head.loss(out, targets))
+        ['loss_box', 'loss_centerness', 'loss_cls']
+        >>> head.predict(out, [(64, 64)])[0]["boxes"].shape[1]
+        4
+
+    References:
+        Tian et al., "FCOS: Fully Convolutional One-Stage Object Detection", ICCV 2019.
+    """
+
+    def __init__(
+        self,
+        in_channels: int,
+        num_classes: int,
+        strides: Sequence[int],
+        *,
+        num_convs: int = 4,
+        norm: NormSpec = "gn",
+        prior_prob: float = 0.01,
+        center_sampling_radius: float = 1.5,
+        size_ranges: Sequence[tuple[float, float]] | None = None,
+        focal_alpha: float = 0.25,
+        focal_gamma: float = 2.0,
+        score_thresh: float = 0.05,
+        nms_thresh: float = 0.6,
+        topk_candidates: int = 1000,
+        max_detections: int = 100,
+    ) -> None:
+        super().__init__()
+        for name, value in (("in_channels", in_channels), ("num_classes", num_classes)):
+            check_type(name, value, int)
+            check_range(name, value, 1)
+        check_type("num_convs", num_convs, int)
+        check_range("num_convs", num_convs, 0)
+        strides = [int(s) for s in strides]
+        if not strides or any(s < 1 for s in strides):
+            raise ValueError(f"strides must be a non-empty list of positive ints, got {strides}")
+        check_range("center_sampling_radius", center_sampling_radius, 0.0)
+        if size_ranges is None:
+            bounds = [0.0, *(8.0 * s for s in strides[1:]), math.inf]
+            size_ranges = list(itertools.pairwise(bounds))
+        if len(size_ranges) != len(strides):
+            raise ValueError(
+                f"size_ranges needs one (low, high) per level ({len(strides)}), got "
+                f"{len(size_ranges)}"
+            )
+        self.num_classes, self.strides = num_classes, strides
+        self.center_sampling_radius = float(center_sampling_radius)
+        self.register_buffer(
+            "size_ranges", torch.tensor(size_ranges, dtype=torch.float32), persistent=False
+        )
+        self.focal_alpha, self.focal_gamma = focal_alpha, focal_gamma
+        self.inference = {
+            "score_thresh": score_thresh,
+            "nms_thresh": nms_thresh,
+            "topk_candidates": topk_candidates,
+            "max_detections": max_detections,
+        }
+
+        def tower() -> nn.Sequential:
+            return nn.Sequential(
+                *(ConvNormAct(in_channels, in_channels, 3, norm=norm) for _ in range(num_convs))
+            )
+
+        self.cls_tower, self.box_tower = tower(), tower()
+        self.cls_logits = nn.Conv2d(in_channels, num_classes, 3, padding=1)
+        self.box_pred = nn.Conv2d(in_channels, 4, 3, padding=1)
+        self.centerness = nn.Conv2d(in_channels, 1, 3, padding=1)
+        self.scales = nn.Parameter(torch.ones(len(strides)))
+        for module in self.modules():
+            if isinstance(module, nn.Conv2d):
+                normal_init(module, std=0.01, bias=0.0)
+        normal_init(self.cls_logits, std=0.01, bias=bias_init_with_prob(prior_prob))
+
+    def forward(self, features: Mapping[str, Tensor] | Sequence[Tensor]) -> Outputs:
+        """Raw outputs per level, flattened over locations (row-major).
+
+        Returns:
+            dict[str, list[Tensor]]: ``cls_logits`` ``[B, A_l, C]``, ``boxes`` ``[B, A_l, 4]``
+            (``l, t, r, b`` in pixels), ``centerness`` ``[B, A_l]``, and ``sizes``: each
+            level's ``(H_l, W_l)``.
+        """
+        levels = list(features.values()) if isinstance(features, Mapping) else list(features)
+        if len(levels) != len(self.strides):
+            raise ValueError(f"FCOSHead expects {len(self.strides)} levels, got {len(levels)}")
+        out: Outputs = {"cls_logits": [], "boxes": [], "centerness": [], "sizes": []}
+        for i, x in enumerate(levels):
+            cls = self.cls_tower(x)
+            box = self.box_tower(x)
+            out["cls_logits"].append(self.cls_logits(cls).flatten(2).transpose(1, 2))
+            distances = F.relu(self.scales[i] * self.box_pred(box)) * self.strides[i]
+            out["boxes"].append(distances.flatten(2).transpose(1, 2))
+            out["centerness"].append(self.centerness(box).flatten(1))
+            out["sizes"].append((int(x.shape[-2]), int(x.shape[-1])))
+        return out
+
+    def _locations(self, outputs: Outputs, device: torch.device) -> tuple[Tensor, Tensor]:
+        return grid_locations(outputs["sizes"], self.strides, device)
+
+    def loss(self, outputs: Outputs, targets: Sequence[Mapping[str, Tensor]]) -> dict[str, Tensor]:
+        """The three FCOS losses (see the class docstring) of a batch.
+
+        Args:
+            outputs: What `forward` returned.
+            targets: One dict per image with ``boxes (Tensor[N, 4])`` XYXY in input pixels
+                and ``labels (Tensor[N])`` in ``[0, num_classes)``.
+
+        Returns:
+            dict[str, Tensor]: ``loss_cls``, ``loss_box``, ``loss_centerness`` (scalars).
+        """
+        cls_logits = torch.cat(outputs["cls_logits"], dim=1)
+        distances = torch.cat(outputs["boxes"], dim=1)
+        centerness = torch.cat(outputs["centerness"], dim=1)
+        if len(targets) != cls_logits.shape[0]:
+            raise ValueError(f"{cls_logits.shape[0]} images but {len(targets)} targets")
+        points, levels = self._locations(outputs, cls_logits.device)
+        point_strides = torch.tensor(self.strides, device=points.device)[levels]
+        point_ranges = self.size_ranges.to(points.device)[levels]
+        classes, matched = [], []
+        for target in targets:
+            boxes, labels = target["boxes"].to(points.device), target["labels"].to(points.device)
+            if labels.numel() and (labels.min() < 0 or labels.max() >= self.num_classes):
+                raise ValueError(
+                    f"labels must lie in [0, {self.num_classes}), got {labels.tolist()}"
+                )
+            c, m = match_locations(
+                points, point_strides, point_ranges, boxes.as_subclass(Tensor), labels,
+                self.num_classes, self.center_sampling_radius,
+            )  # fmt: skip
+            classes.append(c)
+            matched.append(m)
+        classes_t, matched_t = torch.stack(classes), torch.stack(matched)
+        positive = classes_t < self.num_classes
+        num_pos = reduce_mean(positive.sum().float()).clamp(min=1.0)
+        loss_cls = sigmoid_focal_loss(
+            cls_logits.reshape(-1, self.num_classes),
+            classes_t.reshape(-1),
+            alpha=self.focal_alpha,
+            gamma=self.focal_gamma,
+            reduction="sum",
+            normalizer=num_pos,
+        )
+        pos_points = points.expand(len(targets), -1, -1)[positive]
+        pred_boxes = decode_ltrb(pos_points, distances[positive].float())
+        target_boxes = matched_t[positive]
+        weights = centerness_target(pos_points, target_boxes)
+        weight_sum = reduce_mean(weights.sum()).clamp(min=1e-6)
+        giou = generalized_box_iou_loss(pred_boxes, target_boxes, reduction="none")
+        loss_box = (giou * weights).sum() / weight_sum
+        loss_ctr = (
+            F.binary_cross_entropy_with_logits(
+                centerness[positive].float(), weights, reduction="sum"
+            )
+            / num_pos
+        )
+        return {"loss_cls": loss_cls, "loss_box": loss_box, "loss_centerness": loss_ctr}
+
+    @torch.no_grad()
+    def predict(
+        self, outputs: Outputs, image_sizes: Sequence[tuple[int, int]]
+    ) -> list[dict[str, Tensor]]:
+        """Detections per image: ``boxes`` (XYXY, clipped to its size), ``scores``, ``labels``.
+
+        Args:
+            outputs: What `forward` returned.
+            image_sizes: ``(H, W)`` of every image (before padding).
+        """
+        points, levels = self._locations(outputs, outputs["cls_logits"][0].device)
+        per_level = [points[levels == i] for i in range(len(self.strides))]
+        results = []
+        for b, size in enumerate(image_sizes):
+            scores, boxes = [], []
+            for level, level_points in enumerate(per_level):
+                cls = torch.sigmoid(outputs["cls_logits"][level][b].float())
+                ctr = torch.sigmoid(outputs["centerness"][level][b].float())
+                scores.append(torch.sqrt(cls * ctr[:, None]))
+                boxes.append(decode_ltrb(level_points, outputs["boxes"][level][b].float()))
+            results.append(postprocess_detections(scores, boxes, tuple(size), **self.inference))
+        return results
+
+    def extra_repr(self) -> str:
+        return f"num_classes={self.num_classes}, strides={self.strides}"

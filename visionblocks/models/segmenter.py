@@ -1,0 +1,212 @@
+"""Semantic segmentation from the blocks: `FPNSegHead` (``HEADS``: ``fpn_seg``),
+`Segmenter` and `build_segmenter` (``MODELS``: ``segmenter``)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from visionblocks._check import check_choice, check_range, check_type
+from visionblocks.init import kaiming_init, normal_init
+from visionblocks.losses.ce import cross_entropy
+from visionblocks.losses.softmax_focal import softmax_focal_loss
+from visionblocks.models.detector import IMAGENET_MEAN, IMAGENET_STD, build_parts, normalize_images
+from visionblocks.nn.conv import ConvNormAct
+from visionblocks.nn.layers import NormSpec
+from visionblocks.registry import HEADS, MODELS
+
+__all__ = ["FPNSegHead", "Segmenter", "build_segmenter"]
+
+
+@HEADS.register(name="fpn_seg")
+class FPNSegHead(nn.Module):
+    """Semantic FPN head (Kirillov et al., 2019): every level brought to the finest stride,
+    summed, classified per pixel; a loss on the labels at input resolution.
+
+    A level of stride ``s`` goes through ``log2(s / s_0)`` blocks of 3x3 ``ConvNormAct`` +
+    2x bilinear upsampling (one block without upsampling for the finest level ``s_0``); the
+    sums feed a 1x1 classifier. Logits are upsampled bilinearly to the input size.
+
+    Losses (``loss=``): ``"ce"``: `visionblocks.losses.cross_entropy` (``top_k`` keeps the
+    hardest fraction of pixels, OHEM; ``label_smoothing``); ``"softmax_focal"``:
+    `visionblocks.losses.softmax_focal_loss` (``gamma``). Pixels equal to ``ignore_index``
+    (255: crowd and unknown regions of `visionblocks.data.CocoSegmentation`) are skipped.
+
+    Args:
+        in_channels: Channels of every input level (an FPN's ``out_channels``).
+        num_classes: Classes, background included.
+        strides: Strides of the input levels, finest first (powers of two).
+        channels: Width of the upsampling branches.
+        norm: Norm of the branch convolutions.
+        loss: ``"ce"`` or ``"softmax_focal"``.
+        ignore_index: Label of pixels the loss skips.
+        top_k: With ``"ce"``: OHEM fraction in ``(0, 1]``, or ``None`` for all pixels.
+        gamma: With ``"softmax_focal"``: the focusing parameter.
+        label_smoothing: With ``"ce"``.
+
+    Examples:
+        >>> import torch
+        >>> head = FPNSegHead(16, num_classes=4, strides=[4, 8], channels=8)
+        >>> logits = head([torch.randn(2, 16, 8, 8), torch.randn(2, 16, 4, 4)], size=(32, 32))
+        >>> logits.shape
+        torch.Size([2, 4, 32, 32])
+        >>> labels = torch.randint(0, 4, (2, 32, 32))
+        >>> sorted(head.loss(logits, labels))
+        ['loss_seg']
+    """
+
+    def __init__(
+        self,
+        in_channels: int,
+        num_classes: int,
+        strides: Sequence[int],
+        *,
+        channels: int = 128,
+        norm: NormSpec = "gn",
+        loss: str = "ce",
+        ignore_index: int = 255,
+        top_k: float | None = None,
+        gamma: float = 2.0,
+        label_smoothing: float = 0.0,
+    ) -> None:
+        super().__init__()
+        for name, value in (("in_channels", in_channels), ("num_classes", num_classes)):
+            check_type(name, value, int)
+            check_range(name, value, 1)
+        check_choice("loss", loss, ("ce", "softmax_focal"))
+        strides = [int(s) for s in strides]
+        base = strides[0] if strides else 0
+        if not strides or any(s % base or (s // base) & (s // base - 1) for s in strides):
+            raise ValueError(f"strides must be powers of two of the finest one, got {strides}")
+        self.num_classes, self.strides, self.loss_type = num_classes, strides, loss
+        self.ignore_index, self.top_k, self.gamma = ignore_index, top_k, gamma
+        self.label_smoothing = label_smoothing
+        self.branches = nn.ModuleList()
+        for s in strides:
+            steps = max(1, (s // base).bit_length() - 1)
+            layers: list[nn.Module] = []
+            for i in range(steps):
+                layers.append(
+                    ConvNormAct(in_channels if i == 0 else channels, channels, 3, norm=norm)
+                )
+                if s > base:
+                    layers.append(
+                        nn.Upsample(scale_factor=2.0, mode="bilinear", align_corners=False)
+                    )
+            self.branches.append(nn.Sequential(*layers))
+        self.classifier = nn.Conv2d(channels, num_classes, 1)
+        for module in self.branches.modules():
+            if isinstance(module, nn.Conv2d):
+                kaiming_init(module, mode="fan_out", nonlinearity="relu")
+        normal_init(self.classifier, std=0.01, bias=0.0)
+
+    def forward(
+        self, features: Mapping[str, Tensor] | Sequence[Tensor], size: tuple[int, int]
+    ) -> Tensor:
+        """Logits ``(B, num_classes, *size)`` from the levels (finest first)."""
+        levels = list(features.values()) if isinstance(features, Mapping) else list(features)
+        if len(levels) != len(self.branches):
+            raise ValueError(f"FPNSegHead expects {len(self.branches)} levels, got {len(levels)}")
+        fused = self.branches[0](levels[0])
+        for branch, x in zip(self.branches[1:], levels[1:]):
+            up = branch(x)
+            if up.shape[-2:] != fused.shape[-2:]:  # odd input sizes round differently
+                up = F.interpolate(up, size=fused.shape[-2:], mode="bilinear", align_corners=False)
+            fused = fused + up
+        logits = self.classifier(fused)
+        return F.interpolate(logits, size=tuple(size), mode="bilinear", align_corners=False)
+
+    def loss(self, logits: Tensor, labels: Tensor) -> dict[str, Tensor]:
+        """``{"loss_seg": ...}`` of ``logits (B, K, H, W)`` against ``labels (B, H, W)``."""
+        labels = labels.as_subclass(Tensor).long()
+        if self.loss_type == "softmax_focal":
+            value = softmax_focal_loss(
+                logits.float(), labels, gamma=self.gamma, ignore_index=self.ignore_index
+            )
+        else:
+            value = cross_entropy(
+                logits.float(), labels, ignore_index=self.ignore_index, top_k=self.top_k,
+                label_smoothing=self.label_smoothing,
+            )  # fmt: skip
+        return {"loss_seg": value}
+
+    def extra_repr(self) -> str:
+        return f"num_classes={self.num_classes}, strides={self.strides}, loss={self.loss_type!r}"
+
+
+class Segmenter(nn.Module):
+    """Backbone -> neck -> `FPNSegHead`: per-pixel class logits, losses or label maps.
+
+    ``forward(images, targets=None)``: in training mode with ``targets`` (``(B, H, W)``
+    labels, e.g. stacked `visionblocks.data.CocoSegmentation` masks), the loss dict with
+    ``loss``; otherwise logits ``(B, K, H, W)`` at the input size. `predict` gives label maps.
+    Images are ``(B, 3, H, W)`` in ``[0, 255]`` (or a list of ``(3, H, W)``), normalised
+    inside the model as in `visionblocks.models.Detector`.
+
+    Examples:
+        >>> import torch
+        >>> model = build_segmenter({
+        ...     "backbone": {"type": "vb_tiny"},
+        ...     "neck": {"type": "fpn", "out_channels": 16},
+        ...     "head": {"type": "fpn_seg", "num_classes": 4, "channels": 16},
+        ... })
+        >>> images = torch.randint(0, 255, (2, 3, 64, 64), dtype=torch.uint8)
+        >>> model(images, torch.randint(0, 4, (2, 64, 64)))["loss"].shape
+        torch.Size([])
+        >>> model.eval().predict(images).shape
+        torch.Size([2, 64, 64])
+    """
+
+    def __init__(
+        self,
+        backbone: nn.Module,
+        neck: nn.Module,
+        head: nn.Module,
+        *,
+        pixel_mean: Sequence[float] = IMAGENET_MEAN,
+        pixel_std: Sequence[float] = IMAGENET_STD,
+    ) -> None:
+        super().__init__()
+        for name, part in (("backbone", backbone), ("neck", neck), ("head", head)):
+            check_type(name, part, nn.Module)
+        self.backbone, self.neck, self.head = backbone, neck, head
+        self.register_buffer("pixel_mean", torch.tensor(pixel_mean, dtype=torch.float32))
+        self.register_buffer("pixel_std", torch.tensor(pixel_std, dtype=torch.float32))
+
+    def forward(
+        self, images: Tensor | Sequence[Tensor], targets: Tensor | None = None
+    ) -> Tensor | dict[str, Tensor]:
+        batch, _ = normalize_images(images, self.pixel_mean, self.pixel_std)
+        logits = self.head(self.neck(self.backbone(batch)), size=tuple(batch.shape[-2:]))
+        if self.training and targets is not None:
+            losses = self.head.loss(logits, targets)
+            losses["loss"] = sum(losses.values())
+            return losses
+        return logits
+
+    @torch.no_grad()
+    def predict(self, images: Tensor | Sequence[Tensor]) -> Tensor:
+        """Label maps ``(B, H, W)`` int64: the arg-max class of every pixel."""
+        return self(images).argmax(dim=1)
+
+
+@MODELS.register(name="segmenter")
+def build_segmenter(cfg: Mapping[str, Any] | None = None, **entries: Any) -> Segmenter:
+    """Build a `Segmenter` from ``backbone``, ``neck`` and ``head`` config entries.
+
+    As `visionblocks.models.build_detector`: the neck's ``in_channels``/``strides`` come from
+    the backbone, the head's from the neck. Registered in ``MODELS`` as ``"segmenter"``.
+
+    Examples:
+        >>> model = build_segmenter(
+        ...     backbone={"type": "vb_tiny"}, neck="fpn", head={"type": "fpn_seg", "num_classes": 3}
+        ... )
+        >>> model.head.strides
+        [4, 8, 16, 32]
+    """
+    backbone, neck, head, extras = build_parts(cfg, entries)
+    return Segmenter(backbone, neck, head, **extras)
