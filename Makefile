@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 export NO_MKDOCS_2_WARNING := 1
 
-.PHONY: venv test lint format docs docs-build bench clean
+.PHONY: venv test demo lint format docs docs-build bench clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -30,6 +30,11 @@ test: lint $(STAMP)
 	$(PY) -m pytest
 	$(MAKE) docs-build
 
+# Train the reference detector on synthetic COCO and evaluate it (a few minutes on a CPU);
+# writes demo-out/metrics.json, predictions.png and loss.png.
+demo: $(STAMP)
+	$(PY) -m visionblocks demo --out demo-out
+
 docs: $(STAMP)
 	$(PY) -m mkdocs serve
 
@@ -37,4 +42,4 @@ bench: $(STAMP)
 	$(PY) benchmarks/run.py
 
 clean:
-	rm -rf site .pytest_cache .hypothesis build dist
+	rm -rf site .pytest_cache .hypothesis build dist demo-out examples-out

@@ -2,6 +2,8 @@
 
 Subcommands:
 
+- ``visionblocks demo [--steps N] [--out DIR] [--device auto|cpu|cuda] [--distributed]
+  [--seed S]``: train the reference detector on synthetic COCO and evaluate it.
 - ``visionblocks list [REGISTRY|kernels]``: registered names per registry, or the fast-path report.
 - ``visionblocks inspect CHECKPOINT [--model NAME]``: what a checkpoint holds, and how it
   would load into a registered backbone.
@@ -57,6 +59,20 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
     return run_inspect(args.checkpoint, args.model)
 
 
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from visionblocks.demo import run_demo
+
+    try:
+        run_demo(
+            steps=args.steps, out=args.out, device=args.device, distributed=args.distributed,
+            seed=args.seed,
+        )  # fmt: skip
+    except (RuntimeError, ValueError) as exc:
+        print(f"visionblocks demo: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def _cmd_bench(args: argparse.Namespace) -> int:
     from visionblocks.bench import run_from_cli
 
@@ -73,6 +89,23 @@ def build_parser() -> argparse.ArgumentParser:
         "--version", action="version", version=f"visionblocks {visionblocks.__version__}"
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    from visionblocks.demo import DEFAULT_STEPS
+
+    p_demo = sub.add_parser(
+        "demo", help="train the reference detector on synthetic COCO data and evaluate it"
+    )
+    p_demo.add_argument("--steps", type=int, default=DEFAULT_STEPS, metavar="N",
+                        help=f"training steps of 16 images (default {DEFAULT_STEPS})")  # fmt: skip
+    p_demo.add_argument("--out", default="demo-out", metavar="DIR",
+                        help="output folder: metrics.json, predictions.png, loss.png and the "
+                        "synthetic data (default demo-out)")  # fmt: skip
+    p_demo.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
+                        help="auto: CUDA when available (default)")  # fmt: skip
+    p_demo.add_argument("--distributed", action="store_true",
+                        help="train with DDP under torchrun (gloo on CPU, nccl on CUDA)")  # fmt: skip
+    p_demo.add_argument("--seed", type=int, default=0, metavar="S", help="seed (default 0)")
+    p_demo.set_defaults(func=_cmd_demo)
 
     p_list = sub.add_parser("list", help="list registered names, or the triton kernel report")
     p_list.add_argument(

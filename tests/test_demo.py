@@ -1,0 +1,61 @@
+"""`visionblocks demo`: outputs, data reuse, errors, and a torchrun run on two gloo processes.
+
+The AP target of the full demo (AP50 >= 0.5 in at most 300 s on two CPU cores) is checked
+by running it (``make demo``), not here: these runs are a few steps long.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+from PIL import Image
+
+from visionblocks.cli import main
+
+KEYS = {"AP", "AP50", "AP75", "steps", "seconds", "world_size"}
+
+
+def test_demo_writes_metrics_and_figures(tmp_path, capsys):
+    out = tmp_path / "demo"
+    assert main(["demo", "--steps", "3", "--out", str(out), "--seed", "1"]) == 0
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert set(metrics) >= KEYS
+    assert metrics["steps"] == 3 and metrics["world_size"] == 1 and metrics["device"] == "cpu"
+    assert 0.0 <= metrics["AP50"] <= 1.0 and metrics["seconds"] > 0
+    for name in ("predictions.png", "loss.png"):
+        with Image.open(out / name) as png:
+            assert png.size[0] > 300 and png.size[1] > 200
+    printed = capsys.readouterr().out
+    assert "visionblocks demo: 3 steps on cpu x 1" in printed and "AP50" in printed
+    annotations = out / "data" / "train" / "annotations.json"
+    first = annotations.stat().st_mtime_ns
+    assert main(["demo", "--steps", "1", "--out", str(out), "--seed", "1"]) == 0
+    assert annotations.stat().st_mtime_ns == first  # the same data is reused, not rewritten
+
+
+def test_demo_errors(tmp_path, capsys, monkeypatch):
+    for var in ("RANK", "WORLD_SIZE"):
+        monkeypatch.delenv(var, raising=False)
+    assert main(["demo", "--distributed", "--steps", "1", "--out", str(tmp_path)]) == 1
+    assert "torchrun --standalone --nproc_per_node 2" in capsys.readouterr().err
+    if not __import__("torch").cuda.is_available():
+        assert main(["demo", "--device", "cuda", "--steps", "1", "--out", str(tmp_path)]) == 1
+        assert "CUDA is not available" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["demo", "--device", "tpu"])
+
+
+@pytest.mark.distributed
+def test_torchrun_two_processes(tmp_path):
+    torchrun = shutil.which("torchrun", path=os.path.dirname(sys.executable)) or "torchrun"
+    command = [torchrun, "--standalone", "--nproc_per_node", "2", "-m", "visionblocks",
+               "demo", "--distributed", "--steps", "3", "--out", str(tmp_path)]  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    metrics = json.loads((tmp_path / "metrics.json").read_text())
+    assert metrics["world_size"] == 2 and metrics["steps"] == 3
