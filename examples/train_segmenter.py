@@ -43,8 +43,8 @@ def mean_iou(confusion: torch.Tensor) -> tuple[float, list[float]]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=3 if QUICK else 400)
-    parser.add_argument("--loss", choices=sorted(LOSSES), default="ce")
+    parser.add_argument("--steps", type=int, default=3 if QUICK else 800)
+    parser.add_argument("--loss", choices=sorted(LOSSES), default="ohem")
     parser.add_argument("--out", default="examples-out/segmenter")
     args = parser.parse_args()
     out = Path(args.out)

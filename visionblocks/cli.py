@@ -93,7 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
     from visionblocks.demo import DEFAULT_STEPS
 
     p_demo = sub.add_parser(
-        "demo", help="train the reference detector on synthetic COCO data and evaluate it"
+        "demo", help="train and evaluate the reference detector on synthetic COCO"
     )
     p_demo.add_argument("--steps", type=int, default=DEFAULT_STEPS, metavar="N",
                         help=f"training steps of 16 images (default {DEFAULT_STEPS})")  # fmt: skip
