@@ -48,6 +48,10 @@ def test_demo_errors(tmp_path, capsys, monkeypatch):
         assert "CUDA is not available" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["demo", "--device", "tpu"])
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a folder")
+    assert main(["demo", "--steps", "1", "--out", str(blocker)]) == 1
+    assert "visionblocks demo:" in capsys.readouterr().err
 
 
 @pytest.mark.distributed

@@ -67,7 +67,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
             steps=args.steps, out=args.out, device=args.device, distributed=args.distributed,
             seed=args.seed,
         )  # fmt: skip
-    except (RuntimeError, ValueError) as exc:
+    except (RuntimeError, ValueError, OSError) as exc:
         print(f"visionblocks demo: {exc}", file=sys.stderr)
         return 1
     return 0

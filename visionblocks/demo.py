@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import sys
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -25,6 +26,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, DistributedSampler, RandomSampler
 
+import visionblocks
 from visionblocks import distributed as dist_utils
 from visionblocks._check import check_choice, check_range, check_type
 
@@ -97,10 +99,13 @@ def _split(root: Path, split: str, num_images: int, seed: int) -> Path:
     wanted = {"num_images": num_images, "seed": seed, **_DATA}
     if ann.is_file():
         try:
-            found = json.loads(ann.read_text())["info"]["parameters"]
-            if all(
+            data = json.loads(ann.read_text())
+            found = data["info"]["parameters"]
+            same = data["info"].get("version") == visionblocks.__version__ and all(
                 found.get(k) == (list(v) if isinstance(v, tuple) else v) for k, v in wanted.items()
-            ):
+            )
+            images = (root / split / "images" / i["file_name"] for i in data["images"])
+            if same and all(path.is_file() for path in images):
                 return ann
         except (KeyError, ValueError, TypeError):
             pass
@@ -222,15 +227,24 @@ def run_demo(
     Examples:
         >>> import tempfile
         >>> folder = tempfile.TemporaryDirectory()
-        >>> metrics = run_demo(steps=2, out=folder.name)  # doctest: +SKIP
-        >>> sorted(metrics)[:3]  # doctest: +SKIP
-        ['AP', 'AP50', 'AP75']
+        >>> metrics = run_demo(steps=2, out=folder.name, device="cpu")  # doctest: +ELLIPSIS
+        visionblocks demo: 2 steps on cpu x 1, 315,675 parameters
+        AP ...  AP50 ...  AP75 ...; wrote .../metrics.json, predictions.png, loss.png
+        >>> sorted(k for k in metrics if k != "stats")
+        ['AP', 'AP50', 'AP75', 'device', 'seconds', 'steps', 'world_size']
+        >>> folder.cleanup()
     """
     check_type("steps", steps, int)
     check_range("steps", steps, 1)
     check_type("seed", seed, int)
     check_type("distributed", distributed, bool)
     start = time.perf_counter()
+    if not distributed and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        print(
+            "visionblocks demo: started by torchrun without --distributed, so every process "
+            "runs its own demo; add --distributed to train one model with DDP",
+            file=sys.stderr,
+        )
     if distributed:
         _init_distributed(device)
     try:
@@ -274,11 +288,18 @@ def _run(steps: int, out: Path, device: torch.device, seed: int, start: float) -
         "seconds": round(time.perf_counter() - start, 1), "world_size": world,
         "device": device.type, "stats": stats,
     }  # fmt: skip
+    # The figure shows the first validation images, whichever rank predicted them.
+    shown_ids = val.ids[:8]
+    shown: dict[int, Any] = {}
+    for part in dist_utils.all_gather_object(
+        {i: predictions[i] for i in shown_ids if i in predictions}
+    ):
+        shown.update(part)
     if dist_utils.is_main_process():
         (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
-        shown = [i for i in range(8) if val.ids[i] in predictions]
-        plot_predictions([val[i][0] for i in shown], [predictions[val.ids[i]] for i in shown],
-                         [val[i][1] for i in shown], val.classes, out / "predictions.png")  # fmt: skip
+        first = range(len(shown_ids))
+        plot_predictions([val[i][0] for i in first], [shown[i] for i in shown_ids],
+                         [val[i][1] for i in first], val.classes, out / "predictions.png")  # fmt: skip
         plot_losses({k: v for k, v in history.items() if k != "loss"} | {"loss": history["loss"]},
                     out / "loss.png")  # fmt: skip
         _log(f"AP {stats['AP']:.3f}  AP50 {stats['AP50']:.3f}  AP75 {stats['AP75']:.3f}  "

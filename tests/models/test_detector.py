@@ -67,7 +67,8 @@ def test_training_returns_losses_and_eval_returns_detections():
     for images in (image[None], image[None].float(), [image]):
         out = model(images)
         assert len(out) == 1 and set(out[0]) == {"boxes", "scores", "labels"}
-    assert model.train()(image[None]) != {}  # no targets: predictions in training mode too
+    with pytest.raises(ValueError, match=r"training mode and needs targets.*model\.eval\(\)"):
+        model.train()(image[None])
 
 
 def test_list_inputs_are_padded_and_sizes_kept():
@@ -115,7 +116,9 @@ def test_errors():
     with pytest.raises(TypeError, match="head must have a loss"):
         Detector(torch.nn.Identity(), torch.nn.Identity(), torch.nn.Identity())
     with pytest.raises(ValueError, match=r"images must be \(B, C, H, W\)"):
-        build_detector(CFG)(torch.zeros(3, 32, 32))
+        build_detector(CFG).eval()(torch.zeros(3, 32, 32))
+    with pytest.raises(ValueError, match="images have 1 channels, but the model normalises 3"):
+        build_detector(CFG).eval()(torch.zeros(1, 1, 32, 32))
 
 
 def test_decode_and_postprocess():
@@ -137,3 +140,26 @@ def test_decode_and_postprocess():
     assert top["scores"].tolist() == pytest.approx([0.9, 0.6])
     with pytest.raises(ValueError, match="as many score as box levels"):
         postprocess_detections(scores, boxes[:1], (32, 48))
+
+
+def test_targets_in_other_box_formats_and_crowd_rows():
+    from torchvision import tv_tensors
+
+    torch.manual_seed(0)
+    model = build_detector(CFG)
+    image, target = image_and_target()
+    expected = model(image[None], [target])
+    cxcywh = tv_tensors.BoundingBoxes(
+        torch.tensor([[20.0, 19.0, 28.0, 22.0], [50.0, 48.0, 20.0, 24.0]]),
+        format="CXCYWH",
+        canvas_size=(64, 64),
+    )
+    crowd = {
+        "boxes": torch.cat([target["boxes"], torch.tensor([[0.0, 0.0, 64.0, 64.0]])]),
+        "labels": torch.tensor([0, 1, 1]),
+        "iscrowd": torch.tensor([0, 0, 1]),
+    }
+    for other in ({"boxes": cxcywh, "labels": target["labels"]}, crowd):
+        got = model(image[None], [other])
+        for key in expected:
+            torch.testing.assert_close(got[key], expected[key])

@@ -137,7 +137,7 @@ def test_predict_decodes_a_confident_location():
 
 
 def test_bad_arguments_and_targets():
-    with pytest.raises(ValueError, match="size_ranges needs one"):
+    with pytest.raises(ValueError, match="size_ranges must hold one"):
         FCOSHead(8, 3, STRIDES, size_ranges=[(0, 1)])
     with pytest.raises(ValueError, match="num_classes must be in"):
         FCOSHead(8, 0, STRIDES)
@@ -149,3 +149,92 @@ def test_bad_arguments_and_targets():
         head.loss(head(feats), [bad])
     with pytest.raises(ValueError, match="expects 2 levels, got 1"):
         head(feats[:1])
+
+
+def test_default_size_ranges_are_fcos_ones():
+    head = FCOSHead(16, 3, [8, 16, 32, 64, 128], num_convs=0)
+    assert head.size_ranges.tolist() == [
+        [0, 64],
+        [64, 128],
+        [128, 256],
+        [256, 512],
+        [512, math.inf],
+    ]
+
+
+def test_losses_equal_torchvision_fcos():
+    """Peer oracle: torchvision's FCOS.compute_loss on the same outputs and targets.
+
+    torchvision describes locations by anchors of the stride's size centred on our cell
+    centres and regresses in strides; its box loss is the plain GIoU mean over positives,
+    ours weights each positive by its centerness target (as AdelaiDet), so that one is
+    compared unweighted.
+    """
+    import types
+
+    from torchvision.models.detection.fcos import FCOS
+    from torchvision.models.detection.fcos import FCOSHead as TorchvisionHead
+    from torchvision.ops import generalized_box_iou_loss
+
+    from visionblocks.models import decode_ltrb
+
+    torch.manual_seed(0)
+    strides = [8, 16, 32]
+    head = FCOSHead(16, 3, strides, num_convs=1, size_ranges=[(0, 64), (64, 128), (128, math.inf)])
+    out = head([torch.randn(2, 16, 128 // s, 128 // s) for s in strides])
+    out["boxes"] = [b.detach() + torch.rand_like(b) * 20 for b in out["boxes"]]
+    out["centerness"] = [c.detach() + torch.randn_like(c) for c in out["centerness"]]
+    out["cls_logits"] = [c.detach() + torch.randn_like(c) for c in out["cls_logits"]]
+    targets = [
+        {"boxes": torch.tensor([[10.0, 12, 50, 70], [60, 30, 120, 110], [5, 80, 30, 100]]), "labels": torch.tensor([0, 2, 1])},
+        {"boxes": torch.tensor([[20.0, 20, 100, 100], [30, 30, 60, 58]]), "labels": torch.tensor([1, 0])},
+    ]  # fmt: skip
+    ours = head.loss(out, targets)
+
+    points, levels = grid_locations(out["sizes"], strides, torch.device("cpu"))
+    point_strides = torch.tensor(strides)[levels].float()
+    anchors = torch.cat(
+        [points - point_strides[:, None] / 2, points + point_strides[:, None] / 2], 1
+    )
+    peer = types.SimpleNamespace(
+        center_sampling_radius=1.5, head=TorchvisionHead(32, 1, 3, num_convs=1)
+    )
+    peer_outputs = {
+        "cls_logits": torch.cat(out["cls_logits"], 1),
+        "bbox_regression": torch.cat(out["boxes"], 1) / point_strides[None, :, None],
+        "bbox_ctrness": torch.cat(out["centerness"], 1)[..., None],
+    }
+    theirs = FCOS.compute_loss(
+        peer, targets, peer_outputs, [anchors, anchors], [h * w for h, w in out["sizes"]]
+    )
+    torch.testing.assert_close(ours["loss_cls"], theirs["classification"])
+    torch.testing.assert_close(ours["loss_centerness"], theirs["bbox_ctrness"])
+
+    ranges = head.size_ranges[levels]
+    matched = [
+        match_locations(points, point_strides, ranges, t["boxes"], t["labels"], 3, 1.5)
+        for t in targets
+    ]
+    positive = torch.stack([c for c, _ in matched]) < 3
+    boxes = decode_ltrb(points.expand(2, -1, -1)[positive], torch.cat(out["boxes"], 1)[positive])
+    unweighted = generalized_box_iou_loss(
+        boxes, torch.stack([m for _, m in matched])[positive], reduction="mean"
+    )
+    torch.testing.assert_close(unweighted, theirs["bbox_regression"])
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({"size_ranges": [1, 2]}, ValueError, "size_ranges must hold one"),
+        ({"size_ranges": [(64, 0), (0, 64)]}, ValueError, "0 <= low < high"),
+        ({"num_classes": True}, TypeError, "num_classes must be int"),
+        ({"strides": [8.7, 16]}, TypeError, "strides entries must be int"),
+        ({"score_thresh": 1.5}, ValueError, "score_thresh must be in"),
+        ({"focal_alpha": -1.0}, ValueError, "focal_alpha must be in"),
+        ({"max_detections": 0}, ValueError, "max_detections must be in"),
+    ],
+)
+def test_options_are_checked_at_construction(kwargs, error, match):
+    with pytest.raises(error, match=match):
+        FCOSHead(**{"in_channels": 8, "num_classes": 3, "strides": STRIDES, **kwargs})

@@ -85,3 +85,10 @@ def test_errors():
         FPNSegHead(8, 3, [4, 8])([torch.randn(1, 8, 4, 4)], size=(16, 16))
     with pytest.raises(ValueError, match="cfg needs"):
         build_segmenter({"backbone": "vb_tiny"})
+    with pytest.raises(ValueError, match="top_k and label_smoothing apply to loss='ce'"):
+        FPNSegHead(8, 3, [4], loss="softmax_focal", top_k=0.5)
+    model = build_segmenter(CFG)
+    with pytest.raises(TypeError, match=r"Segmenter takes a \(B, C, H, W\) tensor"):
+        model([torch.zeros(3, 32, 32)])
+    with pytest.raises(ValueError, match="needs targets for its loss"):
+        model(torch.zeros(1, 3, 32, 32))

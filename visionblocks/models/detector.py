@@ -12,7 +12,7 @@ from torch import Tensor, nn
 from visionblocks._check import check_type
 from visionblocks.registry import BACKBONES, HEADS, MODELS, NECKS
 
-__all__ = ["Detector", "build_detector", "build_parts", "normalize_images"]
+__all__ = ["Detector", "build_detector", "normalize_images", "training_targets"]
 
 IMAGENET_MEAN = (123.675, 116.28, 103.53)
 IMAGENET_STD = (58.395, 57.12, 57.375)
@@ -24,11 +24,31 @@ def normalize_images(
     std: Tensor,
     image_sizes: Sequence[tuple[int, int]] | None = None,
 ) -> tuple[Tensor, list[tuple[int, int]]]:
-    """A float batch ``(images - mean) / std`` and the image sizes.
+    """A float batch ``(images - mean) / std`` and the sizes of the images in it.
 
-    ``images`` is a ``(B, C, H, W)`` tensor (any dtype, values in ``[0, 255]``, e.g. a
-    `visionblocks.data.collate_detection` batch) or a list of ``(C, H, W)`` tensors, which
-    are padded bottom/right into one batch (their sizes become ``image_sizes``).
+    Args:
+        images: A ``(B, C, H, W)`` tensor (any dtype, values in ``[0, 255]``, e.g. a
+            `visionblocks.data.collate_detection` batch) or a list of ``(C, H, W)`` tensors,
+            padded bottom/right into one batch whose sides are multiples of 32.
+        mean (Tensor[C]): Per-channel mean, in the images' units.
+        std (Tensor[C]): Per-channel standard deviation.
+        image_sizes: ``(H, W)`` of each image of a tensor batch before padding; default: the
+            batch's ``(H, W)``. Ignored for a list (its own sizes are used).
+
+    Returns:
+        tuple: ``Tensor[B, C, H, W]`` in ``mean``'s dtype, and the ``(H, W)`` of each image.
+
+    Raises:
+        TypeError: ``images`` is neither a tensor nor a list of tensors.
+        ValueError: Not 4-D, another number of channels than ``mean``, or as many
+            ``image_sizes`` as images.
+
+    Examples:
+        >>> import torch
+        >>> mean, std = torch.tensor([100.0, 100.0, 100.0]), torch.tensor([50.0, 50.0, 50.0])
+        >>> batch, sizes = normalize_images([torch.full((3, 20, 40), 150, dtype=torch.uint8)], mean, std)
+        >>> batch.shape, sizes, batch[0, 0, 0, 0].item(), batch[0, 0, 31, 63].item()
+        (torch.Size([1, 3, 32, 64]), [(20, 40)], 1.0, -2.0)
     """
     if isinstance(images, Tensor):
         if images.dim() != 4:
@@ -46,6 +66,11 @@ def normalize_images(
             f"images must be a (B, C, H, W) tensor or a list of (C, H, W) tensors, got "
             f"{type(images).__name__}"
         )
+    if batch.shape[1] != mean.numel():
+        raise ValueError(
+            f"images have {batch.shape[1]} channels, but the model normalises {mean.numel()} "
+            f"(pixel_mean has {mean.numel()} values)"
+        )
     if len(image_sizes) != batch.shape[0]:
         raise ValueError(f"{batch.shape[0]} images but {len(image_sizes)} image_sizes")
     batch = batch.as_subclass(Tensor).to(dtype=mean.dtype)
@@ -54,19 +79,63 @@ def normalize_images(
     ]
 
 
+def training_targets(targets: Sequence[Mapping[str, Any]]) -> list[dict[str, Tensor]]:
+    """``boxes`` (XYXY) and ``labels`` of every target, crowd rows left out.
+
+    ``tv_tensors.BoundingBoxes`` in another format are converted to XYXY; rows whose
+    ``iscrowd`` is 1 are dropped (a crowd region is neither an object to find nor a mistake
+    to punish, and a dense head has no ignore class: its locations become background).
+
+    Examples:
+        >>> import torch
+        >>> from torchvision import tv_tensors
+        >>> boxes = tv_tensors.BoundingBoxes([[10.0, 10.0, 4.0, 2.0], [5.0, 5.0, 2.0, 2.0]],
+        ...                                  format="CXCYWH", canvas_size=(20, 20))
+        >>> t = training_targets([{"boxes": boxes, "labels": torch.tensor([0, 1]), "iscrowd": torch.tensor([0, 1])}])
+        >>> t[0]["boxes"].tolist(), t[0]["labels"].tolist()
+        ([[8.0, 9.0, 12.0, 11.0]], [0])
+    """
+    out = []
+    for i, target in enumerate(targets):
+        if not isinstance(target, Mapping) or "boxes" not in target or "labels" not in target:
+            raise TypeError(f"targets[{i}] must be a dict with 'boxes' and 'labels'")
+        boxes, labels = target["boxes"], target["labels"]
+        fmt = getattr(boxes, "format", None)
+        if fmt is not None and getattr(fmt, "name", fmt) != "XYXY":
+            from torchvision.ops import box_convert
+
+            name = getattr(fmt, "name", str(fmt)).lower()
+            boxes = box_convert(boxes.as_subclass(Tensor), name, "xyxy")
+        boxes = boxes.as_subclass(Tensor).reshape(-1, 4)
+        labels = torch.as_tensor(labels).reshape(-1)
+        crowd = target.get("iscrowd")
+        if isinstance(crowd, Tensor) and crowd.numel() == len(boxes) and bool(crowd.any()):
+            keep = crowd.reshape(-1) == 0
+            boxes, labels = boxes[keep], labels[keep]
+        out.append({"boxes": boxes, "labels": labels})
+    return out
+
+
 class Detector(nn.Module):
     """Backbone -> neck -> dense head, with pixel normalisation; losses or detections.
 
     ``forward(images, targets=None, image_sizes=None)``:
 
-    - in training mode with ``targets``: the head's loss dict, plus ``loss`` (their sum);
-    - otherwise: one dict per image, ``{"boxes" (XYXY, input pixels), "scores", "labels"}``.
+    - in training mode: the head's loss dict, plus ``loss`` (their sum); ``targets`` are
+      required (a training-mode call without them raises);
+    - in eval mode: one dict per image, ``{"boxes" (XYXY, input pixels), "scores",
+      "labels"}``; ``targets`` are not used.
 
     Images are ``(B, 3, H, W)`` in ``[0, 255]`` (uint8 or float; a
     `visionblocks.data.collate_detection` batch with its ``image_sizes``) or a list of
     ``(3, H, W)`` tensors. They are normalised with ``pixel_mean`` / ``pixel_std`` (ImageNet
     statistics in 0-255 units by default) inside the model, so data pipelines can stay in
-    uint8. Targets are the dataset's: ``boxes`` XYXY and ``labels`` in ``[0, num_classes)``.
+    uint8. Targets are the dataset's: ``boxes`` (XYXY, or ``tv_tensors.BoundingBoxes`` in
+    any format) and ``labels`` in ``[0, num_classes)``; rows with ``iscrowd`` 1 are left
+    out (`training_targets`).
+
+    The eval path ends in data-dependent NMS: ``torch.compile`` works, ``torch.jit``
+    tracing and ``torch.export`` do not.
 
     Args:
         backbone: Returns a dict of feature maps (a `visionblocks.backbones.Backbone`).
@@ -117,10 +186,15 @@ class Detector(nn.Module):
         targets: Sequence[Mapping[str, Tensor]] | None = None,
         image_sizes: Sequence[tuple[int, int]] | None = None,
     ) -> dict[str, Tensor] | list[dict[str, Tensor]]:
+        if self.training and targets is None:
+            raise ValueError(
+                "the detector is in training mode and needs targets for its losses; call "
+                "model.eval() for detections"
+            )
         batch, sizes = normalize_images(images, self.pixel_mean, self.pixel_std, image_sizes)
         outputs = self.head(self.neck(self.backbone(batch)))
-        if self.training and targets is not None:
-            losses = self.head.loss(outputs, targets)
+        if self.training:
+            losses = self.head.loss(outputs, training_targets(targets))
             losses["loss"] = sum(losses.values())
             return losses
         return self.head.predict(outputs, sizes)

@@ -27,6 +27,36 @@ __all__ = ["FCOSHead"]
 Outputs = dict[str, list[Any]]
 
 
+def check_int(name: str, value: Any, minimum: int) -> int:
+    """An int (not a bool) of at least ``minimum``."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be int, got {type(value).__name__} ({value!r})")
+    check_range(name, value, minimum)
+    return value
+
+
+def check_strides(strides: Any) -> list[int]:
+    """A non-empty list of positive int strides."""
+    if isinstance(strides, (str, bytes)) or not isinstance(strides, Sequence) or not strides:
+        raise TypeError(f"strides must be a non-empty list of ints, got {strides!r}")
+    return [check_int("strides entries", s, 1) for s in strides]
+
+
+def _check_ranges(size_ranges: Any, levels: int) -> list[tuple[float, float]]:
+    pairs = list(size_ranges) if isinstance(size_ranges, Sequence) else None
+    ok = pairs is not None and len(pairs) == levels and all(
+        isinstance(p, Sequence) and len(p) == 2 and all(isinstance(v, (int, float)) for v in p)
+        and 0 <= p[0] < p[1]
+        for p in pairs
+    )  # fmt: skip
+    if not ok:
+        raise ValueError(
+            f"size_ranges must hold one (low, high) pair with 0 <= low < high per level "
+            f"({levels}), got {size_ranges!r}"
+        )
+    return [(float(lo), float(hi)) for lo, hi in pairs]
+
+
 @HEADS.register(name="fcos")
 class FCOSHead(nn.Module):
     """FCOS head: shared GroupNorm towers, per-location classes, box sides and centerness.
@@ -39,9 +69,9 @@ class FCOSHead(nn.Module):
 
     Training (`loss`): each location is matched to the smallest ground-truth box that
     contains it within ``center_sampling_radius`` strides of the box centre and whose
-    largest side distance falls in the level's range (``size_ranges``; by default
-    ``(0, 8s]``, ``(8s, 16s]``, ... for the level strides ``s``, the last one open-ended,
-    as FCOS's 64/128/256/512). Losses:
+    largest side distance falls in the level's range (``size_ranges``; by default level
+    ``i`` of stride ``s_i`` takes ``(8 s_(i-1), 8 s_i]``, the first from 0 and the last
+    open-ended: FCOS's 64, 128, 256, 512 for strides 8 to 128). Losses:
 
     - ``loss_cls``: sigmoid focal loss over all locations and classes, summed and divided by
       the number of positive locations **averaged over ranks** (`visionblocks.distributed.
@@ -50,6 +80,11 @@ class FCOSHead(nn.Module):
       divided by the rank-averaged sum of those weights;
     - ``loss_centerness``: binary cross-entropy of the centerness logits of the positives,
       divided by the rank-averaged number of positives.
+
+    Convention:
+        Locations are the centres of the feature-map cells in input pixels: cell ``(i, j)``
+        of a level with stride ``s`` is at ``(x, y) = (j s + s // 2, i s + s // 2)``, as in
+        FCOS. Boxes are XYXY in input pixels.
 
     Inference (`predict`): score ``sqrt(sigmoid(class) * sigmoid(centerness))``, then
     `visionblocks.models.postprocess.postprocess_detections` (threshold, top candidates per
@@ -113,22 +148,24 @@ class FCOSHead(nn.Module):
     ) -> None:
         super().__init__()
         for name, value in (("in_channels", in_channels), ("num_classes", num_classes)):
+            check_int(name, value, 1)
+        check_int("num_convs", num_convs, 0)
+        strides = check_strides(strides)
+        check_range("center_sampling_radius", center_sampling_radius, 0.0)
+        if size_ranges is None:  # FCOS: 64, 128, 256, 512 for strides 8 ... 128
+            bounds = [0.0, *(8.0 * s for s in strides[:-1]), math.inf]
+            size_ranges = list(itertools.pairwise(bounds))
+        size_ranges = _check_ranges(size_ranges, len(strides))
+        check_range("focal_alpha", focal_alpha, 0.0, 1.0)
+        check_range("focal_gamma", focal_gamma, 0.0)
+        check_range("score_thresh", score_thresh, 0.0, 1.0)
+        check_range("nms_thresh", nms_thresh, 0.0, 1.0)
+        for name, value in (
+            ("topk_candidates", topk_candidates),
+            ("max_detections", max_detections),
+        ):
             check_type(name, value, int)
             check_range(name, value, 1)
-        check_type("num_convs", num_convs, int)
-        check_range("num_convs", num_convs, 0)
-        strides = [int(s) for s in strides]
-        if not strides or any(s < 1 for s in strides):
-            raise ValueError(f"strides must be a non-empty list of positive ints, got {strides}")
-        check_range("center_sampling_radius", center_sampling_radius, 0.0)
-        if size_ranges is None:
-            bounds = [0.0, *(8.0 * s for s in strides[1:]), math.inf]
-            size_ranges = list(itertools.pairwise(bounds))
-        if len(size_ranges) != len(strides):
-            raise ValueError(
-                f"size_ranges needs one (low, high) per level ({len(strides)}), got "
-                f"{len(size_ranges)}"
-            )
         self.num_classes, self.strides = num_classes, strides
         self.center_sampling_radius = float(center_sampling_radius)
         self.register_buffer(

@@ -25,6 +25,10 @@ def decode_ltrb(points: Tensor, distances: Tensor) -> Tensor:
     Raises:
         ValueError: If the last dims are not 2 and 4, or the leading dims differ.
 
+    Convention:
+        Locations and boxes in input pixels, boxes XYXY; FCOS places the location of feature
+        cell ``(i, j)`` at ``(j s + s // 2, i s + s // 2)`` for stride ``s``.
+
     Examples:
         >>> decode_ltrb(torch.tensor([[10.0, 20.0]]), torch.tensor([[1.0, 2.0, 3.0, 4.0]]))
         tensor([[ 9., 18., 13., 24.]])

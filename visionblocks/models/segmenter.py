@@ -78,6 +78,8 @@ class FPNSegHead(nn.Module):
             check_type(name, value, int)
             check_range(name, value, 1)
         check_choice("loss", loss, ("ce", "softmax_focal"))
+        if loss == "softmax_focal" and (top_k is not None or label_smoothing):
+            raise ValueError("top_k and label_smoothing apply to loss='ce', not 'softmax_focal'")
         strides = [int(s) for s in strides]
         base = strides[0] if strides else 0
         if not strides or any(s % base or (s // base) & (s // base - 1) for s in strides):
@@ -121,7 +123,15 @@ class FPNSegHead(nn.Module):
         return F.interpolate(logits, size=tuple(size), mode="bilinear", align_corners=False)
 
     def loss(self, logits: Tensor, labels: Tensor) -> dict[str, Tensor]:
-        """``{"loss_seg": ...}`` of ``logits (B, K, H, W)`` against ``labels (B, H, W)``."""
+        """``{"loss_seg": ...}`` of ``logits (B, K, H, W)`` against ``labels (B, H, W)``.
+
+        Examples:
+            >>> import torch
+            >>> head = FPNSegHead(8, num_classes=2, strides=[4], loss="ce")
+            >>> labels = torch.tensor([[[0, 1], [1, 255]]])
+            >>> round(head.loss(torch.zeros(1, 2, 2, 2), labels)["loss_seg"].item(), 4)  # log 2
+            0.6931
+        """
         labels = labels.as_subclass(Tensor).long()
         if self.loss_type == "softmax_focal":
             value = softmax_focal_loss(
@@ -141,11 +151,11 @@ class FPNSegHead(nn.Module):
 class Segmenter(nn.Module):
     """Backbone -> neck -> `FPNSegHead`: per-pixel class logits, losses or label maps.
 
-    ``forward(images, targets=None)``: in training mode with ``targets`` (``(B, H, W)``
-    labels, e.g. stacked `visionblocks.data.CocoSegmentation` masks), the loss dict with
-    ``loss``; otherwise logits ``(B, K, H, W)`` at the input size. `predict` gives label maps.
-    Images are ``(B, 3, H, W)`` in ``[0, 255]`` (or a list of ``(3, H, W)``), normalised
-    inside the model as in `visionblocks.models.Detector`.
+    ``forward(images, targets=None)``: in training mode, the loss dict with ``loss``
+    (``targets``, ``(B, H, W)`` labels such as stacked `visionblocks.data.CocoSegmentation`
+    masks, are required); in eval mode, logits ``(B, K, H, W)`` at the input size. `predict`
+    gives label maps. Images are a ``(B, 3, H, W)`` tensor in ``[0, 255]``, normalised inside
+    the model as in `visionblocks.models.Detector`.
 
     Examples:
         >>> import torch
@@ -177,21 +187,42 @@ class Segmenter(nn.Module):
         self.register_buffer("pixel_mean", torch.tensor(pixel_mean, dtype=torch.float32))
         self.register_buffer("pixel_std", torch.tensor(pixel_std, dtype=torch.float32))
 
-    def forward(
-        self, images: Tensor | Sequence[Tensor], targets: Tensor | None = None
-    ) -> Tensor | dict[str, Tensor]:
+    def forward(self, images: Tensor, targets: Tensor | None = None) -> Tensor | dict[str, Tensor]:
+        if not isinstance(images, Tensor):
+            raise TypeError(
+                "Segmenter takes a (B, C, H, W) tensor (label maps must match its size), got "
+                f"{type(images).__name__}"
+            )
+        if self.training and targets is None:
+            raise ValueError(
+                "the segmenter is in training mode and needs targets for its loss; call "
+                "model.eval() for logits"
+            )
         batch, _ = normalize_images(images, self.pixel_mean, self.pixel_std)
         logits = self.head(self.neck(self.backbone(batch)), size=tuple(batch.shape[-2:]))
-        if self.training and targets is not None:
+        if self.training:
             losses = self.head.loss(logits, targets)
             losses["loss"] = sum(losses.values())
             return losses
         return logits
 
     @torch.no_grad()
-    def predict(self, images: Tensor | Sequence[Tensor]) -> Tensor:
-        """Label maps ``(B, H, W)`` int64: the arg-max class of every pixel."""
-        return self(images).argmax(dim=1)
+    def predict(self, images: Tensor) -> Tensor:
+        """Label maps ``(B, H, W)`` int64: the arg-max class of every pixel (in eval mode).
+
+        Examples:
+            >>> import torch
+            >>> model = build_segmenter(backbone="vb_tiny", neck="fpn",
+            ...                         head={"type": "fpn_seg", "num_classes": 3})
+            >>> model.predict(torch.zeros(1, 3, 40, 56, dtype=torch.uint8)).shape
+            torch.Size([1, 40, 56])
+        """
+        was_training = self.training
+        self.eval()
+        try:
+            return self(images).argmax(dim=1)
+        finally:
+            self.train(was_training)
 
 
 @MODELS.register(name="segmenter")
