@@ -116,7 +116,30 @@ def training_targets(targets: Sequence[Mapping[str, Any]]) -> list[dict[str, Ten
     return out
 
 
-class Detector(nn.Module):
+class ComposedModel(nn.Module):
+    """Backbone, neck and head, with the pixel statistics the model normalises with.
+
+    The shared part of `Detector` and `visionblocks.models.Segmenter`.
+    """
+
+    def __init__(
+        self,
+        backbone: nn.Module,
+        neck: nn.Module,
+        head: nn.Module,
+        *,
+        pixel_mean: Sequence[float] = IMAGENET_MEAN,
+        pixel_std: Sequence[float] = IMAGENET_STD,
+    ) -> None:
+        super().__init__()
+        for name, part in (("backbone", backbone), ("neck", neck), ("head", head)):
+            check_type(name, part, nn.Module)
+        self.backbone, self.neck, self.head = backbone, neck, head
+        self.register_buffer("pixel_mean", torch.tensor(pixel_mean, dtype=torch.float32))
+        self.register_buffer("pixel_std", torch.tensor(pixel_std, dtype=torch.float32))
+
+
+class Detector(ComposedModel):
     """Backbone -> neck -> dense head, with pixel normalisation; losses or detections.
 
     ``forward(images, targets=None, image_sizes=None)``:
@@ -170,15 +193,10 @@ class Detector(nn.Module):
         pixel_mean: Sequence[float] = IMAGENET_MEAN,
         pixel_std: Sequence[float] = IMAGENET_STD,
     ) -> None:
-        super().__init__()
-        for name, part in (("backbone", backbone), ("neck", neck), ("head", head)):
-            check_type(name, part, nn.Module)
         for method in ("loss", "predict"):
             if not callable(getattr(head, method, None)):
                 raise TypeError(f"head must have a {method}() method, got {type(head).__name__}")
-        self.backbone, self.neck, self.head = backbone, neck, head
-        self.register_buffer("pixel_mean", torch.tensor(pixel_mean, dtype=torch.float32))
-        self.register_buffer("pixel_std", torch.tensor(pixel_std, dtype=torch.float32))
+        super().__init__(backbone, neck, head, pixel_mean=pixel_mean, pixel_std=pixel_std)
 
     def forward(
         self,

@@ -14,7 +14,7 @@ from visionblocks._check import check_choice, check_range, check_type
 from visionblocks.init import kaiming_init, normal_init
 from visionblocks.losses.ce import cross_entropy
 from visionblocks.losses.softmax_focal import softmax_focal_loss
-from visionblocks.models.detector import IMAGENET_MEAN, IMAGENET_STD, build_parts, normalize_images
+from visionblocks.models.detector import ComposedModel, build_parts, normalize_images
 from visionblocks.nn.conv import ConvNormAct
 from visionblocks.nn.layers import NormSpec
 from visionblocks.registry import HEADS, MODELS
@@ -148,7 +148,7 @@ class FPNSegHead(nn.Module):
         return f"num_classes={self.num_classes}, strides={self.strides}, loss={self.loss_type!r}"
 
 
-class Segmenter(nn.Module):
+class Segmenter(ComposedModel):
     """Backbone -> neck -> `FPNSegHead`: per-pixel class logits, losses or label maps.
 
     ``forward(images, targets=None)``: in training mode, the loss dict with ``loss``
@@ -170,22 +170,6 @@ class Segmenter(nn.Module):
         >>> model.eval().predict(images).shape
         torch.Size([2, 64, 64])
     """
-
-    def __init__(
-        self,
-        backbone: nn.Module,
-        neck: nn.Module,
-        head: nn.Module,
-        *,
-        pixel_mean: Sequence[float] = IMAGENET_MEAN,
-        pixel_std: Sequence[float] = IMAGENET_STD,
-    ) -> None:
-        super().__init__()
-        for name, part in (("backbone", backbone), ("neck", neck), ("head", head)):
-            check_type(name, part, nn.Module)
-        self.backbone, self.neck, self.head = backbone, neck, head
-        self.register_buffer("pixel_mean", torch.tensor(pixel_mean, dtype=torch.float32))
-        self.register_buffer("pixel_std", torch.tensor(pixel_std, dtype=torch.float32))
 
     def forward(self, images: Tensor, targets: Tensor | None = None) -> Tensor | dict[str, Tensor]:
         if not isinstance(images, Tensor):
