@@ -74,6 +74,9 @@ def test_python_dash_m_entry_point():
         ("layers", "conv_norm_act"),
         ("initializers", "kaiming"),
         ("datasets", "coco_detection"),
+        ("necks", "fpn"),
+        ("heads", "fcos"),
+        ("models", "detector"),
     ],
 )
 def test_list_in_a_fresh_process_shows_builtin_entries(registry, expected):
