@@ -442,7 +442,7 @@ def init_weights(
         ...     {"type": "kaiming", "layer": "Conv2d"},
         ...     {"type": "zero_init_last_norm"},  # the whole model: every residual block
         ... ])
-        >>> report["layer1.0"], float(resnet.layer1[0].bn2.weight.abs().sum())
+        >>> report["layer1.0"], float(resnet.layer1[0].bn2.weight.detach().abs().sum())
         ('rules[1] zero_init_last_norm()', 0.0)
     """
     check_type("model", model, nn.Module)
