@@ -6,7 +6,7 @@ import math
 
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from visionblocks.models import FCOSHead
@@ -16,7 +16,9 @@ STRIDES = [8, 16]
 
 
 def naive_match(points, strides, ranges, boxes, labels, num_classes, radius):
-    """One location at a time, straight from the FCOS paper's rules."""
+    """One location at a time, straight from the FCOS paper's rules (box areas in the same
+    float32 arithmetic as the implementation, so that near-ties break the same way)."""
+    areas = ((boxes[:, 2] - boxes[:, 0]) * (boxes[:, 3] - boxes[:, 1])).tolist()
     cls, matched = [], []
     for (x, y), s, (lo, hi) in zip(points.tolist(), strides.tolist(), ranges.tolist()):
         best, best_area = None, math.inf
@@ -32,7 +34,7 @@ def naive_match(points, strides, ranges, boxes, labels, num_classes, radius):
                     continue
             if not (lo < max(sides) <= hi):
                 continue
-            area = (x2 - x1) * (y2 - y1)
+            area = areas[j]
             if area < best_area:
                 best, best_area = j, area
         cls.append(num_classes if best is None else int(labels[best]))
@@ -47,6 +49,9 @@ def test_grid_locations():
     assert levels.tolist() == [0] * 6 + [1] * 2
 
 
+@example(
+    boxes=[(0.0, 0.0, 7.0, 4.8624784251074615), (0.0, 1.00001, 4.8624784251074615, 7.0)], radius=0.0
+)
 @settings(max_examples=60, deadline=None)
 @given(
     boxes=st.lists(
