@@ -175,8 +175,12 @@ def _train(model: Any, loader: Any, steps: int, device: torch.device) -> dict[st
             scaler.step(optimizer)
             scaler.update()
             scheduler.step()
-            for name, value in losses.items():
-                history[name].append(float(dist_utils.reduce_mean(value.detach().float())))
+            # One all-reduce per step for the logged losses, not one per loss.
+            logged = dist_utils.reduce_mean(
+                torch.stack([v.detach().float() for v in losses.values()])
+            )
+            for name, value in zip(losses, logged.tolist()):
+                history[name].append(value)
             step += 1
             bar.update(1)
             bar.set_postfix(

@@ -340,48 +340,28 @@ class Registry:
         return f"Registry(name={self.name!r}, entries={len(self._entries)})"
 
 
-BACKBONES = Registry(
-    "backbones",
-    modules=("visionblocks.backbones",),
-    description="nn.Module returning OrderedDict[str, Tensor], with .feature_info",
-)
+BACKBONES = Registry("backbones", modules=("visionblocks.backbones",),
+                     description="nn.Module returning OrderedDict[str, Tensor], with .feature_info")  # fmt: skip
 """Backbones: ``build_backbone(name, ...)`` builds from here."""
-NECKS = Registry(
-    "necks",
-    modules=("visionblocks.models",),
-    description="nn.Module mapping a feature dict to a feature dict",
-)
+NECKS = Registry("necks", modules=("visionblocks.models",),
+                 description="nn.Module mapping a feature dict to a feature dict")  # fmt: skip
 """Necks (e.g. FPN)."""
-HEADS = Registry(
-    "heads",
-    modules=("visionblocks.models",),
-    description="nn.Module turning features into predictions and losses",
-)
+HEADS = Registry("heads", modules=("visionblocks.models",),
+                 description="nn.Module turning features into predictions and losses")  # fmt: skip
 """Detection and segmentation heads."""
 LOSSES = Registry("losses", modules=("visionblocks.losses",), description="nn.Module loss")
 """Loss modules (``focal``, ``softmax_focal``, ``bce``, ``ce``, ``giou``, ``diou``, ``ciou``)."""
-LAYERS = Registry(
-    "layers",
-    modules=("visionblocks.nn",),
-    description="nn.Module building block",
-)
+LAYERS = Registry("layers", modules=("visionblocks.nn",), description="nn.Module building block")
 """Building blocks (convolutions, local ops)."""
-INITIALIZERS = Registry(
-    "initializers",
-    modules=("visionblocks.init",),
-    description="fn(module, **params) initialising in place",
-)
+INITIALIZERS = Registry("initializers", modules=("visionblocks.init",),
+                        description="fn(module, **params) initialising in place")  # fmt: skip
 """Weight initializers used by ``init_weights`` rules."""
 DATASETS = Registry(
     "datasets", modules=("visionblocks.data",), description="map-style torch Dataset"
 )
 """Datasets (COCO wrappers)."""
-
-MODELS = Registry(
-    "models",
-    modules=("visionblocks.models",),
-    description="whole model (backbone + neck + head) built from a config dict",
-)
+MODELS = Registry("models", modules=("visionblocks.models",),
+                  description="whole model (backbone + neck + head) built from a config dict")  # fmt: skip
 """Complete models: the reference ``detector`` and ``segmenter``."""
 
 REGISTRIES: dict[str, Registry] = {

@@ -119,8 +119,11 @@ def training_targets(targets: Sequence[Mapping[str, Any]]) -> list[dict[str, Ten
 class ComposedModel(nn.Module):
     """Backbone, neck and head, with the pixel statistics the model normalises with.
 
-    The shared part of `Detector` and `visionblocks.models.Segmenter`.
+    The shared part of `Detector` and `visionblocks.models.Segmenter`; ``head_methods``
+    names what the head must provide besides ``forward``.
     """
+
+    head_methods: tuple[str, ...] = ()
 
     def __init__(
         self,
@@ -134,6 +137,9 @@ class ComposedModel(nn.Module):
         super().__init__()
         for name, part in (("backbone", backbone), ("neck", neck), ("head", head)):
             check_type(name, part, nn.Module)
+        for method in self.head_methods:
+            if not callable(getattr(head, method, None)):
+                raise TypeError(f"head must have a {method}() method, got {type(head).__name__}")
         self.backbone, self.neck, self.head = backbone, neck, head
         self.register_buffer("pixel_mean", torch.tensor(pixel_mean, dtype=torch.float32))
         self.register_buffer("pixel_std", torch.tensor(pixel_std, dtype=torch.float32))
@@ -184,19 +190,7 @@ class Detector(ComposedModel):
         ['boxes', 'labels', 'scores']
     """
 
-    def __init__(
-        self,
-        backbone: nn.Module,
-        neck: nn.Module,
-        head: nn.Module,
-        *,
-        pixel_mean: Sequence[float] = IMAGENET_MEAN,
-        pixel_std: Sequence[float] = IMAGENET_STD,
-    ) -> None:
-        for method in ("loss", "predict"):
-            if not callable(getattr(head, method, None)):
-                raise TypeError(f"head must have a {method}() method, got {type(head).__name__}")
-        super().__init__(backbone, neck, head, pixel_mean=pixel_mean, pixel_std=pixel_std)
+    head_methods = ("loss", "predict")
 
     def forward(
         self,

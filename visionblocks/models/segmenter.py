@@ -171,6 +171,8 @@ class Segmenter(ComposedModel):
         torch.Size([2, 64, 64])
     """
 
+    head_methods = ("loss",)
+
     def forward(self, images: Tensor, targets: Tensor | None = None) -> Tensor | dict[str, Tensor]:
         if not isinstance(images, Tensor):
             raise TypeError(
