@@ -19,6 +19,7 @@ from torchvision import tv_tensors
 from torchvision.transforms import v2
 
 from tests.data.coco_fixtures import H, W
+from visionblocks.data._coco_checks import REPAIRABLE as INVALID_REPAIRABLE
 from visionblocks.data.coco import CocoDetection
 from visionblocks.registry import DATASETS
 
@@ -35,7 +36,7 @@ def by_id(dataset: CocoDetection, image_id: int):
 
 # ------------------------------------------------------------------------------ oracles
 def test_every_mask_equals_pycocotools_ann_to_mask(coco_dir):
-    dataset = make(coco_dir, with_masks=True, crowd="keep")
+    dataset = make(coco_dir, with_masks=True, crowd="keep", invalid="keep")
     coco = COCO(str(coco_dir[1]))
     for index, image_id in enumerate(dataset.ids):
         _, target = dataset[index]
@@ -129,9 +130,21 @@ def test_target_types_and_boxes(coco_dir):
 
 
 def test_boxes_are_clipped_and_missing_segmentations_give_empty_masks(coco_dir):
-    _, target = by_id(make(coco_dir, with_masks=True), 4)
+    _, target = by_id(make(coco_dir, with_masks=True, invalid="keep"), 4)
     assert target["boxes"].tolist() == [[50.0, 30.0, 60.0, 40.0]]  # [50, 30, 20, 20] clipped
     assert target["masks"].shape == (1, H, W) and target["masks"].sum() == 0
+
+
+def test_annotations_without_segmentation_are_dropped_when_masks_are_asked_for(coco_dir):
+    with_masks = make(coco_dir, with_masks=True)
+    assert with_masks.dropped == {"degenerate_box": [40], "empty_segmentation": [41]}
+    assert by_id(with_masks, 4)[1]["masks"].shape == (0, H, W)
+    boxes_only = make(coco_dir)  # without masks, a box needs no segmentation
+    assert boxes_only.dropped == {"degenerate_box": [40]}
+    assert by_id(boxes_only, 4)[1]["boxes"].tolist() == [[50.0, 30.0, 60.0, 40.0]]
+    kept = make(coco_dir, with_masks=True, invalid="keep")
+    assert kept.dropped == {"degenerate_box": [40]}  # a bad box is dropped even under keep
+    assert kept.kept_invalid == {"empty_segmentation": [41]}
 
 
 def test_empty_images_give_typed_empty_targets(coco_dir):
@@ -144,9 +157,9 @@ def test_empty_images_give_typed_empty_targets(coco_dir):
 
 
 def test_degenerate_boxes_are_dropped_and_reported_once(coco_dir):
-    with pytest.warns(UserWarning, match=r"dropped 1 annotation\(s\).*annotation ids 40") as seen:
+    with pytest.warns(UserWarning, match=r"dropped 1 of 9 annotation\(s\).*degenerate_box: id 40"):
         dataset = CocoDetection(*coco_dir)
-    assert len(seen) == 1 and dataset.num_degenerate == 1
+    assert dataset.num_degenerate == 1 and dataset.dropped == {"degenerate_box": [40]}
     with warnings.catch_warnings():
         warnings.simplefilter("error", UserWarning)
         for index in range(len(dataset)):  # items never warn again
@@ -268,7 +281,7 @@ def test_broken_annotation_files_are_named(tmp_path):
     with pytest.raises(ValueError, match=r"broken\.json' holds a list"):
         CocoDetection(tmp_path / "images", broken)
     broken.write_text('{"images": []}')
-    with pytest.raises(ValueError, match="has no 'categories' list"):
+    with pytest.raises(ValueError, match="has no 'annotations' / 'categories' list"):
         CocoDetection(tmp_path / "images", broken)
 
 
@@ -280,20 +293,8 @@ def test_broken_annotation_files_are_named(tmp_path):
             r"point at image ids 9 that are not in 'images'",
         ),
         (
-            {"annotations": [{"id": 1, "image_id": 1, "category_id": 5, "bbox": [0, 0, 1, 1]}]},
-            r"use category ids 5 that are not in 'categories'",
-        ),
-        (
             {"categories": [{"id": 1, "name": "x"}, {"id": 1, "name": "y"}]},
             "duplicate categories ids 1",
-        ),
-        (
-            {"annotations": [{"id": 1, "image_id": 1, "category_id": 1}]},
-            r"annotations\[0\] lacks \['bbox'\]",
-        ),
-        (
-            {"annotations": [{"id": 1, "image_id": 1, "category_id": 1, "bbox": [0, 0, 1]}]},
-            r"annotation 1 has bbox \[0, 0, 1\]",
         ),
         (
             {"images": [{"id": 1, "file_name": "a.png", "height": 0, "width": 4}]},
@@ -416,39 +417,96 @@ def test_default_sanitize_getter_gives_a_clear_error(crowded):
 
 # ------------------------------------------------------------ malformed annotations
 @pytest.mark.parametrize(
-    ("annotation", "match"),
+    ("annotation", "reason", "match"),
     [
         (
             {"segmentation": [[1, 1, float("nan"), 3, 3, 1]]},
-            r"annotation 1: segmentation polygon 0 must be a flat list",
+            "nonfinite",
+            r"annotation 1: segmentation polygon 0 has NaN or inf",
         ),
-        ({"segmentation": [[1, 1, 1e9, 3, 3, 1]]}, r"far outside the 4 x 4 image"),
-        ({"segmentation": [[[1, 1], [3, 3], [3, 1]]]}, "must be a flat list"),
-        ({"segmentation": [[1, 1, 3]]}, "must be a flat list"),
-        ({"segmentation": [[1, 1, 3, 3]]}, "at least 3 points"),
+        (
+            {"segmentation": [[1, 1, 1e9, 3, 3, 1]]},
+            "polygon_outside_image",
+            r"far outside the 4 x 4 image",
+        ),
+        ({"segmentation": [[[1, 1], [3, 3], [3, 1]]]}, "bad_polygon", "must be a flat list"),
+        ({"segmentation": [[1, 1, 3]]}, "odd_polygon", "odd number of coordinates"),
+        ({"segmentation": [[1, 1, 3, 3]]}, "short_polygon", "at least 3 points"),
         (
             {"segmentation": {"size": [5, 4], "counts": [0, 16]}},
+            "rle_size",
             r"RLE segmentation has size \[5, 4\], but the image is 4 x 4",
         ),
-        ({"segmentation": {"size": [4, 4], "counts": [3, 20]}}, "summing to height \\* width = 16"),
-        ({"segmentation": {"size": [4, 4], "counts": [3, -1, 14]}}, "non-negative ints"),
+        (
+            {"segmentation": {"size": [4, 4], "counts": [3, 20]}},
+            "bad_rle",
+            "summing to height \\* width = 16",
+        ),
+        ({"segmentation": {"size": [4, 4], "counts": [3, -1, 14]}}, "bad_rle", "non-negative ints"),
         (
             {"segmentation": {"size": [4, 4], "counts": "zzzz"}},
+            "bad_rle",
             "compressed RLE counts do not decode",
         ),
-        ({"segmentation": "a polygon"}, "segmentation of type str"),
-        ({"bbox": [0, 0, float("nan"), 2]}, r"has bbox \[0, 0, nan, 2\]"),
-        ({"bbox": [0, 0, float("inf"), 2]}, "finite"),
-        ({"iscrowd": "0"}, "has iscrowd '0', expected 0 or 1"),
-        ({"area": float("nan")}, "has area nan"),
-        ({"image_id": "1"}, r"point at image ids '1'"),
-        ({"id": 1.5}, r"annotations\[0\] has id 1.5; ids must be integers"),
+        ({"segmentation": "a polygon"}, "bad_segmentation", "segmentation of type str"),
+        ({"bbox": [0, 0, float("nan"), 2]}, "nonfinite", r"has bbox \[0, 0, nan, 2\]"),
+        ({"bbox": [0, 0, float("inf"), 2]}, "nonfinite", "finite"),
+        ({"bbox": [0, 0, 2]}, "bad_bbox", r"has bbox \[0, 0, 2\]"),
+        ({"bbox": None}, "bad_bbox", "has bbox None"),
+        ({"bbox": [0, 0, 2, 0]}, "degenerate_box", "zero or negative width or height"),
+        ({"bbox": [0, 0, -2, 2]}, "degenerate_box", "zero or negative width or height"),
+        ({"bbox": [5, 0, 2, 2]}, "box_outside_image", "entirely outside the 4 x 4 image"),
+        ({"bbox": [-3, 0, 2, 2]}, "box_outside_image", "entirely outside"),
+        ({"category_id": 5}, "unknown_category", "category_id 5, which is not in 'categories'"),
+        ({"category_id": "1"}, "unknown_category", "category_id '1'"),
+        ({"iscrowd": "0"}, "bad_iscrowd", "has iscrowd '0', expected 0 or 1"),
+        ({"area": float("nan")}, "bad_area", "has area nan"),
+        ({"area": -4}, "bad_area", "has area -4"),
     ],
 )
-def test_malformed_annotations_fail_at_construction(tmp_path, annotation, match):
+def test_invalid_annotations_follow_the_policy(tmp_path, annotation, reason, match):
     ann = {"id": 1, "image_id": 1, "category_id": 1, "bbox": [0, 0, 2, 2], **annotation}
+    path = _write(tmp_path, _minimal(annotations=[ann]))
     with pytest.raises(ValueError, match=match):
-        CocoDetection(tmp_path / "images", _write(tmp_path, _minimal(annotations=[ann])))
+        CocoDetection(tmp_path / "images", path, invalid="raise")
+    with pytest.warns(UserWarning, match=rf"dropped 1 of 1 annotation\(s\).*{reason}: id 1"):
+        dropped = CocoDetection(tmp_path / "images", path)
+    assert dropped.dropped == {reason: [1]} and dropped.coco.getAnnIds() == []
+    assert dropped._entries[0].boxes.shape == (0, 4)
+    with pytest.warns(UserWarning):
+        kept = CocoDetection(tmp_path / "images", path, invalid="keep")
+    if reason in INVALID_REPAIRABLE:  # the box is sound: kept, without the bad parts
+        assert kept.kept_invalid == {reason: [1]} and kept.dropped == {}
+        ann = kept.coco.loadAnns(1)[0]
+        assert "segmentation" not in ann and ann["area"] == 4.0
+        assert kept._entries[0].segmentations == [None]
+    else:
+        assert kept.dropped == {reason: [1]} and kept.kept_invalid == {}
+
+
+@pytest.mark.parametrize(
+    ("changes", "match"),
+    [
+        (
+            {"annotations": [{"id": 1, "image_id": 9, "category_id": 1, "bbox": [0, 0, 1, 1]}]},
+            r"1 annotation\(s\) point at image ids 9 that are not in 'images'",
+        ),
+        (
+            {"images": [{"id": 1, "file_name": "a.png", "height": 4}]},
+            r"images\[0\] lacks \['width'\]",
+        ),
+        ({"annotations": [{"image_id": 1, "category_id": 1}]}, r"annotations\[0\] lacks \['id'\]"),
+        (
+            {"images": [{"id": 1, "file_name": "a.png", "height": 4, "width": 4}] * 2},
+            "duplicate images ids 1",
+        ),
+    ],
+)
+def test_malformed_files_raise_whatever_the_policy(tmp_path, changes, match):
+    path = _write(tmp_path, _minimal(**changes))
+    for invalid in ("drop", "keep", "raise"):
+        with pytest.raises(ValueError, match=match):
+            CocoDetection(tmp_path / "images", path, invalid=invalid)
 
 
 @pytest.mark.parametrize(
@@ -470,7 +528,7 @@ def test_id_types_and_file_names(tmp_path, changes, match):
         CocoDetection(tmp_path / "images", _write(tmp_path, _minimal(annotations=[], **changes)))
 
 
-def test_two_point_polygons_are_refused(tmp_path):
+def test_two_point_polygons_are_dropped_or_refused(tmp_path):
     """pycocotools itself crashes on them (annToMask raises a TypeError)."""
     ann = {
         "id": 1,
@@ -479,5 +537,8 @@ def test_two_point_polygons_are_refused(tmp_path):
         "bbox": [1, 1, 2, 2],
         "segmentation": [[1, 1, 2, 2]],
     }
+    path = _write(tmp_path, _minimal(annotations=[ann]))
     with pytest.raises(ValueError, match="at least 3 points"):
-        CocoDetection(tmp_path / "images", _write(tmp_path, _minimal(annotations=[ann])))
+        CocoDetection(tmp_path / "images", path, invalid="raise")
+    with pytest.warns(UserWarning, match="short_polygon"):
+        assert CocoDetection(tmp_path / "images", path).dropped == {"short_polygon": [1]}

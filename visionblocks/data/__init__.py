@@ -3,6 +3,8 @@
 - `CocoDetection`, `CocoSegmentation`: COCO annotations as ``tv_tensors`` (registered in
   ``DATASETS`` as ``coco_detection`` / ``coco`` and ``coco_segmentation``);
   `instance_fields` keeps their per-instance rows aligned in ``SanitizeBoundingBoxes``.
+- `check_coco` / `CocoCheck`: every problem of an annotation file from the field (what
+  ``visionblocks check-coco`` prints), and a cleaned copy; `INVALID_REASONS` names them.
 - `collate_detection` / `DetectionBatch`: pad a batch into one tensor, keep sizes and targets.
 - `aspect_ratio_groups`, `GroupedBatchSampler`: batches of like-shaped images (with
   ``DistributedSampler`` too).
@@ -11,6 +13,8 @@
 - `make_synthetic_coco`: the built-in default data, written as a real COCO dataset.
 """
 
+from visionblocks.data._coco_checks import INVALID_REASONS
+from visionblocks.data.check import CocoCheck, check_coco
 from visionblocks.data.coco import CocoDetection, instance_fields
 from visionblocks.data.collate import DetectionBatch, collate_detection
 from visionblocks.data.evaluate import COCO_STAT_NAMES, coco_evaluate
@@ -21,13 +25,16 @@ from visionblocks.data.synthetic import SYNTHETIC_CLASSES, make_synthetic_coco
 
 __all__ = [
     "COCO_STAT_NAMES",
+    "INVALID_REASONS",
     "SYNTHETIC_CLASSES",
+    "CocoCheck",
     "CocoDetection",
     "CocoSegmentation",
     "DetectionBatch",
     "DevicePrefetcher",
     "GroupedBatchSampler",
     "aspect_ratio_groups",
+    "check_coco",
     "coco_evaluate",
     "collate_detection",
     "instance_fields",

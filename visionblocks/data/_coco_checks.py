@@ -1,20 +1,80 @@
 """Checks of single COCO annotations, run once when a dataset is built (private).
 
-A malformed annotation must fail at construction with its id in the message, not deep in
-pycocotools in a ``DataLoader`` worker (a NaN polygon coordinate can even crash the
-process there).
+Each annotation gets at most one verdict, an `Invalid` naming the first thing wrong with it
+(a reason of `INVALID_REASONS` and a message naming the file and the annotation id), or
+``None``. What happens then is the dataset's ``invalid`` policy: drop the annotation
+(counted by reason), raise the message, or keep what can still be represented. Nothing here
+lets a malformed annotation reach pycocotools, where a NaN polygon coordinate can crash a
+``DataLoader`` worker and a garbage RLE decodes to garbage.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["check_annotation", "is_int", "is_number"]
+__all__ = [
+    "INVALID_REASONS",
+    "REPAIRABLE",
+    "Invalid",
+    "annotation_problem",
+    "is_int",
+    "is_number",
+]
+
+INVALID_REASONS: dict[str, str] = {
+    "bad_bbox": "bbox missing or not [x, y, width, height]",
+    "nonfinite": "NaN or infinite coordinates",
+    "unknown_category": "category_id not in 'categories'",
+    "bad_iscrowd": "iscrowd other than 0 or 1",
+    "degenerate_box": "box with zero or negative width or height",
+    "box_outside_image": "box entirely outside the image",
+    "small_box": "box narrower or lower than min_box_size",
+    "bad_area": "area negative or not a number",
+    "empty_segmentation": "no segmentation although masks are asked for",
+    "short_polygon": "polygon with fewer than 3 points",
+    "odd_polygon": "polygon with an odd number of coordinates",
+    "bad_polygon": "polygon that is not a flat list of numbers",
+    "polygon_outside_image": "polygon far outside the image",
+    "bad_segmentation": "segmentation neither polygons nor an RLE dict",
+    "rle_size": "RLE size disagrees with the image",
+    "bad_rle": "RLE counts that do not decode to the image",
+}
+"""Why an annotation is invalid: reason -> description (the keys of ``dataset.dropped``)."""
+
+REPAIRABLE = frozenset(
+    {
+        "bad_area",
+        "empty_segmentation",
+        "short_polygon",
+        "odd_polygon",
+        "bad_polygon",
+        "polygon_outside_image",
+        "bad_segmentation",
+        "rle_size",
+        "bad_rle",
+    }
+)
+"""Reasons under which ``invalid="keep"`` keeps the annotation: its box, label and crowd flag
+are sound, so it stays, without its segmentation (an empty mask) and with the area of its
+box. Any other reason drops the annotation whatever the policy."""
 
 _COORD_MARGIN = 2.0  # polygon coordinates may reach this many image sizes outside the image
+
+
+@dataclass(frozen=True)
+class Invalid:
+    """The first thing wrong with one annotation.
+
+    Attributes:
+        reason: A key of `INVALID_REASONS`.
+        message: What ``invalid="raise"`` raises: names the file, the annotation and the value.
+    """
+
+    reason: str
+    message: str
 
 
 def is_number(value: Any) -> bool:
@@ -31,78 +91,162 @@ def _finite(values: Any) -> bool:
     return all(is_number(v) and math.isfinite(v) for v in values)
 
 
-def check_annotation(path: Path, ann: Mapping[str, Any], height: int, width: int) -> None:
-    """Raise ``ValueError`` naming the file and annotation for anything malformed.
+_NUMBER_TYPES = frozenset({int, float})
 
-    Checks: ``bbox`` four finite numbers; ``iscrowd`` 0/1 when present; ``area`` a finite,
-    non-negative number when present; ``segmentation`` (when present and not empty) a list
-    of polygons of at least 3 points with finite coordinates near the image (pycocotools
-    crashes, or reads garbage, otherwise), or an RLE of the image's size whose counts are
-    valid.
+
+def _numbers(values: Any) -> bool:
+    """``values`` is a list or tuple of real numbers, bools excluded."""
+    if not isinstance(values, (list, tuple)):
+        return False
+    # set(map(type, ...)) runs at C speed; JSON gives exact ints and floats.
+    return set(map(type, values)) <= _NUMBER_TYPES or all(map(is_number, values))
+
+
+def _all_finite(values: list[Any] | tuple[Any, ...]) -> bool:
+    """Every number of ``values`` is finite (their sum at C speed, exactly when that overflows)."""
+    try:
+        if math.isfinite(sum(values)):
+            return True
+    except OverflowError:
+        pass
+    return _finite(values)
+
+
+def annotation_problem(
+    where: str,
+    ann: Mapping[str, Any],
+    height: int,
+    width: int,
+    category_ids: set[Any] | frozenset[Any],
+    *,
+    min_box_size: float = 0.0,
+    need_segmentation: bool = False,
+) -> Invalid | None:
+    """The first problem of ``ann`` on an image of ``height`` x ``width``, or None.
+
+    Problems that make the annotation unusable (its box, category or crowd flag) come before
+    those that only cost its segmentation or area (`REPAIRABLE`), so ``invalid="keep"``
+    never keeps an annotation whose box is wrong. ``where`` starts every message (it names
+    the file and the annotation).
     """
-    where = f"COCO annotation file '{path}': annotation {ann['id']!r}"
-    box = ann["bbox"]
-    if not (isinstance(box, list) and len(box) == 4 and _finite(box)):
-        raise ValueError(f"{where} has bbox {box!r}, expected [x, y, width, height] (finite)")
+    box = ann.get("bbox")
+    if not (isinstance(box, (list, tuple)) and len(box) == 4 and _numbers(box)):
+        return Invalid("bad_bbox", f"{where} has bbox {box!r}, expected [x, y, width, height]")
+    if not _all_finite(box):
+        return Invalid("nonfinite", f"{where} has bbox {box!r}, expected finite numbers")
+    category_id = ann["category_id"]
+    if not is_int(category_id) or category_id not in category_ids:
+        return Invalid(
+            "unknown_category",
+            f"{where} has category_id {category_id!r}, which is not in 'categories'",
+        )
     crowd = ann.get("iscrowd", 0)
-    if crowd not in (0, 1) or not is_number(crowd):
-        raise ValueError(f"{where} has iscrowd {crowd!r}, expected 0 or 1")
+    if crowd not in (0, 1) or not isinstance(crowd, (int, float)):
+        return Invalid("bad_iscrowd", f"{where} has iscrowd {crowd!r}, expected 0 or 1")
+    x, y, w, h = box
+    if w <= 0 or h <= 0:
+        return Invalid(
+            "degenerate_box", f"{where} has bbox {box!r} with zero or negative width or height"
+        )
+    clipped_w = min(x + w, width) - max(x, 0)
+    clipped_h = min(y + h, height) - max(y, 0)
+    if clipped_w <= 0 or clipped_h <= 0:
+        return Invalid(
+            "box_outside_image",
+            f"{where} has bbox {box!r}, entirely outside the {height} x {width} image",
+        )
+    if clipped_w < min_box_size or clipped_h < min_box_size:
+        return Invalid(
+            "small_box",
+            f"{where} has a box of {clipped_w:g} x {clipped_h:g} inside the image, smaller "
+            f"than min_box_size={min_box_size:g}",
+        )
     area = ann.get("area")
     if area is not None and not (is_number(area) and math.isfinite(area) and area >= 0):
-        raise ValueError(f"{where} has area {area!r}, expected a finite number >= 0")
+        return Invalid("bad_area", f"{where} has area {area!r}, expected a finite number >= 0")
     seg = ann.get("segmentation")
     if not seg:
-        return
+        if need_segmentation:
+            return Invalid(
+                "empty_segmentation",
+                f"{where} has segmentation {seg!r}, but masks are asked for (with_masks=True)",
+            )
+        return None
     if isinstance(seg, list):
-        _check_polygons(where, seg, height, width)
-    elif isinstance(seg, dict):
-        _check_rle(where, seg, height, width)
-    else:
-        raise ValueError(
-            f"{where} has a segmentation of type {type(seg).__name__}; expected a list of "
-            "polygons or an RLE dict"
-        )
+        return _polygon_problem(where, seg, height, width)
+    if isinstance(seg, dict):
+        return _rle_problem(where, seg, height, width)
+    return Invalid(
+        "bad_segmentation",
+        f"{where} has a segmentation of type {type(seg).__name__}; expected a list of polygons "
+        "or an RLE dict",
+    )
 
 
-def _check_polygons(where: str, polygons: list[Any], height: int, width: int) -> None:
+def _polygon_problem(where: str, polygons: list[Any], height: int, width: int) -> Invalid | None:
     low = -_COORD_MARGIN * max(height, width)
     high = (1 + _COORD_MARGIN) * max(height, width)
     for i, polygon in enumerate(polygons):
-        ok = isinstance(polygon, list) and len(polygon) >= 6 and len(polygon) % 2 == 0
-        if not ok or not _finite(polygon):
-            raise ValueError(
+        if not _numbers(polygon) or isinstance(polygon, tuple):
+            return Invalid(
+                "bad_polygon",
                 f"{where}: segmentation polygon {i} must be a flat list [x1, y1, x2, y2, ...] "
-                f"of at least 3 points (finite numbers), got {str(polygon)[:80]}"
+                f"of numbers, got {str(polygon)[:80]}",
+            )
+        if not _all_finite(polygon):
+            return Invalid(
+                "nonfinite",
+                f"{where}: segmentation polygon {i} has NaN or inf: {str(polygon)[:80]}",
+            )
+        if len(polygon) % 2:
+            return Invalid(
+                "odd_polygon",
+                f"{where}: segmentation polygon {i} has an odd number of coordinates "
+                f"({len(polygon)}), expected x, y pairs: {str(polygon)[:80]}",
+            )
+        if len(polygon) < 6:
+            return Invalid(
+                "short_polygon",
+                f"{where}: segmentation polygon {i} has {len(polygon) // 2} point(s), "
+                f"at least 3 points are needed: {str(polygon)[:80]}",
             )
         if min(polygon) < low or max(polygon) > high:
-            raise ValueError(
+            return Invalid(
+                "polygon_outside_image",
                 f"{where}: segmentation polygon {i} has coordinates in "
-                f"[{min(polygon):g}, {max(polygon):g}], far outside the {height} x {width} image"
+                f"[{min(polygon):g}, {max(polygon):g}], far outside the {height} x {width} image",
             )
+    return None
 
 
-def _check_rle(where: str, rle: Mapping[str, Any], height: int, width: int) -> None:
+def _rle_problem(where: str, rle: Mapping[str, Any], height: int, width: int) -> Invalid | None:
     size, counts = rle.get("size"), rle.get("counts")
-    if not isinstance(size, list) or [v for v in size] != [height, width]:
-        raise ValueError(
-            f"{where}: RLE segmentation has size {size!r}, but the image is {height} x {width}"
+    if not isinstance(size, list) or list(size) != [height, width]:
+        return Invalid(
+            "rle_size",
+            f"{where}: RLE segmentation has size {size!r}, but the image is {height} x {width}",
         )
     if isinstance(counts, list):
         if not all(is_int(c) and c >= 0 for c in counts) or sum(counts) != height * width:
-            raise ValueError(
+            return Invalid(
+                "bad_rle",
                 f"{where}: uncompressed RLE counts must be non-negative ints summing to "
                 f"height * width = {height * width}, got {len(counts)} counts summing to "
-                f"{sum(c for c in counts if is_number(c))}"
+                f"{sum(c for c in counts if is_number(c))}",
             )
-        return
+        return None
     if not isinstance(counts, (str, bytes)):
-        raise ValueError(f"{where}: RLE counts must be a list of ints or a string, got {counts!r}")
+        return Invalid(
+            "bad_rle", f"{where}: RLE counts must be a list of ints or a string, got {counts!r}"
+        )
     runs = _compressed_counts(counts)
     if runs is None or any(c < 0 for c in runs) or sum(runs) != height * width:
-        raise ValueError(
+        return Invalid(
+            "bad_rle",
             f"{where}: compressed RLE counts do not decode to {height} x {width} pixels "
-            f"(pycocotools would decode garbage): {str(counts)[:40]}"
+            f"(pycocotools would decode garbage): {str(counts)[:40]}",
         )
+    return None
 
 
 def _compressed_counts(counts: str | bytes) -> list[int] | None:

@@ -1,11 +1,21 @@
-"""Reading and checking a COCO annotation file, and the compact per-image index the dataset
-wrappers use (private; see `visionblocks.data.coco`).
+"""Reading a COCO annotation file, sorting out its invalid annotations, and the compact
+per-image index the dataset wrappers use (private; see `visionblocks.data.coco`).
 
-The JSON is validated once, at construction: every annotation must point at a known image
-and category, ids must be unique, boxes must be four numbers. Errors name the file and the
-offending ids. Boxes, labels, crowd flags and areas are then held per image as small NumPy
-arrays, so ``__getitem__`` does no dictionary work; segmentations stay in the annotation
-dicts and are decoded only when an item asks for masks.
+Two kinds of problems, told apart on purpose:
+
+- A malformed **file** (not JSON, no ``images``/``annotations``/``categories`` list,
+  duplicate or non-integer ids, annotations pointing at images that do not exist, image
+  sizes that are not positive integers, file names leading out of the image root) is never
+  guessed around: `file_problems` lists every one, naming the file and the field, and
+  `read_annotation_file` raises the first.
+- An invalid **annotation** (a 2-point polygon, a zero-height box, an unknown category...;
+  see `visionblocks.data._coco_checks`) is handled by the dataset's policy in
+  `clean_annotations`: dropped and counted by reason, raised, or kept when what is wrong
+  can be left out.
+
+Boxes, labels, crowd flags and areas are then held per image as small NumPy arrays, so
+``__getitem__`` does no dictionary work; segmentations stay in the annotation dicts and are
+decoded only when an item asks for masks.
 """
 
 from __future__ import annotations
@@ -16,32 +26,47 @@ import json
 import os
 import posixpath
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
-from visionblocks.data._coco_checks import check_annotation, is_int, is_number
+from visionblocks.data._coco_checks import REPAIRABLE, Invalid, annotation_problem, is_int
 
-__all__ = ["ImageEntry", "build_index", "load_coco", "read_annotation_file"]
+__all__ = [
+    "CleanStats",
+    "ImageEntry",
+    "build_index",
+    "clean_annotations",
+    "file_problems",
+    "image_file_name",
+    "listing",
+    "load_coco",
+    "orphan_annotations",
+    "parse_annotation_file",
+    "read_annotation_file",
+    "valid_ids",
+]
 
-_SHOW = 5  # ids listed in an error message
+InvalidPolicy = Literal["drop", "raise", "keep"]
+
+_SHOW = 5  # ids listed in a message
 
 
-def _listing(values: Sequence[Any]) -> str:
-    shown = ", ".join(repr(v) for v in values[:_SHOW])
-    return shown + (f" and {len(values) - _SHOW} more" if len(values) > _SHOW else "")
+def listing(values: Sequence[Any], show: int = _SHOW) -> str:
+    """``1, 2, 3 and 4 more``: the first ``show`` values and how many others."""
+    shown = ", ".join(repr(v) for v in values[:show])
+    return shown + (f" and {len(values) - show} more" if len(values) > show else "")
 
 
-def read_annotation_file(path: Path) -> dict[str, Any]:
-    """Parse and check a COCO annotation JSON; errors name the file and what is wrong.
+def parse_annotation_file(path: Path) -> dict[str, Any]:
+    """The JSON object of ``path``.
 
     Raises:
         FileNotFoundError: ``path`` does not exist.
-        ValueError: Not JSON, not a COCO dict, duplicate ids, annotations pointing at unknown
-            images or categories, or malformed boxes.
+        ValueError: Not JSON, or not a JSON object.
     """
     if not path.is_file():
         raise FileNotFoundError(f"COCO annotation file not found: '{path}'")
@@ -55,65 +80,120 @@ def read_annotation_file(path: Path) -> dict[str, Any]:
             f"COCO annotation file '{path}' holds a {type(data).__name__}, expected a dict with "
             "'images', 'annotations' and 'categories'"
         )
-    for key in ("images", "categories"):
-        if not isinstance(data.get(key), list):
-            raise ValueError(f"COCO annotation file '{path}' has no '{key}' list")
-    if not isinstance(data.setdefault("annotations", []), list):
-        raise ValueError(f"COCO annotation file '{path}': 'annotations' must be a list")
-    _check_ids(path, data)
     return data
 
 
-def _check_ids(path: Path, data: Mapping[str, Any]) -> None:
-    def ids(key: str, required: Sequence[str]) -> list[Any]:
-        found = []
-        for i, item in enumerate(data[key]):
-            missing = [r for r in required if not isinstance(item, dict) or r not in item]
-            if missing:
-                raise ValueError(
-                    f"COCO annotation file '{path}': {key}[{i}] lacks {missing} "
-                    f"(got {str(item)[:120]})"
-                )
-            if not is_int(item["id"]):
-                raise ValueError(
-                    f"COCO annotation file '{path}': {key}[{i}] has id {item['id']!r}; ids must "
-                    "be integers"
-                )
-            found.append(item["id"])
-        duplicates = [i for i, n in Counter(found).items() if n > 1]
-        if duplicates:
-            raise ValueError(
-                f"COCO annotation file '{path}': duplicate {key} ids {_listing(duplicates)}"
-            )
-        return found
+def read_annotation_file(path: Path) -> dict[str, Any]:
+    """Parse ``path`` and raise the first of its `file_problems` (with how many follow)."""
+    data = parse_annotation_file(path)
+    problems = file_problems(path, data)
+    if problems:
+        more = (
+            f" (and {len(problems) - 1} more problem(s) with the file: "
+            f"`visionblocks check-coco '{path}'` lists them all)"
+            if len(problems) > 1
+            else ""
+        )
+        raise ValueError(problems[0] + more)
+    return data
 
-    image_ids = set(ids("images", ("id", "file_name", "height", "width")))
-    category_ids = set(ids("categories", ("id", "name")))
-    ids("annotations", ("id", "image_id", "category_id", "bbox"))
-    anns = data["annotations"]
-    unknown_images = sorted({a["image_id"] for a in anns} - image_ids, key=repr)
-    if unknown_images:
-        raise ValueError(
-            f"COCO annotation file '{path}': annotations point at image ids "
-            f"{_listing(unknown_images)} that are not in 'images'"
+
+def image_file_name(info: Mapping[str, Any]) -> Any:
+    """The image's ``file_name``; for LVIS files, which have only ``coco_url``, its last two
+    parts (``train2017/000000391895.jpg``, relative to the COCO images folder)."""
+    if "file_name" in info or not isinstance(info.get("coco_url"), str):
+        return info.get("file_name")
+    return "/".join(info["coco_url"].rstrip("/").split("/")[-2:])
+
+
+def _key(value: Any) -> Any:
+    return value if isinstance(value, Hashable) else repr(value)
+
+
+def file_problems(path: Path, data: Mapping[str, Any]) -> list[str]:
+    """Every structural problem of a parsed COCO file, each naming the file and the field.
+
+    Annotation-level problems (bad boxes, polygons, RLEs, unknown categories) are not
+    listed here: the dataset's ``invalid`` policy handles them.
+    """
+    where = f"COCO annotation file '{path}'"
+    missing = [key for key in ("images", "annotations", "categories") if key not in data]
+    if missing:
+        return [f"{where} has no {' / '.join(repr(k) for k in missing)} list"]
+    wrong = [k for k in ("images", "annotations", "categories") if not isinstance(data[k], list)]
+    if wrong:
+        return [f"{where}: '{k}' must be a list, got {type(data[k]).__name__}" for k in wrong]
+    problems: list[str] = []
+    image_ids = _ids(where, data, "images", ("id", "height", "width"), problems)
+    _ids(where, data, "categories", ("id", "name"), problems)
+    _ids(where, data, "annotations", ("id", "image_id", "category_id"), problems)
+    orphans = orphan_annotations(data, image_ids)
+    if orphans:
+        unknown = sorted({_key(a["image_id"]) for a in orphans}, key=repr)
+        problems.append(
+            f"{where}: {len(orphans)} annotation(s) point at image ids {listing(unknown)} "
+            "that are not in 'images'"
         )
-    unknown_categories = sorted({a["category_id"] for a in anns} - category_ids, key=repr)
-    if unknown_categories:
-        raise ValueError(
-            f"COCO annotation file '{path}': annotations use category ids "
-            f"{_listing(unknown_categories)} that are not in 'categories'"
-        )
-    sizes = {}
     for info in data["images"]:
-        height, width = info["height"], info["width"]
-        if not (is_int(height) and is_int(width) and height > 0 and width > 0):
-            raise ValueError(
-                f"COCO annotation file '{path}': image {info['id']!r} has height/width "
-                f"{height!r}/{width!r}, expected positive integers"
+        if not isinstance(info, dict) or "id" not in info:
+            continue
+        height, width = info.get("height"), info.get("width")
+        sized = "height" in info and "width" in info  # a missing one is reported already
+        if sized and not (is_int(height) and is_int(width) and height > 0 and width > 0):
+            problems.append(
+                f"{where}: image {info['id']!r} has height/width {height!r}/{width!r}, "
+                "expected positive integers"
             )
-        sizes[info["id"]] = (height, width)
-    for ann in anns:
-        check_annotation(path, ann, *sizes[ann["image_id"]])
+        name = image_file_name(info)
+        if name is None:
+            continue  # reported as a missing field
+        if not isinstance(name, str) or not name:
+            problems.append(
+                f"{where}: image {info['id']!r} has file_name {name!r}, expected a non-empty string"
+            )
+        elif safe_relative(name) is None:
+            problems.append(
+                f"{where}: image {info['id']!r} has file_name {name!r}, which is absolute or "
+                "leads out of the image root; file names must be relative to the root"
+            )
+    return problems
+
+
+def orphan_annotations(data: Mapping[str, Any], image_ids: set[Any]) -> list[dict[str, Any]]:
+    """The annotations whose ``image_id`` is not among ``image_ids``."""
+    return [
+        a
+        for a in data["annotations"]
+        if isinstance(a, dict) and "image_id" in a and _key(a["image_id"]) not in image_ids
+    ]
+
+
+def valid_ids(data: Mapping[str, Any], key: str) -> set[Any]:
+    """The integer ids of ``data[key]`` (entries without one left out)."""
+    return {i["id"] for i in data[key] if isinstance(i, dict) and is_int(i.get("id"))}
+
+
+def _ids(
+    where: str, data: Mapping[str, Any], key: str, required: Sequence[str], problems: list[str]
+) -> set[Any]:
+    """The ids of ``data[key]``; missing fields, non-integer and duplicate ids are problems."""
+    found = []
+    for i, item in enumerate(data[key]):
+        missing = [r for r in required if not isinstance(item, dict) or r not in item]
+        if key == "images" and isinstance(item, dict) and image_file_name(item) is None:
+            missing.append("file_name")
+        if missing:
+            problems.append(f"{where}: {key}[{i}] lacks {missing} (got {str(item)[:120]})")
+            if not isinstance(item, dict) or "id" not in item:
+                continue
+        if not is_int(item["id"]):
+            problems.append(f"{where}: {key}[{i}] has id {item['id']!r}; ids must be integers")
+            continue
+        found.append(item["id"])
+    duplicates = [i for i, n in Counter(found).items() if n > 1]
+    if duplicates:
+        problems.append(f"{where}: duplicate {key} ids {listing(duplicates)}")
+    return set(found)
 
 
 def load_coco(data: dict[str, Any]) -> Any:
@@ -141,6 +221,94 @@ def safe_relative(file_name: Any) -> str | None:
 
 
 @dataclass
+class CleanStats:
+    """What `clean_annotations` did: ``{reason: [annotation ids]}`` dropped and kept."""
+
+    total: int = 0
+    dropped: dict[str, list[Any]] = field(default_factory=dict)
+    kept_invalid: dict[str, list[Any]] = field(default_factory=dict)
+
+
+def clean_annotations(
+    path: Path,
+    data: dict[str, Any],
+    *,
+    invalid: InvalidPolicy = "drop",
+    min_box_size: float = 0.0,
+    need_segmentation: bool = False,
+) -> CleanStats:
+    """Apply the ``invalid`` policy to every annotation of ``data`` (in place).
+
+    ``data["annotations"]`` becomes the annotations the dataset serves: invalid ones are
+    dropped (or, for a `REPAIRABLE` reason with ``invalid="keep"``, kept without their
+    segmentation and with their box's area); boxes smaller than ``min_box_size`` are always
+    dropped. Every kept annotation gets ``iscrowd`` (0) and ``area`` when the file has none
+    (the segmentation's area, as COCO defines it, else the box's), as pycocotools' evaluation
+    expects. ``data`` must have passed `file_problems`.
+
+    Raises:
+        ValueError: With ``invalid="raise"``, the first invalid annotation's message.
+    """
+    sizes = {info["id"]: (info["height"], info["width"]) for info in data["images"]}
+    category_ids = frozenset(c["id"] for c in data["categories"])
+    stats = CleanStats(total=len(data["annotations"]))
+    kept: list[dict[str, Any]] = []
+    missing_area: list[dict[str, Any]] = []
+
+    prefix = f"COCO annotation file '{path}': annotation "
+
+    def problem_of(ann: dict[str, Any], need_segmentation: bool) -> Invalid | None:
+        return annotation_problem(
+            prefix + repr(ann["id"]),
+            ann,
+            *sizes[ann["image_id"]],
+            category_ids,
+            min_box_size=min_box_size,
+            need_segmentation=need_segmentation,
+        )
+
+    for ann in data["annotations"]:
+        problem = problem_of(ann, need_segmentation)
+        if problem is not None:
+            if invalid == "raise" and problem.reason != "small_box":
+                raise ValueError(problem.message)
+            if invalid != "keep" or problem.reason not in REPAIRABLE:
+                stats.dropped.setdefault(problem.reason, []).append(ann["id"])
+                continue
+            # keep: leave out what is wrong (the area or the segmentation), then look again
+            # (an annotation can have both wrong); an empty mask is what "keep" asks for.
+            while problem is not None:
+                stats.kept_invalid.setdefault(problem.reason, []).append(ann["id"])
+                ann.pop("area" if problem.reason == "bad_area" else "segmentation", None)
+                problem = problem_of(ann, False)
+        if "iscrowd" not in ann:
+            ann["iscrowd"] = 0
+        if "area" not in ann:
+            missing_area.append(ann)
+        kept.append(ann)
+    if missing_area:
+        _fill_areas(missing_area, sizes)
+    data["annotations"] = kept
+    return stats
+
+
+def _fill_areas(anns: list[dict[str, Any]], sizes: Mapping[Any, tuple[int, int]]) -> None:
+    from pycocotools import mask as mask_utils
+
+    from visionblocks.data._coco_io import rles_of
+
+    for ann in anns:
+        seg = ann.get("segmentation")
+        if seg:
+            rle = rles_of([seg], *sizes[ann["image_id"]])[0]
+            ann["area"] = float(mask_utils.area(rle))
+        else:  # the box as the dataset serves it: clipped to the image
+            height, width = sizes[ann["image_id"]]
+            x, y, w, h = ann["bbox"]
+            ann["area"] = float((min(x + w, width) - max(x, 0)) * (min(y + h, height) - max(y, 0)))
+
+
+@dataclass
 class ImageEntry:
     """One image of the index: its metadata and its annotations as arrays.
 
@@ -161,66 +329,31 @@ class ImageEntry:
     segmentations: list[Any] = field(default_factory=list)
 
 
-@dataclass
-class IndexStats:
-    """What building the index dropped, for the one warning the dataset gives."""
-
-    degenerate: list[Any] = field(default_factory=list)  # annotation ids
-
-
-def build_index(path: Path, data: Mapping[str, Any]) -> tuple[list[ImageEntry], IndexStats]:
-    """Per-image entries in image-id order (as torchvision's ``CocoDetection``); degenerate
-    boxes are left out.
-
-    A box is degenerate when, clipped to the image, its width or height is not positive.
-
-    Raises:
-        ValueError: An image whose ``file_name`` is absolute or leads out of the image root,
-            or whose ``height``/``width`` are not positive integers.
-    """
+def build_index(data: Mapping[str, Any]) -> list[ImageEntry]:
+    """Per-image entries in image-id order (as torchvision's ``CocoDetection``) of a file
+    that passed `file_problems` and `clean_annotations`."""
     by_image: dict[Any, list[Mapping[str, Any]]] = {}
     for ann in data["annotations"]:
         by_image.setdefault(ann["image_id"], []).append(ann)
-    stats = IndexStats()
     entries = []
     for info in sorted(data["images"], key=lambda i: i["id"]):
-        file_name = info["file_name"]
-        if not isinstance(file_name, str) or not file_name:
-            raise ValueError(
-                f"COCO annotation file '{path}': image {info['id']!r} has file_name "
-                f"{file_name!r}, expected a non-empty string"
-            )
-        name = safe_relative(file_name)
-        if name is None:
-            raise ValueError(
-                f"COCO annotation file '{path}': image {info['id']!r} has file_name "
-                f"{file_name!r}, which is absolute or leads out of the image root; "
-                "file names must be relative to the root"
-            )
+        name = safe_relative(image_file_name(info))
         entry = ImageEntry(info["id"], name, info["height"], info["width"])
-        anns = by_image.get(info["id"], [])
+        anns = by_image.get(info["id"])
         if anns:
-            _fill(entry, anns, stats)
+            _fill(entry, anns)
         entries.append(entry)
-    return entries, stats
+    return entries
 
 
-def _fill(entry: ImageEntry, anns: list[Mapping[str, Any]], stats: IndexStats) -> None:
+def _fill(entry: ImageEntry, anns: list[Mapping[str, Any]]) -> None:
     xywh = np.asarray([a["bbox"] for a in anns], dtype=np.float64)
     boxes = np.concatenate([xywh[:, :2], xywh[:, :2] + xywh[:, 2:]], axis=1)
     np.clip(boxes[:, 0::2], 0, entry.width, out=boxes[:, 0::2])
     np.clip(boxes[:, 1::2], 0, entry.height, out=boxes[:, 1::2])
-    keep = (boxes[:, 2] > boxes[:, 0]) & (boxes[:, 3] > boxes[:, 1])
-    if not keep.all():
-        stats.degenerate.extend(a["id"] for a, k in zip(anns, keep) if not k)
-    kept = [a for a, k in zip(anns, keep) if k]
-    entry.boxes = boxes[keep].astype(np.float32)
-    entry.category_ids = np.asarray([a["category_id"] for a in kept], dtype=np.int64)
-    entry.iscrowd = np.asarray([a.get("iscrowd", 0) == 1 for a in kept], dtype=bool)
-    areas = [a.get("area") for a in kept]
-    box_areas = (entry.boxes[:, 2] - entry.boxes[:, 0]) * (entry.boxes[:, 3] - entry.boxes[:, 1])
-    entry.area = np.asarray(
-        [a if is_number(a) else b for a, b in zip(areas, box_areas)], dtype=np.float32
-    )
-    entry.ann_ids = [a["id"] for a in kept]
-    entry.segmentations = [a.get("segmentation") for a in kept]
+    entry.boxes = boxes.astype(np.float32)
+    entry.category_ids = np.asarray([a["category_id"] for a in anns], dtype=np.int64)
+    entry.iscrowd = np.asarray([a["iscrowd"] == 1 for a in anns], dtype=bool)
+    entry.area = np.asarray([a["area"] for a in anns], dtype=np.float32)
+    entry.ann_ids = [a["id"] for a in anns]
+    entry.segmentations = [a.get("segmentation") for a in anns]

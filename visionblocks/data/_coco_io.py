@@ -10,7 +10,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
-__all__ = ["decode_rgb", "rles_of", "segmentation_masks"]
+__all__ = ["decode_rgb", "exif_orientation", "rles_of", "segmentation_masks", "size_mismatch"]
+
+_EXIF_ORIENTATION = 0x0112
+_TRANSPOSING = (5, 6, 7, 8)  # EXIF orientations that swap width and height when applied
 
 
 def decode_rgb(path: Path, image_id: Any) -> Tensor:
@@ -20,7 +23,8 @@ def decode_rgb(path: Path, image_id: Any) -> Tensor:
     are converted to RGB; 16-bit PNGs are scaled to 8 bits). Other formats (BMP, TIFF, ...)
     go through Pillow, and so does everything once torchvision drops the image decoders it
     deprecated in 0.29 (in favour of TorchCodec). EXIF orientation is not applied: COCO
-    annotations refer to the pixels as stored.
+    annotations refer to the pixels as stored (see `size_mismatch` for the error when a
+    tool annotated the rotated image).
 
     Raises:
         FileNotFoundError: The file is missing (the message names it and the image id).
@@ -44,10 +48,43 @@ def _decode_with_pillow(path: Path, image_id: Any) -> Tensor:
 
     try:
         with Image.open(path) as pil:
-            array = np.asarray(pil.convert("RGB"))
+            if pil.mode in ("I;16", "I;16B", "I;16L", "I"):  # 16-bit grey: the high byte
+                grey = (np.asarray(pil, dtype=np.int64) >> 8).clip(0, 255).astype(np.uint8)
+                array = np.repeat(grey[..., None], 3, axis=2)
+            else:
+                array = np.asarray(pil.convert("RGB"))
     except (UnidentifiedImageError, OSError) as exc:
         raise ValueError(f"cannot decode '{path}' (image id {image_id!r}): {exc}") from None
     return torch.from_numpy(array.copy()).permute(2, 0, 1).contiguous()
+
+
+def exif_orientation(path: Path) -> int:
+    """The EXIF orientation tag of ``path`` (1, upright, when it has none or is unreadable)."""
+    from PIL import Image
+
+    try:
+        with Image.open(path) as pil:
+            return int(pil.getexif().get(_EXIF_ORIENTATION, 1))
+    except Exception:  # any unreadable file: no orientation to report
+        return 1
+
+
+def size_mismatch(path: Path, image_id: Any, size: tuple[int, int], height: int, width: int) -> str:
+    """The message for an image whose pixels are ``size`` but whose entry says otherwise;
+    says so when the EXIF orientation explains it (width and height swapped)."""
+    message = (
+        f"image '{path}' (image id {image_id!r}) is {size[0]} x {size[1]}, but the annotation "
+        f"file says {height} x {width}; the annotations would not fit it"
+    )
+    orientation = exif_orientation(path)
+    if size == (width, height) and orientation in _TRANSPOSING:
+        message += (
+            f". The file has EXIF orientation {orientation} (rotated on display): the annotation "
+            "tool measured the displayed image. visionblocks, like pycocotools and COCO, uses "
+            "the pixels as stored; rotate the file itself (e.g. PIL.ImageOps.exif_transpose, "
+            "then save) so that stored and displayed images agree"
+        )
+    return message
 
 
 def rles_of(segmentations: Sequence[Any], height: int, width: int) -> list[dict[str, Any] | None]:

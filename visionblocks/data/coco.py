@@ -8,6 +8,7 @@ image without annotations still gives correctly shaped empty tensors.
 
 from __future__ import annotations
 
+import math
 import os
 import warnings
 from collections.abc import Callable
@@ -20,13 +21,18 @@ from torch import Tensor
 from torch.utils.data import Dataset
 
 from visionblocks._check import check_choice, check_type
+from visionblocks.data._coco_checks import INVALID_REASONS
 from visionblocks.data._coco_index import (
+    CleanStats,
     ImageEntry,
+    InvalidPolicy,
     build_index,
+    clean_annotations,
+    listing,
     load_coco,
     read_annotation_file,
 )
-from visionblocks.data._coco_io import decode_rgb, segmentation_masks
+from visionblocks.data._coco_io import decode_rgb, segmentation_masks, size_mismatch
 from visionblocks.registry import DATASETS
 
 __all__ = ["INSTANCE_KEYS", "CocoBase", "CocoDetection", "instance_fields"]
@@ -48,10 +54,16 @@ class CocoBase(Dataset):
         *,
         transforms: Callable[..., Any] | None = None,
         contiguous_labels: bool = True,
+        invalid: InvalidPolicy = "drop",
+        min_box_size: float = 0.0,
     ) -> None:
         check_type("root", root, (str, os.PathLike))
         check_type("ann_file", ann_file, (str, os.PathLike))
         check_type("contiguous_labels", contiguous_labels, bool)
+        check_choice("invalid", invalid, ("drop", "raise", "keep"))
+        check_type("min_box_size", min_box_size, (int, float))
+        if not (math.isfinite(min_box_size) and min_box_size >= 0):
+            raise ValueError(f"min_box_size must be a finite number >= 0, got {min_box_size!r}")
         if transforms is not None and not callable(transforms):
             raise TypeError(f"transforms must be callable or None, got {type(transforms).__name__}")
         self.root = Path(root)
@@ -60,9 +72,14 @@ class CocoBase(Dataset):
         self.ann_file = Path(ann_file)
         self.transforms = transforms
         self.contiguous_labels = contiguous_labels
-        data = read_annotation_file(self.ann_file)
+        self.invalid = invalid
+        self.min_box_size = float(min_box_size)
+        data, stats = self._read()
         self._coco = load_coco(data)
-        entries, stats = build_index(self.ann_file, data)
+        self.dropped: dict[str, list[Any]] = stats.dropped
+        self.kept_invalid: dict[str, list[Any]] = stats.kept_invalid
+        if stats.dropped or stats.kept_invalid:
+            warnings.warn(self._drop_message(stats), stacklevel=3)
         categories = sorted(data["categories"], key=lambda c: c["id"])
         self.classes: list[str] = [str(c["name"]) for c in categories]
         ids = [c["id"] for c in categories]
@@ -71,29 +88,67 @@ class CocoBase(Dataset):
         else:
             self.category_id_to_label = {cid: cid for cid in ids}
         self.label_to_category_id = {v: k for k, v in self.category_id_to_label.items()}
-        self.num_degenerate = len(stats.degenerate)
-        if stats.degenerate:
-            shown = ", ".join(repr(i) for i in stats.degenerate[:5])
-            warnings.warn(
-                f"{type(self).__name__}: dropped {len(stats.degenerate)} annotation(s) of "
-                f"'{self.ann_file.name}' whose box has zero width or height inside the image "
-                f"(annotation ids {shown}{', ...' if len(stats.degenerate) > 5 else ''})",
-                stacklevel=3,
-            )
-        self._entries: list[ImageEntry] = self._select(entries)
+        self._entries: list[ImageEntry] = self._select(build_index(data))
         self._label_lookup = self._lookup_table()
+
+    def _read(self) -> tuple[dict[str, Any], CleanStats]:
+        """The checked file with the ``invalid`` policy applied (what ``coco`` holds)."""
+        data = read_annotation_file(self.ann_file)
+        stats = clean_annotations(
+            self.ann_file,
+            data,
+            invalid=self.invalid,
+            min_box_size=self.min_box_size,
+            need_segmentation=self._needs_segmentation(),
+        )
+        return data, stats
+
+    def _drop_message(self, stats: CleanStats) -> str:
+        def parts(counts: dict[str, list[Any]]) -> str:
+            return "; ".join(
+                f"{len(ids)} {INVALID_REASONS[reason]} ({reason}: id {listing(ids, 3)})"
+                for reason, ids in sorted(counts.items(), key=lambda kv: -len(kv[1]))
+            )
+
+        n_dropped = sum(map(len, stats.dropped.values()))
+        n_kept = sum(map(len, stats.kept_invalid.values()))
+        said = []
+        if n_dropped:
+            said.append(
+                f"dropped {n_dropped} of {stats.total} annotation(s): {parts(stats.dropped)}"
+            )
+        if n_kept:
+            said.append(
+                f"kept {n_kept} invalid annotation(s) without their segmentation: "
+                f"{parts(stats.kept_invalid)}"
+            )
+        return (
+            f"{type(self).__name__} of '{self.ann_file}': {'. '.join(said)}. The ids are in "
+            f"dataset.dropped / dataset.kept_invalid; `visionblocks check-coco` explains each "
+            "and writes a cleaned copy (--fix)"
+        )
 
     # ----------------------------------------------------------------------- subclass hooks
     def _select(self, entries: list[ImageEntry]) -> list[ImageEntry]:
         return entries
+
+    def _needs_segmentation(self) -> bool:
+        """Whether an annotation without a segmentation is invalid (masks are asked for)."""
+        return False
 
     # --------------------------------------------------------------------------- metadata
     @property
     def coco(self) -> Any:
         """The ``pycocotools.coco.COCO`` of the annotation file (reloaded after unpickling)."""
         if self._coco is None:
-            self._coco = load_coco(read_annotation_file(self.ann_file))
+            self._coco = load_coco(self._read()[0])
         return self._coco
+
+    @property
+    def num_degenerate(self) -> int:
+        """Annotations dropped for a box of zero size inside the image (``degenerate_box`` and
+        ``box_outside_image`` in ``dropped``)."""
+        return sum(len(self.dropped.get(r, ())) for r in ("degenerate_box", "box_outside_image"))
 
     @property
     def ids(self) -> list[int]:
@@ -144,13 +199,11 @@ class CocoBase(Dataset):
         )
 
     def _image(self, entry: ImageEntry) -> Tensor:
-        image = decode_rgb(self.root / entry.file_name, entry.image_id)
-        if tuple(image.shape[-2:]) != (entry.height, entry.width):
-            raise ValueError(
-                f"image '{self.root / entry.file_name}' (image id {entry.image_id!r}) is "
-                f"{image.shape[-2]} x {image.shape[-1]}, but the annotation file says "
-                f"{entry.height} x {entry.width}; the annotations would not fit it"
-            )
+        path = self.root / entry.file_name
+        image = decode_rgb(path, entry.image_id)
+        size = (int(image.shape[-2]), int(image.shape[-1]))
+        if size != (entry.height, entry.width):
+            raise ValueError(size_mismatch(path, entry.image_id, size, entry.height, entry.width))
         return image
 
     # --------------------------------------------------------------------------- pickling
@@ -239,15 +292,35 @@ class CocoDetection(CocoBase):
       ``classes``, ``category_id_to_label``, ``label_to_category_id``), or the category ids
       themselves with ``contiguous_labels=False``;
     - ``masks``: ``tv_tensors.Mask`` ``(N, H, W)`` uint8, when ``with_masks=True``, decoded
-      per item from polygons, multi-polygons, or compressed or uncompressed RLE (an
-      annotation without a segmentation gets an empty mask);
-    - ``iscrowd``: int64 ``(N,)``; ``area``: float32 ``(N,)`` (the file's ``area``);
-      ``image_id``: int;
+      per item from polygons, multi-polygons, or compressed or uncompressed RLE;
+    - ``iscrowd``: int64 ``(N,)``; ``area``: float32 ``(N,)`` (the file's ``area``; where the
+      file has none, the segmentation's area, else the box's); ``image_id``: int;
     - ``ignore_boxes``: ``tv_tensors.BoundingBoxes`` ``(M, 4)``, with ``crowd="ignore"``.
 
     An image without annotations gives ``boxes (0, 4)``, ``labels (0,)`` and ``masks
-    (0, H, W)``. Annotations whose box has zero width or height inside the image are dropped
-    at construction (one warning gives the count; ``num_degenerate`` keeps it).
+    (0, H, W)``.
+
+    Files from the field: every annotation is checked once, at construction, and an invalid
+    one (a polygon of fewer than 3 points or an odd number of coordinates, NaN/inf
+    coordinates, a box of zero or negative width or height, a box entirely outside the image,
+    an unknown ``category_id``, an RLE of another size than the image, no segmentation when
+    ``with_masks=True``...; the reasons are the keys of
+    ``visionblocks.data.INVALID_REASONS``) is handled by ``invalid``:
+
+    - ``"drop"`` (default): the annotation is left out, as detectron2 and mmdet do. One
+      warning per dataset counts the drops by reason and names the first ids;
+      ``dropped`` holds ``{reason: [annotation ids]}``.
+    - ``"raise"``: the first invalid annotation raises a ``ValueError`` naming the file, the
+      annotation and the value.
+    - ``"keep"``: an annotation whose box, category and crowd flag are sound stays, without
+      its invalid segmentation (an empty mask) and with its box's area when its own is
+      invalid (listed in ``kept_invalid``); any other invalid annotation is dropped.
+
+    Boxes partly outside the image are clipped to it; ``min_box_size`` drops boxes narrower
+    or lower than it inside the image (``small_box`` in ``dropped``; default 0: every box of
+    positive width and height stays). Annotations without ``iscrowd`` get 0. A malformed
+    *file* is never guessed around: see Raises. ``visionblocks check-coco`` lists every
+    problem of a file and writes a cleaned copy.
 
     Crowd annotations (``iscrowd=1``): ``crowd="keep"`` keeps them with ``iscrowd`` 1,
     ``"drop"`` removes them, ``"ignore"`` moves their boxes to ``ignore_boxes`` (regions a
@@ -263,7 +336,13 @@ class CocoDetection(CocoBase):
     annotations are crowd.
 
     Images are decoded with ``torchvision.io`` (grey, palette, RGBA and CMYK files become
-    RGB) or, for other formats, Pillow. File names are relative to ``root``: an absolute one,
+    RGB, alpha is dropped, 16-bit PNGs keep their high byte) or, for other formats, Pillow:
+    every item is a 3-channel ``uint8`` image. EXIF orientation is not applied: COCO and
+    pycocotools refer to the pixels as stored, and an image whose stored size differs from
+    the file's ``height``/``width`` raises (saying so when its EXIF orientation explains
+    it). LVIS files load too: their extra fields are ignored, and an image without
+    ``file_name`` is found from its ``coco_url`` (``train2017/000000391895.jpg`` under
+    ``root``). File names are relative to ``root``: an absolute one,
     or one that leads out of ``root`` with ``..``, is refused at construction (the check is on
     the name; symbolic links inside ``root`` are followed, as dataset folders often link to
     where the images really are). The dataset
@@ -280,25 +359,32 @@ class CocoDetection(CocoBase):
         contiguous_labels: Labels ``0..K-1`` (True) or raw category ids (False).
         crowd: ``"keep"``, ``"drop"`` or ``"ignore"``.
         remove_crowd_only: Drop images whose only annotations are crowd.
+        invalid: ``"drop"``, ``"raise"`` or ``"keep"``: what to do with invalid annotations.
+        min_box_size: Smallest width and height, in pixels inside the image, of a kept box.
 
     Attributes:
-        coco: ``pycocotools.coco.COCO`` of the annotation file.
+        coco: ``pycocotools.coco.COCO`` of the annotations the dataset serves (invalid ones
+            dropped, ``iscrowd``/``area`` filled in), for `visionblocks.data.coco_evaluate`.
+        dropped (dict[str, list[int]]): Reason -> ids of the annotations left out.
+        kept_invalid (dict[str, list[int]]): With ``invalid="keep"``, reason -> ids of the
+            invalid annotations kept without their segmentation.
         ids (list[int]): Image id of each index.
         classes (list[str]): Category names in label order.
         category_id_to_label (dict[int, int]): Category id -> label.
         label_to_category_id (dict[int, int]): Label -> category id.
-        num_degenerate (int): Annotations dropped for a degenerate box.
+        num_degenerate (int): Annotations dropped for a box of zero size inside the image.
 
     Raises:
         FileNotFoundError: ``root`` or ``ann_file`` does not exist; at item time, a missing
             image (the message names the file and the image id).
-        ValueError: A broken annotation file (the message names it), annotations pointing
-            at unknown images or categories (naming the ids), ids that are not integers,
-            malformed annotations (non-finite boxes, polygons of fewer than 3 points or with
-            coordinates far outside the image, RLEs of another size or with invalid counts,
-            ``iscrowd`` other than 0/1: naming the annotation), an unsafe ``file_name``, a
-            bad ``crowd``; at item time, an image whose size differs from the file's, or
-            transforms that left per-instance rows misaligned.
+        ValueError: A malformed annotation file, naming it and the field: not JSON, no
+            ``images``/``annotations``/``categories`` list, entries lacking required fields,
+            ids that are not integers, duplicate ids, annotations pointing at image ids that
+            do not exist, image sizes that are not positive integers, a ``file_name`` that
+            is absolute or leads out of ``root``. With ``invalid="raise"``, the first invalid
+            annotation. A bad ``crowd``/``invalid``/``min_box_size``. At item time, an image
+            whose size differs from the file's, or transforms that left per-instance rows
+            misaligned.
         TypeError: Arguments of the wrong type.
 
     Examples:
@@ -327,6 +413,8 @@ class CocoDetection(CocoBase):
         contiguous_labels: bool = True,
         crowd: CrowdPolicy = "keep",
         remove_crowd_only: bool = False,
+        invalid: InvalidPolicy = "drop",
+        min_box_size: float = 0.0,
     ) -> None:
         check_type("with_masks", with_masks, bool)
         check_type("remove_empty", remove_empty, bool)
@@ -336,7 +424,17 @@ class CocoDetection(CocoBase):
         self.remove_empty = remove_empty
         self.crowd = crowd
         self.remove_crowd_only = remove_crowd_only
-        super().__init__(root, ann_file, transforms=transforms, contiguous_labels=contiguous_labels)
+        super().__init__(
+            root,
+            ann_file,
+            transforms=transforms,
+            contiguous_labels=contiguous_labels,
+            invalid=invalid,
+            min_box_size=min_box_size,
+        )
+
+    def _needs_segmentation(self) -> bool:
+        return self.with_masks
 
     def _select(self, entries: list[ImageEntry]) -> list[ImageEntry]:
         kept = []

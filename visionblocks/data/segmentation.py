@@ -11,6 +11,7 @@ import numpy as np
 import torch
 
 from visionblocks._check import check_type
+from visionblocks.data._coco_index import InvalidPolicy
 from visionblocks.data._coco_io import segmentation_masks
 from visionblocks.data.coco import CocoBase
 from visionblocks.registry import DATASETS
@@ -33,8 +34,11 @@ class CocoSegmentation(CocoBase):
       loss with ``ignore_index=255`` skips them.
 
     Segmentations may be polygons, multi-polygons, or compressed or uncompressed RLE. Images
-    without annotations are all background (``remove_empty`` drops them). Image decoding,
-    file-name checks and pickling are those of `visionblocks.data.CocoDetection`.
+    without annotations are all background (``remove_empty`` drops them). Invalid
+    annotations (``invalid``, ``dropped``, ``kept_invalid``, ``min_box_size``), image
+    decoding, file-name checks and pickling are those of `visionblocks.data.CocoDetection`;
+    an annotation without a segmentation is not invalid here (its box is painted
+    ``ignore_index``), and ``invalid="keep"`` treats an invalid segmentation the same way.
 
     Args:
         root: Folder the ``file_name`` entries are relative to.
@@ -44,6 +48,8 @@ class CocoSegmentation(CocoBase):
             neighbours).
         remove_empty: Drop images without (non-crowd) annotations.
         ignore_index: Label of crowd and unknown pixels; must not be in ``0..K``.
+        invalid: ``"drop"``, ``"raise"`` or ``"keep"``: what to do with invalid annotations.
+        min_box_size: Smallest width and height, in pixels inside the image, of a kept box.
 
     Attributes:
         classes (list[str]): ``"background"``, then the category names.
@@ -77,12 +83,21 @@ class CocoSegmentation(CocoBase):
         transforms: Callable[..., Any] | None = None,
         remove_empty: bool = False,
         ignore_index: int = 255,
+        invalid: InvalidPolicy = "drop",
+        min_box_size: float = 0.0,
     ) -> None:
         check_type("remove_empty", remove_empty, bool)
         check_type("ignore_index", ignore_index, int)
         self.remove_empty = remove_empty
         self.ignore_index = ignore_index
-        super().__init__(root, ann_file, transforms=transforms, contiguous_labels=True)
+        super().__init__(
+            root,
+            ann_file,
+            transforms=transforms,
+            contiguous_labels=True,
+            invalid=invalid,
+            min_box_size=min_box_size,
+        )
         # Labels 1..K: 0 is background.
         self.category_id_to_label = {k: v + 1 for k, v in self.category_id_to_label.items()}
         self.label_to_category_id = {v: k for k, v in self.category_id_to_label.items()}
