@@ -478,7 +478,7 @@ def _one(**changes) -> dict:
             ValueError,
             "mix per-image outputs and COCO result dicts",
         ),
-        ("boxes", {}, TypeError, "predictions must be"),
+        ("boxes", {}, FileNotFoundError, "predictions: no results file at .boxes."),
         (
             {1: _one()},
             {"iou_type": "keypoints"},
@@ -607,3 +607,25 @@ def test_result_dicts_may_hold_numpy_and_tensors(gt_path):
                 "score": torch.tensor(0.5)}]  # fmt: skip
     as_lists = [{**results[0], "bbox": [0.0, 0.0, 10.0, 10.0], "score": 0.5}]
     assert coco_evaluate(results, gt_path) == coco_evaluate(as_lists, gt_path)
+
+
+@pytest.mark.parametrize("iou_type", ["bbox", "segm"])
+def test_a_results_json_file_evaluates_like_the_results_in_memory(gt_path, iou_type, tmp_path):
+    results = _as_results(_random_outputs(with_masks=iou_type == "segm", seed=3), iou_type)
+    path = tmp_path / "results.json"
+    path.write_text(json.dumps(results))  # what detectron2 / mmdet write for COCO
+    expected = _oracle(gt_path, results, iou_type)
+    assert coco_evaluate(path, gt_path, iou_type) == expected
+    assert coco_evaluate(str(path), gt_path, iou_type) == expected
+
+
+def test_bad_results_files_are_named(gt_path, tmp_path):
+    with pytest.raises(FileNotFoundError, match=r"no results file at '.*nope\.json'"):
+        coco_evaluate(tmp_path / "nope.json", gt_path)
+    broken = tmp_path / "broken.json"
+    broken.write_text("[{")
+    with pytest.raises(ValueError, match=r"results file '.*broken\.json' is not valid JSON"):
+        coco_evaluate(broken, gt_path)
+    broken.write_text('{"annotations": []}')
+    with pytest.raises(ValueError, match="holds a dict; a COCO results file is a list"):
+        coco_evaluate(broken, gt_path)

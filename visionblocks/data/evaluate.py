@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import os
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Literal
@@ -88,6 +89,25 @@ def _resolve_ground_truth(coco_gt: Any, backend: str) -> tuple[Any, list[int], A
         ids = list(coco_gt.ids) if hasattr(coco_gt, "ids") else sorted(coco.imgs)
         return coco, ids, getattr(coco_gt, "label_to_category_id", None)
     raise TypeError(f"coco_gt must be {_ACCEPTED_GT}, got {type(coco_gt).__name__}")
+
+
+def _read_results(path: str | os.PathLike[str]) -> list[Any]:
+    """The list of COCO result dicts in a results JSON file (as ``COCO.loadRes`` reads)."""
+    name = os.fspath(path)
+    if not os.path.isfile(name):
+        raise FileNotFoundError(f"predictions: no results file at {name!r}")
+    try:
+        with open(name, "rb") as f:
+            results = json.load(f)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ValueError(f"predictions: results file {name!r} is not valid JSON: {exc}") from None
+    if not isinstance(results, list):
+        raise ValueError(
+            f"predictions: results file {name!r} holds a {type(results).__name__}; a COCO "
+            'results file is a list of {"image_id", "category_id", "score", "bbox"/'
+            '"segmentation"} dicts'
+        )
+    return results
 
 
 # ------------------------------------------------------------------------------ evaluation
@@ -186,7 +206,10 @@ def _merge(per_rank: list[tuple[list[int], list[dict]]], eval_ids: set[int]) -> 
 
 
 def coco_evaluate(
-    predictions: Mapping[int, Mapping[str, Any]] | Sequence[Mapping[str, Any]],
+    predictions: Mapping[int, Mapping[str, Any]]
+    | Sequence[Mapping[str, Any]]
+    | str
+    | os.PathLike[str],
     coco_gt: Any,
     iou_type: Literal["bbox", "segm"] = "bbox",
     backend: Literal["pycocotools", "faster_coco_eval"] = "pycocotools",
@@ -224,7 +247,9 @@ def coco_evaluate(
             N = 0 (then ``masks`` may be absent). Or a list of COCO result dicts
             ``{"image_id", "category_id", "score", "bbox": [x, y, w, h]}`` (``"bbox"``) or
             ``... "segmentation": {"size": [H, W], "counts": str}`` (``"segm"``), which are
-            validated and copied, never modified. An empty dict/list is allowed.
+            validated and copied, never modified; or the path of a COCO results JSON file
+            holding such a list (what ``COCO.loadRes`` reads and detectron2/mmdet write). An
+            empty dict/list is allowed.
         coco_gt: The ground truth: a ``pycocotools.coco.COCO`` (or ``faster_coco_eval.COCO``),
             a path to a COCO annotation JSON, a COCO-format dict, or a dataset with ``.coco``
             and ``.label_to_category_id`` (``.ids`` gives its images) such as
@@ -260,7 +285,7 @@ def coco_evaluate(
             wrong size for ``"segm"``; NaN/inf boxes or scores; an image with two outputs;
             ``image_ids`` empty or outside ``coco_gt``.
         TypeError: Inputs of the wrong type (non-tensor boxes, float labels, ...).
-        FileNotFoundError: ``coco_gt`` names no file.
+        FileNotFoundError: ``coco_gt`` or a ``predictions`` path names no file.
         ImportError: ``backend="faster_coco_eval"`` without the package.
 
     Note:
@@ -286,6 +311,8 @@ def coco_evaluate(
     """
     check_choice("iou_type", iou_type, _IOU_TYPES)
     check_choice("backend", backend, _BACKENDS)
+    if isinstance(predictions, (str, os.PathLike)):
+        predictions = _read_results(predictions)
     check_range("mask_threshold", float(mask_threshold), 0.0, 1.0)
     coco, gt_image_ids, dataset_map = _resolve_ground_truth(coco_gt, backend)
     gt_ids = set(gt_image_ids)
