@@ -22,7 +22,7 @@ from typing import Any
 
 from visionblocks.bench.case import BenchCase, register_case
 
-__all__ = ["COCO_LOAD_MASKS"]
+__all__ = ["COCO_BUILD_INDEX", "COCO_LOAD_MASKS"]
 
 _NUM_IMAGES = 64
 _SIZE = (320, 416)
@@ -86,6 +86,87 @@ COCO_LOAD_MASKS = register_case(
             "with boxes, labels and masks, single process"
         ),
         min_speedup=1.0,
+        threads=1,
+    )
+)
+
+
+# ------------------------------------------------------------------ building the index
+_INDEX_IMAGES, _INDEX_ANNS = 5000, 40000
+
+
+def _index_data() -> tuple[str, str]:
+    """A clean COCO file of 5,000 images (not written: construction never opens them) and
+    40,000 polygon annotations, written once."""
+    import json
+
+    import numpy as np
+
+    root = os.path.join(tempfile.gettempdir(), "visionblocks-bench", "coco-index-40k")
+    ann = os.path.join(root, "annotations.json")
+    images = os.path.join(root, "images")
+    if os.path.exists(ann):
+        return images, ann
+    os.makedirs(images, exist_ok=True)
+    rng = np.random.default_rng(0)
+    annotations = []
+    for i in range(_INDEX_ANNS):
+        x, y = rng.uniform(0, 500, 2)
+        w, h = rng.uniform(4, 120, 2)
+        n = int(rng.integers(4, 16))
+        angles = np.sort(rng.uniform(0, 2 * np.pi, n))
+        xs = x + w / 2 * (1 + np.cos(angles))
+        ys = y + h / 2 * (1 + np.sin(angles))
+        polygon = np.round(np.stack([xs, ys], 1).ravel(), 2).tolist()
+        annotations.append({
+            "id": i + 1, "image_id": i % _INDEX_IMAGES + 1, "category_id": i % 80 + 1,
+            "bbox": [round(float(x), 2), round(float(y), 2), round(float(w), 2),
+                     round(float(h), 2)],
+            "area": round(float(w * h * 0.7), 2), "iscrowd": 0, "segmentation": [polygon],
+        })  # fmt: skip
+    data = {
+        "images": [
+            {"id": i + 1, "file_name": f"{i + 1:012d}.jpg", "height": 640, "width": 640}
+            for i in range(_INDEX_IMAGES)
+        ],
+        "annotations": annotations,
+        "categories": [{"id": i + 1, "name": f"class {i + 1}"} for i in range(80)],
+    }
+    partial = ann + ".partial"
+    with open(partial, "w") as f:
+        json.dump(data, f)
+    os.replace(partial, ann)
+    return images, ann
+
+
+def _build_ours(state: tuple[str, str]) -> int:
+    from visionblocks.data.coco import CocoDetection
+
+    return len(CocoDetection(*state))
+
+
+def _build_torchvision(state: tuple[str, str]) -> int:
+    import contextlib
+    import io
+
+    import torchvision
+
+    with contextlib.redirect_stdout(io.StringIO()):  # pycocotools prints while indexing
+        return len(torchvision.datasets.CocoDetection(*state))
+
+
+COCO_BUILD_INDEX = register_case(
+    BenchCase(
+        name="coco_build_index_40k",
+        setup=_index_data,
+        ours=_build_ours,
+        peer=_build_torchvision,
+        peer_name="torchvision CocoDetection",
+        description=(
+            f"construct the dataset on a clean file of {_INDEX_IMAGES} images and "
+            f"{_INDEX_ANNS} polygon annotations (JSON, checks, index)"
+        ),
+        min_speedup=None,
         threads=1,
     )
 )
