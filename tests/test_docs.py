@@ -30,3 +30,38 @@ def test_readme_example_runs(tmp_path):
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "'AP50'" in done.stdout
+
+
+def _report_block(page: Path) -> str:
+    """The ``text`` block that follows the page's ``visionblocks check-coco`` command."""
+    text = page.read_text()
+    found = re.search(
+        r"```bash\nvisionblocks check-coco [^\n]*\n```\n\n```text\n(.*?)```", text, re.S
+    )
+    assert found, "the page shows no check-coco report"
+    return found.group(1)
+
+
+def test_your_data_tutorial_runs_and_shows_the_real_report(tmp_path):
+    page = ROOT / "docs" / "learn" / "your-data.md"
+    script = "\n".join(python_blocks(page))
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, cwd=tmp_path, timeout=600
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "'AP50'" in done.stdout and "'unknown_category': [3]" in done.stdout
+    report = subprocess.run(
+        [sys.executable, "-m", "visionblocks", "check-coco", "export/annotations.json",
+         "--images", "export/images"],
+        capture_output=True, text=True, cwd=tmp_path, timeout=120,
+    )  # fmt: skip
+    assert report.returncode == 1
+    assert report.stdout == _report_block(page)  # the page shows what the command prints
+
+
+def test_your_data_tutorial_lists_every_invalid_reason():
+    from visionblocks.data import INVALID_REASONS
+
+    text = (ROOT / "docs" / "learn" / "your-data.md").read_text()
+    listed = re.findall(r"^\| `(\w+)` \|", text, re.M)
+    assert listed == list(INVALID_REASONS)
