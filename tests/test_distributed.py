@@ -26,7 +26,7 @@ def test_single_process_fallbacks():
     assert torch.equal(x.detach(), torch.tensor([1.0, 3.0]))  # input untouched
     assert vd.reduce_mean(torch.tensor(3)).dtype == torch.float32
     assert vd.all_gather_object({"a": 1}) == [{"a": 1}]
-    with pytest.raises(TypeError, match="expects a torch.Tensor, got float"):
+    with pytest.raises(TypeError, match="tensor must be a torch.Tensor, got float"):
         vd.reduce_mean(1.0)
 
 

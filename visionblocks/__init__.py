@@ -10,6 +10,7 @@ import importlib
 from typing import Any
 
 from visionblocks._dispatch import get_impl, set_impl, use_impl
+from visionblocks._value_checks import set_value_checks, value_checks, value_checks_enabled
 
 __version__ = "0.1.0"
 
@@ -28,7 +29,15 @@ _SUBMODULES = (
     "weights",
 )
 
-__all__ = ["__version__", "get_impl", "set_impl", "use_impl"]
+__all__ = [
+    "__version__",
+    "get_impl",
+    "set_impl",
+    "set_value_checks",
+    "use_impl",
+    "value_checks",
+    "value_checks_enabled",
+]
 
 
 def __getattr__(name: str) -> Any:

@@ -38,8 +38,15 @@ def check_type(name: str, value: Any, types: type | tuple[type, ...]) -> None:
         Traceback (most recent call last):
         ...
         TypeError: size must be int, got str ('3')
+        >>> check_type("size", True, int)
+        Traceback (most recent call last):
+        ...
+        TypeError: size must be int, got bool (True)
     """
-    if not isinstance(value, types):
+    wanted = types if isinstance(types, tuple) else (types,)
+    # bool is an int subclass, but True is no size, count or weight: refused unless asked for.
+    sneaked_bool = isinstance(value, bool) and bool not in wanted and object not in wanted
+    if sneaked_bool or not isinstance(value, types):
         raise TypeError(
             f"{name} must be {_type_names(types)}, got {type(value).__name__} ({value!r})"
         )

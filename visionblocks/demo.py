@@ -241,7 +241,10 @@ def run_demo(
     check_type("steps", steps, int)
     check_range("steps", steps, 1)
     check_type("seed", seed, int)
+    check_range("seed", seed, 0)
     check_type("distributed", distributed, bool)
+    check_type("out", out, (str, os.PathLike))
+    check_choice("device", device, ("auto", "cpu", "cuda"))
     start = time.perf_counter()
     if not distributed and int(os.environ.get("WORLD_SIZE", "1")) > 1:
         print(

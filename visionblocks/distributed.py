@@ -102,7 +102,7 @@ def reduce_mean(tensor: torch.Tensor) -> torch.Tensor:
         tensor([2., 4.])
     """
     if not isinstance(tensor, torch.Tensor):
-        raise TypeError(f"reduce_mean expects a torch.Tensor, got {type(tensor).__name__}")
+        raise TypeError(f"tensor must be a torch.Tensor, got {type(tensor).__name__}")
     out = tensor.detach().clone()
     if not out.is_floating_point():
         out = out.float()

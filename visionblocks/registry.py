@@ -86,6 +86,8 @@ def load_plugins(*, force: bool = False) -> list[str]:
         True
     """
     global _plugins_loaded
+    if not isinstance(force, bool):
+        raise TypeError(f"force must be bool, got {type(force).__name__} ({force!r})")
     with _plugin_lock:
         if _plugins_loaded and not force:
             return []
@@ -138,9 +140,18 @@ class Registry:
     def __init__(self, name: str, *, modules: Iterable[str] = (), description: str = "") -> None:
         if not isinstance(name, str) or not name:
             raise TypeError(f"Registry name must be a non-empty str, got {name!r}")
+        if not isinstance(description, str):
+            raise TypeError(f"description must be a str, got {type(description).__name__}")
+        if isinstance(modules, (str, bytes)) or not isinstance(modules, Iterable):
+            raise TypeError(
+                "modules must be an iterable of module names (a list or tuple of str), got "
+                f"{type(modules).__name__} ({modules!r})"
+            )
+        self._modules = tuple(modules)
+        if not all(isinstance(m, str) for m in self._modules):
+            raise TypeError(f"modules must hold module names (str), got {self._modules!r}")
         self.name = name
         self.description = description
-        self._modules = tuple(modules)
         self._modules_loaded = False
         self._entries: dict[str, Any] = {}
         self._aliases: dict[str, str] = {}
@@ -380,6 +391,8 @@ def get_registry(name: str) -> Registry:
         >>> get_registry("losses").name
         'losses'
     """
+    if not isinstance(name, str):
+        raise TypeError(f"registry name must be a str, got {type(name).__name__} ({name!r})")
     if name not in REGISTRIES:
         close = difflib.get_close_matches(name, list(REGISTRIES), n=1)
         hint = f" Did you mean {close[0]!r}?" if close else ""

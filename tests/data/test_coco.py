@@ -542,3 +542,21 @@ def test_two_point_polygons_are_dropped_or_refused(tmp_path):
         CocoDetection(tmp_path / "images", path, invalid="raise")
     with pytest.warns(UserWarning, match="short_polygon"):
         assert CocoDetection(tmp_path / "images", path).dropped == {"short_polygon": [1]}
+
+
+def test_transforms_must_return_image_and_target(coco_dir):
+    from visionblocks.data import CocoSegmentation
+
+    only_image = make(coco_dir, transforms=lambda image, target: image)
+    with pytest.raises(
+        TypeError, match=r"transforms must return \(image, target dict\).*got a Image"
+    ):
+        only_image[0]
+    triple = make(coco_dir, transforms=lambda image, target: (image, target, None))
+    with pytest.raises(TypeError, match="got a tuple of 3"):
+        triple[0]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        segmentation = CocoSegmentation(*coco_dir, transforms=lambda image, mask: image)
+    with pytest.raises(TypeError, match=r"transforms must return \(image, mask\)"):
+        segmentation[0]

@@ -145,7 +145,12 @@ def test_bool_images_and_float_pad_value():
             ValueError,
             r"same dtype: batch\[0\] is torch.float32, batch\[1\] is torch.uint8",
         ),
-        ([(torch.zeros(3, 4, 4), {})], {"size_divisible": -1}, ValueError, ">= 0"),
+        (
+            [(torch.zeros(3, 4, 4), {})],
+            {"size_divisible": -1},
+            ValueError,
+            r"size_divisible must be in \[0, 4096\]",
+        ),
         (
             [(torch.zeros(3, 4, 4), {})],
             {"size_divisible": 1.5},

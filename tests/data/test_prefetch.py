@@ -124,7 +124,12 @@ def test_loader_errors_surface_in_order():
 @pytest.mark.parametrize(
     ("args", "kwargs", "error", "match"),
     [
-        ((5, "cpu"), {}, TypeError, "loader must be iterable, got int"),
+        (
+            (5, "cpu"),
+            {},
+            TypeError,
+            "loader must be an iterable of batches .a DataLoader., got int",
+        ),
         (([], 0), {}, TypeError, "device must be str or device, got int"),
         (([], "gpu"), {}, ValueError, "device must name a torch device, got 'gpu'"),
         (([], "cpu"), {"non_blocking": 1}, TypeError, "non_blocking must be bool, got int"),

@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import math
 import os
 import posixpath
 from collections import Counter
@@ -69,7 +70,7 @@ def parse_annotation_file(path: Path) -> dict[str, Any]:
         ValueError: Not JSON, or not a JSON object.
     """
     if not path.is_file():
-        raise FileNotFoundError(f"COCO annotation file not found: '{path}'")
+        raise FileNotFoundError(f"ann_file: COCO annotation file not found: '{path}'")
     try:
         with open(path, "rb") as f:
             data = json.load(f)
@@ -96,6 +97,15 @@ def read_annotation_file(path: Path) -> dict[str, Any]:
         )
         raise ValueError(problems[0] + more)
     return data
+
+
+def check_min_box_size(value: Any) -> float:
+    """``min_box_size`` as a float; a clear error unless it is a finite number >= 0."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        raise TypeError(f"min_box_size must be a number, got {type(value).__name__} ({value!r})")
+    if not (math.isfinite(value) and value >= 0):
+        raise ValueError(f"min_box_size must be a finite number >= 0, got {value!r}")
+    return float(value)
 
 
 def image_file_name(info: Mapping[str, Any]) -> Any:

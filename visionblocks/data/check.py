@@ -19,6 +19,7 @@ from typing import Any
 from visionblocks._check import check_type
 from visionblocks.data._coco_checks import INVALID_REASONS, REPAIRABLE, annotation_problem
 from visionblocks.data._coco_index import (
+    check_min_box_size,
     clean_annotations,
     file_problems,
     image_file_name,
@@ -253,12 +254,16 @@ def check_coco(
     if images is not None:
         check_type("images", images, (str, os.PathLike))
         if not Path(images).is_dir():
-            raise FileNotFoundError(f"images folder not found: '{images}'")
-    check_type("min_box_size", min_box_size, (int, float))
+            raise FileNotFoundError(f"images: images folder not found: '{images}'")
+    for name, flag in (("masks", masks), ("keep_repairable", keep_repairable)):
+        check_type(name, flag, bool)
+    if progress is not None:
+        check_type("progress", progress, bool)
+    min_box_size = check_min_box_size(min_box_size)
     path = Path(ann_file)
     report = CocoCheck(
         path,
-        _options={"masks": masks, "min_box_size": float(min_box_size),
+        _options={"masks": masks, "min_box_size": min_box_size,
                   "keep_repairable": keep_repairable},
     )  # fmt: skip
     try:

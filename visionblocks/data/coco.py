@@ -8,7 +8,6 @@ image without annotations still gives correctly shaped empty tensors.
 
 from __future__ import annotations
 
-import math
 import os
 import warnings
 from collections.abc import Callable
@@ -27,6 +26,7 @@ from visionblocks.data._coco_index import (
     ImageEntry,
     InvalidPolicy,
     build_index,
+    check_min_box_size,
     clean_annotations,
     listing,
     load_coco,
@@ -61,19 +61,16 @@ class CocoBase(Dataset):
         check_type("ann_file", ann_file, (str, os.PathLike))
         check_type("contiguous_labels", contiguous_labels, bool)
         check_choice("invalid", invalid, ("drop", "raise", "keep"))
-        check_type("min_box_size", min_box_size, (int, float))
-        if not (math.isfinite(min_box_size) and min_box_size >= 0):
-            raise ValueError(f"min_box_size must be a finite number >= 0, got {min_box_size!r}")
         if transforms is not None and not callable(transforms):
             raise TypeError(f"transforms must be callable or None, got {type(transforms).__name__}")
         self.root = Path(root)
         if not self.root.is_dir():
-            raise FileNotFoundError(f"image root is not a directory: '{self.root}'")
+            raise FileNotFoundError(f"root: image root is not a directory: '{self.root}'")
         self.ann_file = Path(ann_file)
         self.transforms = transforms
         self.contiguous_labels = contiguous_labels
         self.invalid = invalid
-        self.min_box_size = float(min_box_size)
+        self.min_box_size = check_min_box_size(min_box_size)
         data, stats = self._read()
         self._coco = load_coco(data)
         self.dropped: dict[str, list[Any]] = stats.dropped
@@ -205,6 +202,24 @@ class CocoBase(Dataset):
         if size != (entry.height, entry.width):
             raise ValueError(size_mismatch(path, entry.image_id, size, entry.height, entry.width))
         return image
+
+    def _transformed(self, image: Any, target: Any, what: str) -> tuple[Any, Any]:
+        """``transforms(image, target)``, which must give back an ``(image, target)`` pair."""
+        out = self.transforms(image, target)  # type: ignore[misc]
+        kind = dict if what == "target dict" else Tensor
+        if not (isinstance(out, (tuple, list)) and len(out) == 2 and isinstance(out[1], kind)):
+            got = (
+                f"a {type(out).__name__} of {len(out)}"
+                if isinstance(out, (tuple, list))
+                else f"a {type(out).__name__}"
+            )
+            raise TypeError(
+                f"transforms must return (image, {what}) when called as transforms(image, "
+                f"{what.split()[0]}), got {got}: a transform that takes only the image (e.g. a "
+                "v1 torchvision transform) needs wrapping, or use torchvision.transforms.v2, "
+                "whose transforms handle both"
+            )
+        return out[0], out[1]
 
     # --------------------------------------------------------------------------- pickling
     def __getstate__(self) -> dict[str, Any]:
@@ -479,7 +494,7 @@ class CocoDetection(CocoBase):
                 torch.from_numpy(entry.boxes[ignore]).reshape(-1, 4), like=target["boxes"]
             )
         if self.transforms is not None:
-            image, target = self.transforms(image, target)
+            image, target = self._transformed(image, target, "target dict")
             check_instances(target, entry.image_id)
             if self.crowd == "ignore":
                 target = split_crowd(target)

@@ -102,9 +102,14 @@ def _check_batch(batch: Any) -> tuple[list[Tensor], list[Any]]:
     return images, targets
 
 
+_MAX_DIVISOR = 4096  # far above any network stride; larger values only waste memory
+
+
 def _check_pad_value(pad_value: Any, dtype: torch.dtype) -> None:
     if not isinstance(pad_value, numbers.Real) or isinstance(pad_value, bool):
         raise TypeError(f"pad_value must be a real number, got {type(pad_value).__name__}")
+    if not math.isfinite(pad_value):
+        raise ValueError(f"pad_value must be finite, got {pad_value!r}")
     if dtype.is_floating_point or dtype == torch.bool:
         return
     info = torch.iinfo(dtype)
@@ -179,8 +184,11 @@ def collate_detection(
     check_type("size_divisible", size_divisible, int)
     if isinstance(size_divisible, bool):
         raise TypeError(f"size_divisible must be int, got bool ({size_divisible!r})")
-    if size_divisible < 0:
-        raise ValueError(f"size_divisible must be >= 0 (0 or 1: no rounding), got {size_divisible}")
+    if not 0 <= size_divisible <= _MAX_DIVISOR:
+        raise ValueError(
+            f"size_divisible must be in [0, {_MAX_DIVISOR}] (0 or 1: no rounding; detectors "
+            f"use their largest stride, e.g. 32 or 128), got {size_divisible}"
+        )
     images, targets = _check_batch(batch)
     _check_pad_value(pad_value, images[0].dtype)
 

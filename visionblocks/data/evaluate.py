@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 import torch
 
-from visionblocks._check import check_choice, check_range
+from visionblocks._check import check_choice, check_range, check_type
 from visionblocks.data._coco_results import as_int, ids_text, to_results
 from visionblocks.distributed import all_gather_object, get_rank, get_world_size
 
@@ -313,6 +313,7 @@ def coco_evaluate(
     check_choice("backend", backend, _BACKENDS)
     if isinstance(predictions, (str, os.PathLike)):
         predictions = _read_results(predictions)
+    check_type("mask_threshold", mask_threshold, (int, float))
     check_range("mask_threshold", float(mask_threshold), 0.0, 1.0)
     coco, gt_image_ids, dataset_map = _resolve_ground_truth(coco_gt, backend)
     gt_ids = set(gt_image_ids)

@@ -164,8 +164,10 @@ class DevicePrefetcher:
     def __init__(
         self, loader: Iterable[Any], device: str | torch.device, *, non_blocking: bool = True
     ) -> None:
-        if not isinstance(loader, Iterable):
-            raise TypeError(f"loader must be iterable, got {type(loader).__name__}")
+        if not isinstance(loader, Iterable) or isinstance(loader, (str, bytes)):
+            raise TypeError(
+                f"loader must be an iterable of batches (a DataLoader), got {type(loader).__name__}"
+            )
         device = _as_device(device)
         check_type("non_blocking", non_blocking, bool)
         if device.type == "cuda":

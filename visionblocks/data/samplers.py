@@ -51,6 +51,21 @@ def _size_from_metadata(dataset: Any, index: int) -> tuple[tuple[int, int] | Non
     return None, dataset
 
 
+_MAX_BINS = 64  # 129 groups from ratio 1/2 to 2: finer bins only make batches rarer
+
+
+def _as_index(index: Any) -> int:
+    """A sampler's index as an int; anything but an integer is a clear error."""
+    if isinstance(index, torch.Tensor) and index.dim() == 0 and not index.is_floating_point():
+        return int(index)
+    if isinstance(index, numbers.Integral) and not isinstance(index, bool):
+        return int(index)
+    raise TypeError(
+        f"the sampler yielded {index!r} ({type(index).__name__}); a sampler must yield integer "
+        "dataset indices"
+    )
+
+
 def aspect_ratio_groups(dataset: Any, bins_per_octave: int = 0) -> list[int]:
     """Group id of every image of ``dataset`` by aspect ratio, read from the metadata.
 
@@ -90,10 +105,19 @@ def aspect_ratio_groups(dataset: Any, bins_per_octave: int = 0) -> list[int]:
         [2, 1, 2, 3]
     """
     check_type("bins_per_octave", bins_per_octave, int)
-    if isinstance(bins_per_octave, bool) or bins_per_octave < 0:
-        raise ValueError(f"bins_per_octave must be an int >= 0, got {bins_per_octave!r}")
-    if not hasattr(dataset, "__len__"):
-        raise TypeError(f"dataset must have a len(), got {type(dataset).__name__}")
+    if isinstance(bins_per_octave, bool) or not 0 <= bins_per_octave <= _MAX_BINS:
+        raise ValueError(
+            f"bins_per_octave must be an int in [0, {_MAX_BINS}] (torchvision's recipes use 0 "
+            f"or 3), got {bins_per_octave!r}"
+        )
+    if (
+        not hasattr(dataset, "__len__")
+        or not hasattr(dataset, "__getitem__")
+        or isinstance(dataset, (str, bytes))
+    ):
+        raise TypeError(
+            f"dataset must be a map-style dataset (len() and indexing), got {type(dataset).__name__}"
+        )
     k = bins_per_octave
     edges = [2.0 ** (i / k) for i in range(-k, k + 1)] if k else [1.0]
     groups, decoded = [], 0
@@ -198,7 +222,11 @@ class GroupedBatchSampler(Sampler[list[int]]):
         batch_size: int,
         drop_last: bool = False,
     ) -> None:
-        if not isinstance(sampler, Iterable) or not hasattr(sampler, "__len__"):
+        if (
+            not isinstance(sampler, Iterable)
+            or not hasattr(sampler, "__len__")
+            or isinstance(sampler, (str, bytes))
+        ):
             raise TypeError(
                 f"sampler must be an iterable of indices with len(), got {type(sampler).__name__}"
             )
@@ -221,7 +249,7 @@ class GroupedBatchSampler(Sampler[list[int]]):
         buffers: dict[int, list[int]] = {}
         num_ids = len(self.group_ids)
         for index in self.sampler:
-            index = int(index)
+            index = _as_index(index)
             if not 0 <= index < num_ids:
                 raise ValueError(
                     f"the sampler yielded index {index}, outside group_ids (length {num_ids})"

@@ -144,7 +144,7 @@ class CocoSegmentation(CocoBase):
                 semantic[y1:y2, x1:x2] = self.ignore_index
         mask = tv_tensors.Mask(semantic)
         if self.transforms is not None:
-            image, mask = self.transforms(image, mask)
+            image, mask = self._transformed(image, mask, "mask")
         return image, mask
 
     def __repr__(self) -> str:

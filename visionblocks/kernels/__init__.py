@@ -72,6 +72,11 @@ def interpret_mode() -> bool:
     return _truthy(os.environ.get("TRITON_INTERPRET"))
 
 
+def _check_op(op: Any) -> None:
+    if not isinstance(op, str):
+        raise TypeError(f"op must be a str (an op name), got {type(op).__name__} ({op!r})")
+
+
 def has_kernel(op: str) -> bool:
     """Whether ``op`` has a triton kernel in this package.
 
@@ -79,6 +84,7 @@ def has_kernel(op: str) -> bool:
         >>> has_kernel("no_such_op")
         False
     """
+    _check_op(op)
     return op in KERNEL_OPS
 
 
@@ -88,7 +94,9 @@ def load_kernel(op: str) -> Any:
     Raises:
         KeyError: If ``op`` has no kernel.
         RuntimeError: If triton is unavailable.
+        TypeError: If ``op`` is not a str.
     """
+    _check_op(op)
     if op not in KERNEL_OPS:
         raise KeyError(f"{op!r} has no triton kernel; ops with kernels: {sorted(KERNEL_OPS)}")
     if not triton_available():

@@ -1,0 +1,488 @@
+"""Conformance specs: data, registry, distributed, dispatch and value-check switches, kernels'
+registry functions, the demo and the command line."""
+
+from __future__ import annotations
+
+import functools
+import tempfile
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+from torchvision import tv_tensors
+
+import visionblocks
+from tests.conformance.framework import Arg, Spec
+from visionblocks import distributed, kernels
+from visionblocks import registry as reg
+from visionblocks.cli import build_parser, main
+from visionblocks.data import (
+    CocoCheck,
+    CocoDetection,
+    CocoSegmentation,
+    DetectionBatch,
+    DevicePrefetcher,
+    GroupedBatchSampler,
+    aspect_ratio_groups,
+    check_coco,
+    coco_evaluate,
+    collate_detection,
+    instance_fields,
+    make_synthetic_coco,
+    move_to_device,
+    prefetch_to_device,
+)
+from visionblocks.data.coco import CocoBase
+from visionblocks.demo import run_demo
+
+
+@functools.cache
+def _coco() -> tuple[Path, Path]:
+    """A tiny synthetic COCO dataset, written once per test process."""
+    folder = Path(tempfile.mkdtemp(prefix="vb-conformance-"))
+    ann = make_synthetic_coco(folder, num_images=3, image_size=(32, 40), seed=0)
+    return folder / "images", Path(ann)
+
+
+def _dataset() -> CocoDetection:
+    return CocoDetection(*_coco())
+
+
+def _item() -> tuple[Any, Any]:
+    return _dataset()[0]
+
+
+def _bool(name: str) -> Arg:
+    return Arg(name, "bool")
+
+
+def _coco_args() -> list[Arg]:
+    return [
+        Arg("root", "path"),
+        Arg("ann_file", "path"),
+        Arg("transforms", "callable", optional=True),
+        Arg("invalid", "choice"),
+        # min_box_size=inf drops every box: legal (and absurd), so it is tolerated.
+        Arg("min_box_size", "float"),
+    ]
+
+
+def _detection() -> tuple[Any, dict[str, Any]]:
+    root, ann = _coco()
+    return CocoDetection, {
+        "root": root,
+        "ann_file": ann,
+        "transforms": None,
+        "with_masks": False,
+        "remove_empty": False,
+        "contiguous_labels": True,
+        "crowd": "keep",
+        "remove_crowd_only": False,
+        "invalid": "drop",
+        "min_box_size": 0.0,
+    }
+
+
+def _segmentation() -> tuple[Any, dict[str, Any]]:
+    root, ann = _coco()
+    return CocoSegmentation, {
+        "root": root,
+        "ann_file": ann,
+        "transforms": None,
+        "remove_empty": False,
+        "ignore_index": 255,
+        "invalid": "drop",
+        "min_box_size": 0.0,
+    }
+
+
+def _evaluate() -> tuple[Any, dict[str, Any]]:
+    dataset = _dataset()
+    _, target = dataset[0]
+    n = len(target["labels"])
+    outputs = {
+        target["image_id"]: {
+            "boxes": target["boxes"].as_subclass(torch.Tensor),
+            "scores": torch.ones(n),
+            "labels": target["labels"],
+        }
+    }
+    return coco_evaluate, {
+        "predictions": outputs,
+        "coco_gt": dataset,
+        "iou_type": "bbox",
+        "backend": "pycocotools",
+        "mask_threshold": 0.5,
+    }
+
+
+def _collate() -> tuple[Any, dict[str, Any]]:
+    dataset = _dataset()
+    return collate_detection, {
+        "batch": [dataset[0], dataset[1]],
+        "size_divisible": 32,
+        "pad_value": 0.0,
+    }
+
+
+def _grouped(**kwargs: Any) -> list[list[int]]:
+    return list(GroupedBatchSampler(**kwargs))
+
+
+def _synthetic(**kwargs: Any) -> Path:
+    return make_synthetic_coco(tempfile.mkdtemp(prefix="vb-conformance-"), **kwargs)
+
+
+def _prefetch(loader: Any, device: Any, non_blocking: bool) -> list[Any]:
+    return list(prefetch_to_device(loader, device, non_blocking=non_blocking))
+
+
+def _prefetcher(loader: Any, device: Any, non_blocking: bool) -> list[Any]:
+    return list(DevicePrefetcher(loader, device, non_blocking=non_blocking))
+
+
+def _batch() -> dict[str, Any]:
+    boxes = tv_tensors.BoundingBoxes(torch.rand(2, 4) * 8, format="XYXY", canvas_size=(8, 8))
+    return {"image": torch.zeros(3, 8, 8), "boxes": boxes, "labels": torch.tensor([1, 2])}
+
+
+def _fields(inputs: Any) -> Any:
+    return instance_fields(inputs)  # one positional tuple, as v2 transforms may pass
+
+
+def _restoring(setter: Any, restore: Any) -> Any:
+    def call(**kwargs: Any) -> Any:
+        try:
+            return setter(**kwargs)
+        finally:
+            restore()
+
+    return call
+
+
+def _enter(manager: Any) -> Any:
+    def call(**kwargs: Any) -> Any:
+        with manager(**kwargs):
+            return True
+
+    return call
+
+
+def _quiet_demo(**kwargs: Any) -> Any:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return run_demo(**kwargs)
+
+
+SPECS: list[Spec] = [
+    Spec(
+        CocoDetection,
+        _detection,
+        args=[
+            *_coco_args(),
+            _bool("with_masks"),
+            _bool("remove_empty"),
+            _bool("contiguous_labels"),
+            Arg("crowd", "choice"),
+            _bool("remove_crowd_only"),
+        ],
+        errors=(FileNotFoundError,),
+    ),
+    Spec(
+        CocoSegmentation,
+        _segmentation,
+        args=[
+            *_coco_args(),
+            _bool("remove_empty"),
+            # ignore_index: any int outside 0..K is legal, -1 included.
+            Arg("ignore_index", "int", accept={"negative", "huge"}),
+        ],
+        errors=(FileNotFoundError,),
+    ),
+    Spec(
+        check_coco,
+        lambda: (
+            check_coco,
+            {
+                "ann_file": _coco()[1],
+                "images": _coco()[0],
+                "masks": False,
+                "min_box_size": 0.0,
+                "keep_repairable": False,
+                "progress": False,
+            },
+        ),
+        args=[
+            Arg("ann_file", "path"),
+            Arg("images", "path", optional=True),
+            _bool("masks"),
+            Arg("min_box_size", "float"),
+            _bool("keep_repairable"),
+            Arg("progress", "bool", optional=True),
+        ],
+        errors=(FileNotFoundError,),
+    ),
+    Spec(
+        coco_evaluate,
+        _evaluate,
+        args=[
+            # a str is the path of a results file: a missing one is a FileNotFoundError
+            Arg("predictions", "mapping"),
+            Arg("coco_gt", "module"),
+            Arg("iou_type", "choice"),
+            Arg("backend", "choice"),
+            Arg("mask_threshold", "float"),
+        ],
+        errors=(FileNotFoundError,),
+    ),
+    Spec(
+        collate_detection,
+        _collate,
+        args=[
+            Arg("batch", "sequence", accept={"longer"}),  # one more item is one more image
+            Arg("size_divisible", "int"),
+            Arg("pad_value", "float"),
+        ],
+    ),
+    Spec(
+        GroupedBatchSampler,
+        lambda: (
+            _grouped,
+            {
+                "sampler": range(6),
+                "group_ids": [0, 1, 0, 1, 0, 1],
+                "batch_size": 2,
+                "drop_last": False,
+            },
+        ),
+        args=[
+            Arg("sampler", "sequence", accept={"longer"}),  # repeats an index: a sampler may
+            Arg("group_ids", "sequence", accept={"longer"}),  # ids of indices never sampled
+            Arg("batch_size", "int", accept={"huge"}),  # one batch per group
+            _bool("drop_last"),
+        ],
+    ),
+    Spec(
+        aspect_ratio_groups,
+        lambda: (
+            aspect_ratio_groups,
+            {
+                "dataset": _dataset(),
+                "bins_per_octave": 0,
+            },
+        ),
+        args=[Arg("dataset", "module"), Arg("bins_per_octave", "int")],
+    ),
+    Spec(
+        make_synthetic_coco,
+        lambda: (
+            _synthetic,
+            {
+                "num_images": 2,
+                "image_size": (16, 24),
+                "num_classes": 2,
+                "seed": 0,
+            },
+        ),
+        args=[
+            # huge counts are slow rather than wrong (writing 10**9 images is what was asked)
+            Arg("num_images", "int", skip={"huge"}),
+            Arg("image_size", "sequence"),
+            Arg("num_classes", "int", skip={"huge"}),
+            Arg("seed", "int"),
+        ],
+    ),
+    Spec(
+        move_to_device,
+        lambda: (
+            move_to_device,
+            {
+                "data": _batch(),
+                "device": "cpu",
+                "non_blocking": False,
+            },
+        ),
+        args=[Arg("device", "choice"), _bool("non_blocking")],
+    ),
+    Spec(
+        prefetch_to_device,
+        lambda: (
+            _prefetch,
+            {
+                "loader": [_batch(), _batch()],
+                "device": "cpu",
+                "non_blocking": True,
+            },
+        ),
+        args=[Arg("loader", "module"), Arg("device", "choice"), _bool("non_blocking")],
+    ),
+    Spec(
+        DevicePrefetcher,
+        lambda: (
+            _prefetcher,
+            {
+                "loader": [_batch()],
+                "device": "cpu",
+                "non_blocking": True,
+            },
+        ),
+        args=[Arg("loader", "module"), Arg("device", "choice"), _bool("non_blocking")],
+    ),
+    Spec(
+        instance_fields,
+        lambda: (
+            _fields,
+            {
+                "inputs": (
+                    torch.zeros(3, 4, 4),
+                    {"labels": torch.tensor([1]), "iscrowd": torch.tensor([0])},
+                ),
+            },
+        ),
+        args=[
+            # transforms' inputs hold images, masks... beside the target: non-dicts are skipped
+            Arg("inputs", "sequence", accept={"longer", "nan_item"}),
+        ],
+    ),
+    Spec(
+        distributed.reduce_mean,
+        lambda: (
+            distributed.reduce_mean,
+            {
+                "tensor": torch.tensor([1.0, 3.0]),
+            },
+        ),
+        args=[
+            # no process group: the mean over one rank is the tensor itself, whatever its shape
+            # integer counts average to a float mean, as documented
+            Arg("tensor", "tensor", accept={"rank_up", "rank_down", "meta", "dtype"}),
+        ],
+    ),
+    Spec(
+        reg.Registry,
+        lambda: (
+            reg.Registry,
+            {
+                "name": "conformance",
+                "modules": (),
+                "description": "a test registry",
+            },
+        ),
+        args=[
+            Arg("name", "choice", accept={"unknown"}),  # any name is a name
+            Arg("modules", "sequence", skip={"longer", "nan_item"}),  # built from an empty tuple
+            Arg("description", "choice", accept={"unknown"}),
+        ],
+    ),
+    Spec(
+        reg.get_registry,
+        lambda: (reg.get_registry, {"name": "losses"}),
+        args=[Arg("name", "choice", aliases=("registry",))],
+        errors=(KeyError,),
+    ),
+    Spec(reg.load_plugins, lambda: (reg.load_plugins, {"force": False}), args=[_bool("force")]),
+    Spec(
+        visionblocks.set_impl,
+        lambda: (
+            _restoring(visionblocks.set_impl, lambda: visionblocks.set_impl(None)),
+            {"name": "torch"},
+        ),
+        args=[Arg("name", "choice", optional=True, aliases=("impl",))],
+    ),
+    Spec(
+        visionblocks.use_impl,
+        lambda: (_enter(visionblocks.use_impl), {"name": "torch"}),
+        args=[Arg("name", "choice", aliases=("impl",))],
+    ),
+    Spec(
+        visionblocks.set_value_checks,
+        lambda: (
+            _restoring(visionblocks.set_value_checks, lambda: visionblocks.set_value_checks(True)),
+            {"enabled": True},
+        ),
+        args=[Arg("enabled", "bool")],
+    ),
+    Spec(
+        visionblocks.value_checks,
+        lambda: (_enter(visionblocks.value_checks), {"enabled": False}),
+        args=[Arg("enabled", "bool")],
+    ),
+    Spec(
+        kernels.has_kernel,
+        lambda: (kernels.has_kernel, {"op": "sigmoid_focal_loss"}),
+        args=[Arg("op", "choice", accept={"unknown"})],
+    ),  # an unknown op has no kernel: False
+    Spec(
+        kernels.load_kernel,
+        lambda: (kernels.load_kernel, {"op": "sigmoid_focal_loss"}),
+        # an unknown op: "'no-such-choice' has no triton kernel" (a KeyError naming it)
+        args=[Arg("op", "choice", aliases=("no-such-choice",))],
+        errors=(KeyError,),
+    ),
+    Spec(
+        run_demo,
+        lambda: (
+            _quiet_demo,
+            {
+                "steps": 1,
+                "out": tempfile.mkdtemp(prefix="vb-conformance-demo-"),
+                "device": "cpu",
+                "distributed": False,
+                "seed": 0,
+            },
+        ),
+        args=[
+            # an accepted mutation runs the whole demo: only the early rejections are generated
+            Arg("steps", "int", skip={"zero", "huge"}),
+            Arg("out", "path", skip={"missing"}),  # an output folder: created when missing
+            Arg("device", "choice"),
+            Arg("seed", "int", skip={"zero", "huge"}),
+        ],
+    ),
+]
+
+EXEMPT: dict[object, str] = {
+    CocoBase: "the shared base of CocoDetection and CocoSegmentation, not meant to be built "
+    "on its own; its arguments are theirs (spec'd there)",
+    CocoCheck: "the result object check_coco returns (a dataclass of findings), not built by "
+    "users; check_coco is spec'd",
+    DetectionBatch: "a NamedTuple of collate_detection's results; collate_detection is spec'd",
+    distributed.all_gather_object: "takes any picklable object: there is no bad input",
+    distributed.barrier: "takes no arguments",
+    distributed.get_rank: "takes no arguments",
+    distributed.get_world_size: "takes no arguments",
+    distributed.is_dist_initialized: "takes no arguments",
+    distributed.is_main_process: "takes no arguments",
+    visionblocks.get_impl: "takes no arguments",
+    visionblocks.value_checks_enabled: "takes no arguments",
+    kernels.available: "takes no arguments",
+    kernels.triton_available: "takes no arguments",
+    kernels.triton_unavailable_reason: "takes no arguments",
+    kernels.interpret_mode: "takes no arguments",
+    build_parser: "takes no arguments",
+    main: "argument errors are argparse's (usage and exit status 2), tested in tests/test_cli.py",
+}
+
+
+def _kernel_entry_points() -> dict[object, str]:
+    from visionblocks.kernels import focal, iou, local_attention, local_filter
+
+    why = (
+        "a Triton kernel entry point, reached through the op's impl= dispatch, which validates "
+        "every argument first (the op is spec'd); the launch guards are tested in tests/kernels"
+    )
+    return {
+        fn: why
+        for fn in (
+            focal.sigmoid_focal_loss_triton,
+            iou.generalized_box_iou_loss_triton,
+            iou.distance_box_iou_loss_triton,
+            iou.complete_box_iou_loss_triton,
+            local_attention.local_attention2d_triton,
+            local_filter.local_filter_triton,
+        )
+    }
+
+
+EXEMPT.update(_kernel_entry_points())
