@@ -110,13 +110,11 @@ def aspect_ratio_groups(dataset: Any, bins_per_octave: int = 0) -> list[int]:
             f"bins_per_octave must be an int in [0, {_MAX_BINS}] (torchvision's recipes use 0 "
             f"or 3), got {bins_per_octave!r}"
         )
-    if (
-        not hasattr(dataset, "__len__")
-        or not hasattr(dataset, "__getitem__")
-        or isinstance(dataset, (str, bytes))
-    ):
+    readable = hasattr(dataset, "__getitem__") or hasattr(dataset, "get_height_and_width")
+    if not hasattr(dataset, "__len__") or not readable or isinstance(dataset, (str, bytes)):
         raise TypeError(
-            f"dataset must be a map-style dataset (len() and indexing), got {type(dataset).__name__}"
+            "dataset must be a map-style dataset (len() and indexing, or "
+            f"get_height_and_width(index)), got {type(dataset).__name__}"
         )
     k = bins_per_octave
     edges = [2.0 ** (i / k) for i in range(-k, k + 1)] if k else [1.0]
