@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 from collections import OrderedDict
 
 import pytest
@@ -11,6 +12,7 @@ from safetensors.torch import save_file
 from torch import nn
 
 from tests.helpers import MaliciousPickle
+from tests.weights_fixtures import FIXTURES
 from visionblocks.cli import main
 from visionblocks.registry import BACKBONES
 
@@ -192,3 +194,55 @@ def test_inspect_unsafe_file_exits_1_without_running_it(tmp_path, capsys):
 def test_help_lists_inspect(capsys):
     assert main([]) == 0
     assert "inspect" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("name", FIXTURES)
+def test_inspect_names_the_format_layout_and_replaced_objects(tmp_path, capsys, name):
+    fixture = FIXTURES[name]
+    path = fixture.write(tmp_path)
+    assert main(["inspect", str(path)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert f"format:    {fixture.format}" in out
+    assert f"layout:    {fixture.layout}" in out
+    if fixture.containers:
+        assert f"unwrapped: {' -> '.join(repr(c) for c in fixture.containers)}" in out
+    replaced = [line for line in out if line.startswith("replaced:")]
+    if fixture.placeholders:
+        listed = ", ".join(f"{k} {n}" for k, n in fixture.placeholders.items())
+        assert replaced == [f"replaced:  {listed} (placeholders: never imported or run)"]
+    else:
+        assert replaced == []
+    if fixture.prefix or name == "ddp":
+        prefix = fixture.prefix[0] if fixture.prefix else "module."
+        assert f"common:    every key starts with {prefix!r}" in out
+
+
+def test_inspect_a_lightning_checkpoint_against_a_backbone(tmp_path, capsys):
+    """The report shows the prefix load_partial found (Lightning's ``model.``)."""
+    path = tmp_path / "last.ckpt"
+    weights = torchvision.models.resnet18().state_dict()
+    torch.save(
+        {
+            "pytorch-lightning_version": "2.4.0",
+            "state_dict": {f"model.{k}": v for k, v in weights.items()},
+            "hyper_parameters": argparse.Namespace(lr=0.1),
+        },
+        path,
+    )
+    assert main(["inspect", str(path), "--model", "resnet18"]) == 0
+    out = capsys.readouterr().out
+    assert "layout:    Lightning checkpoint" in out
+    assert "replaced:  argparse.Namespace 1" in out
+    report = out.split("build_backbone('resnet18', pretrained=FILE) loads:\n")[1].splitlines()
+    assert report[0].startswith("loaded 120/120 model keys (100.0%)")
+    assert report[1] == (
+        "prefix: removed 'model.' (found automatically; auto_prefix=False turns it off)"
+    )
+
+
+def test_inspect_a_file_that_matches_nothing_reports_it(tmp_path, capsys, tiny_backbone):
+    """A builder without a report gets a dry run that may load nothing: printed, not raised."""
+    path = tmp_path / "other.pt"
+    torch.save({"decoder.weight": torch.zeros(2)}, path)
+    assert main(["inspect", str(path), "--model", tiny_backbone]) == 0
+    assert "loaded 0/8 model keys" in capsys.readouterr().out

@@ -292,9 +292,14 @@ def test_module_prefix_is_stripped_and_reported(rgb_state):
     assert report.ok and report.num_loaded == 122
     assert report.renamed["module.conv1.weight"] == "conv1.weight"
     assert len(report.renamed) == 122
-    # without stripping nothing matches
-    report = load_partial(_resnet18(), ddp, strip_prefixes=(), dry_run=True)
+    # without stripping (and without the automatic prefix) nothing matches
+    report = load_partial(
+        _resnet18(), ddp, strip_prefixes=(), auto_prefix=False, min_loaded=0, dry_run=True
+    )
     assert report.num_loaded == 0 and len(report.unexpected) == 122
+    # the automatic prefix finds it when the explicit stripping is turned off
+    report = load_partial(_resnet18(), ddp, strip_prefixes=(), dry_run=True)
+    assert report.ok and report.prefix_change == ("module.", "")
 
 
 def test_rename_detector_backbone_keys(rgb_state):
@@ -505,7 +510,8 @@ def test_min_loaded(rgb_state):
         load_partial(model, rgb_state, min_loaded=0.99)
     assert load_partial(model, rgb_state, min_loaded=0.98).num_loaded == 120
     with pytest.raises(LoadError, match="only 0/"):  # a wrong architecture cannot "load"
-        load_partial(model, {"x." + k: v for k, v in rgb_state.items()}, min_loaded=0.5)
+        renamed = {"x." + k: v for k, v in rgb_state.items()}
+        load_partial(model, renamed, min_loaded=0.5, auto_prefix=False)
     with pytest.raises(ValueError, match=r"min_loaded must be in \[0.0, 1.0\]"):
         load_partial(model, rgb_state, min_loaded=1.5)
 

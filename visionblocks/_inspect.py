@@ -82,8 +82,13 @@ def describe_state_dict(
         lines.append(_field("file", f"{path} ({os.path.getsize(path) / _MIB:.2f} MiB on disk)"))
     if info is not None:
         lines.append(_field("format", info.format))
+        if info.layout:
+            lines.append(_field("layout", info.layout))
         if info.containers:
             lines.append(_field("unwrapped", " -> ".join(repr(c) for c in info.containers)))
+        if info.placeholders:
+            replaced = ", ".join(f"{name} {count}" for name, count in info.placeholders.items())
+            lines.append(_field("replaced", f"{replaced} (placeholders: never imported or run)"))
         others = [*info.other_keys, *info.dropped]
         if others:
             lines.append(_field("dropped", f"{', '.join(others)} (not tensors)"))
@@ -153,8 +158,8 @@ def load_into_backbone(name: str, state: Mapping[str, torch.Tensor]) -> tuple[Lo
     except LoadError as exc:  # the guard failed: the report says why
         return exc.report, False
     report = getattr(backbone, "load_report", None)
-    if not isinstance(report, LoadReport):
-        report = load_partial(backbone, state, dry_run=True)
+    if not isinstance(report, LoadReport):  # min_loaded=0: report an empty load, not raise
+        report = load_partial(backbone, state, dry_run=True, min_loaded=0)
     return report, True
 
 

@@ -1,10 +1,14 @@
 """Reading checkpoint files safely (private; see `visionblocks.weights.read_state_dict`).
 
-Torch files are opened with ``torch.load(weights_only=True)``: the restricted unpickler
-rebuilds tensors, containers and plain Python values only, and refuses any other global
-before calling it, so no code stored in a file ever runs. Zip-format files (the default of
-``torch.save`` since PyTorch 1.6) are memory-mapped (``mmap=True``): tensors are views of
-the file's pages and are read from disk only when copied.
+Torch files are first opened with ``torch.load(weights_only=True)``: the restricted
+unpickler rebuilds tensors, containers and plain Python values only. Zip-format files (the
+default of ``torch.save`` since PyTorch 1.6) are memory-mapped (``mmap=True``): tensors are
+views of the file's pages and are read from disk only when copied. When torch refuses a
+file because it names another global (an ``argparse.Namespace``, NumPy arrays, a class of
+the training framework), the file is read again with `SafeUnpickler`, which imports and
+calls nothing the file names: foreign objects become inert placeholders, and the file is
+still refused when the weights themselves are such placeholders. ``.pkl``/``.pickle``
+files (detectron2's model zoo) go to the safe unpickler directly.
 """
 
 from __future__ import annotations
@@ -24,11 +28,16 @@ from typing import Any
 
 import torch
 
+from visionblocks._weights_formats import detect_layout
+from visionblocks._weights_rebuild import Placeholder
+from visionblocks._weights_safe_read import SafeRead, read_pickle, read_torch_zip
+
 __all__ = [
     "CONTAINER_KEYS",
     "FilePages",
     "ReadInfo",
     "read_checkpoint",
+    "source_state",
     "unwrap_state_dict",
 ]
 
@@ -39,6 +48,7 @@ CONTAINER_KEYS = ("state_dict", "model_state_dict", "model_state", "model", "mod
 """
 
 _TORCH_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt", ".tar")
+_PICKLE_SUFFIXES = (".pkl", ".pickle")
 _SAFETENSORS_SUFFIX = ".safetensors"
 
 
@@ -47,48 +57,62 @@ class ReadInfo:
     """What reading a checkpoint found besides its tensors (shown by ``visionblocks inspect``).
 
     Attributes:
-        format: ``"torch (zip, mmap)"``, ``"torch (legacy)"`` or ``"safetensors"``.
+        format: How the file was read: ``"torch (zip, mmap)"``, ``"torch (legacy)"``,
+            ``"safetensors"``, or, by the safe unpickler, ``"torch (zip, mmap, safe
+            unpickler)"``, ``"torch (legacy, safe unpickler)"``, ``"pickle (safe unpickler)"``.
+        layout: The framework layout told by the keys (``"Lightning checkpoint"``,
+            ``"mmengine checkpoint"``, ``"detectron2 model zoo"``, ...; see
+            ``visionblocks._weights_formats``).
         containers: Keys descended into to reach the state dict (``["state_dict"]``).
         dropped: Top-level keys of the state dict's mapping that held no tensor.
         other_keys: Keys of the outer containers that were not descended into.
+        placeholders: ``{"argparse.Namespace": 1, ...}``: foreign objects replaced by inert
+            placeholders (never imported, never called), with how many were built.
+        mmap: Whether the tensors are views of the memory-mapped file.
     """
 
     format: str = ""
+    layout: str = ""
     containers: list[str] = field(default_factory=list)
     dropped: list[str] = field(default_factory=list)
     other_keys: list[str] = field(default_factory=list)
+    placeholders: dict[str, int] = field(default_factory=dict)
+    mmap: bool = False
 
 
 class _UnsafeFileError(ValueError):
-    """The file needs globals (code) that the weights-only unpickler refuses."""
+    """The weights of the file would only come out of running code that it names."""
+
+
+class _ForeignGlobals(Exception):
+    """torch's weights-only unpickler refused a global: the safe unpickler reads the file."""
 
 
 _GLOBAL = re.compile(r"GLOBAL ([\w.]+)")  # torch names the refused global in both messages
 
 
-def _unsafe_message(path: str, exc: BaseException) -> str:
-    found = _GLOBAL.search(str(exc))
-    what = f" It references {found.group(1)!r}." if found else ""
+def _unsafe_message(path: str, name: str | None) -> str:
+    what = f" It references {name!r}." if name else ""
     return (
         f"refusing to load {path!r}: it is not a plain weights file (it needs code to be "
-        f"unpickled).{what} visionblocks loads torch files with torch.load(weights_only=True), "
-        "which only rebuilds tensors and plain containers and never runs code from the file. "
-        "If you trust the file, load it yourself with torch.load(weights_only=False) and pass "
-        "the resulting state dict instead of the path."
+        f"unpickled).{what} visionblocks never runs code from a file: it reads torch files "
+        "with torch.load(weights_only=True) and, failing that, with an unpickler that turns "
+        "foreign objects into inert placeholders, but here the weights themselves would only "
+        "come out of that code. If you trust the file, load it yourself with "
+        "torch.load(weights_only=False) and pass the resulting state dict instead of the path."
     )
 
 
-def _torch_load(path: str, map_location: Any) -> tuple[Any, str]:
+def _torch_load(path: str, map_location: Any, mmap: bool) -> tuple[Any, str]:
     # mmap needs the zip format; legacy (pre-1.6 / _use_new_zipfile_serialization=False)
     # files are read into memory, still with the restricted unpickler.
-    mmap = zipfile.is_zipfile(path)
     try:
         obj = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
     except pickle.UnpicklingError as exc:
         # "Unsupported global: GLOBAL x.y" (a class) or "unsupported GLOBAL posix.system
-        # whose module posix is blocked" (a function of a blocked module): code, refused.
+        # whose module posix is blocked" (a function of a blocked module).
         if _GLOBAL.search(str(exc)):
-            raise _UnsafeFileError(_unsafe_message(path, exc)) from None
+            raise _ForeignGlobals from None
         detail = str(exc).partition("WeightsUnpickler error:")[2].split("\n\n")
         detail = " ".join(part.strip() for part in detail[:2] if part.strip())
         raise ValueError(
@@ -100,6 +124,18 @@ def _torch_load(path: str, map_location: Any) -> tuple[Any, str]:
             f"({type(exc).__name__}: {str(exc).strip() or 'file ended early'})"
         ) from None
     return obj, "torch (zip, mmap)" if mmap else "torch (legacy)"
+
+
+def _safe_read(path: str, zip_format: bool) -> SafeRead:
+    kind = "torch.save" if zip_format else "torch or pickle"
+    try:
+        return read_torch_zip(path) if zip_format else read_pickle(path)
+    except OSError:
+        raise
+    except Exception as exc:  # malformed data of any kind: the reader checks, never runs it
+        raise ValueError(
+            f"cannot read {path!r}: not a valid {kind} file ({type(exc).__name__}: {exc})"
+        ) from None
 
 
 def _safetensors_load(path: str, map_location: Any) -> dict[str, torch.Tensor]:
@@ -123,6 +159,60 @@ def _safetensors_load(path: str, map_location: Any) -> dict[str, torch.Tensor]:
         ) from None
 
 
+def _read_object(path: str, map_location: Any) -> tuple[Any, ReadInfo]:
+    lower = path.lower()
+    if lower.endswith(_SAFETENSORS_SUFFIX):
+        return _safetensors_load(path, map_location), ReadInfo(format="safetensors")
+    zip_format = zipfile.is_zipfile(path)
+    if lower.endswith(_PICKLE_SUFFIXES) and not zip_format:  # plain pickle: no fast path
+        read = _safe_read(path, zip_format)
+        return read.obj, ReadInfo(format=read.format, placeholders=read.placeholders)
+    try:
+        obj, fmt = _torch_load(path, map_location, mmap=zip_format)
+    except _ForeignGlobals:
+        read = _safe_read(path, zip_format)
+        return read.obj, ReadInfo(read.format, placeholders=read.placeholders, mmap=read.mmap)
+    except ValueError as exc:
+        if lower.endswith((*_TORCH_SUFFIXES, *_PICKLE_SUFFIXES)):
+            raise
+        raise ValueError(
+            f"cannot read {path!r}: unknown extension (expected .safetensors, "
+            f"{', '.join(_TORCH_SUFFIXES + _PICKLE_SUFFIXES)}) and torch cannot read it either "
+            f"({type(exc).__name__}: {exc})"
+        ) from None
+    return obj, ReadInfo(format=fmt, mmap=fmt.endswith("mmap)"))
+
+
+def _to_device(state: dict[str, torch.Tensor], map_location: Any) -> dict[str, torch.Tensor]:
+    """Tensors of the safe unpickler are on the CPU; move them where ``map_location`` says."""
+    if map_location is None:
+        return state
+    if not isinstance(map_location, (str, torch.device)):
+        raise TypeError(
+            "map_location must be a device (str or torch.device) for files read by the safe "
+            f"unpickler, got {type(map_location).__name__}"
+        )
+    device = torch.device(map_location)
+    if device.type == "cpu":
+        return state
+    return {name: tensor.to(device) for name, tensor in state.items()}
+
+
+def _refuse_code_weights(obj: Any, key: str | None, path: str, placeholders: dict) -> None:
+    """Refuse a file whose weights would only come out of foreign code: the object itself, or
+    an entry of the mapping where the state dict is looked for, is a placeholder, or that
+    mapping holds no tensors at all."""
+    if isinstance(obj, Placeholder):  # torch.save(model) and the like
+        raise _UnsafeFileError(_unsafe_message(path, obj.name))
+    if not isinstance(obj, Mapping) or (key is not None and not isinstance(obj.get(key), Mapping)):
+        return  # unwrap_state_dict says what is wrong
+    values = list(_descend(obj, key, ReadInfo()).values())
+    slot = next((v for v in values if isinstance(v, Placeholder)), None)
+    if slot is not None or not any(_as_tensor(v) is not None for v in values):
+        name = slot.name if slot is not None else next(iter(placeholders), None)
+        raise _UnsafeFileError(_unsafe_message(path, name))
+
+
 def read_checkpoint(
     path: str | os.PathLike[str], map_location: Any = "cpu", key: str | None = None
 ) -> tuple[dict[str, torch.Tensor], ReadInfo]:
@@ -134,56 +224,82 @@ def read_checkpoint(
         raise FileNotFoundError(f"checkpoint file not found: {path!r}")
     if os.path.isdir(path):
         raise IsADirectoryError(f"checkpoint path is a directory, not a file: {path!r}")
-    lower = path.lower()
-    if lower.endswith(_SAFETENSORS_SUFFIX):
-        obj: Any = _safetensors_load(path, map_location)
-        fmt = "safetensors"
-    elif lower.endswith(_TORCH_SUFFIXES):
-        obj, fmt = _torch_load(path, map_location)
-    else:
-        try:
-            obj, fmt = _torch_load(path, map_location)
-        except _UnsafeFileError:
-            raise
-        except Exception as exc:
-            raise ValueError(
-                f"cannot read {path!r}: unknown extension (expected .safetensors or one of "
-                f"{', '.join(_TORCH_SUFFIXES)}) and torch cannot read it either "
-                f"({type(exc).__name__}: {exc})"
-            ) from None
+    obj, read = _read_object(path, map_location)
+    if read.placeholders:
+        _refuse_code_weights(obj, key, path, read.placeholders)
     state, info = unwrap_state_dict(obj, key=key, where=repr(path))
-    info.format = fmt
+    info.format, info.placeholders, info.mmap = read.format, read.placeholders, read.mmap
+    info.layout = detect_layout(obj, info.containers, state)
+    if read.format.endswith("safe unpickler)"):
+        state = _to_device(state, map_location)
     return state, info
 
 
-def unwrap_state_dict(
-    obj: Any, *, key: str | None = None, where: str = "the source"
-) -> tuple[dict[str, torch.Tensor], ReadInfo]:
-    """Descend into training-checkpoint containers and keep the tensor entries."""
-    info = ReadInfo()
-    if not isinstance(obj, Mapping):
-        raise TypeError(
-            f"{where} holds a {type(obj).__name__}, not a mapping of names to tensors "
-            "(a state dict)"
-        )
+def source_state(source: Any) -> tuple[dict[str, torch.Tensor], FilePages | None]:
+    """The state dict of ``load_partial``'s ``source`` and, for a mapped file, its pages."""
+    if isinstance(source, (str, os.PathLike)):
+        state, info = read_checkpoint(source)
+        return state, FilePages(source) if info.mmap else None
+    if isinstance(source, Mapping):
+        return unwrap_state_dict(source)[0], None
+    raise TypeError(
+        f"source must be a checkpoint path or a state dict, got {type(source).__name__}"
+    )
+
+
+def _as_tensor(value: Any) -> torch.Tensor | None:
+    """``value`` as a tensor: tensors as they are, numeric NumPy arrays converted; else None."""
+    if isinstance(value, torch.Tensor):
+        return value
+    np = sys.modules.get("numpy")  # not imported: no array can be in the checkpoint
+    if np is None or not isinstance(value, np.ndarray) or value.dtype.kind not in "biufc":
+        return None
+    if not value.dtype.isnative:
+        value = value.astype(value.dtype.newbyteorder("="))
+    try:
+        return torch.from_numpy(value if value.flags.writeable else value.copy())
+    except TypeError:  # a dtype torch lacks (float128, ...)
+        return None
+
+
+def _descend(obj: Mapping[Any, Any], key: str | None, info: ReadInfo) -> Mapping[Any, Any]:
+    """The mapping under ``key`` and then under `CONTAINER_KEYS`, recorded in ``info``."""
     if key is not None:
-        if key not in obj or not isinstance(obj[key], Mapping):
-            keys = ", ".join(repr(k) for k in list(obj)[:20])
-            raise KeyError(f"{where} has no mapping under key {key!r}; its keys: {keys}")
         info.other_keys = [str(k) for k in obj if k != key]
         info.containers.append(key)
         obj = obj[key]
     while True:
         found = next((k for k in CONTAINER_KEYS if isinstance(obj.get(k), Mapping)), None)
         if found is None:
-            break
+            return obj
         info.other_keys.extend(str(k) for k in obj if k != found)
         info.containers.append(found)
         obj = obj[found]
+
+
+def unwrap_state_dict(
+    obj: Any, *, key: str | None = None, where: str = "the source"
+) -> tuple[dict[str, torch.Tensor], ReadInfo]:
+    """Descend into training-checkpoint containers and keep the tensor entries.
+
+    NumPy arrays of numbers (detectron2's ``.pkl`` files) become tensors (sharing memory
+    when the array is writable).
+    """
+    info = ReadInfo()
+    if not isinstance(obj, Mapping):
+        raise TypeError(
+            f"{where} holds a {type(obj).__name__}, not a mapping of names to tensors "
+            "(a state dict)"
+        )
+    if key is not None and (key not in obj or not isinstance(obj[key], Mapping)):
+        keys = ", ".join(repr(k) for k in list(obj)[:20])
+        raise KeyError(f"{where} has no mapping under key {key!r}; its keys: {keys}")
+    obj = _descend(obj, key, info)
     state: dict[str, torch.Tensor] = {}
     for name, value in obj.items():
-        if isinstance(value, torch.Tensor):
-            state[str(name)] = value
+        tensor = _as_tensor(value)
+        if tensor is not None:
+            state[str(name)] = tensor
         else:
             info.dropped.append(str(name))
     if not state and info.dropped:

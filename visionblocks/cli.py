@@ -147,7 +147,11 @@ def build_parser() -> argparse.ArgumentParser:
     p_inspect = sub.add_parser(
         "inspect", help="summarise a checkpoint file, or how it would load into a model"
     )
-    p_inspect.add_argument("checkpoint", help="a .pt/.pth/.bin or .safetensors file")
+    p_inspect.add_argument(
+        "checkpoint",
+        help="a .pt/.pth/.bin/.ckpt/.tar/.pkl or .safetensors file (read without running code "
+        "from it: foreign objects become inert placeholders)",
+    )
     p_inspect.add_argument(
         "--model",
         default=None,

@@ -1,16 +1,20 @@
 """Reading checkpoints safely and loading the parts of them that fit a model.
 
-`read_state_dict` reads ``.pt``/``.pth``/``.bin`` files with ``torch.load(weights_only=True)``
-(memory-mapped when the file is in the zip format) and ``.safetensors`` files with
-safetensors; it never runs code stored in a file. `load_partial` copies every tensor that
-fits into a model and returns a `LoadReport` saying what was loaded, what was skipped and
-why. It can fail loudly instead of logging (``strict``, ``require``, ``min_loaded``), and
-all of its checks run before anything is copied, so a failed load leaves the model as it was.
+`read_state_dict` reads ``.pt``/``.pth``/``.bin``/``.ckpt`` files with
+``torch.load(weights_only=True)`` (memory-mapped when the file is in the zip format) and,
+when that refuses a file because it pickles other objects (an ``argparse.Namespace``,
+NumPy values, a training framework's classes), with an unpickler that replaces those objects
+by inert placeholders; ``.pkl`` files (detectron2) with the same unpickler and
+``.safetensors`` files with safetensors. It never runs code stored in a file. `load_partial`
+copies every tensor that fits into a model, finds a key prefix to remove or add when that
+makes more keys fit, and returns a `LoadReport` saying what was loaded, what was skipped and
+why. It fails loudly instead of logging (``strict``, ``require``, ``min_loaded``; loading
+nothing at all is an error by default), and all of its checks run before anything is copied,
+so a failed load leaves the model as it was.
 """
 
 from __future__ import annotations
 
-import fnmatch
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -19,14 +23,16 @@ from typing import Any
 import torch
 from torch import nn
 
-from visionblocks._check import check_range, check_type, format_shape
+from visionblocks._check import check_type, format_shape
 from visionblocks._weights_adapt import (
     adapt_input_conv_weight,
     compile_rename,
     input_conv_key,
     map_keys,
 )
-from visionblocks._weights_io import FilePages, read_checkpoint, unwrap_state_dict
+from visionblocks._weights_guards import check_min_loaded, failed_guard, require_patterns
+from visionblocks._weights_io import read_checkpoint, source_state
+from visionblocks._weights_prefix import find_prefix_change
 
 __all__ = ["LoadError", "LoadReport", "load_partial", "read_state_dict"]
 
@@ -52,8 +58,11 @@ class LoadReport:
             their shapes differ.
         adapted: Keys loaded after adapting the first convolution to the model's number of
             input channels.
-        renamed: ``{checkpoint key: new key}`` for every key that prefix stripping or
-            ``rename`` changed.
+        renamed: ``{checkpoint key: new key}`` for every key that prefix stripping,
+            ``rename`` or the automatic prefix change changed.
+        prefix_change: ``(removed, added)`` when ``load_partial`` found a key prefix to
+            remove (``("model.", "")``) or to add (``("", "backbone.")``) by itself
+            (``auto_prefix``); None otherwise.
         dry_run: True when nothing was copied (``load_partial(..., dry_run=True)``).
 
     Examples:
@@ -74,6 +83,7 @@ class LoadReport:
     mismatched: dict[str, tuple[Shape, Shape]] = field(default_factory=dict)
     adapted: list[str] = field(default_factory=list)
     renamed: dict[str, str] = field(default_factory=dict)
+    prefix_change: tuple[str, str] | None = None
     dry_run: bool = False
 
     @property
@@ -105,6 +115,10 @@ class LoadReport:
             f"{len(self.adapted)} adapted, {len(self.renamed)} renamed"
         )
         lines = [head + (" (dry run: nothing copied)" if self.dry_run else "")]
+        if self.prefix_change is not None:
+            removed, added = self.prefix_change
+            what = f"removed {removed!r}" if removed else f"added {added!r}"
+            lines.append(f"prefix: {what} (found automatically; auto_prefix=False turns it off)")
         mismatched = [
             f"{k}: {format_shape(a)} vs {format_shape(b)}" for k, (a, b) in self.mismatched.items()
         ]
@@ -146,6 +160,14 @@ def read_state_dict(
       memory-mapped (``mmap=True``) when the file has the zip format of ``torch.save``; legacy
       files (``_use_new_zipfile_serialization=False``) are read into memory instead. Any other
       extension is tried as a torch file.
+    * When ``torch.load`` refuses the file because it pickles other globals (Lightning,
+      mmengine, timm and torchvision training checkpoints hold ``argparse.Namespace``,
+      NumPy scalars, framework classes), it is read again by visionblocks' own unpickler,
+      still memory-mapped: tensors, NumPy arrays and plain containers are rebuilt, and every
+      other class or function becomes an inert placeholder: never imported, never called.
+      Such tensors are on the CPU unless ``map_location`` names a device.
+    * ``.pkl``, ``.pickle`` (detectron2's model zoo): the same unpickler; NumPy arrays
+      become tensors.
     * Training checkpoints are unwrapped: the first of ``state_dict``, ``model_state_dict``,
       ``model_state``, ``model`` and ``module`` that holds a mapping is descended into (again
       and again, for nested containers). EMA weights (``state_dict_ema``, ``model_ema``) are
@@ -166,9 +188,11 @@ def read_state_dict(
 
     Raises:
         FileNotFoundError: If ``path`` does not exist.
-        ValueError: If the file needs code to be unpickled (it is refused before anything
-            runs; the message explains ``weights_only``), is not a valid torch file, or
-            holds no tensors where a state dict is looked for.
+        ValueError: If the weights of the file would only come out of code it names (a
+            placeholder where the state dict's tensors are, or no tensors at all besides
+            placeholders; nothing runs and the message explains ``weights_only``), the
+            file is not a valid torch or pickle file, or it holds no tensors where a state
+            dict is looked for.
         KeyError: If ``key`` is given and the file has no mapping under it.
         TypeError: If the file holds something other than a mapping.
 
@@ -178,6 +202,13 @@ def read_state_dict(
         >>> path = os.path.join(folder.name, "ckpt.pt")
         >>> model = torch.nn.Linear(2, 3)
         >>> torch.save({"epoch": 7, "state_dict": model.state_dict()}, path)
+        >>> sorted(read_state_dict(path))
+        ['bias', 'weight']
+
+        A training checkpoint that pickles other objects: they become inert placeholders.
+
+        >>> import argparse
+        >>> torch.save({"model": model.state_dict(), "args": argparse.Namespace(lr=0.1)}, path)
         >>> sorted(read_state_dict(path))
         ['bias', 'weight']
         >>> read_state_dict(os.path.join(folder.name, "nope.pt"))
@@ -196,26 +227,6 @@ def _strip_common_prefix(state: dict[str, torch.Tensor], prefix: str) -> dict[st
     return state
 
 
-def _source_state(source: Any) -> tuple[dict[str, torch.Tensor], FilePages | None]:
-    if isinstance(source, (str, os.PathLike)):
-        state, info = read_checkpoint(source)
-        return state, FilePages(source) if info.format.endswith("mmap)") else None
-    if isinstance(source, Mapping):
-        return unwrap_state_dict(source)[0], None
-    raise TypeError(
-        f"source must be a checkpoint path or a state dict, got {type(source).__name__}"
-    )
-
-
-def _patterns(require: str | Sequence[str] | None) -> list[str]:
-    if require is None:
-        return []
-    patterns = [require] if isinstance(require, str) else list(require)
-    for p in patterns:
-        check_type("require pattern", p, str)
-    return patterns
-
-
 def load_partial(
     model: nn.Module,
     source: str | os.PathLike[str] | Mapping[str, Any],
@@ -228,6 +239,7 @@ def load_partial(
     dry_run: bool = False,
     require: str | Sequence[str] | None = None,
     min_loaded: float | None = None,
+    auto_prefix: bool = True,
 ) -> LoadReport:
     """Copy the tensors of a checkpoint that fit ``model`` into it, and report the rest.
 
@@ -236,9 +248,17 @@ def load_partial(
     model key: a model wrapped in ``DistributedDataParallel`` loads its own ``module.*``
     checkpoint); then each ``(regex, replacement)`` pair of ``rename`` is applied, in order,
     with ``re.sub``. Tied parameters (one tensor under several names) load through any of
-    their names. A tensor whose
-    shape matches the model's is copied into the existing parameter or buffer (under
-    ``torch.no_grad()``, cast to its dtype and device; parameters are never replaced).
+    their names. A tensor whose shape matches the model's is copied into the existing
+    parameter or buffer (under ``torch.no_grad()``, cast to its dtype and device; parameters
+    are never replaced).
+
+    Automatic prefix (``auto_prefix=True``): when keys still do not fit after those steps,
+    every dotted prefix of the keys that are not model keys is tried, removed from them
+    (Lightning's ``model.``, ``module.``, ``backbone.``, ``encoder.``, ``student.``...) or
+    added to them (a bare backbone's checkpoint loaded into a model whose keys are
+    ``backbone.*``). The change that makes the most keys load (same name and shape) is
+    applied, only if it makes more keys load than none does; ties go to removing, then to
+    the shorter prefix. It is reported in ``LoadReport.prefix_change`` and ``renamed``.
 
     Input-channel adaptation (``adapt_input_channels``): the first convolution weight
     ``(O, I, kh, kw)`` (in state-dict order) whose checkpoint tensor differs from it only in
@@ -257,6 +277,8 @@ def load_partial(
       key matched by a pattern must be loaded. A pattern that matches no model key is an
       error too (`ValueError`), so a typo cannot pass silently.
     * ``min_loaded``: at least this fraction (0..1) of the model's keys must be loaded.
+      By default (None) at least one key must load when the model has any: a checkpoint
+      that fits nothing is an error, not an empty report. ``min_loaded=0`` accepts it.
 
     Memory: a zip-format torch file given as a path is memory-mapped, and each tensor's
     pages are handed back to the OS (``madvise``, Linux) once it is copied, so the peak extra
@@ -274,13 +296,16 @@ def load_partial(
         strict: Fail unless every model key loads and no checkpoint key is left over.
         dry_run: Compute the report (and run the guards) without copying anything.
         require: fnmatch pattern(s) of model keys that must all load.
-        min_loaded: Smallest acceptable fraction of loaded model keys, in ``[0, 1]``.
+        min_loaded: Smallest acceptable fraction of loaded model keys, in ``[0, 1]``;
+            None (default) requires at least one loaded key, 0 accepts loading nothing.
+        auto_prefix: Find a key prefix to remove or add when that makes more keys load.
 
     Returns:
         LoadReport: Loaded, missing, unexpected, mismatched, adapted and renamed keys.
 
     Raises:
-        LoadError: A guard failed (a `RuntimeError`; ``.report`` has the report).
+        LoadError: A guard failed, including loading nothing with the default
+            ``min_loaded`` (a `RuntimeError`; ``.report`` has the report).
         ValueError: Two checkpoint keys map to one name, a ``rename`` regex is invalid, a
             ``require`` pattern matches no model key, ``min_loaded`` is outside ``[0, 1]``,
             the file cannot be read safely, or tensors to load into are on the meta device.
@@ -310,20 +335,24 @@ def load_partial(
     prefixes = [strip_prefixes] if isinstance(strip_prefixes, str) else list(strip_prefixes)
     for p in prefixes:
         check_type("strip_prefixes entry", p, str)
-    patterns = _patterns(require)
-    if min_loaded is not None:
-        check_type("min_loaded", min_loaded, (int, float))
-        check_range("min_loaded", float(min_loaded), 0.0, 1.0)
+    patterns = require_patterns(require)
+    check_min_loaded(min_loaded)
+    check_type("auto_prefix", auto_prefix, bool)
 
-    state, pages = _source_state(source)
+    state, pages = source_state(source)
     model_state = model.state_dict(keep_vars=True)
     key_map = map_keys(state, prefixes, rules, model_state)
+    found = find_prefix_change(key_map, state, model_state) if auto_prefix else None
+    if found is not None:
+        prefix_change, key_map = found
+    else:
+        prefix_change = None
     pairs = [
         (new, state[old], model_state[new]) for old, new in key_map.items() if new in model_state
     ]
     stem = input_conv_key(pairs) if adapt_input_channels else None
 
-    report = LoadReport(dry_run=dry_run)
+    report = LoadReport(prefix_change=prefix_change, dry_run=dry_run)
     report.renamed = {old: new for old, new in key_map.items() if old != new}
     updates: dict[str, str] = {}  # model key -> checkpoint key
     for old, new in key_map.items():
@@ -346,7 +375,9 @@ def load_partial(
         elif name not in report.mismatched:
             report.missing.append(name)
 
-    _run_guards(report, model_state, skip_mismatched, strict, patterns, min_loaded)
+    failure = failed_guard(report, model_state, skip_mismatched, strict, patterns, min_loaded)
+    if failure is not None:
+        raise LoadError(failure, report)
     on_meta = [name for name in updates if model_state[name].is_meta]
     if on_meta and not dry_run:
         raise ValueError(
@@ -365,47 +396,3 @@ def load_partial(
                 if pages is not None:  # a file we mapped: give its pages back once copied
                     pages.release(state[old])
     return report
-
-
-def _run_guards(
-    report: LoadReport,
-    model_state: Mapping[str, torch.Tensor],
-    skip_mismatched: bool,
-    strict: bool,
-    patterns: list[str],
-    min_loaded: float | None,
-) -> None:
-    if report.mismatched and not skip_mismatched:
-        raise LoadError(
-            f"{len(report.mismatched)} tensor(s) have a different shape in the checkpoint "
-            "(skip_mismatched=False)",
-            report,
-        )
-    if strict and not report.ok:
-        raise LoadError(
-            f"strict load failed: {len(report.missing)} missing, "
-            f"{len(report.mismatched)} mismatched, {len(report.unexpected)} unexpected key(s)",
-            report,
-        )
-    if patterns:
-        loaded = set(report.loaded)
-        failed: list[str] = []
-        for pattern in patterns:
-            matched = fnmatch.filter(model_state, pattern)
-            if not matched:
-                raise ValueError(
-                    f"require pattern {pattern!r} matches no key of the model "
-                    f"(fnmatch on model keys, e.g. {next(iter(model_state), '')!r})"
-                )
-            failed.extend(k for k in matched if k not in loaded and k not in failed)
-        if failed:
-            status = ["mismatched" if k in report.mismatched else "missing" for k in failed]
-            listed = ", ".join(f"{k} ({s})" for k, s in zip(failed[:_SHOW], status))
-            more = f" and {len(failed) - _SHOW} more" if len(failed) > _SHOW else ""
-            raise LoadError(f"{len(failed)} required key(s) not loaded: {listed}{more}", report)
-    if min_loaded is not None and report.fraction_loaded < min_loaded:
-        raise LoadError(
-            f"only {report.num_loaded}/{report.num_model_keys} model keys "
-            f"({100 * report.fraction_loaded:.1f}%) loaded; min_loaded={min_loaded}",
-            report,
-        )
