@@ -552,3 +552,20 @@ def test_report_str_counts_first_then_truncated_lists():
 def test_report_properties_on_empty_model():
     report = load_partial(nn.ReLU(), {})
     assert report.ok and report.num_model_keys == 0 and report.fraction_loaded == 1.0
+
+
+def test_text_file_and_unusable_map_location_are_clear_errors(tmp_path):
+    text = tmp_path / "notes.ckpt"
+    text.write_text("hello")  # five bytes of text: torch's legacy reader raised KeyError: 101
+    with pytest.raises(ValueError, match=r"notes\.ckpt': not a valid torch\.save file"):
+        read_state_dict(text)
+    good = tmp_path / "good.pt"
+    torch.save({"w": torch.zeros(2)}, good)
+    if not torch.cuda.is_available():  # the file is not blamed for a missing GPU
+        with pytest.raises(ValueError, match="map_location='cuda' asks for CUDA, but CUDA is not"):
+            read_state_dict(good, map_location="cuda")
+    with pytest.raises(ValueError, match="map_location 'nope' names no torch device"):
+        read_state_dict(good, map_location="nope")
+    with pytest.raises(TypeError, match="map_location must be a device"):
+        read_state_dict(good, map_location=5)
+    assert list(read_state_dict(good, map_location={"cuda:0": "cpu"})) == ["w"]

@@ -8,14 +8,14 @@ from __future__ import annotations
 
 import fnmatch
 from collections.abc import Collection, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from visionblocks._check import check_range, check_type
 
 if TYPE_CHECKING:
     from visionblocks.weights import LoadReport
 
-__all__ = ["check_min_loaded", "failed_guard", "require_patterns"]
+__all__ = ["check_flags", "check_min_loaded", "failed_guard", "require_patterns"]
 
 _SHOW = 10  # keys named in a message
 
@@ -24,10 +24,17 @@ def require_patterns(require: str | Sequence[str] | None) -> list[str]:
     """``require`` as a list of fnmatch patterns (a single str is one pattern)."""
     if require is None:
         return []
+    check_type("require", require, (str, list, tuple))
     patterns = [require] if isinstance(require, str) else list(require)
     for p in patterns:
         check_type("require pattern", p, str)
     return patterns
+
+
+def check_flags(**flags: Any) -> None:
+    """Raise ``TypeError`` for any flag that is not a bool (naming it)."""
+    for name, flag in flags.items():
+        check_type(name, flag, bool)
 
 
 def check_min_loaded(min_loaded: float | None) -> None:

@@ -118,7 +118,8 @@ def _torch_load(path: str, map_location: Any, mmap: bool) -> tuple[Any, str]:
         raise ValueError(
             f"cannot read {path!r}: not a valid torch.save file ({detail or exc})"
         ) from None
-    except (EOFError, RuntimeError) as exc:  # empty or truncated file, a zip of other things
+    except (EOFError, RuntimeError, KeyError) as exc:  # empty, truncated or text files (the
+        # legacy reader's magic-number lookup raises KeyError), a zip of other things
         raise ValueError(
             f"cannot read {path!r}: not a valid torch.save file "
             f"({type(exc).__name__}: {str(exc).strip() or 'file ended early'})"
@@ -213,6 +214,37 @@ def _refuse_code_weights(obj: Any, key: str | None, path: str, placeholders: dic
         raise _UnsafeFileError(_unsafe_message(path, name))
 
 
+def check_map_location(map_location: Any) -> None:
+    """Raise a clear error for a ``map_location`` that names no usable device (before the file
+    is read, so the file is never blamed for it)."""
+    if map_location is None or callable(map_location):
+        return
+    if isinstance(map_location, Mapping):
+        for value in map_location.values():
+            check_map_location(value)
+        return
+    if isinstance(map_location, bool) or not isinstance(map_location, (str, torch.device)):
+        raise TypeError(
+            "map_location must be a device (str or torch.device), a dict of location names or a "
+            f"callable, as for torch.load; got {type(map_location).__name__} ({map_location!r})"
+        )
+    try:
+        device = torch.device(map_location)
+    except RuntimeError:
+        raise ValueError(f"map_location {map_location!r} names no torch device") from None
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(
+                f"map_location={map_location!r} asks for CUDA, but CUDA is not available "
+                "(torch.cuda.is_available() is False); use map_location='cpu'"
+            )
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise ValueError(
+                f"map_location={map_location!r}, but only {torch.cuda.device_count()} CUDA "
+                "device(s) are visible"
+            )
+
+
 def read_checkpoint(
     path: str | os.PathLike[str], map_location: Any = "cpu", key: str | None = None
 ) -> tuple[dict[str, torch.Tensor], ReadInfo]:
@@ -224,6 +256,7 @@ def read_checkpoint(
         raise FileNotFoundError(f"checkpoint file not found: {path!r}")
     if os.path.isdir(path):
         raise IsADirectoryError(f"checkpoint path is a directory, not a file: {path!r}")
+    check_map_location(map_location)
     obj, read = _read_object(path, map_location)
     if read.placeholders:
         _refuse_code_weights(obj, key, path, read.placeholders)

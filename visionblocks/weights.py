@@ -30,7 +30,12 @@ from visionblocks._weights_adapt import (
     input_conv_key,
     map_keys,
 )
-from visionblocks._weights_guards import check_min_loaded, failed_guard, require_patterns
+from visionblocks._weights_guards import (
+    check_flags,
+    check_min_loaded,
+    failed_guard,
+    require_patterns,
+)
 from visionblocks._weights_io import read_checkpoint, source_state
 from visionblocks._weights_prefix import find_prefix_change
 
@@ -332,12 +337,16 @@ def load_partial(
     """
     check_type("model", model, nn.Module)
     rules = compile_rename(rename)
+    check_type("strip_prefixes", strip_prefixes, (str, list, tuple))
     prefixes = [strip_prefixes] if isinstance(strip_prefixes, str) else list(strip_prefixes)
     for p in prefixes:
         check_type("strip_prefixes entry", p, str)
     patterns = require_patterns(require)
     check_min_loaded(min_loaded)
-    check_type("auto_prefix", auto_prefix, bool)
+    check_flags(
+        skip_mismatched=skip_mismatched, adapt_input_channels=adapt_input_channels,
+        strict=strict, dry_run=dry_run, auto_prefix=auto_prefix,
+    )  # fmt: skip
 
     state, pages = source_state(source)
     model_state = model.state_dict(keep_vars=True)

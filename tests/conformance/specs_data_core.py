@@ -35,6 +35,7 @@ from visionblocks.data import (
 )
 from visionblocks.data.coco import CocoBase
 from visionblocks.demo import run_demo
+from visionblocks.weights import LoadError, LoadReport, load_partial, read_state_dict
 
 
 @functools.cache
@@ -486,3 +487,82 @@ def _kernel_entry_points() -> dict[object, str]:
 
 
 EXEMPT.update(_kernel_entry_points())
+
+
+# ------------------------------------------------------------------------------ weights
+def _checkpoint() -> Path:
+    path = Path(tempfile.mkdtemp(prefix="vb-conformance-")) / "model.pt"
+    torch.save({"state_dict": _small_model().state_dict(), "epoch": 3}, path)
+    return path
+
+
+def _small_model() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.Flatten(), torch.nn.Linear(4, 2))
+
+
+def _load() -> tuple[Any, dict[str, Any]]:
+    return load_partial, {
+        "model": _small_model(),
+        "source": _checkpoint(),
+        "rename": None,
+        "strip_prefixes": ("module.",),
+        "skip_mismatched": True,
+        "adapt_input_channels": True,
+        "strict": False,
+        "dry_run": False,
+        "require": None,
+        "min_loaded": None,
+        "auto_prefix": True,
+    }
+
+
+SPECS += [
+    Spec(
+        read_state_dict,
+        lambda: (
+            read_state_dict,
+            {
+                "path": _checkpoint(),
+                "map_location": "cpu",
+                "key": None,
+            },
+        ),
+        args=[
+            Arg("path", "path", aliases=("checkpoint",)),
+            Arg("map_location", "choice", optional=True),  # None: torch's own default
+            Arg("key", "choice", optional=True),
+        ],
+        errors=(FileNotFoundError, KeyError),
+    ),
+    Spec(
+        load_partial,
+        _load,
+        args=[
+            Arg("model", "module"),
+            Arg("source", "path", aliases=("checkpoint",)),
+            Arg(
+                "rename", "sequence", optional=True, skip={"longer", "nan_item"}
+            ),  # built from None
+            # one more prefix to try; a str is one prefix
+            Arg("strip_prefixes", "sequence", accept={"longer", "str"}),
+            Arg("skip_mismatched", "bool"),
+            Arg("adapt_input_channels", "bool"),
+            Arg("strict", "bool"),
+            Arg("dry_run", "bool"),
+            Arg(
+                "require", "sequence", optional=True, skip={"longer", "nan_item"}
+            ),  # built from None
+            Arg("min_loaded", "float", optional=True, skip={"inf"}),
+            Arg("auto_prefix", "bool"),
+        ],
+        errors=(FileNotFoundError,),
+    ),
+]
+
+EXEMPT.update(
+    {
+        LoadReport: "the result object load_partial returns (a dataclass), not built by users",
+        LoadError: "the exception load_partial raises, with its report",
+    }
+)
