@@ -136,7 +136,9 @@ class CocoBase(Dataset):
     # --------------------------------------------------------------------------- metadata
     @property
     def coco(self) -> Any:
-        """The ``pycocotools.coco.COCO`` of the annotation file (reloaded after unpickling)."""
+        """The ``pycocotools.coco.COCO`` of the annotations the dataset serves: the file with
+        the ``invalid`` policy applied and ``iscrowd``/``area`` filled in (rebuilt from the file
+        on first use after unpickling)."""
         if self._coco is None:
             self._coco = load_coco(self._read()[0])
         return self._coco
