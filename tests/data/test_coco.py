@@ -416,54 +416,63 @@ def test_default_sanitize_getter_gives_a_clear_error(crowded):
 
 
 # ------------------------------------------------------------ malformed annotations
-@pytest.mark.parametrize(
-    ("annotation", "reason", "match"),
-    [
-        (
-            {"segmentation": [[1, 1, float("nan"), 3, 3, 1]]},
-            "nonfinite",
-            r"annotation 1: segmentation polygon 0 has NaN or inf",
-        ),
-        (
-            {"segmentation": [[1, 1, 1e9, 3, 3, 1]]},
-            "polygon_outside_image",
-            r"far outside the 4 x 4 image",
-        ),
-        ({"segmentation": [[[1, 1], [3, 3], [3, 1]]]}, "bad_polygon", "must be a flat list"),
-        ({"segmentation": [[1, 1, 3]]}, "odd_polygon", "odd number of coordinates"),
-        ({"segmentation": [[1, 1, 3, 3]]}, "short_polygon", "at least 3 points"),
-        (
-            {"segmentation": {"size": [5, 4], "counts": [0, 16]}},
-            "rle_size",
-            r"RLE segmentation has size \[5, 4\], but the image is 4 x 4",
-        ),
-        (
-            {"segmentation": {"size": [4, 4], "counts": [3, 20]}},
-            "bad_rle",
-            "summing to height \\* width = 16",
-        ),
-        ({"segmentation": {"size": [4, 4], "counts": [3, -1, 14]}}, "bad_rle", "non-negative ints"),
-        (
-            {"segmentation": {"size": [4, 4], "counts": "zzzz"}},
-            "bad_rle",
-            "compressed RLE counts do not decode",
-        ),
-        ({"segmentation": "a polygon"}, "bad_segmentation", "segmentation of type str"),
-        ({"bbox": [0, 0, float("nan"), 2]}, "nonfinite", r"has bbox \[0, 0, nan, 2\]"),
-        ({"bbox": [0, 0, float("inf"), 2]}, "nonfinite", "finite"),
-        ({"bbox": [0, 0, 2]}, "bad_bbox", r"has bbox \[0, 0, 2\]"),
-        ({"bbox": None}, "bad_bbox", "has bbox None"),
-        ({"bbox": [0, 0, 2, 0]}, "degenerate_box", "zero or negative width or height"),
-        ({"bbox": [0, 0, -2, 2]}, "degenerate_box", "zero or negative width or height"),
-        ({"bbox": [5, 0, 2, 2]}, "box_outside_image", "entirely outside the 4 x 4 image"),
-        ({"bbox": [-3, 0, 2, 2]}, "box_outside_image", "entirely outside"),
-        ({"category_id": 5}, "unknown_category", "category_id 5, which is not in 'categories'"),
-        ({"category_id": "1"}, "unknown_category", "category_id '1'"),
-        ({"iscrowd": "0"}, "bad_iscrowd", "has iscrowd '0', expected 0 or 1"),
-        ({"area": float("nan")}, "bad_area", "has area nan"),
-        ({"area": -4}, "bad_area", "has area -4"),
-    ],
-)
+INVALID_CASES = [
+    (
+        {"segmentation": [[1, 1, float("nan"), 3, 3, 1]]},
+        "nonfinite",
+        r"annotation 1: segmentation polygon 0 has NaN or inf",
+    ),
+    (
+        {"segmentation": [[1, 1, 1e9, 3, 3, 1]]},
+        "polygon_outside_image",
+        r"far outside the 4 x 4 image",
+    ),
+    ({"segmentation": [[[1, 1], [3, 3], [3, 1]]]}, "bad_polygon", "must be a flat list"),
+    ({"segmentation": [[1, 1, 3]]}, "odd_polygon", "odd number of coordinates"),
+    ({"segmentation": [[1, 1, 3, 3]]}, "short_polygon", "at least 3 points"),
+    (
+        {"segmentation": {"size": [5, 4], "counts": [0, 16]}},
+        "rle_size",
+        r"RLE segmentation has size \[5, 4\], but the image is 4 x 4",
+    ),
+    (
+        {"segmentation": {"size": [4, 4], "counts": [3, 20]}},
+        "bad_rle",
+        "summing to height \\* width = 16",
+    ),
+    ({"segmentation": {"size": [4, 4], "counts": [3, -1, 14]}}, "bad_rle", "non-negative ints"),
+    (
+        {"segmentation": {"size": [4, 4], "counts": "zzzz"}},
+        "bad_rle",
+        "compressed RLE counts do not decode",
+    ),
+    ({"segmentation": "a polygon"}, "bad_segmentation", "segmentation of type str"),
+    ({"bbox": [0, 0, float("nan"), 2]}, "nonfinite", r"has bbox \[0, 0, nan, 2\]"),
+    ({"bbox": [0, 0, float("inf"), 2]}, "nonfinite", "finite"),
+    ({"bbox": [0, 0, 2]}, "bad_bbox", r"has bbox \[0, 0, 2\]"),
+    ({"bbox": None}, "bad_bbox", "has bbox None"),
+    ({"bbox": [0, 0, 2, 0]}, "degenerate_box", "zero or negative width or height"),
+    ({"bbox": [0, 0, -2, 2]}, "degenerate_box", "zero or negative width or height"),
+    ({"bbox": [5, 0, 2, 2]}, "box_outside_image", "entirely outside the 4 x 4 image"),
+    ({"bbox": [-3, 0, 2, 2]}, "box_outside_image", "entirely outside"),
+    ({"category_id": 5}, "unknown_category", "category_id 5, which is not in 'categories'"),
+    ({"category_id": "1"}, "unknown_category", "category_id '1'"),
+    ({"iscrowd": "0"}, "bad_iscrowd", "has iscrowd '0', expected 0 or 1"),
+    ({"area": float("nan")}, "bad_area", "has area nan"),
+    ({"area": -4}, "bad_area", "has area -4"),
+]
+
+
+@pytest.mark.parametrize(("annotation", "reason", "match"), INVALID_CASES)
+def test_every_invalid_reason_has_a_case():
+    from visionblocks.data import INVALID_REASONS
+
+    # small_box needs min_box_size and empty_segmentation with_masks: tested on their own
+    # (test_coco_field.py, test_annotations_without_segmentation_are_dropped_...).
+    covered = {reason for _, reason, _ in INVALID_CASES} | {"small_box", "empty_segmentation"}
+    assert covered == set(INVALID_REASONS)
+
+
 def test_invalid_annotations_follow_the_policy(tmp_path, annotation, reason, match):
     ann = {"id": 1, "image_id": 1, "category_id": 1, "bbox": [0, 0, 2, 2], **annotation}
     path = _write(tmp_path, _minimal(annotations=[ann]))
