@@ -463,7 +463,6 @@ INVALID_CASES = [
 ]
 
 
-@pytest.mark.parametrize(("annotation", "reason", "match"), INVALID_CASES)
 def test_every_invalid_reason_has_a_case():
     from visionblocks.data import INVALID_REASONS
 
@@ -473,6 +472,7 @@ def test_every_invalid_reason_has_a_case():
     assert covered == set(INVALID_REASONS)
 
 
+@pytest.mark.parametrize(("annotation", "reason", "match"), INVALID_CASES)
 def test_invalid_annotations_follow_the_policy(tmp_path, annotation, reason, match):
     ann = {"id": 1, "image_id": 1, "category_id": 1, "bbox": [0, 0, 2, 2], **annotation}
     path = _write(tmp_path, _minimal(annotations=[ann]))
