@@ -512,7 +512,7 @@ def test_getter_errors(resnet18):
         )
     with pytest.raises(ValueError, match="input_size"):
         IntermediateLayerGetter(resnet18, ["layer1"], input_size=(64, 64))
-    with pytest.raises(RuntimeError, match="dry run .* failed"):
+    with pytest.raises(ValueError, match="dry run .* failed"):
         IntermediateLayerGetter(resnet18, ["layer1"], input_size=(1, 64, 64))
 
 
@@ -725,3 +725,14 @@ def test_example_input_list_and_tuple():
         getter(images, scale=2.0)["conv"], model.conv(2 * torch.stack(images))
     )
     assert [n for n, _ in getter.named_parameters()] == ["conv.weight", "conv.bias"]
+
+
+def test_bad_dry_run_inputs_are_value_errors(resnet18):
+    with pytest.raises(ValueError, match=r"input_size=\(3, 100000, 64\) is too large"):
+        IntermediateLayerGetter(resnet18, ["layer1"], input_size=(3, 100_000, 64))
+    with pytest.raises(ValueError, match="(?s)dry run .* failed .* example_input"):
+        IntermediateLayerGetter(resnet18, ["layer1"], example_input=[1, 2])
+    with pytest.raises(ValueError, match="dry run .* failed .* pass an input_size"):
+        feature_info(resnet18, (1, 64, 64), ["layer1"])
+    with pytest.raises(ValueError, match="layers names 'layer1' more than once"):
+        feature_info(resnet18, SMALL, ["layer1", "layer1"])

@@ -7,6 +7,7 @@ input (it disappears under ``python -O``).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -176,3 +177,193 @@ def check_feature_map(name: str, value: Any, channels: int) -> torch.Tensor:
 def format_shape(shape: Sequence[int]) -> str:
     """Format a shape as a plain tuple string: ``(2, 3)``."""
     return str(tuple(int(s) for s in shape))
+
+
+def check_int(name: str, value: Any, low: int | None = None, high: int | None = None) -> int:
+    """Raise unless ``value`` is an int (not a bool) in ``[low, high]``; return it.
+
+    Type first, then range, so ``None`` or ``"3"`` give a ``TypeError`` naming the argument
+    rather than a comparison error from inside Python.
+
+    Examples:
+        >>> check_int("num_convs", 4, 0, 32)
+        4
+        >>> check_int("num_convs", 10**9, 0, 32)
+        Traceback (most recent call last):
+        ...
+        ValueError: num_convs must be in [0, 32], got 1000000000
+        >>> check_int("num_convs", 2.0, 0, 32)
+        Traceback (most recent call last):
+        ...
+        TypeError: num_convs must be int, got float (2.0)
+    """
+    check_type(name, value, int)
+    check_range(name, value, low, high)
+    return value
+
+
+def check_number(
+    name: str,
+    value: Any,
+    low: float | None = None,
+    high: float | None = None,
+    *,
+    low_inclusive: bool = True,
+    high_inclusive: bool = True,
+) -> float:
+    """Raise unless ``value`` is a real number (int or float, not a bool, not NaN) in range.
+
+    Returns it as a ``float``.
+
+    Examples:
+        >>> check_number("score_thresh", 0.05, 0.0, 1.0)
+        0.05
+        >>> check_number("score_thresh", None, 0.0, 1.0)
+        Traceback (most recent call last):
+        ...
+        TypeError: score_thresh must be int or float, got NoneType (None)
+        >>> check_number("eps", -1, 0.0, low_inclusive=False)
+        Traceback (most recent call last):
+        ...
+        ValueError: eps must be in (0.0, inf), got -1
+    """
+    check_type(name, value, (int, float))
+    check_range(name, value, low, high, low_inclusive=low_inclusive, high_inclusive=high_inclusive)
+    return float(value)
+
+
+def is_tracing(*values: Any) -> bool:
+    """True under ``torch.jit.trace`` or when a value is a ``torch.fx`` proxy.
+
+    Checks of shapes and devices are skipped then: proxies have neither, and comparing traced
+    sizes would bake one input's shape into the trace.
+    """
+    return torch.jit.is_tracing() or any(isinstance(v, torch.fx.Proxy) for v in values)
+
+
+def check_device(name: str, value: torch.Tensor, device: torch.device, where: str) -> None:
+    """Raise ``ValueError`` unless ``value`` is on ``device`` (the device of ``where``).
+
+    Examples:
+        >>> import torch
+        >>> check_device("x", torch.zeros(1, device="meta"), torch.device("cpu"), "the weights")
+        Traceback (most recent call last):
+        ...
+        ValueError: x is on meta but the weights are on cpu; move one to the other's device
+    """
+    if value.device != device:
+        raise ValueError(
+            f"{name} is on {value.device} but {where} are on {device}; move one to the "
+            "other's device"
+        )
+
+
+def check_image_batch(
+    name: str, value: Any, channels: int | None = None, *, weight: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Raise unless ``value`` is a floating ``(B, channels, H, W)`` tensor fit for ``weight``.
+
+    The input check of a module's ``forward``: a tensor (``TypeError``), floating point
+    (``TypeError``), 4-D with ``channels`` channels (``ValueError``; a 3-D input gets a hint
+    to add the batch dimension), on the device of ``weight`` (``ValueError``) and, outside
+    ``torch.autocast``, of its dtype (``TypeError``). Skipped while tracing (`is_tracing`).
+
+    Examples:
+        >>> import torch
+        >>> check_image_batch("x", torch.zeros(8, 5, 5), 8)
+        Traceback (most recent call last):
+        ...
+        ValueError: x must have shape (B, 8, H, W), got (8, 5, 5) (one image? add the batch dimension: x.unsqueeze(0))
+    """
+    if is_tracing(value):
+        return value
+    check_floating(name, value)
+    if value.dim() != 4 or (channels is not None and value.shape[1] != channels):
+        hint = f" (one image? add the batch dimension: {name}.unsqueeze(0))"
+        raise ValueError(
+            f"{name} must have shape (B, {'C' if channels is None else channels}, H, W), got "
+            f"{tuple(value.shape)}{hint if value.dim() == 3 else ''}"
+        )
+    if weight is not None:
+        check_device(name, value, weight.device, "the module's parameters")
+        if value.dtype != weight.dtype and not torch.is_autocast_enabled(value.device.type):
+            raise TypeError(
+                f"{name} has dtype {value.dtype} but the module's parameters have "
+                f"{weight.dtype}; cast one to the other (or run under torch.autocast)"
+            )
+    return value
+
+
+def check_same_device(**tensors: torch.Tensor | None) -> None:
+    """Raise ``ValueError`` unless every tensor given (``None`` skipped) is on one device.
+
+    The message names every argument with its device, so a stray CPU (or meta) tensor among
+    CUDA ones is easy to find.
+
+    Examples:
+        >>> import torch
+        >>> check_same_device(pred=torch.zeros(1), target=torch.zeros(1, device="meta"))
+        Traceback (most recent call last):
+        ...
+        ValueError: pred and target must be on the same device, got pred on cpu, target on meta
+    """
+    given = {k: v for k, v in tensors.items() if v is not None}
+    devices = {v.device for v in given.values()}
+    if len(devices) > 1:
+        names = list(given)
+        joined = ", ".join(names[:-1]) + " and " + names[-1]
+        where = ", ".join(f"{k} on {v.device}" for k, v in given.items())
+        raise ValueError(f"{joined} must be on the same device, got {where}")
+
+
+def reads_values(*tensors: torch.Tensor | None) -> bool:
+    """Whether a check that reads these tensors' values should run now.
+
+    True when `visionblocks.value_checks_enabled`, no tensor is on the meta device (meta
+    tensors have shapes but no values: shape inference passes them through unchecked), and
+    nothing is being traced or compiled (a host read there would freeze one input's answer
+    into the trace, or break the compiled graph).
+    """
+    from visionblocks._value_checks import value_checks_enabled
+
+    if not value_checks_enabled() or torch.jit.is_tracing() or torch.compiler.is_compiling():
+        return False
+    return not any(t is not None and t.device.type == "meta" for t in tensors)
+
+
+def check_finite(name: str, value: float) -> float:
+    """Raise ``ValueError`` unless the number ``value`` is finite (already type-checked).
+
+    Examples:
+        >>> check_finite("fill", float("inf"))
+        Traceback (most recent call last):
+        ...
+        ValueError: fill must be a finite number, got inf
+    """
+    if not math.isfinite(value):
+        raise ValueError(f"{name} must be a finite number, got {value!r}")
+    return value
+
+
+#: Refuse to allocate more bytes than this (256 TiB): a size that large is a mistake (a stray
+#: 10**9), and asking the allocator for it only gives an unclear out-of-memory error.
+MAX_ALLOCATION_BYTES = 2**48
+
+
+def check_allocation(what: str, shape: Sequence[int], dtype: torch.dtype) -> None:
+    """Raise ``ValueError`` before allocating a tensor of ``shape`` no machine could hold.
+
+    Examples:
+        >>> import torch
+        >>> check_allocation("the windows", (1, 3, 10**9 * 10**9, 4, 4), torch.float32)
+        Traceback (most recent call last):
+        ...
+        ValueError: the windows would need a tensor of shape (1, 3, 1000000000000000000, 4, 4) (192000000000000000000 bytes); some size is absurdly large
+    """
+    numel = math.prod(int(s) for s in shape)
+    size = numel * torch.empty((), dtype=dtype).element_size()
+    if size > MAX_ALLOCATION_BYTES:
+        raise ValueError(
+            f"{what} would need a tensor of shape {tuple(int(s) for s in shape)} ({size} bytes); "
+            "some size is absurdly large"
+        )

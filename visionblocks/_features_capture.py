@@ -218,7 +218,7 @@ def dry_run(model: nn.Module, targets: Mapping[str, nn.Module], args: Sequence[A
         reachable = graph_leaves(captured.values())
     except Exception as err:
         shapes = [tuple(a.shape) if isinstance(a, torch.Tensor) else type(a).__name__ for a in args]
-        raise RuntimeError(
+        raise ValueError(
             f"the dry run of {type(model).__name__} on inputs {shapes} failed ({err}); pass "
             "example_input= (or input_size=) with an input the model accepts"
         ) from err

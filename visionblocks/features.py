@@ -32,6 +32,7 @@ from visionblocks._features_capture import (
     select_into,
     sync,
 )
+from visionblocks.nn._limits import MAX_CHANNELS, MAX_SIDE
 
 __all__ = ["IntermediateLayerGetter", "feature_info"]
 
@@ -66,13 +67,19 @@ def _return_layers(return_layers: Any) -> dict[str, str]:
     return result
 
 
-def _input_size(input_size: Any) -> tuple[int, ...]:
+def check_input_size(input_size: Any) -> tuple[int, int, int]:
+    """``(C, H, W)`` of a dry run: channels up to 65,536, sides up to 16,384."""
     check_type("input_size", input_size, (tuple, list, torch.Size))
     if len(input_size) != 3 or not all(
         isinstance(s, int) and not isinstance(s, bool) and s > 0 for s in input_size
     ):
         raise ValueError(f"input_size must be 3 positive ints (C, H, W), got {input_size!r}")
-    return tuple(input_size)
+    if input_size[0] > MAX_CHANNELS or max(input_size[1:]) > MAX_SIDE:
+        raise ValueError(
+            f"input_size={tuple(input_size)!r} is too large for a dry run (at most "
+            f"{MAX_CHANNELS} channels and {MAX_SIDE} pixels a side)"
+        )
+    return (input_size[0], input_size[1], input_size[2])
 
 
 class IntermediateLayerGetter(MirrorChildren, nn.Module):
@@ -143,10 +150,11 @@ class IntermediateLayerGetter(MirrorChildren, nn.Module):
         TypeError: ``model`` is not an ``nn.Module`` or ``return_layers`` is neither a dict nor
             a list of names.
         ValueError: A name is not a submodule (the message lists close names), names or output
-            names repeat, both ``example_input`` and ``input_size`` are given, or a requested
-            module does not run in the dry run.
-        RuntimeError: The dry run fails (pass an input the model accepts); at call time, a
-            requested module did not run.
+            names repeat, both ``example_input`` and ``input_size`` are given, a requested
+            module does not run in the dry run, the dry run fails (the message says why;
+            pass an ``example_input`` or ``input_size`` the model accepts), or
+            ``input_size`` is too large (more than 65,536 channels or 16,384 pixels a side).
+        RuntimeError: At call time, a requested module did not run.
 
     Examples:
         >>> import torch, torchvision
@@ -178,7 +186,7 @@ class IntermediateLayerGetter(MirrorChildren, nn.Module):
         layers = _return_layers(return_layers)
         if example_input is not None and input_size is not None:
             raise ValueError("give example_input or input_size, not both")
-        size = _input_size(_DEFAULT_INPUT_SIZE if input_size is None else input_size)
+        size = check_input_size(_DEFAULT_INPUT_SIZE if input_size is None else input_size)
         targets = resolve_modules(model, layers, "return_layers")
         run = dry_run(model, targets, example_args(model, example_input, size))
         self.return_layers = layers
@@ -267,8 +275,9 @@ def feature_info(
 
     Raises:
         TypeError: ``model`` is not an ``nn.Module``.
-        ValueError: ``input_size`` is not 3 positive ints, a layer is unknown (the message
-            lists close names), a requested feature is not a 4-D tensor, or its H and W
+        ValueError: ``input_size`` is not 3 positive ints (or too large: more than 65,536
+            channels or 16,384 pixels a side), a layer is unknown (the message lists close
+            names) or repeated, a requested feature is not a 4-D tensor, or its H and W
             strides differ.
 
     Examples:
@@ -282,18 +291,27 @@ def feature_info(
         [{'name': 'c4', 'channels': 256, 'stride': 16}]
     """
     check_type("model", model, nn.Module)
-    size = _input_size(input_size)
+    size = check_input_size(input_size)
     if layers is not None:
         if isinstance(layers, (str, int)) or not isinstance(layers, (list, tuple)):
             raise TypeError(f"layers must be a list of names or indices, got {layers!r}")
         layers = list(layers)
+        repeated = sorted({repr(n) for n in layers if layers.count(n) > 1})
+        if repeated:
+            raise ValueError(f"layers names {', '.join(repeated)} more than once: {layers!r}")
     names = [n for n in layers or () if isinstance(n, str) and n]
     modules = dict(model.named_modules(remove_duplicate=False))
     if layers is None:
         targets = dict(model.named_children())
     else:
         targets = {n: modules[n] for n in names if n in modules}
-    features, out = measure(model, targets, size)
+    try:
+        features, out = measure(model, targets, size)
+    except Exception as err:
+        raise ValueError(
+            f"the dry run of {type(model).__name__} on zeros of shape {(1, *size)} failed "
+            f"({err}); pass an input_size the model accepts"
+        ) from err
     if isinstance(out, Mapping):
         what = "keys of the model's output"
     elif isinstance(out, (list, tuple)):

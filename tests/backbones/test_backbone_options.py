@@ -169,7 +169,7 @@ def test_in_channels_without_pretrained():
     for name in ("mobilenet_v3_small", "vb_tiny", "timm/resnet18"):
         backbone = build_backbone(name, in_channels=1, out_indices=(-1,))
         assert backbone(_x(1))["stage3"].shape[:2] == (2, backbone.channels[0])
-    with pytest.raises(ValueError, match="in_channels must be >= 1"):
+    with pytest.raises(ValueError, match=r"in_channels must be in \[1, "):
         build_backbone("vb_tiny", in_channels=0)
 
 

@@ -19,7 +19,7 @@ import torchvision
 from torch import nn
 from torchvision.models.feature_extraction import create_feature_extractor
 
-import visionblocks.backbones  # noqa: F401 - registers the backbones
+import visionblocks.backbones
 from visionblocks.backbones import build_backbone
 from visionblocks.backbones._tv import TORCHVISION_STAGES
 from visionblocks.registry import BACKBONES
@@ -178,3 +178,31 @@ def test_docs_table_is_correct(built):
     assert channels == ", ".join(map(str, backbone.channels))
     assert strides == ", ".join(map(str, backbone.strides))
     assert millions == f"{sum(p.numel() for p in backbone.parameters()) / 1e6:.2f}"
+
+
+def test_forward_rejects_bad_images():
+    backbone = build_backbone("vb_tiny", widths=(8, 8, 8, 8))
+    image = _image()
+    with pytest.raises(
+        ValueError, match=r"x must have shape \(B, 3, H, W\), got \(3, 64, 64\) \(one"
+    ):
+        backbone(image[0])  # a 3-D image used to fail inside conv2d
+    with pytest.raises(ValueError, match=r"x must have shape \(B, 3, H, W\), got \(2, 1, 64, 64\)"):
+        backbone(image[:, :1])
+    with pytest.raises(ValueError, match="x is on meta"):
+        backbone(image.to("meta"))
+    grey = build_backbone("vb_tiny", widths=(8, 8, 8, 8), in_channels=1)
+    assert grey.in_channels == 1 and grey(image[:, :1])["stage3"].shape[1] == 8
+
+
+def test_absurd_backbone_options_are_rejected():
+    with pytest.raises(ValueError, match=r"in_channels must be in \[1, 65536\]"):
+        build_backbone("vb_tiny", in_channels=10**9)
+    with pytest.raises(ValueError, match=r"widths must be 4 ints in \[1, 65536\]"):
+        build_backbone("vb_tiny", widths=(8, 8, 8, 10**9))
+    with pytest.raises(ValueError, match=r"depths must be 4 ints in \[1, 64\]"):
+        build_backbone("vb_tiny", depths=(1, 1, 1, 10**9))
+    with pytest.raises(TypeError, match="arch must be str"):
+        visionblocks.backbones.torchvision_backbone(3)
+    with pytest.raises(KeyError, match="model_name='resnet_18' is not a timm model"):
+        build_backbone("timm/resnet_18")

@@ -101,7 +101,7 @@ def test_norm_and_gradients_and_registry():
         ({"strides": [8, 32, 64]}, ValueError, "powers of two doubling"),
         ({"extra_from": "top"}, ValueError, "extra_from must be one of"),
         ({"in_channels": 16}, TypeError, "in_channels must be a non-empty list"),
-        ({"out_channels": 0}, ValueError, "out_channels must be >= 1"),
+        ({"out_channels": 0}, ValueError, r"out_channels must be in \[1, "),
     ],
 )
 def test_bad_arguments(kwargs, error, match):
@@ -110,5 +110,33 @@ def test_bad_arguments(kwargs, error, match):
 
 
 def test_wrong_number_of_levels():
-    with pytest.raises(ValueError, match="FPN expects 3 input levels, got 2"):
+    with pytest.raises(ValueError, match="features must hold 3 levels"):
         FPN(CHANNELS, STRIDES)(features()[:2])
+
+
+def test_absurd_sizes_and_bad_levels_are_rejected():
+    # extra_levels=10**9 used to loop (and allocate) for hours before failing
+    with pytest.raises(ValueError, match=r"extra_levels must be in \[0, 8\], got 1000000000"):
+        FPN(CHANNELS, STRIDES, extra_levels=10**9)
+    with pytest.raises(ValueError, match=r"out_channels must be in \[1, 65536\]"):
+        FPN(CHANNELS, STRIDES, out_channels=10**9)
+    with pytest.raises(TypeError, match="extra_levels must be int, got float"):
+        FPN(CHANNELS, STRIDES, extra_levels=2.0)
+    fpn = FPN(CHANNELS, STRIDES, out_channels=8)
+    feats = features()
+    with pytest.raises(
+        ValueError, match=r"features\[0\] must have shape \(B, 16, H, W\), got \(16, 8, 8\)"
+    ):
+        fpn([feats[0][0], *feats[1:]])  # a 3-D level
+    with pytest.raises(
+        ValueError, match=r"features\[1\] must have shape \(B, 32, H, W\), got \(2, 31, 4, 4\)"
+    ):
+        fpn([feats[0], feats[1][:, :31], feats[2]])
+    with pytest.raises(ValueError, match="must be ordered finest first"):
+        fpn([feats[0][..., :2, :2], *feats[1:]])
+    with pytest.raises(ValueError, match="same batch size"):
+        fpn([feats[0], feats[1][:1], feats[2]])
+    with pytest.raises(TypeError, match=r"features\[2\] must be a floating-point tensor"):
+        fpn([*feats[:2], feats[2].long()])
+    with pytest.raises(ValueError, match=r"features\[0\] is on meta"):
+        fpn([feats[0].to("meta"), *feats[1:]])

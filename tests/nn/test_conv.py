@@ -111,7 +111,7 @@ def test_make_norm_none_factory_and_errors():
         make_norm("batchnorm", 8)
     with pytest.raises(TypeError, match="module instance"):
         make_norm(nn.BatchNorm2d(8), 8)
-    with pytest.raises(ValueError, match="num_channels must be >= 1"):
+    with pytest.raises(ValueError, match=r"num_channels must be in \[1, "):
         make_norm("bn", 0)
 
 
@@ -128,7 +128,7 @@ def test_group_norm_groups(channels, expected):
 
 
 def test_group_norm_groups_errors():
-    with pytest.raises(ValueError, match="num_channels must be >= 1"):
+    with pytest.raises(ValueError, match=r"num_channels must be in \[1, "):
         group_norm_groups(0)
     with pytest.raises(TypeError, match="max_groups must be int"):
         group_norm_groups(8, 2.0)
@@ -146,7 +146,7 @@ def test_layer_norm_2d_matches_timm_and_reference():
     var = x.var(1, unbiased=False, keepdim=True)
     ref = (x - mean) / torch.sqrt(var + 1e-6) * ours.weight.view(1, -1, 1, 1)
     assert_close(ours(x), ref + ours.bias.view(1, -1, 1, 1))
-    with pytest.raises(RuntimeError, match="normalized_shape"):
+    with pytest.raises(ValueError, match=r"x must have shape \(B, 12, H, W\)"):
         ours(torch.randn(2, 11, 3, 3, dtype=torch.float64))
 
 
@@ -202,7 +202,7 @@ def test_conv_norm_act_explicit_padding():
         ConvNormAct(3, 4, 3, stride=2, padding="same")
     with pytest.raises(ValueError, match="padding must be None"):
         ConvNormAct(3, 4, 3, padding="full")
-    with pytest.raises(ValueError, match="padding must be >= 0"):
+    with pytest.raises(ValueError, match=r"padding must be in \[0, "):
         ConvNormAct(3, 4, 3, padding=-1)
 
 
@@ -260,15 +260,15 @@ def test_conv_norm_act_factories():
     [
         ({"groups": 3}, ValueError, "groups=3 must divide in_channels=64"),
         ({"groups": 16, "out_channels": 24}, ValueError, "groups=16 must divide out_channels=24"),
-        ({"groups": 0}, ValueError, "groups must be >= 1"),
-        ({"kernel_size": 0}, ValueError, "kernel_size must be >= 1"),
+        ({"groups": 0}, ValueError, r"groups must be in \[1, "),
+        ({"kernel_size": 0}, ValueError, r"kernel_size must be in \[1, "),
         ({"kernel_size": (3, 3, 3)}, ValueError, "kernel_size must be an int or a pair"),
         ({"stride": 1.0}, TypeError, "stride must be int"),
         ({"dilation": True}, TypeError, "dilation must be int, got bool"),
         ({"norm": "batch"}, ValueError, "unknown norm"),
         ({"act": "mish"}, ValueError, "unknown activation"),
         ({"bias": 1}, TypeError, "bias must be bool"),
-        ({"in_channels": 0}, ValueError, "in_channels must be >= 1"),
+        ({"in_channels": 0}, ValueError, r"in_channels must be in \[1, "),
     ],
 )
 def test_conv_norm_act_errors(kwargs, error, match):
@@ -298,7 +298,7 @@ def test_depthwise_conv_equals_grouped_conv(multiplier, stride, dilation):
 def test_depthwise_conv_defaults_and_errors():
     dw = DepthwiseConv2d(4)
     assert dw.bias is None and dw.padding == (1, 1) and dw.groups == 4
-    with pytest.raises(ValueError, match="multiplier must be >= 1"):
+    with pytest.raises(ValueError, match=r"multiplier must be in \[1, "):
         DepthwiseConv2d(4, multiplier=0)
     with pytest.raises(TypeError, match="channels must be int"):
         DepthwiseConv2d(4.0)
@@ -360,7 +360,7 @@ def test_channel_shuffle_gradient_is_permutation():
 def test_channel_shuffle_errors():
     with pytest.raises(ValueError, match="groups=4 must divide the channels of x"):
         channel_shuffle(torch.zeros(1, 6, 2, 2), 4)
-    with pytest.raises(ValueError, match="groups must be >= 1"):
+    with pytest.raises(ValueError, match=r"groups must be in \[1, "):
         channel_shuffle(torch.zeros(1, 6, 2, 2), 0)
     with pytest.raises(TypeError, match="groups must be int"):
         channel_shuffle(torch.zeros(1, 6, 2, 2), 2.0)
@@ -368,7 +368,7 @@ def test_channel_shuffle_errors():
         channel_shuffle([1, 2], 1)
     with pytest.raises(ValueError, match=r"x must have shape \(B, C, ...\)"):
         channel_shuffle(torch.zeros(6), 2)
-    with pytest.raises(ValueError, match="groups must be >= 1"):
+    with pytest.raises(ValueError, match=r"groups must be in \[1, "):
         ChannelShuffle(0)
 
 

@@ -56,7 +56,7 @@ def test_registry_entry():
     [
         ({"num_heads": 3}, ValueError, "num_heads must divide channels"),
         ({"kernel_size": 4}, ValueError, "kernel_size must be odd"),
-        ({"dilation": 0}, ValueError, "dilation must be >= 1"),
+        ({"dilation": 0}, ValueError, r"dilation must be in \[1, "),
         ({"channels": 8.0}, TypeError, "channels must be int"),
         ({"qkv_bias": 1}, TypeError, "qkv_bias must be bool"),
     ],

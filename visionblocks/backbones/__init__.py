@@ -83,7 +83,9 @@ def build_backbone(
         LoadError: ``pretrained`` lacks a backbone tensor or has one of another shape (the
             exception's ``report`` says which).
         ValueError: ``out_indices`` out of range or repeated, ``frozen_stages`` out of range,
-            ``pretrained`` a URL, hub name or ``True``.
+            ``in_channels`` outside ``[1, 65536]``, ``pretrained`` a URL, hub name or
+            ``True``. The backbone's ``forward`` raises ``ValueError``/``TypeError`` for an
+            input that is not a floating-point ``(B, in_channels, H, W)`` tensor on its device.
         FileNotFoundError: ``pretrained`` is not an existing file.
         TypeError: An option of the wrong type.
 

@@ -9,17 +9,20 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import torch
 from torch import nn
 
-from visionblocks._check import check_type
+from visionblocks._check import check_int, check_type
 from visionblocks._weights_adapt import adapt_input_conv_weight
+from visionblocks.nn._limits import MAX_CHANNELS
 
 __all__ = [
     "check_in_channels",
+    "check_names",
+    "check_parameters",
     "check_pretrained",
     "check_stage_names",
     "first_conv",
@@ -76,11 +79,31 @@ def _check_int(name: str, value: Any) -> int:
 
 
 def check_in_channels(in_channels: Any) -> int:
-    """``in_channels`` as a positive int."""
-    _check_int("in_channels", in_channels)
-    if in_channels < 1:
-        raise ValueError(f"in_channels must be >= 1, got {in_channels}")
-    return in_channels
+    """``in_channels`` as an int in ``[1, 65536]``."""
+    return check_int("in_channels", in_channels, 1, MAX_CHANNELS)
+
+
+def check_names(name: str, values: object, kind: type) -> tuple:
+    """A list or tuple of ``kind`` (``names``: strings, ``positions``: ints)."""
+    if not isinstance(values, (list, tuple)):
+        raise TypeError(
+            f"{name} must be a list of {kind.__name__}, got {type(values).__name__} ({values!r})"
+        )
+    for i, value in enumerate(values):
+        check_type(f"{name}[{i}]", value, kind)
+    return tuple(values)
+
+
+def check_parameters(name: str, values: object) -> list[torch.Tensor]:
+    """An iterable of tensors (parameters), as a list."""
+    if isinstance(values, (str, bytes, torch.Tensor)) or not isinstance(values, Iterable):
+        raise TypeError(
+            f"{name} must be an iterable of parameters, got {type(values).__name__} ({values!r})"
+        )
+    out = list(values)
+    for i, value in enumerate(out):
+        check_type(f"{name}[{i}]", value, torch.Tensor)
+    return out
 
 
 def normalize_out_indices(out_indices: Any, num_stages: int, what: str) -> tuple[int, ...]:
@@ -181,8 +204,8 @@ def check_stage_names(stages: Sequence[str]) -> tuple[str, ...]:
     """A non-empty tuple of distinct module names."""
     if isinstance(stages, str) or not isinstance(stages, (tuple, list)) or not stages:
         raise TypeError(f"stages must be a non-empty list of module names, got {stages!r}")
-    for stage in stages:
-        check_type("stage name", stage, str)
+    for i, stage in enumerate(stages):
+        check_type(f"stages[{i}]", stage, str)
     if len(set(stages)) != len(stages):
         raise ValueError(f"stages name a module twice: {list(stages)}")
     return tuple(stages)

@@ -24,11 +24,11 @@ from visionblocks.backbones._options import (
     normalize_frozen_stages,
     normalize_out_indices,
 )
+from visionblocks.backbones._pretrained import load_pretrained
 from visionblocks.backbones.base import (
     DRY_RUN_SIZE,
     Backbone,
     check_common,
-    load_pretrained,
     stage_name,
 )
 from visionblocks.features import feature_info
@@ -61,7 +61,9 @@ def check_model_name(model_name: Any) -> str:
     if not timm.is_model(model_name):
         close = difflib.get_close_matches(model_name, timm.list_models(), n=3, cutoff=0.6)
         hint = f" Did you mean: {', '.join(repr(c) for c in close)}?" if close else ""
-        raise KeyError(f"{model_name!r} is not a timm model.{hint} (see timm.list_models())")
+        raise KeyError(
+            f"model_name={model_name!r} is not a timm model.{hint} (see timm.list_models())"
+        )
     return model_name
 
 

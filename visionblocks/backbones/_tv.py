@@ -16,6 +16,7 @@ from typing import Any
 
 from torch import nn
 
+from visionblocks._check import check_type
 from visionblocks.backbones._options import normalize_frozen_stages, normalize_out_indices
 from visionblocks.backbones.base import Backbone, backbone_from_model, check_common
 from visionblocks.registry import BACKBONES
@@ -74,6 +75,7 @@ def torchvision_backbone(
         Backbone: Outputs ``stage{i}`` for ``i`` in ``out_indices``.
 
     Raises:
+        TypeError: ``arch`` is not a string, or an option of the wrong type.
         KeyError: ``arch`` is not in `TORCHVISION_STAGES`.
         ValueError: ``weights`` given (torchvision would download), or an invalid option.
 
@@ -82,9 +84,10 @@ def torchvision_backbone(
         >>> backbone.feature_info
         [{'name': 'stage3', 'channels': 576, 'stride': 32}]
     """
+    check_type("arch", arch, str)
     if arch not in TORCHVISION_STAGES:
         raise KeyError(
-            f"{arch!r} is not a supported torchvision backbone; choose one of "
+            f"arch={arch!r} is not a supported torchvision backbone; choose one of "
             f"{', '.join(TORCHVISION_STAGES)}"
         )
     stages = TORCHVISION_STAGES[arch]

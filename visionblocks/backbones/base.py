@@ -17,10 +17,12 @@ from typing import Any
 from torch import Tensor, nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from visionblocks._check import check_type
+from visionblocks._check import check_image_batch, check_int, check_type
 from visionblocks._features_capture import MirrorChildren
 from visionblocks.backbones._options import (
     check_in_channels,
+    check_names,
+    check_parameters,
     check_pretrained,
     check_stage_names,
     first_conv,
@@ -28,8 +30,10 @@ from visionblocks.backbones._options import (
     normalize_out_indices,
     replace_first_conv,
 )
-from visionblocks.features import IntermediateLayerGetter, feature_info
-from visionblocks.weights import LoadError, LoadReport, load_partial
+from visionblocks.backbones._pretrained import load_pretrained
+from visionblocks.features import IntermediateLayerGetter, check_input_size, feature_info
+from visionblocks.nn._limits import MAX_SIDE
+from visionblocks.weights import LoadReport
 
 __all__ = ["Backbone", "backbone_from_model"]
 
@@ -77,6 +81,7 @@ class Backbone(MirrorChildren, nn.Module):
             they are permuted to ``(B, C, H, W)``.
 
     Attributes:
+        in_channels (int): Channels of the input (``input_size[0]``).
         load_report (LoadReport | None): What loading ``pretrained`` did (set by the builders).
         out_indices (tuple[int, ...]): Stage index of each output.
         num_stages (int): Number of stages the backbone could return.
@@ -89,8 +94,12 @@ class Backbone(MirrorChildren, nn.Module):
           (sizes rounded as the model rounds them).
 
     Raises:
-        TypeError: ``body`` is not an ``nn.Module``.
-        ValueError: ``names`` and the body's outputs disagree.
+        TypeError: ``body`` is not an ``nn.Module``, options of the wrong type; in
+            ``forward``, an input that is not a floating-point tensor of the parameters'
+            dtype (outside ``torch.autocast``).
+        ValueError: ``names`` and the body's outputs disagree, ``positions`` of another
+            length than ``names``; in ``forward``, an input that is not
+            ``(B, in_channels, H, W)`` or not on the parameters' device.
 
     Examples:
         >>> import torch
@@ -120,8 +129,24 @@ class Backbone(MirrorChildren, nn.Module):
     ) -> None:
         super().__init__()
         check_type("body", body, nn.Module)
+        names = check_names("names", names, str)
+        if positions is not None:
+            positions = check_names("positions", positions, int)
+        if out_indices is not None:
+            out_indices = check_names("out_indices", out_indices, int)
+            if len(out_indices) != len(names) or len(set(out_indices)) != len(out_indices):
+                raise ValueError(
+                    f"out_indices must hold one distinct stage index per entry of names "
+                    f"({len(names)}), got {list(out_indices)}"
+                )
+        if num_stages is not None:
+            check_int("num_stages", num_stages, 1)
+        frozen_parameters = check_parameters("frozen_parameters", frozen_parameters)
+        check_type("channels_last_outputs", channels_last_outputs, bool)
         self._nhwc = channels_last_outputs
         check_type("norm_eval", norm_eval, bool)
+        if model is not None:
+            check_type("model", model, nn.Module)
         mode = body.training
         object.__setattr__(self, "_body", body)
         # A replaced child (convert_sync_batchnorm) is replaced in the body and in the model
@@ -130,10 +155,13 @@ class Backbone(MirrorChildren, nn.Module):
         for name, child in body.named_children():
             self.add_module(name, child)
         self._share_tensors()
-        self._names = tuple(str(n) for n in names)
-        self._positions = None if positions is None else tuple(positions)
+        self._names = names
+        self._positions = positions
         if self._positions is not None and len(self._positions) != len(self._names):
-            raise ValueError(f"{len(self._names)} names for {len(self._positions)} positions")
+            raise ValueError(
+                f"names and positions must have the same length, got {len(self._names)} "
+                f"names for {len(self._positions)} positions"
+            )
         self.out_indices = tuple(range(len(self._names)) if out_indices is None else out_indices)
         self.num_stages = len(self._names) if num_stages is None else num_stages
         self.frozen_stages = 0
@@ -145,9 +173,13 @@ class Backbone(MirrorChildren, nn.Module):
             if id(p) in frozen:
                 p.requires_grad_(False)
                 self._frozen_names.add(n)
-        info = feature_info(self, tuple(input_size))
+        self.in_channels = check_input_size(input_size)[0]
+        info = feature_info(self, input_size)
         if [f["name"] for f in info] != list(self._names):
-            raise ValueError(f"the body returned {[f['name'] for f in info]}, not {self._names}")
+            raise ValueError(
+                f"names {list(self._names)} do not match the body's outputs "
+                f"{[f['name'] for f in info]}"
+            )
         self._feature_info = info
         self.train(mode)
 
@@ -177,6 +209,7 @@ class Backbone(MirrorChildren, nn.Module):
         return [f["stride"] for f in self._feature_info]
 
     def forward(self, x: Tensor) -> OrderedDict[str, Tensor]:
+        check_image_batch("x", x, self.in_channels, weight=next(self.parameters(), None))
         out = self._body(x)
         if self._positions is None and not self._nhwc and isinstance(out, Mapping):
             return out if isinstance(out, OrderedDict) else OrderedDict(out)
@@ -273,7 +306,8 @@ def backbone_from_model(
             stages: every parameter the output of ``stages[n - 1]`` depends on gets
             ``requires_grad=False`` and the modules holding them stay in eval mode.
         norm_eval: Keep every BatchNorm in eval mode (frozen running statistics).
-        input_size: Height and width of the dry runs (a multiple of the total stride).
+        input_size: Height and width of the dry runs (a multiple of the total stride, at
+            most 16,384).
 
     Returns:
         Backbone: The backbone; ``feature_info`` is measured.
@@ -298,6 +332,9 @@ def backbone_from_model(
     """
     check_type("model", model, nn.Module)
     stages = check_stage_names(stages)
+    if name is not None:
+        check_type("name", name, str)
+    check_int("input_size", input_size, 1, MAX_SIDE)
     what = name or type(model).__name__
     indices = normalize_out_indices(out_indices, len(stages), what)
     frozen_stages = normalize_frozen_stages(frozen_stages, len(stages), what)
@@ -328,41 +365,6 @@ def backbone_from_model(
     if source is not None:
         backbone.load_report = load_pretrained(backbone, source, what)
     return backbone
-
-
-def load_pretrained(
-    backbone: nn.Module,
-    source: str | os.PathLike[str] | Mapping[str, Any],
-    what: str,
-    rename: Sequence[tuple[str, str]] | None = None,
-) -> LoadReport:
-    """Load a checkpoint of the backbone's own model into it; every backbone key must load.
-
-    The guard runs on a dry run first, so a failed load changes nothing. Missing
-    ``num_batches_tracked`` buffers are allowed (many published checkpoints lack them);
-    checkpoint keys the backbone does not have (the classifier head) are fine.
-
-    Raises:
-        LoadError: A backbone tensor would be missing or have another shape.
-    """
-    report = load_partial(backbone, source, rename=rename, dry_run=True)
-    failed = [
-        f"{key} ({'mismatched' if key in report.mismatched else 'missing'})"
-        for key in (*report.mismatched, *report.missing)
-        if not key.endswith("num_batches_tracked")
-    ]
-    if failed:
-        more = f" and {len(failed) - 5} more" if len(failed) > 5 else ""
-        raise LoadError(
-            f"pretrained: {len(failed)} of the {report.num_model_keys} tensors of {what} "
-            f"would not load ({', '.join(failed[:5])}{more}). Is it a checkpoint of {what}? "
-            "build_backbone(pretrained=...) loads the backbone's own weights and nothing "
-            "else. To load a part of another checkpoint, build the backbone without "
-            "pretrained and call visionblocks.weights.load_partial(backbone, path, "
-            "rename=..., min_loaded=...) yourself",
-            report,
-        )
-    return load_partial(backbone, source, rename=rename)
 
 
 def _model_in_channels(model: nn.Module) -> int:

@@ -16,6 +16,7 @@ from torch import Tensor, nn
 
 from visionblocks._check import check_type
 from visionblocks.backbones.base import Backbone, backbone_from_model
+from visionblocks.nn._limits import MAX_CHANNELS, MAX_REPEATS
 from visionblocks.nn.conv import ConvNormAct, DepthwiseSeparableConv2d
 from visionblocks.nn.layers import ActSpec, NormSpec
 from visionblocks.registry import BACKBONES
@@ -26,12 +27,12 @@ TINY_STAGES = ("stage1", "stage2", "stage3", "stage4")
 """Module names of `TinyNet` whose outputs are the backbone's stages (strides 4 to 32)."""
 
 
-def _positive_ints(name: str, values: Sequence[int], length: int) -> tuple[int, ...]:
+def _positive_ints(name: str, values: Sequence[int], length: int, high: int) -> tuple[int, ...]:
     check_type(name, values, (tuple, list))
     if len(values) != length or not all(
-        isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in values
+        isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= high for v in values
     ):
-        raise ValueError(f"{name} must be {length} positive ints, got {values!r}")
+        raise ValueError(f"{name} must be {length} ints in [1, {high}], got {values!r}")
     return tuple(values)
 
 
@@ -55,8 +56,10 @@ class TinyNet(nn.Module):
         - Output: ``(B, widths[3], ceil(H / 32), ceil(W / 32))``.
 
     Raises:
-        TypeError: ``widths`` or ``depths`` not a tuple or list.
-        ValueError: They are not four positive ints.
+        TypeError: ``widths`` or ``depths`` not a tuple or list; in ``forward``, an input
+            that is not a floating-point tensor.
+        ValueError: They are not four positive ints (widths at most 65,536, depths at most
+            64); in ``forward``, an input that is not ``(B, in_channels, H, W)``.
 
     Examples:
         >>> import torch
@@ -76,8 +79,8 @@ class TinyNet(nn.Module):
         act: ActSpec = "relu",
     ) -> None:
         super().__init__()
-        widths = _positive_ints("widths", widths, 4)
-        depths = _positive_ints("depths", depths, 4)
+        widths = _positive_ints("widths", widths, 4, MAX_CHANNELS)
+        depths = _positive_ints("depths", depths, 4, MAX_REPEATS)
         self.stem = ConvNormAct(in_channels, widths[0], 3, stride=2, norm=norm, act=act)
         previous = widths[0]
         for index, (width, depth) in enumerate(zip(widths, depths), start=1):

@@ -2,20 +2,63 @@
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
-from visionblocks._check import check_type
-from visionblocks.registry import BACKBONES, HEADS, MODELS, NECKS
+from visionblocks._check import check_device, check_floating, check_int
+from visionblocks._value_checks import value_checks_enabled
+from visionblocks.models._compose import ComposedModel, build_parts
+from visionblocks.models._targets import prepare_targets
+from visionblocks.registry import MODELS
 
 __all__ = ["Detector", "build_detector", "normalize_images", "training_targets"]
 
-IMAGENET_MEAN = (123.675, 116.28, 103.53)
-IMAGENET_STD = (58.395, 57.12, 57.375)
+
+def _check_image_sizes(image_sizes: Any, batch: Tensor) -> list[tuple[int, int]]:
+    """``(H, W)`` of every image: ints in ``[1, padded size]``, one pair per image."""
+    if isinstance(image_sizes, (str, bytes)) or not isinstance(image_sizes, Sequence):
+        raise TypeError(
+            f"image_sizes must be a list of (H, W) pairs, one per image, got "
+            f"{type(image_sizes).__name__}"
+        )
+    if len(image_sizes) != batch.shape[0]:
+        raise ValueError(
+            f"image_sizes must hold one (H, W) per image: images has {batch.shape[0]} images "
+            f"but image_sizes has {len(image_sizes)} entries"
+        )
+    height, width = batch.shape[-2:]
+    sizes = []
+    for i, size in enumerate(image_sizes):
+        ok = isinstance(size, Sequence) and len(size) == 2 and all(
+            isinstance(v, int) and not isinstance(v, bool) for v in size
+        )  # fmt: skip
+        if not ok or not (1 <= size[0] <= height and 1 <= size[1] <= width):
+            raise ValueError(
+                f"image_sizes[{i}] must be a pair of ints (H, W) within the batch's "
+                f"({height}, {width}), got {size!r}"
+            )
+        sizes.append((size[0], size[1]))
+    return sizes
+
+
+def _check_image(name: str, image: Any, dims: int, device: torch.device) -> Tensor:
+    if not isinstance(image, Tensor):
+        raise TypeError(f"{name} must be a tensor, got {type(image).__name__}")
+    if not (image.is_floating_point() or image.dtype == torch.uint8):
+        raise TypeError(f"{name} must be uint8 or floating point (0-255 values), got {image.dtype}")
+    if image.dim() != dims or min(image.shape[-2:], default=0) < 1:
+        shape = "(B, C, H, W)" if dims == 4 else "(C, H, W)"
+        hint = (
+            " (one image? add the batch dimension: images.unsqueeze(0))" if image.dim() == 3 else ""
+        )
+        raise ValueError(
+            f"{name} must have shape {shape} with H, W >= 1, got {tuple(image.shape)}{hint}"
+        )
+    check_device(name, image, device, "the model's pixel_mean/pixel_std (mean, std)")
+    return image
 
 
 def normalize_images(
@@ -27,21 +70,25 @@ def normalize_images(
     """A float batch ``(images - mean) / std`` and the sizes of the images in it.
 
     Args:
-        images: A ``(B, C, H, W)`` tensor (any dtype, values in ``[0, 255]``, e.g. a
-            `visionblocks.data.collate_detection` batch) or a list of ``(C, H, W)`` tensors,
-            padded bottom/right into one batch whose sides are multiples of 32.
-        mean (Tensor[C]): Per-channel mean, in the images' units.
-        std (Tensor[C]): Per-channel standard deviation.
+        images: A ``(B, C, H, W)`` tensor (uint8 or floating point, values in ``[0, 255]``,
+            e.g. a `visionblocks.data.collate_detection` batch) or a list of ``(C, H, W)``
+            tensors, padded bottom/right into one batch whose sides are multiples of 32.
+        mean (Tensor[C]): Per-channel mean, in the images' units; floating point.
+        std (Tensor[C]): Per-channel standard deviation, positive.
         image_sizes: ``(H, W)`` of each image of a tensor batch before padding; default: the
-            batch's ``(H, W)``. Ignored for a list (its own sizes are used).
+            batch's ``(H, W)``. For a list, if given, it must equal the images' own sizes.
 
     Returns:
         tuple: ``Tensor[B, C, H, W]`` in ``mean``'s dtype, and the ``(H, W)`` of each image.
 
     Raises:
-        TypeError: ``images`` is neither a tensor nor a list of tensors.
-        ValueError: Not 4-D, another number of channels than ``mean``, or as many
-            ``image_sizes`` as images.
+        TypeError: ``images`` is neither a tensor nor a list of tensors, or of another dtype
+            than uint8 or floating point; ``mean``/``std`` are not floating-point tensors.
+        ValueError: Not 4-D (3-D for list items), another number of channels than ``mean``,
+            tensors on different devices, ``image_sizes`` not one ``(H, W)`` within the batch
+            per image; with value checks on (`visionblocks.value_checks_enabled`), a
+            ``mean`` that is not finite, a ``std`` that is not positive and finite, or
+            floating-point images with NaN or inf pixels.
 
     Examples:
         >>> import torch
@@ -50,41 +97,91 @@ def normalize_images(
         >>> batch.shape, sizes, batch[0, 0, 0, 0].item(), batch[0, 0, 31, 63].item()
         (torch.Size([1, 3, 32, 64]), [(20, 40)], 1.0, -2.0)
     """
+    _check_stats(mean, std)
     if isinstance(images, Tensor):
-        if images.dim() != 4:
-            raise ValueError(f"images must be (B, C, H, W), got {tuple(images.shape)}")
-        batch = images
+        batch = _check_image("images", images, 4, mean.device)
         if image_sizes is None:
             image_sizes = [tuple(images.shape[-2:])] * images.shape[0]
-    elif isinstance(images, Sequence) and images and all(isinstance(i, Tensor) for i in images):
+        sizes = _check_image_sizes(image_sizes, batch)
+    elif isinstance(images, (list, tuple)) and images:
+        for i, image in enumerate(images):
+            _check_image(f"images[{i}]", image, 3, mean.device)
         from visionblocks.data.collate import collate_detection
 
         padded = collate_detection([(image, None) for image in images], size_divisible=32)
-        batch, image_sizes = padded.images, padded.image_sizes
+        batch, sizes = padded.images, [(int(h), int(w)) for h, w in padded.image_sizes]
+        if image_sizes is not None and _check_image_sizes(image_sizes, batch) != sizes:
+            raise ValueError(
+                f"image_sizes {list(image_sizes)} differ from the sizes of the images in the "
+                f"list, {sizes}; leave image_sizes out for a list"
+            )
     else:
         raise TypeError(
-            f"images must be a (B, C, H, W) tensor or a list of (C, H, W) tensors, got "
-            f"{type(images).__name__}"
+            f"images must be a (B, C, H, W) tensor or a non-empty list of (C, H, W) tensors, "
+            f"got {type(images).__name__}"
         )
     if batch.shape[1] != mean.numel():
         raise ValueError(
             f"images have {batch.shape[1]} channels, but the model normalises {mean.numel()} "
-            f"(pixel_mean has {mean.numel()} values)"
+            f"(mean / pixel_mean has {mean.numel()} values)"
         )
-    if len(image_sizes) != batch.shape[0]:
-        raise ValueError(f"{batch.shape[0]} images but {len(image_sizes)} image_sizes")
-    batch = batch.as_subclass(Tensor).to(dtype=mean.dtype)
-    return (batch - mean.view(1, -1, 1, 1)) / std.view(1, -1, 1, 1), [
-        (int(h), int(w)) for h, w in image_sizes
-    ]
+    batch = batch.as_subclass(Tensor)
+    checking = value_checks_enabled() and not torch.compiler.is_compiling()
+    if checking and batch.is_floating_point() and not bool(torch.isfinite(batch).all()):
+        raise ValueError("images must be finite (0-255 values), got NaN or inf pixels")
+    batch = batch.to(dtype=mean.dtype)
+    return (batch - mean.view(1, -1, 1, 1)) / std.view(1, -1, 1, 1), sizes
 
 
-def training_targets(targets: Sequence[Mapping[str, Any]]) -> list[dict[str, Tensor]]:
-    """``boxes`` (XYXY) and ``labels`` of every target, crowd rows left out.
+def _check_stats(mean: Any, std: Any) -> None:
+    check_floating("mean", mean)
+    check_floating("std", std)
+    if mean.dim() != 1 or std.shape != mean.shape or mean.numel() == 0:
+        raise ValueError(
+            f"mean and std must be 1-D with one value per channel, got shapes "
+            f"{tuple(mean.shape)} and {tuple(std.shape)}"
+        )
+    check_device("std", std, mean.device, "mean")
+    if value_checks_enabled() and not torch.compiler.is_compiling():
+        ok = torch.isfinite(mean).all() & torch.isfinite(std).all() & (std > 0).all()
+        if not bool(ok):
+            raise ValueError(
+                f"mean must be finite and std positive and finite, got mean={mean.tolist()}, "
+                f"std={std.tolist()}"
+            )
+
+
+def training_targets(
+    targets: Sequence[Mapping[str, Any]], *, num_classes: int | None = None
+) -> list[dict[str, Tensor]]:
+    """Checked ``boxes`` (XYXY) and ``labels`` of every target, crowd rows left out.
 
     ``tv_tensors.BoundingBoxes`` in another format are converted to XYXY; rows whose
     ``iscrowd`` is 1 are dropped (a crowd region is neither an object to find nor a mistake
     to punish, and a dense head has no ignore class: its locations become background).
+
+    Every target is checked, so that a mistake fails loudly instead of training on nothing:
+    ``boxes`` a floating-point ``Tensor[N, 4]``, ``labels`` an integer ``Tensor[N]``,
+    ``iscrowd`` (optional) an integer or bool ``Tensor[N]``, all on one device. With value
+    checks on (`visionblocks.value_checks_enabled`, the default), also: boxes finite with
+    ``x2 > x1`` and ``y2 > y1`` (after conversion to XYXY; **zero-size boxes are rejected**:
+    no location lies inside them, so they would be silently ignored), labels in
+    ``[0, num_classes)`` (``>= 0`` when ``num_classes`` is None) and ``iscrowd`` 0 or 1. The
+    value checks read the whole batch once, with one host synchronisation.
+
+    Args:
+        targets: One dict per image with ``boxes``, ``labels`` and optionally ``iscrowd``.
+        num_classes: The model's number of classes, to check the labels against.
+
+    Returns:
+        list[dict[str, Tensor]]: ``{"boxes": Tensor[M, 4] (XYXY), "labels": Tensor[M]}``.
+
+    Raises:
+        TypeError: ``targets`` is not a list of dicts; a field of the wrong type or dtype
+            (float labels, integer boxes, a list of boxes).
+        ValueError: A missing field, a shape other than ``(N, 4)`` / ``(N,)``, lengths that
+            differ, tensors on different devices; bad values (see above). Messages name the
+            field, e.g. ``targets[1]["boxes"][0]``.
 
     Examples:
         >>> import torch
@@ -94,55 +191,14 @@ def training_targets(targets: Sequence[Mapping[str, Any]]) -> list[dict[str, Ten
         >>> t = training_targets([{"boxes": boxes, "labels": torch.tensor([0, 1]), "iscrowd": torch.tensor([0, 1])}])
         >>> t[0]["boxes"].tolist(), t[0]["labels"].tolist()
         ([[8.0, 9.0, 12.0, 11.0]], [0])
+        >>> training_targets([{"boxes": torch.tensor([[10.0, 20.0, 5.0, 5.0]]), "labels": torch.tensor([0])}])
+        Traceback (most recent call last):
+        ...
+        ValueError: targets[0]["boxes"][0] = [10.0, 20.0, 5.0, 5.0] (1 bad rows in this image): boxes must be XYXY ...
     """
-    out = []
-    for i, target in enumerate(targets):
-        if not isinstance(target, Mapping) or "boxes" not in target or "labels" not in target:
-            raise TypeError(f"targets[{i}] must be a dict with 'boxes' and 'labels'")
-        boxes, labels = target["boxes"], target["labels"]
-        fmt = getattr(boxes, "format", None)
-        if fmt is not None and getattr(fmt, "name", fmt) != "XYXY":
-            from torchvision.ops import box_convert
-
-            name = getattr(fmt, "name", str(fmt)).lower()
-            boxes = box_convert(boxes.as_subclass(Tensor), name, "xyxy")
-        boxes = boxes.as_subclass(Tensor).reshape(-1, 4)
-        labels = torch.as_tensor(labels).reshape(-1)
-        crowd = target.get("iscrowd")
-        if isinstance(crowd, Tensor) and crowd.numel() == len(boxes) and bool(crowd.any()):
-            keep = crowd.reshape(-1) == 0
-            boxes, labels = boxes[keep], labels[keep]
-        out.append({"boxes": boxes, "labels": labels})
-    return out
-
-
-class ComposedModel(nn.Module):
-    """Backbone, neck and head, with the pixel statistics the model normalises with.
-
-    The shared part of `Detector` and `visionblocks.models.Segmenter`; ``head_methods``
-    names what the head must provide besides ``forward``.
-    """
-
-    head_methods: tuple[str, ...] = ()
-
-    def __init__(
-        self,
-        backbone: nn.Module,
-        neck: nn.Module,
-        head: nn.Module,
-        *,
-        pixel_mean: Sequence[float] = IMAGENET_MEAN,
-        pixel_std: Sequence[float] = IMAGENET_STD,
-    ) -> None:
-        super().__init__()
-        for name, part in (("backbone", backbone), ("neck", neck), ("head", head)):
-            check_type(name, part, nn.Module)
-        for method in self.head_methods:
-            if not callable(getattr(head, method, None)):
-                raise TypeError(f"head must have a {method}() method, got {type(head).__name__}")
-        self.backbone, self.neck, self.head = backbone, neck, head
-        self.register_buffer("pixel_mean", torch.tensor(pixel_mean, dtype=torch.float32))
-        self.register_buffer("pixel_std", torch.tensor(pixel_std, dtype=torch.float32))
+    if num_classes is not None:
+        check_int("num_classes", num_classes, 1)
+    return prepare_targets(targets, num_classes=num_classes)
 
 
 class Detector(ComposedModel):
@@ -163,6 +219,14 @@ class Detector(ComposedModel):
     any format) and ``labels`` in ``[0, num_classes)``; rows with ``iscrowd`` 1 are left
     out (`training_targets`).
 
+    Inputs are checked before anything runs (`normalize_images`, `training_targets`): a
+    ``(B, 3, H, W)`` uint8 or floating-point batch on the model's device, ``image_sizes``
+    one ``(H, W)`` per image, ``targets`` one dict per image whose boxes are finite XYXY
+    with ``x2 > x1`` and ``y2 > y1`` (zero-size boxes are rejected) and whose labels are
+    integers in ``[0, num_classes)``. Checks of values run when
+    `visionblocks.value_checks_enabled` (the default; they cost one pass over the targets
+    and one host synchronisation per step).
+
     The eval path ends in data-dependent NMS: ``torch.compile`` works, ``torch.jit``
     tracing and ``torch.export`` do not.
 
@@ -171,8 +235,15 @@ class Detector(ComposedModel):
         neck: Maps that dict to the head's levels (`visionblocks.models.FPN`).
         head: Has ``forward(features)``, ``loss(outputs, targets)`` and
             ``predict(outputs, image_sizes)`` (`visionblocks.models.FCOSHead`).
-        pixel_mean: Per-channel mean, 0-255 units.
-        pixel_std: Per-channel standard deviation, 0-255 units.
+        pixel_mean: Per-channel mean, 0-255 units, one finite value per input channel.
+        pixel_std: Per-channel standard deviation, 0-255 units, positive and finite.
+
+    Raises:
+        TypeError: A part is not a module, the head lacks ``loss``/``predict``, bad pixel
+            statistics; in ``forward``, inputs of the wrong type or dtype.
+        ValueError: Pixel statistics that are empty, not finite, of another length than
+            the backbone's input channels, a ``pixel_std`` that is not positive; in
+            ``forward``, training without targets, and the input errors listed above.
 
     Examples:
         >>> import torch
@@ -204,63 +275,20 @@ class Detector(ComposedModel):
                 "model.eval() for detections"
             )
         batch, sizes = normalize_images(images, self.pixel_mean, self.pixel_std, image_sizes)
+        if self.training:  # checked before the forward: a mistake fails fast
+            num_classes = getattr(self.head, "num_classes", None)
+            checked = prepare_targets(
+                targets,
+                batch_size=batch.shape[0],
+                num_classes=num_classes if isinstance(num_classes, int) else None,
+                device=batch.device,
+            )
         outputs = self.head(self.neck(self.backbone(batch)))
         if self.training:
-            losses = self.head.loss(outputs, training_targets(targets))
+            losses = self.head.loss(outputs, checked)
             losses["loss"] = sum(losses.values())
             return losses
         return self.head.predict(outputs, sizes)
-
-
-def _part(registry: Any, cfg: Any, what: str, **defaults: Any) -> nn.Module:
-    if isinstance(cfg, nn.Module):
-        return cfg
-    if isinstance(cfg, str):
-        cfg = {"type": cfg}
-    if not isinstance(cfg, Mapping) or "type" not in cfg:
-        raise TypeError(
-            f"{what} must be a module, a registered name or a dict with 'type', got {cfg!r}"
-        )
-    options = {**defaults, **{k: v for k, v in cfg.items() if k != "type"}}
-    return registry.build(cfg["type"], **options)
-
-
-def build_parts(
-    cfg: Mapping[str, Any] | None, entries: Mapping[str, Any]
-) -> tuple[nn.Module, nn.Module, nn.Module, dict[str, Any]]:
-    """Backbone, neck and head from config entries, and the other model options.
-
-    The neck gets ``in_channels``/``strides`` from the backbone's ``feature_info``, the head
-    ``in_channels``/``strides`` from the neck's, unless the config sets them. The config is
-    not modified (ready modules in it are used as they are).
-
-    Raises:
-        TypeError: ``cfg`` or a part has the wrong type.
-        ValueError: Missing or unknown keys.
-    """
-    if cfg is not None:
-        check_type("cfg", cfg, Mapping)
-    cfg = {**(cfg or {}), **entries}
-    unknown = set(cfg) - {"backbone", "neck", "head", "pixel_mean", "pixel_std"}
-    if unknown or not {"backbone", "neck", "head"} <= set(cfg):
-        raise ValueError(
-            "cfg needs 'backbone', 'neck' and 'head' (optional: 'pixel_mean', 'pixel_std'); "
-            f"got keys {sorted(cfg)}"
-        )
-    cfg = {k: v if isinstance(v, nn.Module) else copy.deepcopy(v) for k, v in cfg.items()}
-    backbone = _part(BACKBONES, cfg["backbone"], "backbone")
-    info = backbone.feature_info
-    neck = _part(
-        NECKS, cfg["neck"], "neck",
-        in_channels=[f["channels"] for f in info], strides=[f["stride"] for f in info],
-    )  # fmt: skip
-    levels = getattr(neck, "feature_info", info)
-    head = _part(
-        HEADS, cfg["head"], "head",
-        in_channels=levels[0]["channels"], strides=[f["stride"] for f in levels],
-    )  # fmt: skip
-    extras = {k: cfg[k] for k in ("pixel_mean", "pixel_std") if k in cfg}
-    return backbone, neck, head, extras
 
 
 @MODELS.register(name="detector")

@@ -11,14 +11,17 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from visionblocks._check import check_range, check_type
+from visionblocks._check import check_int, check_number
 from visionblocks.distributed import reduce_mean
 from visionblocks.init import bias_init_with_prob, normal_init
 from visionblocks.losses.focal import sigmoid_focal_loss
 from visionblocks.models._fcos_targets import centerness_target, grid_locations, match_locations
+from visionblocks.models._levels import check_levels, check_size
+from visionblocks.models._targets import prepare_targets
 from visionblocks.models.postprocess import decode_ltrb, postprocess_detections
+from visionblocks.nn._limits import MAX_CHANNELS, MAX_REPEATS, MAX_STRIDE, check_channels
 from visionblocks.nn.conv import ConvNormAct
-from visionblocks.nn.layers import NormSpec
+from visionblocks.nn.layers import NormSpec, make_norm
 from visionblocks.ops.iou_loss import generalized_box_iou_loss
 from visionblocks.registry import HEADS
 
@@ -27,25 +30,23 @@ __all__ = ["FCOSHead"]
 Outputs = dict[str, list[Any]]
 
 
-def check_int(name: str, value: Any, minimum: int) -> int:
-    """An int (not a bool) of at least ``minimum``."""
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be int, got {type(value).__name__} ({value!r})")
-    check_range(name, value, minimum)
-    return value
-
-
 def check_strides(strides: Any) -> list[int]:
-    """A non-empty list of positive int strides."""
-    if isinstance(strides, (str, bytes)) or not isinstance(strides, Sequence) or not strides:
+    """A non-empty list of increasing int strides in ``[1, MAX_STRIDE]``."""
+    if isinstance(strides, (str, bytes)) or not isinstance(strides, Sequence):
         raise TypeError(f"strides must be a non-empty list of ints, got {strides!r}")
-    return [check_int("strides entries", s, 1) for s in strides]
+    if not strides:
+        raise ValueError("strides is empty; give one stride per input level")
+    out = [check_int(f"strides[{i}]", s, 1, MAX_STRIDE) for i, s in enumerate(strides)]
+    if any(b <= a for a, b in itertools.pairwise(out)):
+        raise ValueError(f"strides must increase from level to level (finest first), got {out}")
+    return out
 
 
 def _check_ranges(size_ranges: Any, levels: int) -> list[tuple[float, float]]:
     pairs = list(size_ranges) if isinstance(size_ranges, Sequence) else None
     ok = pairs is not None and len(pairs) == levels and all(
-        isinstance(p, Sequence) and len(p) == 2 and all(isinstance(v, (int, float)) for v in p)
+        isinstance(p, Sequence) and len(p) == 2
+        and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in p)
         and 0 <= p[0] < p[1]
         for p in pairs
     )  # fmt: skip
@@ -108,8 +109,14 @@ class FCOSHead(nn.Module):
         max_detections: Detections per image.
 
     Raises:
-        TypeError, ValueError: Bad options (and at call time, features that do not match
-            ``strides``).
+        TypeError: An option of the wrong type (checked before its range: ``score_thresh=None``
+            is a ``TypeError`` naming it); at call time, features that are not a list of
+            floating-point tensors.
+        ValueError: An option out of range, including absurd sizes: ``in_channels`` and
+            ``num_classes`` above 65,536, ``num_convs`` above 64, strides above 65,536 or
+            not increasing; at call time, features that do not match ``strides`` and
+            ``in_channels`` (or not on the head's device), and bad targets (see
+            `visionblocks.models.detector.training_targets`).
 
     Examples:
         >>> import torch
@@ -147,25 +154,23 @@ class FCOSHead(nn.Module):
         max_detections: int = 100,
     ) -> None:
         super().__init__()
-        for name, value in (("in_channels", in_channels), ("num_classes", num_classes)):
-            check_int(name, value, 1)
-        check_int("num_convs", num_convs, 0)
+        check_channels("in_channels", in_channels)
+        check_int("num_classes", num_classes, 1, MAX_CHANNELS)
+        check_int("num_convs", num_convs, 0, MAX_REPEATS)
         strides = check_strides(strides)
-        check_range("center_sampling_radius", center_sampling_radius, 0.0)
+        make_norm(norm, in_channels)  # an unknown norm fails even with num_convs=0
+        check_number("prior_prob", prior_prob, 0.0, 1.0, low_inclusive=False, high_inclusive=False)
+        check_number("center_sampling_radius", center_sampling_radius, 0.0)
         if size_ranges is None:  # FCOS: 64, 128, 256, 512 for strides 8 ... 128
             bounds = [0.0, *(8.0 * s for s in strides[:-1]), math.inf]
             size_ranges = list(itertools.pairwise(bounds))
         size_ranges = _check_ranges(size_ranges, len(strides))
-        check_range("focal_alpha", focal_alpha, 0.0, 1.0)
-        check_range("focal_gamma", focal_gamma, 0.0)
-        check_range("score_thresh", score_thresh, 0.0, 1.0)
-        check_range("nms_thresh", nms_thresh, 0.0, 1.0)
-        for name, value in (
-            ("topk_candidates", topk_candidates),
-            ("max_detections", max_detections),
-        ):
-            check_type(name, value, int)
-            check_range(name, value, 1)
+        check_number("focal_alpha", focal_alpha, 0.0, 1.0)
+        check_number("focal_gamma", focal_gamma, 0.0, math.inf, high_inclusive=False)
+        check_number("score_thresh", score_thresh, 0.0, 1.0)
+        check_number("nms_thresh", nms_thresh, 0.0, 1.0)
+        check_int("topk_candidates", topk_candidates, 1)
+        check_int("max_detections", max_detections, 1)
         self.num_classes, self.strides = num_classes, strides
         self.center_sampling_radius = float(center_sampling_radius)
         self.register_buffer(
@@ -197,14 +202,22 @@ class FCOSHead(nn.Module):
     def forward(self, features: Mapping[str, Tensor] | Sequence[Tensor]) -> Outputs:
         """Raw outputs per level, flattened over locations (row-major).
 
+        Args:
+            features: A dict or list of ``Tensor[B, in_channels, H_l, W_l]``, one per
+                stride, finest first, on the head's device.
+
         Returns:
             dict[str, list[Tensor]]: ``cls_logits`` ``[B, A_l, C]``, ``boxes`` ``[B, A_l, 4]``
             (``l, t, r, b`` in pixels), ``centerness`` ``[B, A_l]``, and ``sizes``: each
             level's ``(H_l, W_l)``.
+
+        Raises:
+            TypeError: ``features`` is not a dict or list of floating-point tensors.
+            ValueError: Another number of levels than ``strides``, levels of another
+                shape, batch size or device.
         """
-        levels = list(features.values()) if isinstance(features, Mapping) else list(features)
-        if len(levels) != len(self.strides):
-            raise ValueError(f"FCOSHead expects {len(self.strides)} levels, got {len(levels)}")
+        channels = self.cls_logits.in_channels
+        levels = check_levels("features", features, [channels] * len(self.strides), self.cls_logits)
         out: Outputs = {"cls_logits": [], "boxes": [], "centerness": [], "sizes": []}
         for i, x in enumerate(levels):
             cls = self.cls_tower(x)
@@ -229,24 +242,27 @@ class FCOSHead(nn.Module):
 
         Returns:
             dict[str, Tensor]: ``loss_cls``, ``loss_box``, ``loss_centerness`` (scalars).
+
+        Raises:
+            TypeError, ValueError: Targets that `visionblocks.models.detector.
+                training_targets` rejects (one per image, on the outputs' device).
         """
         cls_logits = torch.cat(outputs["cls_logits"], dim=1)
         distances = torch.cat(outputs["boxes"], dim=1)
         centerness = torch.cat(outputs["centerness"], dim=1)
-        if len(targets) != cls_logits.shape[0]:
-            raise ValueError(f"{cls_logits.shape[0]} images but {len(targets)} targets")
+        targets = prepare_targets(
+            targets,
+            batch_size=cls_logits.shape[0],
+            num_classes=self.num_classes,
+            device=cls_logits.device,
+        )
         points, levels = self._locations(outputs, cls_logits.device)
         point_strides = torch.tensor(self.strides, device=points.device)[levels]
         point_ranges = self.size_ranges.to(points.device)[levels]
         classes, matched = [], []
         for target in targets:
-            boxes, labels = target["boxes"].to(points.device), target["labels"].to(points.device)
-            if labels.numel() and (labels.min() < 0 or labels.max() >= self.num_classes):
-                raise ValueError(
-                    f"labels must lie in [0, {self.num_classes}), got {labels.tolist()}"
-                )
             c, m = match_locations(
-                points, point_strides, point_ranges, boxes.as_subclass(Tensor), labels,
+                points, point_strides, point_ranges, target["boxes"], target["labels"],
                 self.num_classes, self.center_sampling_radius,
             )  # fmt: skip
             classes.append(c)
@@ -286,7 +302,16 @@ class FCOSHead(nn.Module):
         Args:
             outputs: What `forward` returned.
             image_sizes: ``(H, W)`` of every image (before padding).
+
+        Raises:
+            TypeError, ValueError: Not one ``(H, W)`` pair of positive ints per image.
         """
+        batch = outputs["cls_logits"][0].shape[0]
+        if isinstance(image_sizes, (str, bytes)) or not isinstance(image_sizes, Sequence):
+            raise TypeError(f"image_sizes must be a list of (H, W) pairs, got {image_sizes!r}")
+        if len(image_sizes) != batch:
+            raise ValueError(f"image_sizes must hold {batch} (H, W) pairs, got {len(image_sizes)}")
+        image_sizes = [check_size(f"image_sizes[{i}]", s) for i, s in enumerate(image_sizes)]
         points, levels = self._locations(outputs, outputs["cls_logits"][0].device)
         per_level = [points[levels == i] for i in range(len(self.strides))]
         results = []

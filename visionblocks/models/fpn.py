@@ -11,8 +11,10 @@ from typing import Any
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from visionblocks._check import check_choice, check_type
+from visionblocks._check import check_choice, check_int
 from visionblocks.init import c2_xavier_fill
+from visionblocks.models._levels import check_levels
+from visionblocks.nn._limits import MAX_CHANNELS, MAX_EXTRA_LEVELS, MAX_STRIDE, check_channels
 from visionblocks.nn.conv import ConvNormAct
 from visionblocks.nn.layers import NormSpec
 from visionblocks.registry import NECKS
@@ -20,15 +22,12 @@ from visionblocks.registry import NECKS
 __all__ = ["FPN"]
 
 
-def _positive_ints(name: str, values: Any) -> list[int]:
-    if isinstance(values, (str, bytes)) or not isinstance(values, Sequence) or not values:
+def _positive_ints(name: str, values: Any, high: int) -> list[int]:
+    if isinstance(values, (str, bytes)) or not isinstance(values, Sequence):
         raise TypeError(f"{name} must be a non-empty list of ints, got {values!r}")
-    out = []
-    for v in values:
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ValueError(f"{name} must hold positive ints, got {list(values)!r}")
-        out.append(v)
-    return out
+    if not values:
+        raise ValueError(f"{name} is empty; give one entry per input level")
+    return [check_int(f"{name}[{i}]", v, 1, high) for i, v in enumerate(values)]
 
 
 def level_name(stride: int) -> str:
@@ -54,8 +53,8 @@ class FPN(nn.Module):
         in_channels: Channels of the input levels, finest first (``backbone.channels``).
         strides: Strides of the input levels (``backbone.strides``); powers of two,
             increasing by 2x from level to level.
-        out_channels: Channels of every output level.
-        extra_levels: Stride-2 levels added on top.
+        out_channels: Channels of every output level (at most 65,536).
+        extra_levels: Stride-2 levels added on top (at most 8).
         extra_from: ``"output"`` (P6 from P5's output) or ``"input"`` (from the last input).
         norm: Norm after each convolution (``None``, ``"gn"``, ``"bn"``, ...).
 
@@ -65,9 +64,13 @@ class FPN(nn.Module):
         - Output: ``OrderedDict`` ``{"p3": Tensor[B, out_channels, H / 8, W / 8], ...}``.
 
     Raises:
-        TypeError, ValueError: Bad channel or stride lists, mismatched lengths, strides that
-            do not double, or an unknown ``extra_from``; at call time, the wrong number of
-            input levels.
+        TypeError: Options of the wrong type; at call time, ``features`` that is not a dict
+            or list of floating-point tensors.
+        ValueError: Bad channel or stride lists, mismatched lengths, strides that do not
+            double, absurd sizes (channels above 65,536, ``extra_levels`` above 8), or an
+            unknown ``extra_from``; at call time, the wrong number of input levels, levels
+            of other channels than ``in_channels``, not 4-D, not finest first, of different
+            batch sizes or on another device than the FPN.
 
     Examples:
         >>> import torch
@@ -93,8 +96,8 @@ class FPN(nn.Module):
         norm: NormSpec = None,
     ) -> None:
         super().__init__()
-        in_channels = _positive_ints("in_channels", in_channels)
-        strides = _positive_ints("strides", strides)
+        in_channels = _positive_ints("in_channels", in_channels, MAX_CHANNELS)
+        strides = _positive_ints("strides", strides, MAX_STRIDE)
         if len(in_channels) != len(strides):
             raise ValueError(
                 f"in_channels and strides must have the same length, got {len(in_channels)} "
@@ -104,13 +107,8 @@ class FPN(nn.Module):
             math.log2(s).is_integer() for s in strides
         ):
             raise ValueError(f"strides must be powers of two doubling per level, got {strides}")
-        check_type("out_channels", out_channels, int)
-        check_type("extra_levels", extra_levels, int)
-        if out_channels < 1 or extra_levels < 0:
-            raise ValueError(
-                f"out_channels must be >= 1 and extra_levels >= 0, got {out_channels}, "
-                f"{extra_levels}"
-            )
+        check_channels("out_channels", out_channels)
+        check_int("extra_levels", extra_levels, 0, MAX_EXTRA_LEVELS)
         check_choice("extra_from", extra_from, ("output", "input"))
         self.extra_from = extra_from
         bias = norm is None
@@ -145,9 +143,8 @@ class FPN(nn.Module):
     def forward(
         self, features: Mapping[str, Tensor] | Sequence[Tensor]
     ) -> OrderedDict[str, Tensor]:
-        inputs = list(features.values()) if isinstance(features, Mapping) else list(features)
-        if len(inputs) != len(self.lateral):
-            raise ValueError(f"FPN expects {len(self.lateral)} input levels, got {len(inputs)}")
+        channels = [conv.conv.in_channels for conv in self.lateral]
+        inputs = check_levels("features", features, channels, self.lateral[0].conv)
         laterals = [conv(x) for conv, x in zip(self.lateral, inputs)]
         outs = [self.output[-1](laterals[-1])]
         top = laterals[-1]

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 from torch import Tensor
 
-from visionblocks._check import check_range, check_tensor
+from visionblocks._check import check_device, check_floating, check_int, check_number
+from visionblocks._value_checks import value_checks_enabled
+from visionblocks.models._levels import check_size
 
 __all__ = ["decode_ltrb", "postprocess_detections"]
 
@@ -23,7 +26,9 @@ def decode_ltrb(points: Tensor, distances: Tensor) -> Tensor:
         Tensor[..., 4]: XYXY boxes ``(x - l, y - t, x + r, y + b)``.
 
     Raises:
-        ValueError: If the last dims are not 2 and 4, or the leading dims differ.
+        TypeError: ``points`` or ``distances`` is not a floating-point tensor.
+        ValueError: If the last dims are not 2 and 4, the leading dims differ, or the two
+            are on different devices.
 
     Convention:
         Locations and boxes in input pixels, boxes XYXY; FCOS places the location of feature
@@ -33,8 +38,9 @@ def decode_ltrb(points: Tensor, distances: Tensor) -> Tensor:
         >>> decode_ltrb(torch.tensor([[10.0, 20.0]]), torch.tensor([[1.0, 2.0, 3.0, 4.0]]))
         tensor([[ 9., 18., 13., 24.]])
     """
-    check_tensor("points", points)
-    check_tensor("distances", distances)
+    check_floating("points", points)
+    check_floating("distances", distances)
+    check_device("distances", distances, points.device, "points")
     if (
         points.shape[-1] != 2
         or distances.shape[-1] != 4
@@ -78,7 +84,13 @@ def postprocess_detections(
         ``labels (Tensor[K])`` int64, sorted by decreasing score.
 
     Raises:
-        ValueError: Different numbers of score and box levels, or options out of range.
+        TypeError: ``scores`` or ``boxes`` not a list of floating-point tensors, options of
+            the wrong type (``score_thresh=None``...).
+        ValueError: Different numbers of score and box levels, a level whose ``scores``
+            and ``boxes`` have different numbers of rows (or classes that differ between
+            levels), tensors on different devices, options out of range; with value checks
+            on (`visionblocks.value_checks_enabled`), scores outside ``[0, 1]`` (logits
+            instead of probabilities) or NaN.
 
     Examples:
         >>> scores = [torch.tensor([[0.9, 0.1], [0.8, 0.0]])]
@@ -90,14 +102,12 @@ def postprocess_detections(
     """
     from torchvision.ops import batched_nms
 
-    if len(scores) != len(boxes) or not scores:
-        raise ValueError(
-            f"need as many score as box levels (>= 1), got {len(scores)}, {len(boxes)}"
-        )
-    check_range("score_thresh", score_thresh, 0.0, 1.0)
-    check_range("nms_thresh", nms_thresh, 0.0, 1.0)
-    check_range("topk_candidates", topk_candidates, 1)
-    check_range("max_detections", max_detections, 1)
+    _check_levels(scores, boxes)
+    h, w = check_size("image_size", image_size)
+    check_number("score_thresh", score_thresh, 0.0, 1.0)
+    check_number("nms_thresh", nms_thresh, 0.0, 1.0)
+    check_int("topk_candidates", topk_candidates, 1)
+    check_int("max_detections", max_detections, 1)
     kept_boxes, kept_scores, kept_labels = [], [], []
     for level_scores, level_boxes in zip(scores, boxes):
         flat = level_scores.flatten()
@@ -111,7 +121,6 @@ def postprocess_detections(
         kept_scores.append(values)
         kept_labels.append(keep % num_classes)
     out_boxes = torch.cat(kept_boxes)
-    h, w = image_size
     out_boxes = torch.stack(
         [
             out_boxes[:, 0].clamp(0, w),
@@ -125,3 +134,40 @@ def postprocess_detections(
     keep = batched_nms(out_boxes.float(), out_scores.float(), out_labels, nms_thresh)
     keep = keep[:max_detections]
     return {"boxes": out_boxes[keep], "scores": out_scores[keep], "labels": out_labels[keep]}
+
+
+def _check_levels(scores: Any, boxes: Any) -> None:
+    """Per level: ``scores[l]`` a ``(A_l, C)`` and ``boxes[l]`` an ``(A_l, 4)`` float tensor."""
+    for name, value in (("scores", scores), ("boxes", boxes)):
+        if not isinstance(value, (list, tuple)):
+            raise TypeError(
+                f"{name} must be a list of tensors, one per level, got {type(value).__name__}"
+            )
+    if len(scores) != len(boxes) or not scores:
+        raise ValueError(
+            f"scores and boxes must hold as many levels (>= 1), got {len(scores)} and {len(boxes)}"
+        )
+    for level, (s, b) in enumerate(zip(scores, boxes)):
+        check_floating(f"scores[{level}]", s)
+        check_floating(f"boxes[{level}]", b)
+        if s.dim() != 2 or b.dim() != 2 or b.shape[1] != 4 or s.shape[0] != b.shape[0]:
+            raise ValueError(
+                f"scores[{level}] must be (A, C) and boxes[{level}] (A, 4) with the same A, "
+                f"got {tuple(s.shape)} and {tuple(b.shape)}"
+            )
+        if s.shape[1] != scores[0].shape[1]:
+            raise ValueError(
+                f"every level must score the same classes: scores[0] has {scores[0].shape[1]}, "
+                f"scores[{level}] has {s.shape[1]}"
+            )
+        check_device(f"scores[{level}]", s, scores[0].device, "scores[0]")
+        check_device(f"boxes[{level}]", b, scores[0].device, "scores[0]")
+    if value_checks_enabled() and not torch.compiler.is_compiling():
+        bad = [((s < 0) | (s > 1) | torch.isnan(s)).any() for s in scores]
+        if bool(torch.stack(bad).any()):
+            level = next(i for i, flag in enumerate(bad) if flag)
+            raise ValueError(
+                f"scores[{level}] must hold probabilities in [0, 1] (sigmoid or softmax "
+                f"outputs, not logits), got values in [{scores[level].min().item()}, "
+                f"{scores[level].max().item()}]"
+            )

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import itertools
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -10,16 +12,75 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from visionblocks._check import check_choice, check_range, check_type
+from visionblocks._check import (
+    check_choice,
+    check_device,
+    check_int,
+    check_number,
+    check_type,
+)
+from visionblocks._value_checks import value_checks_enabled
 from visionblocks.init import kaiming_init, normal_init
 from visionblocks.losses.ce import cross_entropy
 from visionblocks.losses.softmax_focal import softmax_focal_loss
-from visionblocks.models.detector import ComposedModel, build_parts, normalize_images
+from visionblocks.models._compose import ComposedModel, build_parts
+from visionblocks.models._levels import check_levels, check_size
+from visionblocks.models.detector import normalize_images
+from visionblocks.nn._limits import MAX_CHANNELS, MAX_STRIDE, check_channels
 from visionblocks.nn.conv import ConvNormAct
 from visionblocks.nn.layers import NormSpec
 from visionblocks.registry import HEADS, MODELS
 
 __all__ = ["FPNSegHead", "Segmenter", "build_segmenter"]
+
+
+def check_label_maps(
+    name: str, labels: Any, shape: tuple[int, ...], device: torch.device, head: nn.Module
+) -> None:
+    """``labels``: an integer ``shape`` tensor on ``device`` with labels the head knows."""
+    if not isinstance(labels, Tensor):
+        raise TypeError(f"{name} must be a (B, H, W) integer tensor, got {type(labels).__name__}")
+    if labels.is_floating_point() or labels.is_complex() or labels.dtype == torch.bool:
+        raise TypeError(
+            f"{name} must be an integer tensor of class indices, got {labels.dtype} (floats "
+            "would be truncated)"
+        )
+    if tuple(labels.shape) != tuple(shape):
+        raise ValueError(
+            f"{name} must have shape (B, H, W) = {tuple(shape)} (one label per pixel of the "
+            f"images), got {tuple(labels.shape)}"
+        )
+    check_device(name, labels, device, "the images")
+    num_classes, ignore = getattr(head, "num_classes", None), getattr(head, "ignore_index", None)
+    if isinstance(num_classes, int) and value_checks_enabled() and labels.numel():
+        if torch.compiler.is_compiling():
+            return
+        bad = (labels < 0) | (labels >= num_classes)
+        if isinstance(ignore, int):
+            bad &= labels != ignore
+        if bool(bad.any()):
+            value = labels[bad][0].item()
+            raise ValueError(
+                f"{name} must hold classes in [0, {num_classes}) or ignore_index={ignore}, "
+                f"got {value}"
+            )
+
+
+def _check_strides(strides: Any) -> list[int]:
+    """Powers of two of the finest stride, finest first."""
+    if isinstance(strides, (str, bytes)) or not isinstance(strides, Sequence):
+        raise TypeError(f"strides must be a non-empty list of ints, got {strides!r}")
+    if not strides:
+        raise ValueError("strides is empty; give one stride per input level")
+    strides = [check_int(f"strides[{i}]", s, 1, MAX_STRIDE) for i, s in enumerate(strides)]
+    base = strides[0]
+    if any(s % base or (s // base) & (s // base - 1) for s in strides) or any(
+        b <= a for a, b in itertools.pairwise(strides)
+    ):
+        raise ValueError(
+            f"strides must be increasing powers of two of the finest one, got {strides}"
+        )
+    return strides
 
 
 @HEADS.register(name="fpn_seg")
@@ -46,7 +107,15 @@ class FPNSegHead(nn.Module):
         ignore_index: Label of pixels the loss skips.
         top_k: With ``"ce"``: OHEM fraction in ``(0, 1]``, or ``None`` for all pixels.
         gamma: With ``"softmax_focal"``: the focusing parameter.
-        label_smoothing: With ``"ce"``.
+        label_smoothing: With ``"ce"``, in ``[0, 1)``.
+
+    Raises:
+        TypeError: An option of the wrong type; in ``forward``, ``features`` that is not a
+            dict or list of floating-point tensors.
+        ValueError: An option out of range (channels and classes above 65,536, strides
+            that are not powers of two of the finest one, ``top_k`` outside ``(0, 1]``...);
+            in ``forward``, levels that do not match ``strides`` and ``in_channels``, a
+            ``size`` that is not a pair of positive ints.
 
     Examples:
         >>> import torch
@@ -74,16 +143,19 @@ class FPNSegHead(nn.Module):
         label_smoothing: float = 0.0,
     ) -> None:
         super().__init__()
-        for name, value in (("in_channels", in_channels), ("num_classes", num_classes)):
-            check_type(name, value, int)
-            check_range(name, value, 1)
+        check_channels("in_channels", in_channels)
+        check_int("num_classes", num_classes, 1, MAX_CHANNELS)
+        check_channels("channels", channels)
         check_choice("loss", loss, ("ce", "softmax_focal"))
+        check_type("ignore_index", ignore_index, int)
+        if top_k is not None:
+            check_number("top_k", top_k, 0.0, 1.0, low_inclusive=False)
+        check_number("gamma", gamma, 0.0, math.inf, high_inclusive=False)
+        check_number("label_smoothing", label_smoothing, 0.0, 1.0, high_inclusive=False)
         if loss == "softmax_focal" and (top_k is not None or label_smoothing):
             raise ValueError("top_k and label_smoothing apply to loss='ce', not 'softmax_focal'")
-        strides = [int(s) for s in strides]
-        base = strides[0] if strides else 0
-        if not strides or any(s % base or (s // base) & (s // base - 1) for s in strides):
-            raise ValueError(f"strides must be powers of two of the finest one, got {strides}")
+        strides = _check_strides(strides)
+        base = strides[0]
         self.num_classes, self.strides, self.loss_type = num_classes, strides, loss
         self.ignore_index, self.top_k, self.gamma = ignore_index, top_k, gamma
         self.label_smoothing = label_smoothing
@@ -109,10 +181,18 @@ class FPNSegHead(nn.Module):
     def forward(
         self, features: Mapping[str, Tensor] | Sequence[Tensor], size: tuple[int, int]
     ) -> Tensor:
-        """Logits ``(B, num_classes, *size)`` from the levels (finest first)."""
-        levels = list(features.values()) if isinstance(features, Mapping) else list(features)
-        if len(levels) != len(self.branches):
-            raise ValueError(f"FPNSegHead expects {len(self.branches)} levels, got {len(levels)}")
+        """Logits ``(B, num_classes, *size)`` from the levels (finest first).
+
+        Args:
+            features: A dict or list of ``Tensor[B, in_channels, H_l, W_l]``, one per
+                stride, finest first.
+            size: ``(H, W)`` of the logits (the input images' size).
+        """
+        channels = self.branches[0][0].conv.in_channels
+        levels = check_levels(
+            "features", features, [channels] * len(self.branches), self.classifier
+        )
+        size = check_size("size", size)
         fused = self.branches[0](levels[0])
         for branch, x in zip(self.branches[1:], levels[1:]):
             up = branch(x)
@@ -132,6 +212,9 @@ class FPNSegHead(nn.Module):
             >>> round(head.loss(torch.zeros(1, 2, 2, 2), labels)["loss_seg"].item(), 4)  # log 2
             0.6931
         """
+        check_label_maps(
+            "labels", labels, (logits.shape[0], *logits.shape[-2:]), logits.device, self
+        )
         labels = labels.as_subclass(Tensor).long()
         if self.loss_type == "softmax_focal":
             value = softmax_focal_loss(
@@ -157,6 +240,15 @@ class Segmenter(ComposedModel):
     gives label maps. Images are a ``(B, 3, H, W)`` tensor in ``[0, 255]``, normalised inside
     the model as in `visionblocks.models.Detector`.
 
+    ``targets`` must be an integer tensor of the images' batch size, height and width, on
+    their device; with value checks on (`visionblocks.value_checks_enabled`), every label
+    is in ``[0, num_classes)`` or the head's ``ignore_index``.
+
+    Raises:
+        TypeError: As `visionblocks.models.Detector`; ``targets`` not an integer tensor.
+        ValueError: As `visionblocks.models.Detector`; ``targets`` of another shape or
+            device than the images, or with labels out of range.
+
     Examples:
         >>> import torch
         >>> model = build_segmenter({
@@ -176,7 +268,7 @@ class Segmenter(ComposedModel):
     def forward(self, images: Tensor, targets: Tensor | None = None) -> Tensor | dict[str, Tensor]:
         if not isinstance(images, Tensor):
             raise TypeError(
-                "Segmenter takes a (B, C, H, W) tensor (label maps must match its size), got "
+                "images must be a (B, C, H, W) tensor (label maps must match its size), got "
                 f"{type(images).__name__}"
             )
         if self.training and targets is None:
@@ -185,6 +277,9 @@ class Segmenter(ComposedModel):
                 "model.eval() for logits"
             )
         batch, _ = normalize_images(images, self.pixel_mean, self.pixel_std)
+        if self.training:  # checked before the forward: a mistake fails fast
+            shape = (batch.shape[0], *batch.shape[-2:])
+            check_label_maps("targets", targets, shape, batch.device, self.head)
         logits = self.head(self.neck(self.backbone(batch)), size=tuple(batch.shape[-2:]))
         if self.training:
             losses = self.head.loss(logits, targets)

@@ -18,7 +18,8 @@ import torch
 import torch.fx
 from torch import Tensor, nn
 
-from visionblocks._check import check_tensor, check_type
+from visionblocks._check import check_image_batch, check_int, check_tensor, check_type, is_tracing
+from visionblocks.nn._limits import MAX_CHANNELS, MAX_KERNEL_SIZE, check_conv_weights
 from visionblocks.nn.layers import ActSpec, NormSpec, make_activation, make_norm
 from visionblocks.registry import LAYERS
 
@@ -33,22 +34,20 @@ __all__ = [
 _Size2 = int | tuple[int, int]
 
 
-def _check_int(name: str, value: object, minimum: int) -> int:
-    if isinstance(value, bool):
-        raise TypeError(f"{name} must be int, got bool ({value!r})")
-    check_type(name, value, int)
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
-    return value
+def _check_int(name: str, value: object, minimum: int, maximum: int = MAX_CHANNELS) -> int:
+    return check_int(name, value, minimum, maximum)
 
 
 def _pair(name: str, value: object, minimum: int = 1) -> tuple[int, int]:
-    """``int`` or a pair of ints (each ``>= minimum``) as a tuple of two ints."""
+    """``int`` or a pair of ints in ``[minimum, MAX_KERNEL_SIZE]`` as a tuple of two ints."""
     if isinstance(value, (tuple, list)):
         if len(value) != 2:
             raise ValueError(f"{name} must be an int or a pair of ints, got {value!r}")
-        return (_check_int(name, value[0], minimum), _check_int(name, value[1], minimum))
-    _check_int(name, value, minimum)
+        return (
+            _check_int(name, value[0], minimum, MAX_KERNEL_SIZE),
+            _check_int(name, value[1], minimum, MAX_KERNEL_SIZE),
+        )
+    _check_int(name, value, minimum, MAX_KERNEL_SIZE)
     return (value, value)
 
 
@@ -114,9 +113,14 @@ class ConvNormAct(nn.Module):
           (``H_out = H`` at stride 1 with ``padding=None``).
 
     Raises:
-        TypeError: Non-int sizes, an ``act``/``norm`` of the wrong type.
-        ValueError: Sizes below 1, ``groups`` not dividing the channels (the message says
-            which number must divide which), an unknown ``norm``/``act`` name.
+        TypeError: Non-int sizes, an ``act``/``norm`` of the wrong type; in ``forward``, an
+            input that is not a floating-point tensor or differs from the weights' dtype
+            (outside ``torch.autocast``).
+        ValueError: Sizes below 1 or absurdly large (channels above 65,536, kernel size,
+            stride, dilation or padding above 1,024, more than 2**31 weights), ``groups``
+            not dividing the channels (the message says which number must divide which), an
+            unknown ``norm``/``act`` name; in ``forward``, an input that is not
+            ``(B, C_in, H, W)`` or not on the weights' device.
 
     Examples:
         >>> import torch
@@ -159,6 +163,8 @@ class ConvNormAct(nn.Module):
         pad = _resolve_padding(padding, ks, st, dil)
         if bias is not None:
             check_type("bias", bias, bool)
+        check_type("inplace", inplace, bool)
+        check_conv_weights(in_channels, out_channels, ks, groups)
         use_bias = norm is None if bias is None else bias
         self.conv = nn.Conv2d(
             in_channels, out_channels, ks, st, pad, dil, groups=groups, bias=use_bias
@@ -167,6 +173,8 @@ class ConvNormAct(nn.Module):
         self.act = make_activation(act, inplace=inplace)
 
     def forward(self, x: Tensor) -> Tensor:
+        if not is_tracing(x):  # reading self.conv.weight would show in a torch.fx graph
+            check_image_batch("x", x, self.conv.in_channels, weight=self.conv.weight)
         return self.act(self.norm(self.conv(x)))
 
 
@@ -193,8 +201,11 @@ class DepthwiseConv2d(nn.Conv2d):
         - Output: ``(B, C * multiplier, H_out, W_out)``, ``H_out`` as `ConvNormAct`.
 
     Raises:
-        TypeError: Non-int sizes.
-        ValueError: Sizes below 1, an invalid ``padding``.
+        TypeError: Non-int sizes; in ``forward``, an input that is not a floating-point
+            tensor of the weights' dtype (outside ``torch.autocast``).
+        ValueError: Sizes below 1 or above the bounds of `ConvNormAct`, an invalid
+            ``padding``; in ``forward``, an input that is not ``(B, C, H, W)`` or not on the
+            weights' device.
 
     Examples:
         >>> import torch
@@ -217,14 +228,22 @@ class DepthwiseConv2d(nn.Conv2d):
     ) -> None:
         _check_int("channels", channels, 1)
         _check_int("multiplier", multiplier, 1)
+        _check_int("channels * multiplier", channels * multiplier, 1)
         check_type("bias", bias, bool)
         ks = _pair("kernel_size", kernel_size)
         st = _pair("stride", stride)
         dil = _pair("dilation", dilation)
         pad = _resolve_padding(padding, ks, st, dil)
+        check_conv_weights(channels, channels * multiplier, ks, channels)
         super().__init__(
             channels, channels * multiplier, ks, st, pad, dil, groups=channels, bias=bias
         )
+
+    def forward(self, x: Tensor) -> Tensor:
+        """``nn.Conv2d.forward`` after checking ``x`` (so `fuse_modules` still folds it)."""
+        if not is_tracing(x):
+            check_image_batch("x", x, self.in_channels, weight=self.weight)
+        return super().forward(x)
 
 
 @LAYERS.register(name="depthwise_separable_conv")
@@ -252,8 +271,10 @@ class DepthwiseSeparableConv2d(nn.Module):
         - Output: ``(B, C_out, H_out, W_out)``, ``H_out = ceil(H / stride)`` for odd ``k``.
 
     Raises:
-        TypeError: Non-int sizes.
-        ValueError: Sizes below 1, unknown ``norm``/``act``.
+        TypeError: Non-int sizes; in ``forward``, an input that is not a floating-point
+            tensor.
+        ValueError: Sizes below 1 or above the bounds of `ConvNormAct`, unknown
+            ``norm``/``act``; in ``forward``, an input that is not ``(B, C_in, H, W)``.
 
     Examples:
         >>> import torch

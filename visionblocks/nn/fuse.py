@@ -6,8 +6,8 @@ before it: ``W' = W * s`` (per output channel), ``b' = (b - mean) * s + beta`` w
 ``s = gamma / sqrt(var + eps)``. `fuse_conv_bn` folds one pair, `fuse_modules` every pair of
 a model, and `find_conv_bn_pairs` says which pairs those are.
 
-Which pairs fold: a ``nn.Conv2d`` (or a subclass that keeps ``Conv2d``'s ``forward``, such
-as `visionblocks.nn.conv.DepthwiseConv2d`) whose output goes **only** into a
+Which pairs fold: a ``nn.Conv2d`` (or a subclass that keeps ``Conv2d``'s ``forward``, or
+`visionblocks.nn.conv.DepthwiseConv2d`, whose ``forward`` only checks its input) whose output goes **only** into a
 ``nn.BatchNorm2d``, ``nn.SyncBatchNorm`` or torchvision ``FrozenBatchNorm2d`` that keeps
 running statistics and the stock ``forward`` (norm subclasses that do more, such as timm's
 ``BatchNormAct2d`` with its built-in activation, are left alone). The pairs are found on the ``torch.fx`` graph of the model (so
@@ -33,7 +33,7 @@ from torch import fx, nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from visionblocks._check import check_type
-from visionblocks.nn.conv import ConvNormAct
+from visionblocks.nn.conv import ConvNormAct, DepthwiseConv2d
 
 __all__ = ["find_conv_bn_pairs", "fuse_conv_bn", "fuse_modules"]
 
@@ -46,11 +46,14 @@ def _bn_types() -> tuple[type[nn.Module], ...]:
 
 
 def _is_plain_conv(module: nn.Module) -> bool:
-    """A Conv2d whose output is exactly ``F.conv2d`` of its parameters (foldable)."""
+    """A Conv2d whose output is exactly ``F.conv2d`` of its parameters (foldable).
+
+    `DepthwiseConv2d`'s ``forward`` only checks its input before ``nn.Conv2d.forward``.
+    """
     cls = type(module)
     return (
         isinstance(module, nn.Conv2d)
-        and cls.forward is nn.Conv2d.forward
+        and cls.forward in (nn.Conv2d.forward, DepthwiseConv2d.forward)
         and cls._conv_forward is nn.Conv2d._conv_forward
     )
 
@@ -92,7 +95,8 @@ def fuse_conv_bn(conv: nn.Conv2d, bn: nn.Module) -> nn.Conv2d:
     conv's dtype.
 
     Args:
-        conv: A ``nn.Conv2d`` (or a subclass that does not override ``forward``).
+        conv: A ``nn.Conv2d`` (or a subclass that does not override ``forward``, or a
+            `visionblocks.nn.conv.DepthwiseConv2d`).
         bn: A ``nn.BatchNorm2d`` / ``nn.SyncBatchNorm`` in eval mode with running statistics,
             or a torchvision ``FrozenBatchNorm2d``, with ``conv.out_channels`` features.
 

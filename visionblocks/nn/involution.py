@@ -15,7 +15,16 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
-from visionblocks._check import check_choice, check_feature_map, check_type
+from visionblocks._check import (
+    check_choice,
+    check_device,
+    check_floating,
+    check_image_batch,
+    check_int,
+    check_type,
+    is_tracing,
+)
+from visionblocks.nn._limits import MAX_CHANNELS, MAX_KERNEL_SIZE, MAX_WINDOW
 from visionblocks.ops.local import check_window, local_filter
 from visionblocks.registry import LAYERS
 
@@ -23,11 +32,15 @@ __all__ = ["Involution2d", "LocalFilter2d"]
 
 
 def _check_positive_int(name: str, value: int) -> None:
-    if isinstance(value, bool):
-        raise TypeError(f"{name} must be int, got bool ({value!r})")
-    check_type(name, value, int)
-    if value < 1:
-        raise ValueError(f"{name} must be >= 1, got {value}")
+    check_int(name, value, 1, MAX_CHANNELS)
+
+
+def _check_sizes(kernel_size: int, dilation: int, stride: int = 1) -> None:
+    """Bounded window sizes (`visionblocks.nn._limits`), then `check_window`'s rules."""
+    check_int("kernel_size", kernel_size, 1, MAX_WINDOW)
+    check_int("dilation", dilation, 1, MAX_KERNEL_SIZE)
+    check_int("stride", stride, 1, MAX_KERNEL_SIZE)
+    check_window(kernel_size, dilation, stride)
 
 
 def _check_groups(channels: int, groups: int) -> None:
@@ -35,6 +48,18 @@ def _check_groups(channels: int, groups: int) -> None:
     _check_positive_int("groups", groups)
     if channels % groups:
         raise ValueError(f"groups must divide channels, got groups={groups}, channels={channels}")
+
+
+def _check_kernels(kernels: object, x: torch.Tensor, taps: int) -> None:
+    """Given kernels: floating ``(B, G*k*k, H, W)`` like ``x``, on its device."""
+    check_floating("kernels", kernels)
+    expected = (x.shape[0], taps, *x.shape[2:])
+    if tuple(kernels.shape) != expected:
+        raise ValueError(
+            f"kernels must have shape (B, groups * kernel_size**2, H, W) = {expected} for x of "
+            f"shape {tuple(x.shape)}, got {tuple(kernels.shape)}"
+        )
+    check_device("kernels", kernels, x.device, "x")
 
 
 @LAYERS.register(name="involution")
@@ -61,9 +86,12 @@ class Involution2d(nn.Module):
         - Output: ``(B, C, ceil(H / s), ceil(W / s))``.
 
     Raises:
-        TypeError: Non-int arguments.
-        ValueError: An even ``kernel_size``, values below 1, ``groups`` not dividing
-            ``channels`` or ``reduction`` larger than ``channels``.
+        TypeError: Non-int arguments; in ``forward``, an input that is not a floating-point
+            tensor of the weights' dtype.
+        ValueError: An even ``kernel_size``, values below 1 or too large (``kernel_size``
+            above 63, ``stride`` above 1,024, ``channels`` above 65,536), ``groups`` not
+            dividing ``channels`` or ``reduction`` larger than ``channels``; in ``forward``,
+            an input that is not ``(B, C, H, W)`` or not on the weights' device.
 
     Examples:
         >>> import torch
@@ -87,7 +115,7 @@ class Involution2d(nn.Module):
         reduction: int = 4,
     ) -> None:
         super().__init__()
-        check_window(kernel_size, 1, stride)
+        _check_sizes(kernel_size, 1, stride)
         _check_groups(channels, groups)
         _check_positive_int("reduction", reduction)
         if channels // reduction < 1:
@@ -112,7 +140,8 @@ class Involution2d(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         """Involve ``x (B, C, H, W)`` with its own kernels."""
-        check_feature_map("x", x, self.channels)
+        if not is_tracing(x):  # reading self.span.weight would show in a torch.fx graph
+            check_image_batch("x", x, self.channels, weight=self.span.weight)
         return local_filter(x, self.kernels(x), self.kernel_size, stride=self.stride)
 
     def extra_repr(self) -> str:
@@ -146,9 +175,12 @@ class LocalFilter2d(nn.Module):
         - Output: ``(B, C, H, W)``.
 
     Raises:
-        TypeError: Non-int sizes.
-        ValueError: An even ``kernel_size``, values below 1, ``groups`` not dividing
-            ``channels``, an unknown ``normalize``; in ``forward``, no kernels without a
+        TypeError: Non-int sizes, a non-bool ``predict``; in ``forward``, an input that is
+            not a floating-point tensor (of the predictor's dtype).
+        ValueError: An even ``kernel_size``, values below 1 or too large (``kernel_size``
+            above 63, ``dilation`` above 1,024, ``channels`` above 65,536), ``groups`` not
+            dividing ``channels``, an unknown ``normalize``; in ``forward``, an input that is
+            not ``(B, C, H, W)`` or not on the predictor's device, no kernels without a
             predictor (and `local_filter`'s shape checks).
 
     Examples:
@@ -172,7 +204,7 @@ class LocalFilter2d(nn.Module):
         predict: bool = True,
     ) -> None:
         super().__init__()
-        check_window(kernel_size, dilation)
+        _check_sizes(kernel_size, dilation)
         _check_groups(channels, groups)
         check_choice("normalize", normalize, ("softmax", "none"))
         check_type("predict", predict, bool)
@@ -197,7 +229,11 @@ class LocalFilter2d(nn.Module):
 
     def forward(self, x: Tensor, kernels: Tensor | None = None) -> Tensor:
         """Filter ``x (B, C, H, W)`` with ``kernels`` (predicted from ``x`` when None)."""
-        check_feature_map("x", x, self.channels)
+        if not is_tracing(x, kernels):  # a weight read would show in a torch.fx graph
+            predictor = self.predictor if kernels is None else None
+            check_image_batch("x", x, self.channels, weight=getattr(predictor, "weight", None))
+            if kernels is not None:
+                _check_kernels(kernels, x, self.groups * self.kernel_size**2)
         if kernels is None:
             kernels = self.predict_kernels(x)
         return local_filter(x, kernels, self.kernel_size, self.dilation)

@@ -10,13 +10,22 @@ the new name usable everywhere:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import TypeAlias
 
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from visionblocks._check import check_type
+from visionblocks._check import (
+    check_device,
+    check_image_batch,
+    check_int,
+    check_number,
+    check_type,
+    is_tracing,
+)
+from visionblocks.nn._limits import MAX_CHANNELS, check_channels
 
 __all__ = [
     "ACTIVATIONS",
@@ -43,8 +52,8 @@ class LayerNorm2d(nn.LayerNorm):
     (``weight``, ``bias``) is that of ``nn.LayerNorm(C)``.
 
     Args:
-        num_channels: Number of channels ``C``.
-        eps: Added to the variance (default ``1e-6``, as ConvNeXt).
+        num_channels: Number of channels ``C`` (at most 65,536).
+        eps: Added to the variance (default ``1e-6``, as ConvNeXt); positive and finite.
         elementwise_affine: Learn a per-channel scale and shift.
 
     Shape:
@@ -52,8 +61,13 @@ class LayerNorm2d(nn.LayerNorm):
         - Output: ``(B, C, H, W)``, same dtype.
 
     Raises:
-        RuntimeError: In ``forward`` (from torch), if the input is not 4-D with ``C``
-            channels. ``forward`` has no Python checks, so it traces with ``torch.fx``.
+        TypeError: Non-int ``num_channels``, non-number ``eps``, non-bool
+            ``elementwise_affine``; in ``forward``, an input that is not a floating-point
+            tensor.
+        ValueError: ``num_channels`` outside ``[1, 65536]``, ``eps`` not positive and finite
+            (``eps <= 0`` divides by zero: NaN); in ``forward``, an input that is not
+            ``(B, C, H, W)`` or not on the parameters' device. The checks are skipped under
+            ``torch.fx`` and ``torch.jit`` tracing, so the layer still traces.
 
     Examples:
         >>> import torch
@@ -69,9 +83,16 @@ class LayerNorm2d(nn.LayerNorm):
     def __init__(
         self, num_channels: int, eps: float = 1e-6, elementwise_affine: bool = True
     ) -> None:
+        check_channels("num_channels", num_channels)
+        check_number("eps", eps, 0.0, math.inf, low_inclusive=False, high_inclusive=False)
+        check_type("elementwise_affine", elementwise_affine, bool)
         super().__init__(num_channels, eps=eps, elementwise_affine=elementwise_affine)
 
     def forward(self, x: Tensor) -> Tensor:
+        if not is_tracing(x):
+            check_image_batch("x", x, self.normalized_shape[0])
+            if self.weight is not None:
+                check_device("x", x, self.weight.device, "the module's parameters")
         x = x.permute(0, 2, 3, 1)
         x = F.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)
         return x.permute(0, 3, 1, 2)
@@ -85,15 +106,15 @@ def group_norm_groups(num_channels: int, max_groups: int = 32) -> int:
     never failing (``48 -> 24``, ``3 -> 3``; a prime above 32 gives 1, i.e. LayerNorm-like).
 
     Args:
-        num_channels: Channels to normalise (``>= 1``).
-        max_groups: Upper bound on the number of groups (``>= 1``).
+        num_channels: Channels to normalise (in ``[1, 65536]``).
+        max_groups: Upper bound on the number of groups (in ``[1, 65536]``).
 
     Returns:
         int: The group count.
 
     Raises:
         TypeError: Non-int arguments.
-        ValueError: Arguments below 1.
+        ValueError: Arguments below 1 or above 65,536.
 
     Examples:
         >>> group_norm_groups(256), group_norm_groups(48), group_norm_groups(37)
@@ -160,18 +181,16 @@ process group is initialised); ``gn`` is ``nn.GroupNorm`` with `group_norm_group
 
 
 def _check_positive_int(name: str, value: int) -> None:
-    if isinstance(value, bool):
-        raise TypeError(f"{name} must be int, got bool ({value!r})")
-    check_type(name, value, int)
-    if value < 1:
-        raise ValueError(f"{name} must be >= 1, got {value}")
+    check_int(name, value, 1, MAX_CHANNELS)
 
 
-def _lookup(kind: str, table: dict[str, Callable[..., nn.Module]], name: str) -> Callable:
+def _lookup(arg: str, kind: str, table: dict[str, Callable[..., nn.Module]], name: str) -> Callable:
     key = name.lower()
     if key not in table:
         allowed = ", ".join(repr(n) for n in (*table, None))
-        raise ValueError(f"unknown {kind} {name!r}; choose one of {allowed} or pass a factory")
+        raise ValueError(
+            f"{arg}: unknown {kind} {name!r}; choose one of {allowed} or pass a factory"
+        )
     return table[key]
 
 
@@ -226,14 +245,16 @@ def make_activation(act: ActSpec, *, inplace: bool = False) -> nn.Module:
         >>> make_activation("swish")
         Traceback (most recent call last):
         ...
-        ValueError: unknown activation 'swish'; choose one of 'relu', 'relu6', 'silu', 'gelu', 'hardswish', 'leaky_relu', None or pass a factory
+        ValueError: act: unknown activation 'swish'; choose one of 'relu', 'relu6', 'silu', 'gelu', 'hardswish', 'leaky_relu', None or pass a factory
     """
     _check_spec("act", act)
     check_type("inplace", inplace, bool)
     if act is None:
         return nn.Identity()
     if isinstance(act, str):
-        return _check_built("activation", act, _lookup("activation", ACTIVATIONS, act)(inplace))
+        return _check_built(
+            "activation", act, _lookup("act", "activation", ACTIVATIONS, act)(inplace)
+        )
     return _check_built("activation", act, act())
 
 
@@ -247,13 +268,14 @@ def make_norm(norm: NormSpec, num_channels: int) -> nn.Module:
             32), ``"ln2d"`` (`LayerNorm2d`); a callable ``f(num_channels)`` returning a
             module (``nn.InstanceNorm2d``, ``functools.partial(nn.GroupNorm, 8)``); or
             ``None`` for ``nn.Identity``.
-        num_channels: Channels of the normalised tensor (``>= 1``).
+        num_channels: Channels of the normalised tensor (in ``[1, 65536]``).
 
     Returns:
         nn.Module: A new module.
 
     Raises:
-        ValueError: An unknown name (the message lists the choices), ``num_channels < 1``.
+        ValueError: An unknown name (the message lists the choices), ``num_channels``
+            outside ``[1, 65536]``.
         TypeError: A module instance instead of a class or factory, another type, or a
             factory that does not return an ``nn.Module``.
 
@@ -271,12 +293,12 @@ def make_norm(norm: NormSpec, num_channels: int) -> nn.Module:
         >>> make_norm("batchnorm", 16)
         Traceback (most recent call last):
         ...
-        ValueError: unknown norm 'batchnorm'; choose one of 'bn', 'syncbn', 'gn', 'ln2d', None or pass a factory
+        ValueError: norm: unknown norm 'batchnorm'; choose one of 'bn', 'syncbn', 'gn', 'ln2d', None or pass a factory
     """
     _check_spec("norm", norm)
     _check_positive_int("num_channels", num_channels)
     if norm is None:
         return nn.Identity()
     if isinstance(norm, str):
-        return _check_built("norm", norm, _lookup("norm", NORMS, norm)(num_channels))
+        return _check_built("norm", norm, _lookup("norm", "norm", NORMS, norm)(num_channels))
     return _check_built("norm", norm, norm(num_channels))

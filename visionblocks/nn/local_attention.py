@@ -10,19 +10,12 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
-from visionblocks._check import check_feature_map, check_type
+from visionblocks._check import check_image_batch, check_int, check_type, is_tracing
+from visionblocks.nn._limits import MAX_CHANNELS, MAX_KERNEL_SIZE, MAX_WINDOW
 from visionblocks.ops.local_attention import local_attention2d
 from visionblocks.registry import LAYERS
 
 __all__ = ["LocalAttention2d"]
-
-
-def _check_positive_int(name: str, value: int) -> None:
-    if isinstance(value, bool):
-        raise TypeError(f"{name} must be int, got bool ({value!r})")
-    check_type(name, value, int)
-    if value < 1:
-        raise ValueError(f"{name} must be >= 1, got {value}")
 
 
 @LAYERS.register(name="local_attention")
@@ -50,9 +43,12 @@ class LocalAttention2d(nn.Module):
         - Output: ``(B, C, H, W)``.
 
     Raises:
-        TypeError: Non-int sizes or a non-bool ``qkv_bias``.
-        ValueError: An even ``kernel_size``, values below 1, or ``num_heads`` not dividing
-            ``channels``.
+        TypeError: Non-int sizes or a non-bool ``qkv_bias``; in ``forward``, an input that is
+            not a floating-point tensor of the weights' dtype.
+        ValueError: An even ``kernel_size``, values below 1 or too large (``kernel_size``
+            above 63, ``dilation`` above 1,024, ``channels`` above 65,536), or ``num_heads``
+            not dividing ``channels``; in ``forward``, an input that is not ``(B, C, H, W)``
+            or not on the weights' device.
 
     Examples:
         >>> import torch
@@ -76,13 +72,13 @@ class LocalAttention2d(nn.Module):
         qkv_bias: bool = True,
     ) -> None:
         super().__init__()
-        for name, value in (
-            ("channels", channels),
-            ("kernel_size", kernel_size),
-            ("num_heads", num_heads),
-            ("dilation", dilation),
+        for name, value, high in (
+            ("channels", channels, MAX_CHANNELS),
+            ("kernel_size", kernel_size, MAX_WINDOW),
+            ("num_heads", num_heads, MAX_CHANNELS),
+            ("dilation", dilation, MAX_KERNEL_SIZE),
         ):
-            _check_positive_int(name, value)
+            check_int(name, value, 1, high)
         if kernel_size % 2 == 0:
             raise ValueError(f"kernel_size must be odd (windows are centred), got {kernel_size}")
         if channels % num_heads:
@@ -97,7 +93,8 @@ class LocalAttention2d(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         """Attend ``x (B, C, H, W)`` to itself within each pixel's window."""
-        check_feature_map("x", x, self.channels)
+        if not is_tracing(x):  # reading self.qkv.weight would show in a torch.fx graph
+            check_image_batch("x", x, self.channels, weight=self.qkv.weight)
         q, k, v = self.qkv(x).chunk(3, dim=1)
         out = local_attention2d(q, k, v, self.kernel_size, self.dilation, self.num_heads)
         return self.proj(out)

@@ -1,0 +1,76 @@
+"""Input checks of the necks and heads (private): lists of feature levels and output sizes."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from torch import Tensor, nn
+
+from visionblocks._check import check_image_batch, check_int, is_tracing
+from visionblocks.nn._limits import MAX_SIDE
+
+__all__ = ["check_levels", "check_size"]
+
+
+def check_levels(
+    name: str, features: Any, channels: Sequence[int], module: nn.Module | None
+) -> list[Tensor]:
+    """The levels of ``features`` (a dict or list of ``(B, C_l, H_l, W_l)``, finest first).
+
+    Every level is a floating-point 4-D tensor with ``channels[l]`` channels on the device
+    (and, outside autocast, of the dtype) of ``module.weight`` (read only when not tracing, so
+    no ``get_attr`` shows in a ``torch.fx`` graph); all levels have the same batch
+    size, and no level is larger than the one before it (finest first).
+
+    Raises:
+        TypeError: ``features`` is not a dict or list of tensors, or a level is no
+            floating-point tensor of the module's dtype.
+        ValueError: Another number of levels, a level of another shape or device, batch
+            sizes that differ, or levels not ordered finest first.
+    """
+    if isinstance(features, Mapping):
+        keys = [f"{name}[{k!r}]" for k in features]
+        levels = list(features.values())
+    elif isinstance(features, (list, tuple)):
+        keys = [f"{name}[{i}]" for i in range(len(features))]
+        levels = list(features)
+    else:
+        raise TypeError(
+            f"{name} must be a dict or list of (B, C, H, W) tensors, one per level (finest "
+            f"first), got {type(features).__name__}"
+        )
+    if len(levels) != len(channels):
+        raise ValueError(
+            f"{name} must hold {len(channels)} levels (finest first), got {len(levels)}"
+        )
+    if is_tracing(*levels):
+        return levels
+    weight = None if module is None else module.weight
+    for key, level, c in zip(keys, levels, channels):
+        check_image_batch(key, level, c, weight=weight)
+    for (key_a, a), (key_b, b) in zip(zip(keys, levels), zip(keys[1:], levels[1:])):
+        if a.shape[0] != b.shape[0]:
+            raise ValueError(
+                f"{name}: every level must have the same batch size, got {key_a} of shape "
+                f"{tuple(a.shape)} and {key_b} of shape {tuple(b.shape)}"
+            )
+        if b.shape[2] > a.shape[2] or b.shape[3] > a.shape[3]:
+            raise ValueError(
+                f"{name} must be ordered finest first (each level at most as large as the "
+                f"one before), got {key_a} of shape {tuple(a.shape)} before {key_b} of shape "
+                f"{tuple(b.shape)}"
+            )
+    return levels
+
+
+def check_size(name: str, size: Any) -> tuple[int, int]:
+    """An ``(H, W)`` pair of ints in ``[1, MAX_SIDE]`` (16,384)."""
+    if isinstance(size, (str, bytes)) or not isinstance(size, Sequence):
+        raise TypeError(f"{name} must be a pair of ints (H, W), got {type(size).__name__}")
+    if len(size) != 2:
+        raise ValueError(f"{name} must be a pair of ints (H, W), got {size!r}")
+    return (
+        check_int(f"{name}[0]", size[0], 1, MAX_SIDE),
+        check_int(f"{name}[1]", size[1], 1, MAX_SIDE),
+    )
