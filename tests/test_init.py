@@ -649,3 +649,49 @@ def test_zero_init_last_norm_rule_scoped_by_layer_and_name():
         init_weights(model, [{"type": "zero_init_last_norm", "name": "nothing_here"}])
     with pytest.raises(ValueError, match="unknown keys"):
         init_weights(model, [{"type": "zero_init_last_norm", "val": 0.0}])
+
+
+# ------------------------------------------------------------------- issue 19: messages, hangs
+@pytest.mark.parametrize("fn", [c2_msra_fill, c2_xavier_fill])
+def test_c2_fills_name_themselves_in_errors(fn):
+    for bad, error in (
+        (nn.ReLU(), TypeError),
+        ("conv", TypeError),
+        (nn.BatchNorm2d(4), ValueError),
+    ):
+        with pytest.raises(error, match=fn.__name__) as info:
+            fn(bad)
+        assert "kaiming_init" not in str(info.value)
+    with pytest.raises(TypeError, match=f"{fn.__name__} expects an nn.Module as module"):
+        fn("conv")
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"mean": 100.0, "a": -2.0, "b": 2.0},  # torch's rejection sampler never ends
+        {"mean": 0.0, "std": 1.0, "a": 8.0, "b": 9.0},  # float32 tail: every value the bound
+        {"mean": -1.0, "std": 1e-4, "a": -0.99, "b": 5.0},  # accepting 1 proposal in 10**5
+    ],
+)
+def test_trunc_normal_refuses_intervals_outside_the_distribution(kwargs):
+    from tests.conformance.framework import time_limit
+
+    fc = nn.Linear(4, 4)
+    with time_limit(10), pytest.raises(ValueError, match=r"lies \(almost\) entirely outside"):
+        trunc_normal_init(fc, **kwargs)
+
+
+@pytest.mark.parametrize(
+    ("call", "match"),
+    [
+        (lambda m: xavier_init(m, gain=-1.0), "gain must be in"),
+        (lambda m: normal_init(m, std=float("inf")), "std must be finite"),
+        (lambda m: trunc_normal_init(m, b=float("inf")), "b must be finite"),
+        (lambda m: constant_init(m, float("inf")), "val must be finite"),
+        (lambda m: kaiming_init(m, mode=3), "mode must be str"),
+    ],
+)
+def test_non_finite_and_out_of_range_options_raise(call, match):
+    with pytest.raises((ValueError, TypeError), match=match):
+        call(nn.Conv2d(3, 4, 3))

@@ -1,4 +1,5 @@
-"""Private helpers of `visionblocks.init`: reaching a module's weight and its group-aware fans.
+"""Private helpers of `visionblocks.init`: reaching a module's weight, its group-aware fans,
+and the argument checks the initializers share.
 
 Kept apart so `visionblocks.init` holds only the public initializers.
 """
@@ -15,6 +16,7 @@ from torch.nn.utils import parametrize
 
 __all__ = [
     "check_number",
+    "check_truncation",
     "draw_zero_mean",
     "fill_bias",
     "has_weight",
@@ -32,7 +34,9 @@ def has_weight(module: nn.Module) -> bool:
 def weight_of(module: nn.Module, caller: str) -> Tensor:
     """Return ``module.weight``, or raise naming ``caller`` when it cannot be initialised."""
     if not isinstance(module, nn.Module):
-        raise TypeError(f"{caller} expects an nn.Module, got {type(module).__name__}")
+        raise TypeError(
+            f"{caller} expects an nn.Module as module, got {type(module).__name__} ({module!r})"
+        )
     kind = type(module).__name__
     weight = getattr(module, "weight", None)
     if not isinstance(weight, Tensor):
@@ -56,13 +60,51 @@ def weight_of(module: nn.Module, caller: str) -> Tensor:
 
 
 def check_number(name: str, value: object) -> float:
-    """Return ``value`` as a float; raise unless it is a real, non-NaN number (bool excluded)."""
+    """Return ``value`` as a float; raise unless it is a finite real number (bool excluded).
+
+    An infinite mean, bound, gain or fill value would fill the weight with ``inf``/NaN (or
+    make torch's samplers fail), so it is refused like NaN.
+    """
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"{name} must be a real number, got {type(value).__name__} ({value!r})")
     value = float(value)
     if math.isnan(value):
         raise ValueError(f"{name} must not be NaN")
+    if math.isinf(value):
+        raise ValueError(f"{name} must be finite, got {value}")
     return value
+
+
+#: `check_truncation` refuses intervals farther than this many std from the mean...
+TRUNCATION_MAX_DISTANCE = 6.0
+#: ... or where torch's sampler would accept fewer proposals than this (over 1000 tries/value).
+TRUNCATION_MIN_ACCEPTANCE = 1e-3
+
+
+def check_truncation(mean: float, std: float, a: float, b: float) -> None:
+    """Raise ``ValueError`` when ``N(mean, std**2)`` truncated to ``[a, b]`` cannot be sampled.
+
+    ``torch.nn.init.trunc_normal_`` draws by rejection; when ``[a, b]`` lies far from the mean
+    its loop practically never ends (``mean=100, a=-2, b=2``), and a float32 tail can make it
+    return the bound itself. Refused: an interval more than `TRUNCATION_MAX_DISTANCE` std
+    away from the mean, or one where torch's proposals would be accepted less often than
+    `TRUNCATION_MIN_ACCEPTANCE`. Arguments are finite, ``std > 0`` and ``a < b``.
+    """
+    lo, hi = (a - mean) / std, (b - mean) / std  # the interval in std units
+    distance = max(lo, -hi, 0.0)
+    rate = 1.0
+    if distance <= TRUNCATION_MAX_DISTANCE:
+        mass = (math.erf(hi / math.sqrt(2.0)) - math.erf(lo / math.sqrt(2.0))) / 2
+        if mass <= 0.3:  # torch proposes uniformly in [a, b], accepts by density / peak
+            peak = math.exp(-0.5 * distance**2)
+            rate = mass * math.sqrt(2 * math.pi) / ((hi - lo) * peak)
+    if distance > TRUNCATION_MAX_DISTANCE or rate < TRUNCATION_MIN_ACCEPTANCE:
+        raise ValueError(
+            f"trunc_normal_init: the interval [a, b] = [{a}, {b}] lies (almost) entirely "
+            f"outside N(mean={mean}, std={std}) (it starts {distance:.3g} std from the mean), "
+            "so sampling from it would practically never end; move a and b towards mean "
+            "(they are absolute values, not multiples of std) or widen std"
+        )
 
 
 def fill_bias(module: nn.Module, bias: float | None) -> None:

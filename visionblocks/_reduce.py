@@ -19,12 +19,22 @@ Reductions:
 
 from __future__ import annotations
 
+import math
+import numbers
+
 import torch
 from torch import Tensor
 
-from visionblocks._check import check_choice, check_range, check_type
+from visionblocks._check import check_choice, check_type, reads_values
 
-__all__ = ["REDUCTIONS", "check_reduction", "compute_dtype", "reduce_loss"]
+__all__ = [
+    "REDUCTIONS",
+    "check_normalizer",
+    "check_reduction",
+    "check_target_range",
+    "compute_dtype",
+    "reduce_loss",
+]
 
 REDUCTIONS = ("none", "mean", "sum")
 
@@ -46,22 +56,93 @@ def check_reduction(reduction: str) -> None:
     check_choice("reduction", reduction, REDUCTIONS)
 
 
-def check_normalizer(normalizer: float | Tensor | None) -> None:
-    """Validate a loss ``normalizer``: ``None``, a positive number or a tensor with one element."""
+def _check_positive(value: float, what: str) -> None:
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"normalizer must be a positive finite number, got {what}{value!r}")
+
+
+def check_normalizer(
+    normalizer: float | Tensor | None, device: torch.device | None = None
+) -> float | Tensor | None:
+    """Validate a loss ``normalizer``; return it as a float, a 0-d tensor or ``None``.
+
+    Positive and finite whatever its type: a Python or NumPy number (checked always), or a
+    one-element real tensor on ``device`` (a 0-d CPU tensor works anywhere), whose value is
+    read only when `visionblocks.value_checks_enabled` (a host sync on CUDA).
+
+    Examples:
+        >>> import torch
+        >>> check_normalizer(torch.tensor([4.0]))
+        tensor(4.)
+        >>> check_normalizer(torch.tensor(0.0))
+        Traceback (most recent call last):
+        ...
+        ValueError: normalizer must be a positive finite number, got a tensor holding 0.0
+    """
     if normalizer is None:
-        return
+        return None
     if isinstance(normalizer, Tensor):
         if normalizer.numel() != 1:
             raise ValueError(
                 f"normalizer must be a number or a one-element tensor, "
                 f"got a tensor of shape {tuple(normalizer.shape)}"
             )
-        return
-    if isinstance(normalizer, bool) or not isinstance(normalizer, int | float):
+        if normalizer.dtype == torch.bool or normalizer.is_complex():
+            raise TypeError(f"normalizer must be a real tensor, got dtype {normalizer.dtype}")
+        cpu_scalar = normalizer.device.type == "cpu" and normalizer.dim() == 0
+        if device is not None and normalizer.device != device and not cpu_scalar:
+            raise ValueError(
+                f"normalizer must be on the inputs' device {device} (or be a 0-d CPU tensor), "
+                f"got {normalizer.device}"
+            )
+        normalizer = normalizer.reshape(())
+        if reads_values(normalizer):
+            _check_positive(float(normalizer), "a tensor holding ")
+        return normalizer
+    if isinstance(normalizer, bool) or not isinstance(normalizer, numbers.Real):
         raise TypeError(
-            f"normalizer must be a number or a one-element tensor, got {type(normalizer).__name__}"
+            f"normalizer must be a number or a one-element tensor, got "
+            f"{type(normalizer).__name__} ({normalizer!r})"
         )
-    check_range("normalizer", float(normalizer), 0.0, None, low_inclusive=False)
+    _check_positive(float(normalizer), "")
+    return float(normalizer)
+
+
+def check_target_range(
+    name: str,
+    values: Tensor,
+    low: float,
+    high: float,
+    *,
+    ignore: float | None = None,
+    hint: str = "",
+) -> None:
+    """Raise ``ValueError`` unless every value is in ``[low, high]`` or equals ``ignore``.
+
+    A value check, skipped unless `visionblocks.value_checks_enabled` (and for meta or bool
+    tensors): one ``torch.aminmax`` pass; only when it finds values outside the range and an
+    ``ignore`` value is given, a second pass with those values masked. NaN fails. ``hint`` is
+    appended to the message.
+
+    Examples:
+        >>> import torch
+        >>> check_target_range("targets", torch.tensor([0, 1, 255]), 0, 1, ignore=255)
+        >>> check_target_range("targets", torch.tensor([0.0, 1.0, 255.0]), 0, 1)
+        Traceback (most recent call last):
+        ...
+        ValueError: targets must be in [0, 1], got values in [0.0, 255.0]
+    """
+    if values.numel() == 0 or values.dtype == torch.bool or not reads_values(values):
+        return
+    values = values.detach()
+    lo, hi = (float(v) for v in torch.aminmax(values))
+    if not (low <= lo and hi <= high) and ignore is not None:
+        lo, hi = (float(v) for v in torch.aminmax(values.masked_fill(values == ignore, low)))
+    if not (low <= lo and hi <= high):  # also True for NaN
+        also = "" if ignore is None else f" (or equal ignore_index={ignore})"
+        raise ValueError(
+            f"{name} must be in [{low:g}, {high:g}]{also}, got values in [{lo!r}, {hi!r}]{hint}"
+        )
 
 
 def reduce_loss(

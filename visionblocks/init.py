@@ -27,6 +27,7 @@ from torch import nn
 from visionblocks._check import check_choice, check_range, check_type
 from visionblocks._fans import (
     check_number,
+    check_truncation,
     draw_zero_mean,
     fill_bias,
     module_fans,
@@ -139,13 +140,30 @@ def kaiming_init(
         ...
         TypeError: kaiming_init initialises a module's weight tensor, but ReLU has no weight; ...
     """
-    weight = weight_of(module, "kaiming_init")
+    _kaiming(module, a, mode, nonlinearity, distribution, bias, "kaiming_init")
+
+
+def _kaiming(
+    module: nn.Module,
+    a: float,
+    mode: str,
+    nonlinearity: str,
+    distribution: str,
+    bias: float | None,
+    caller: str,
+) -> None:
+    """`kaiming_init`, with errors naming ``caller`` (``c2_msra_fill``...)."""
+    weight = weight_of(module, caller)
     a = check_number("a", a)
-    check_choice("mode", mode, ("fan_in", "fan_out"))
-    check_choice("nonlinearity", nonlinearity, _NONLINEARITIES)
-    check_choice("distribution", distribution, ("normal", "uniform"))
+    for name, value, choices in (
+        ("mode", mode, ("fan_in", "fan_out")),
+        ("nonlinearity", nonlinearity, _NONLINEARITIES),
+        ("distribution", distribution, ("normal", "uniform")),
+    ):
+        check_type(name, value, str)
+        check_choice(name, value, choices)
     bias = _check_bias(bias)
-    fan_in, fan_out = module_fans(module, "kaiming_init")
+    fan_in, fan_out = module_fans(module, caller)
     fan = max(fan_in if mode == "fan_in" else fan_out, 1)  # 0 only for an empty weight
     draw_zero_mean(weight, nn.init.calculate_gain(nonlinearity, a) / math.sqrt(fan), distribution)
     fill_bias(module, bias)
@@ -165,13 +183,14 @@ def xavier_init(
 
     Args:
         module: A layer with a weight of at least 2 dimensions.
-        gain: Scale factor (e.g. ``torch.nn.init.calculate_gain("relu")``).
+        gain: Scale factor ``>= 0`` (e.g. ``torch.nn.init.calculate_gain("relu")``).
         distribution: ``"uniform"`` or ``"normal"``.
         bias: Value for the bias; ``None`` leaves it untouched.
 
     Raises:
         TypeError: If ``module`` has no weight tensor, or an argument has the wrong type.
-        ValueError: If ``distribution`` is unknown or the weight has fewer than 2 dimensions.
+        ValueError: If ``distribution`` is unknown, ``gain`` negative or not finite, or the
+            weight has fewer than 2 dimensions.
 
     Examples:
         >>> from torch import nn
@@ -182,6 +201,8 @@ def xavier_init(
     """
     weight = weight_of(module, "xavier_init")
     gain = check_number("gain", gain)
+    check_range("gain", gain, 0.0)
+    check_type("distribution", distribution, str)
     check_choice("distribution", distribution, ("uniform", "normal"))
     bias = _check_bias(bias)
     fan_in, fan_out = module_fans(module, "xavier_init")
@@ -235,7 +256,10 @@ def trunc_normal_init(
     """Fill the weight from ``N(mean, std**2)`` truncated to ``[a, b]``, in place.
 
     ``a`` and ``b`` are absolute bounds (as in ``torch.nn.init.trunc_normal_`` and timm), not
-    multiples of ``std``.
+    multiples of ``std``. An interval that lies (almost) entirely outside the distribution
+    (``[a, b]`` more than 6 ``std`` from ``mean``) or holds so little of it that torch's
+    sampler would need over a thousand tries per value is refused: sampling it would not end
+    (or would return the bound itself).
 
     Args:
         module: A layer with a ``weight`` tensor.
@@ -247,7 +271,8 @@ def trunc_normal_init(
 
     Raises:
         TypeError: If ``module`` has no weight tensor, or an argument is not a number.
-        ValueError: If ``std <= 0`` or ``a >= b``.
+        ValueError: If an argument is not finite, ``std <= 0``, ``a >= b``, or ``[a, b]`` lies
+            (almost) entirely outside ``N(mean, std**2)``.
 
     Examples:
         >>> from torch import nn
@@ -264,6 +289,7 @@ def trunc_normal_init(
     check_range("std", std, 0.0, low_inclusive=False)
     if not a < b:
         raise ValueError(f"trunc_normal_init needs a < b, got a={a}, b={b}")
+    check_truncation(mean, std, a, b)
     bias = _check_bias(bias)
     nn.init.trunc_normal_(weight, mean, std, a, b)
     fill_bias(module, bias)
@@ -317,7 +343,7 @@ def c2_msra_fill(module: nn.Module) -> None:
         >>> conv.bias.abs().sum().item()
         0.0
     """
-    kaiming_init(module, mode="fan_out", nonlinearity="relu", distribution="normal", bias=0.0)
+    _kaiming(module, 0.0, "fan_out", "relu", "normal", 0.0, "c2_msra_fill")
 
 
 @INITIALIZERS.register(name="c2_xavier")
@@ -341,7 +367,7 @@ def c2_xavier_fill(module: nn.Module) -> None:
         >>> bool(conv.weight.abs().max() <= 1.0)
         True
     """
-    kaiming_init(module, a=1, mode="fan_in", nonlinearity="leaky_relu", distribution="uniform")
+    _kaiming(module, 1.0, "fan_in", "leaky_relu", "uniform", 0.0, "c2_xavier_fill")
 
 
 def bias_init_with_prob(prior_prob: float) -> float:

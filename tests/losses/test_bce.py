@@ -6,6 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import visionblocks
 from tests.helpers import assert_close, gradcheck
 from visionblocks.losses.bce import BCEWithLogitsLoss, binary_cross_entropy_with_logits
 from visionblocks.registry import LOSSES
@@ -146,7 +147,9 @@ def test_gradcheck():
         t = t.masked_fill(targets == -1, -1)  # soft targets are differentiable; -1 is ignored
         return bce(x, t, weight=weight, pos_weight=pos_weight, label_smoothing=0.2, ignore_index=-1)
 
-    assert gradcheck(fn, (torch.randn(2, 3), targets.clamp_min(0)))
+    # gradcheck nudges targets of 0 and 1 out of [0, 1], which the value check refuses
+    with visionblocks.value_checks(False):
+        assert gradcheck(fn, (torch.randn(2, 3), targets.clamp_min(0)))
 
 
 # ----------------------------------------------------------------------- module / registry
@@ -191,3 +194,33 @@ def test_module_validates_eagerly():
         BCEWithLogitsLoss(label_smoothing=2.0)
     with pytest.raises(TypeError, match="weight"):
         BCEWithLogitsLoss(weight=torch.ones(3).long())
+
+
+# ------------------------------------------------------------ target values (issue 19)
+def test_mask_with_255_needs_ignore_index():
+    inputs = torch.zeros(2, 4)
+    mask = torch.tensor([[0, 1, 255, 1], [1, 0, 0, 255]], dtype=torch.uint8)
+    with pytest.raises(ValueError, match=r"targets must be in \[0, 1\].*255.*ignore_index"):
+        bce(inputs, mask)  # was -126: 255 taken as a probability
+    assert bce(inputs, mask, ignore_index=255).item() == pytest.approx(0.6931, abs=1e-4)
+
+
+@pytest.mark.parametrize("bad", [-1.0, 1.5, float("nan")])
+def test_targets_outside_0_1_raise(bad):
+    targets = torch.tensor([0.0, 1.0, bad])
+    with pytest.raises(ValueError, match=r"targets must be in \[0, 1\]"):
+        bce(torch.zeros(3), targets)
+    if bad == bad:  # declared as ignored: fine
+        assert torch.isfinite(bce(torch.zeros(3), targets, ignore_index=bad))
+    with pytest.raises(ValueError, match=r"ignore_index=0.5"):
+        bce(torch.zeros(3), targets, ignore_index=0.5)
+
+
+def test_tensors_on_different_devices_raise():
+    x = torch.zeros(2, 3)
+    with pytest.raises(ValueError, match="inputs and targets must be on the same device"):
+        bce(x, x.to("meta"))
+    with pytest.raises(ValueError, match=r"inputs, targets and pos_weight .*pos_weight on meta"):
+        bce(x, x, pos_weight=torch.ones(3, device="meta"))
+    with pytest.raises(ValueError, match="ignore_index must be a finite number"):
+        bce(x, x, ignore_index=float("nan"))

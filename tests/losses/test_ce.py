@@ -297,3 +297,23 @@ def test_module_validates_eagerly():
         CrossEntropyLoss(top_k=2.0)
     with pytest.raises(ValueError, match="weight"):
         CrossEntropyLoss(weight=torch.ones(2, 2))
+
+
+# ------------------------------------------------------ values and devices (issue 19)
+def test_class_indices_and_probabilities_out_of_range_raise():
+    logits = torch.zeros(2, 3)
+    with pytest.raises(ValueError, match=r"in \[0, 3\) or equal ignore_index \(-100\), got 3"):
+        cross_entropy(logits, torch.tensor([0, 3]))
+    with pytest.raises(ValueError, match=r"got -1"):
+        cross_entropy(logits, torch.tensor([-1, 255]), ignore_index=255)
+    assert torch.isfinite(cross_entropy(logits, torch.tensor([1, 255]), ignore_index=255))
+    with pytest.raises(ValueError, match=r"target must be in \[0, 1\].*probabilities"):
+        cross_entropy(logits, torch.tensor([[0.0, 2.0, -1.0], [1.0, 0.0, 0.0]]))
+
+
+def test_tensors_on_different_devices_raise():
+    logits, target = torch.zeros(2, 3), torch.tensor([0, 1])
+    with pytest.raises(ValueError, match="logits and target must be on the same device"):
+        cross_entropy(logits, target.to("meta"))
+    with pytest.raises(ValueError, match=r"logits, target and weight .*weight on meta"):
+        cross_entropy(logits, target, weight=torch.ones(3, device="meta"))

@@ -3,10 +3,12 @@ normalizer, dtype policy, numerics, validation. Kernel-vs-torch checks: tests/ke
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from torchvision.ops import sigmoid_focal_loss as tv_focal
 
+import visionblocks
 from tests.helpers import assert_close, gradcheck
 from visionblocks.losses import _focal_torch
 from visionblocks.losses.focal import FocalLoss, sigmoid_focal_loss
@@ -334,3 +336,83 @@ def test_module_validates_options():
         FocalLoss(alpha=1.5)
     with pytest.raises(ValueError, match="reduction"):
         FocalLoss(reduction="avg")
+
+
+# --------------------------------------------------- values, normalizers, devices (issue 19)
+@pytest.mark.parametrize(
+    "normalizer",
+    [
+        torch.tensor(0.0),
+        torch.tensor([-2.0]),
+        torch.tensor(float("inf")),
+        0.0,
+        np.float32(0.0),
+        float("inf"),
+        np.float64(-1.0),
+    ],
+    ids=["tensor-zero", "tensor-negative", "tensor-inf", "zero", "np-zero", "inf", "np-negative"],
+)
+def test_normalizer_must_be_positive_and_finite_whatever_its_type(normalizer):
+    with pytest.raises(ValueError, match="normalizer must be a positive finite number"):
+        sigmoid_focal_loss(torch.zeros(4, 3), torch.zeros(4, 3), normalizer=normalizer)
+
+
+def test_normalizer_of_any_real_type_divides_the_same():
+    x, t = torch.randn(4, 3), (torch.rand(4, 3) > 0.5).float()
+    expected = sigmoid_focal_loss(x, t, reduction="sum") / 4
+    for normalizer in (4, 4.0, np.float32(4.0), np.int64(4), torch.tensor(4), torch.tensor([4.0])):
+        out = sigmoid_focal_loss(x, t, reduction="sum", normalizer=normalizer)
+        assert out.shape == () and torch.allclose(out, expected)
+    with pytest.raises(TypeError, match="normalizer must be a number"):
+        sigmoid_focal_loss(x, t, normalizer="4")
+
+
+@pytest.mark.parametrize(
+    ("targets", "kwargs", "match"),
+    [
+        (torch.tensor([[0.0, 1.0, 255.0]] * 2), {}, r"targets must be in \[0, 1\].*255"),
+        (torch.tensor([[0.0, 1.0, -1.0]] * 2), {}, r"pass it as ignore_index"),
+        (
+            torch.tensor([[0.5, -1.0, 2.0]] * 2),
+            {"ignore_index": -1},
+            r"ignore_index=-1\), got values in \[0.0, 2.0\]",
+        ),
+        (torch.tensor([0, 5]), {}, r"\[-1, 3\].*-1 and C = 3 mean background"),
+        (torch.tensor([0, -2]), {"ignore_index": 255}, r"\[-1, 3\].*-2"),
+    ],
+)
+def test_targets_out_of_range_raise(targets, kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        sigmoid_focal_loss(torch.zeros(2, 3), targets, **kwargs)
+
+
+def test_tensors_on_different_devices_raise():
+    x, t = torch.zeros(2, 3), torch.zeros(2, 3)
+    with pytest.raises(ValueError, match="inputs, targets and weight must be on the same device"):
+        sigmoid_focal_loss(x, t, weight=torch.ones(3, device="meta"))
+    with pytest.raises(ValueError, match="inputs and targets must be on the same device"):
+        sigmoid_focal_loss(x, t.to("meta"))
+    with pytest.raises(ValueError, match="normalizer must be on the inputs' device"):
+        sigmoid_focal_loss(x, t, normalizer=torch.ones(1, device="meta"))
+
+
+def test_value_checks_off_skips_value_checks_and_keeps_results():
+    from visionblocks.losses import binary_cross_entropy_with_logits, cross_entropy
+
+    x, t = torch.randn(4, 3), (torch.rand(4, 3) > 0.5).float()
+    labels = torch.tensor([0, 2, 1, 1])
+    valid = [
+        lambda: sigmoid_focal_loss(x, t, reduction="sum", normalizer=torch.tensor(2.0)),
+        lambda: sigmoid_focal_loss(x, labels, reduction="mean"),
+        lambda: binary_cross_entropy_with_logits(x, t),
+        lambda: cross_entropy(x, labels),
+    ]
+    expected = [call() for call in valid]
+    with visionblocks.value_checks(False):
+        for call, value in zip(valid, expected, strict=True):
+            assert torch.equal(call(), value)
+        # Unchecked: the silently wrong answers the checks exist for.
+        assert binary_cross_entropy_with_logits(x.abs() + 1, t * 255) < 0  # issue 19: -126
+        assert sigmoid_focal_loss(x, t, reduction="sum", normalizer=torch.tensor(0.0)).isinf()
+    with pytest.raises(ValueError, match="targets must be in"):
+        binary_cross_entropy_with_logits(x, t * 255)

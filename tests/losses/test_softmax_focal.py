@@ -254,3 +254,13 @@ def test_module_validates_eagerly():
         SoftmaxFocalLoss(gamma=-2.0)
     with pytest.raises(ValueError, match="impl"):
         SoftmaxFocalLoss(impl="cuda")
+
+
+def test_tensors_on_different_devices_and_bad_indices_raise():
+    logits, target = torch.zeros(2, 3), torch.tensor([0, 1])
+    with pytest.raises(ValueError, match="logits and target must be on the same device"):
+        softmax_focal_loss(logits.to("meta"), target)
+    with pytest.raises(ValueError, match=r"logits, target and alpha .*alpha on meta"):
+        softmax_focal_loss(logits, target, alpha=torch.ones(3, device="meta"))
+    with pytest.raises(ValueError, match=r"in \[0, 3\) or equal ignore_index \(255\), got 7"):
+        softmax_focal_loss(logits, torch.tensor([7, 255]), ignore_index=255)

@@ -297,8 +297,8 @@ def test_chunk_temporaries_stay_within_budget(m, tiny_chunks, monkeypatch):
     seen = []
     core = _box_iou._overlap
 
-    def spy(a, b, kind, eps):
-        out = core(a, b, kind, eps)
+    def spy(a, b, kind, *eps):
+        out = core(a, b, kind, *eps)
         seen.append(out.numel())
         return out
 
@@ -334,3 +334,38 @@ def test_large_problem_chunks_match_small_budget_reference():
     expected = tvo.generalized_box_iou(boxes1, boxes2)
     assert_close(generalized_box_iou(boxes1, boxes2), expected)
     assert math.prod(expected.shape) > _box_iou.CHUNK_ELEMENTS
+
+
+# --- huge coordinates and devices (issue 19) --------------------------------------------------
+
+
+@pytest.mark.parametrize("fn", FUNCTIONS, ids=IDS)
+@pytest.mark.parametrize("aligned", [False, True])
+@pytest.mark.parametrize("offset", [1e19, 3e37])
+def test_huge_boxes_are_exact(fn, aligned, offset):
+    # Scale invariance: boxes of 1e19 (areas overflow float32) give the values of boxes of 1.
+    unit = torch.tensor([[0.0, 0.0, 2.0, 2.0], [1.0, 0.0, 3.0, 2.0], [0.5, 1.0, 4.0, 1.5]])
+    huge = unit * offset
+    expected = fn(unit, unit, aligned=aligned)
+    out = fn(huge, huge, aligned=aligned)
+    assert torch.isfinite(out).all()
+    assert_close(out, expected)
+    identical = out if aligned else out.diagonal()
+    assert torch.equal(identical, torch.ones(3))
+    if not aligned:  # overlapping pairs: the unit boxes' values (checked above), not 0
+        assert out[0, 1] > 0.25
+
+
+def test_huge_offset_keeps_small_boxes_in_float64():
+    # eps is scaled with the boxes: a unit box far away is still a unit box.
+    boxes = torch.tensor([[1e15, 1e15, 1e15 + 1, 1e15 + 1]], dtype=torch.float64)
+    assert box_iou(boxes, boxes).item() == 1.0
+    assert generalized_box_iou(boxes, boxes + 0.5).item() == pytest.approx(
+        generalized_box_iou(boxes - 1e15, boxes - 1e15 + 0.5).item()
+    )
+
+
+@pytest.mark.parametrize("fn", FUNCTIONS, ids=IDS)
+def test_boxes_on_different_devices_raise(fn):
+    with pytest.raises(ValueError, match="boxes1 and boxes2 must be on the same device"):
+        fn(torch.zeros(2, 4), torch.zeros(3, 4, device="meta"))

@@ -327,3 +327,40 @@ def test_bad_inputs(pred, target, kwargs, error, match):
     for fn, _, _ in LOSSES.values():
         with pytest.raises(error, match=match):
             fn(pred, target, **kwargs)
+
+
+# --- huge coordinates, devices and value checks (issue 19) ------------------------------------
+
+FNS = [fn for fn, _, _ in LOSSES.values()]
+FN_IDS = list(LOSSES)
+
+
+@pytest.mark.parametrize("fn", FNS, ids=FN_IDS)
+@pytest.mark.parametrize("offset", [1e19, 3e37])
+def test_huge_boxes_give_exact_losses_and_gradients(fn, offset):
+    pred = torch.tensor([[0.0, 0.0, 2.0, 2.0], [1.0, 0.0, 3.0, 2.0], [0.5, 1.0, 4.0, 1.5]])
+    target = torch.tensor([[0.0, 0.0, 2.0, 2.0], [0.0, 0.0, 2.0, 2.0], [1.0, 0.5, 2.0, 3.0]])
+    small = pred.clone().requires_grad_(True)
+    expected = fn(small, target)
+    expected.sum().backward()
+    huge = (pred * offset).requires_grad_(True)
+    out = fn(huge, target * offset)
+    out.sum().backward()
+    assert out[0].item() == 0.0  # identical boxes: IoU 1, no penalty
+    assert_close(out, expected)
+    assert_close(huge.grad * offset, small.grad)  # scale invariance: d/dx scales by 1/offset
+
+
+@pytest.mark.parametrize("fn", FNS, ids=FN_IDS)
+def test_loss_inputs_on_different_devices_raise(fn):
+    with pytest.raises(ValueError, match="pred and target must be on the same device"):
+        fn(torch.zeros(2, 4), torch.zeros(2, 4, device="meta"))
+
+
+@pytest.mark.parametrize("fn", FNS, ids=FN_IDS)
+def test_non_finite_target_raises_but_pred_may_overflow(fn):
+    target = torch.tensor([[0.0, 0.0, 1.0, float("nan")]])
+    with pytest.raises(ValueError, match="target must hold finite box coordinates"):
+        fn(torch.zeros(1, 4), target)
+    pred = torch.tensor([[0.0, 0.0, 1.0, float("inf")]])  # mixed precision: the scaler's job
+    assert torch.isnan(fn(pred, torch.tensor([[0.0, 0.0, 1.0, 1.0]]))).all()

@@ -253,3 +253,12 @@ def test_bad_tensors():
         local_attention2d(q, k, v[..., :4], 3)
     with pytest.raises(ValueError, match=r"q must have shape \(B, C, H, W\), got \(4, 5, 5\)"):
         local_attention2d(q[0], k[0], v[0], 3)
+
+
+def test_windows_past_the_image_equal_smaller_ones():
+    # Taps beyond the image are masked: a huge window (or dilation) is the whole image.
+    q, k, v = torch.randn(3, 1, 4, 5, 3).unbind(0)
+    whole = local_attention2d(q, k, v, kernel_size=9)
+    assert torch.equal(local_attention2d(q, k, v, kernel_size=10**9 + 1), whole)
+    centre = local_attention2d(q, k, v, kernel_size=3, dilation=10**9)
+    assert torch.equal(centre, v)  # only the centre tap is inside: attention to itself

@@ -271,3 +271,15 @@ def test_bad_inputs():
         sliding_windows(x.numpy(), 3)
     with pytest.raises(ValueError, match="impl must be one of"):
         local_filter(x, kernels, 3, impl="cuda")
+
+
+def test_absurd_sizes_are_rejected_or_equivalent_before_allocating():
+    x = torch.randn(1, 2, 5, 4)
+    # A dilation past the image reads only zeros off-centre: the same as dilation max(H, W).
+    assert torch.equal(sliding_windows(x, 3, dilation=10**9), sliding_windows(x, 3, dilation=5))
+    kernels = torch.randn(1, 9, 5, 4)
+    assert torch.equal(local_filter(x, kernels, 3, 10**9), local_filter(x, kernels, 3, 5))
+    with pytest.raises(ValueError, match="the windows would need a tensor of shape"):
+        sliding_windows(x, 10**9 + 1)
+    with pytest.raises(ValueError, match="kernels must have G\\*k\\*k channels"):
+        local_filter(x, kernels, 10**9 + 1)

@@ -7,8 +7,15 @@ import torch
 from torchvision import tv_tensors
 from torchvision.transforms.v2 import functional as tvf
 
+import visionblocks
 from tests.helpers import assert_close, gradcheck
-from visionblocks.ops.warp import affine_matrix, warp_affine
+from visionblocks.ops.warp import (
+    affine_matrix,
+    invert_affine,
+    matrix_to_theta,
+    theta_to_matrix,
+    warp_affine,
+)
 from visionblocks.ops.warp_targets import warp_boxes, warp_masks, warp_points, warp_sample
 
 cv2 = pytest.importorskip("cv2")
@@ -330,3 +337,96 @@ def test_warp_boxes_and_points_errors():
         warp_points(torch.zeros(3, 5, 2), two)
     with pytest.raises(ValueError, match=r"does not broadcast with boxes of shape \(3, 5, 4\)"):
         warp_boxes(torch.zeros(3, 5, 4), two)
+
+
+# --- singular matrices, devices, options (issue 19) --------------------------------------------
+
+SINGULAR = torch.tensor([[1.0, 2.0, 0.0], [2.0, 4.0, 1.0]])  # det 0: the image onto a line
+NAN = torch.tensor([[1.0, 0.0, float("nan")], [0.0, 1.0, 0.0]])
+WARPS = {
+    "invert_affine": lambda m: invert_affine(m),
+    "matrix_to_theta": lambda m: matrix_to_theta(m, (4, 5), (4, 5)),
+    "theta_to_matrix": lambda m: theta_to_matrix(m, (4, 5), (4, 5)),
+    "warp_affine": lambda m: warp_affine(torch.rand(2, 3, 4, 5), m),
+    "warp_affine_nearest": lambda m: warp_affine(torch.rand(3, 4, 5), m, mode="nearest"),
+    "warp_masks": lambda m: warp_masks(torch.zeros(2, 4, 5, dtype=torch.bool), m),
+    "warp_sample": lambda m: warp_sample(*make_sample(), m),
+}
+
+
+@pytest.mark.parametrize("name", list(WARPS))
+def test_singular_or_non_finite_matrices_raise(name):
+    arg = "theta" if name == "theta_to_matrix" else "matrix"
+    for matrix in (SINGULAR, NAN):
+        with pytest.raises(ValueError, match=f"{arg} must be an invertible affine matrix"):
+            WARPS[name](matrix)
+    batch = torch.stack([torch.eye(2, 3), SINGULAR])
+    if name in ("invert_affine", "matrix_to_theta", "warp_affine"):
+        with pytest.raises(ValueError, match=r"singular or non-finite one at index \(1,\)"):
+            WARPS[name](batch)
+
+
+def test_singular_matrices_move_points_and_boxes():
+    # Collapsing points onto a line is a valid (if odd) transform: no inverse involved.
+    assert torch.isfinite(warp_points(torch.rand(3, 2), SINGULAR)).all()
+    assert torch.isfinite(warp_boxes(torch.tensor([[0.0, 0.0, 2.0, 2.0]]), SINGULAR)).all()
+
+
+def test_value_checks_off_skip_the_singular_check():
+    with visionblocks.value_checks(False):
+        assert torch.isnan(warp_affine(torch.rand(1, 4, 5), SINGULAR)).all()
+        assert not torch.isfinite(invert_affine(SINGULAR)).all()
+    m = affine_matrix(angle=10.0, translate=(1.0, 0.5))
+    img = torch.rand(3, 8, 9)
+    with visionblocks.value_checks(False):
+        off = warp_affine(img, m)
+    assert torch.equal(off, warp_affine(img, m))
+
+
+META = torch.eye(2, 3, device="meta")
+
+
+@pytest.mark.parametrize(
+    ("call", "names"),
+    [
+        (lambda: warp_affine(torch.rand(3, 4, 5), META), "img and matrix"),
+        (
+            lambda: warp_affine(torch.rand(3, 4, 5, device="meta"), torch.eye(2, 3)),
+            "img and matrix",
+        ),
+        (lambda: warp_points(torch.rand(3, 2), META), "points and matrix"),
+        (lambda: warp_boxes(torch.rand(3, 4), META), "boxes and matrix"),
+        (lambda: warp_masks(torch.zeros(2, 4, 5), META), "masks and matrix"),
+        (lambda: warp_sample(torch.rand(3, 4, 5), None, META), "image and matrix"),
+    ],
+)
+def test_tensors_on_different_devices_raise(call, names):
+    with pytest.raises(ValueError, match=f"{names} must be on the same device"):
+        call()
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({"fill": float("nan")}, ValueError, "fill must be finite"),
+        (
+            {"mask_fill": 256},
+            ValueError,
+            r"mask_fill=256 does not fit the masks' dtype torch.uint8",
+        ),
+        ({"mask_fill": 0.5}, TypeError, "mask_fill must be int"),
+        ({"min_size": -1.0}, ValueError, "min_size must be in"),
+        ({"instance_keys": "labels"}, TypeError, "instance_keys must be a sequence"),
+        ({"instance_keys": ("labels", 3)}, TypeError, r"instance_keys\[1\] must be str"),
+        ({"mode": "bicubic"}, ValueError, "mode must be one of"),
+    ],
+)
+def test_warp_sample_options_are_checked(kwargs, error, match):
+    image, target = make_sample()  # uint8 masks
+    with pytest.raises(error, match=match):
+        warp_sample(image, target, affine_matrix(), **kwargs)
+
+
+def test_absurd_output_size_is_rejected_before_allocating():
+    with pytest.raises(ValueError, match="the warped img would need a tensor of shape"):
+        warp_affine(torch.rand(3, 4, 5), affine_matrix(), size=(10**9, 10**9))

@@ -9,13 +9,15 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from visionblocks._check import (
+    check_finite,
     check_floating,
     check_range,
+    check_same_device,
     check_same_shape,
     check_tensor,
     check_type,
 )
-from visionblocks._reduce import check_reduction, compute_dtype, reduce_loss
+from visionblocks._reduce import check_reduction, check_target_range, compute_dtype, reduce_loss
 from visionblocks.registry import LOSSES
 
 __all__ = ["BCEWithLogitsLoss", "binary_cross_entropy_with_logits"]
@@ -26,11 +28,19 @@ Reduction = Literal["none", "mean", "sum"]
 def _check_options(label_smoothing: float, ignore_index: float | None, reduction: str) -> None:
     check_type("label_smoothing", label_smoothing, (int, float))
     check_range("label_smoothing", float(label_smoothing), 0.0, 1.0, high_inclusive=False)
-    if ignore_index is not None and (
-        isinstance(ignore_index, bool) or not isinstance(ignore_index, int | float)
-    ):
-        raise TypeError(f"ignore_index must be None or a number, got {type(ignore_index).__name__}")
+    if ignore_index is not None:
+        if isinstance(ignore_index, bool) or not isinstance(ignore_index, int | float):
+            raise TypeError(
+                f"ignore_index must be None or a number, got {type(ignore_index).__name__}"
+            )
+        check_finite("ignore_index", ignore_index)
     check_reduction(reduction)
+
+
+_RANGE_HINT = (
+    "; targets are probabilities. If one value marks elements to leave out (255 in a mask, "
+    "-1...), pass it as ignore_index"
+)
 
 
 def _check_broadcast(name: str, value: Tensor | None, shape: torch.Size) -> None:
@@ -73,7 +83,9 @@ def binary_cross_entropy_with_logits(
     ``"mean"`` (which divides by the number of remaining elements). The comparison uses the
     targets as passed, *before* smoothing, so pass raw targets (e.g. a ``uint8`` mask with 255
     for "don't care", or float targets with -1). Integer and boolean targets are accepted and
-    converted to the compute dtype.
+    converted to the compute dtype. Every other target must be in ``[0, 1]``: a 0/255 mask
+    without ``ignore_index=255`` raises instead of giving a negative loss (a value check, one
+    pass over the targets; see `visionblocks.set_value_checks`).
 
     Dtype policy: float16/bfloat16 inputs are computed in float32; ``"none"`` returns the
     inputs' dtype, ``"sum"``/``"mean"`` return float32 (see `visionblocks._reduce`).
@@ -97,7 +109,9 @@ def binary_cross_entropy_with_logits(
         TypeError: Non-floating ``inputs``/``weight``/``pos_weight``, a non-tensor ``targets``,
             or options of the wrong type.
         ValueError: ``targets`` of another shape, ``weight``/``pos_weight`` not broadcastable
-            to ``inputs``, ``label_smoothing`` outside ``[0, 1)``, or an unknown ``reduction``.
+            to ``inputs``, tensors on different devices, ``label_smoothing`` outside
+            ``[0, 1)``, a non-finite ``ignore_index``, an unknown ``reduction``, or (value
+            check) targets outside ``[0, 1]`` other than ``ignore_index``.
 
     Examples:
         >>> import torch
@@ -117,6 +131,7 @@ def binary_cross_entropy_with_logits(
         raise TypeError(f"targets must be real, got dtype {targets.dtype}")
     _check_broadcast("weight", weight, inputs.shape)
     _check_broadcast("pos_weight", pos_weight, inputs.shape)
+    check_same_device(inputs=inputs, targets=targets, weight=weight, pos_weight=pos_weight)
     _check_options(label_smoothing, ignore_index, reduction)
 
     cdt = compute_dtype(inputs.dtype)
@@ -125,6 +140,10 @@ def binary_cross_entropy_with_logits(
     if ignore_index is not None:
         valid = targets != ignore_index
         t = t.masked_fill(~valid, 0.0)  # any value in [0, 1]: the element is dropped below
+    if ignore_index is None:  # ignored elements hold 0 in t: checked with the rest
+        check_target_range("targets", t, 0.0, 1.0, hint=_RANGE_HINT)
+    else:
+        check_target_range("targets", t, 0.0, 1.0, hint=f" (ignore_index={ignore_index})")
     if label_smoothing > 0:
         t = t * (1.0 - label_smoothing) + label_smoothing / 2
     loss = F.binary_cross_entropy_with_logits(

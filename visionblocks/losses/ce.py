@@ -15,8 +15,15 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from visionblocks._check import check_floating, check_range, check_tensor, check_type
-from visionblocks._reduce import check_reduction, compute_dtype
+from visionblocks._check import (
+    check_floating,
+    check_range,
+    check_same_device,
+    check_tensor,
+    check_type,
+    reads_values,
+)
+from visionblocks._reduce import check_reduction, check_target_range, compute_dtype
 from visionblocks.registry import LOSSES
 
 __all__ = ["CrossEntropyLoss", "cross_entropy"]
@@ -93,19 +100,29 @@ def _check_logits_target(logits: Tensor, target: Tensor, *, allow_probs: bool) -
 def _check_target_range(target: Tensor, num_classes: int, ignore_index: int) -> None:
     """Raise ``ValueError`` for class indices outside ``[0, C)`` (other than ``ignore_index``).
 
-    Only on CPU, where reading the answer is free; on CUDA it would cost a host sync, so an
-    out-of-range index there hits the device-side assert of ``nll_loss``/``gather``, exactly as
-    with ``F.cross_entropy``.
+    A value check (skipped when `visionblocks.value_checks_enabled` is off): one ``aminmax``,
+    and a second one over the targets with ``ignore_index`` masked when the first finds values
+    outside ``[0, C)``. With value checks off, an out-of-range index hits the device-side
+    assert (CUDA) or the ``IndexError`` (CPU) of ``nll_loss``, exactly as ``F.cross_entropy``.
     """
-    if target.device.type != "cpu" or target.numel() == 0:
+    if target.numel() == 0 or not reads_values(target):
         return
-    bad = ((target < 0) | (target >= num_classes)) & (target != ignore_index)
-    if bool(bad.any()):
-        value = int(target[bad].flatten()[0])
-        raise ValueError(
-            f"target class indices must be in [0, {num_classes}) or equal ignore_index "
-            f"({ignore_index}), got {value}"
-        )
+    for values in (target, None):
+        if values is None:
+            values = target.masked_fill(target == ignore_index, 0)
+        lo, hi = (int(v) for v in torch.aminmax(values))
+        if lo >= 0 and hi < num_classes:
+            return
+    value = lo if lo < 0 else hi
+    raise ValueError(
+        f"target class indices must be in [0, {num_classes}) or equal ignore_index "
+        f"({ignore_index}), got {value}"
+    )
+
+
+def _check_devices(logits: Tensor, target: Tensor, **others: Tensor | float | None) -> None:
+    tensors = {k: v for k, v in others.items() if isinstance(v, Tensor)}
+    check_same_device(logits=logits, target=target, **tensors)
 
 
 # ------------------------------------------------------------------------------- reduction
@@ -244,11 +261,12 @@ def cross_entropy(
 
     Raises:
         TypeError: Non-floating ``logits``, a boolean target, or options of the wrong type.
-        ValueError: Mismatched shapes, a ``weight`` not of shape ``(C,)``, ``label_smoothing``
-            outside ``[0, 1)``, ``top_k`` outside ``(0, 1]``, an unknown ``reduction``, a
-            non-default ``ignore_index`` with probability targets, or (CPU tensors only, where
-            checking costs no host sync) a class index outside ``[0, C)``. On CUDA such an
-            index triggers the same device-side assert as ``F.cross_entropy``.
+        ValueError: Mismatched shapes or devices, a ``weight`` not of shape ``(C,)``,
+            ``label_smoothing`` outside ``[0, 1)``, ``top_k`` outside ``(0, 1]``, an unknown
+            ``reduction``, a non-default ``ignore_index`` with probability targets, or (value
+            checks, see `visionblocks.set_value_checks`) a class index outside ``[0, C)`` or a
+            probability outside ``[0, 1]``. With value checks off, a bad index triggers the
+            same device-side assert (CUDA) or ``IndexError`` (CPU) as ``F.cross_entropy``.
 
     Examples:
         >>> import torch
@@ -270,6 +288,7 @@ def cross_entropy(
     _check_top_k(top_k)
     num_classes = logits.shape[0 if logits.dim() == 1 else 1]
     _check_class_weight("weight", weight, num_classes)
+    _check_devices(logits, target, weight=weight)
     if is_prob and ignore_index != -100:
         raise ValueError(
             "ignore_index is not supported for probability targets, "
@@ -281,6 +300,7 @@ def cross_entropy(
     w = None if weight is None else weight.to(cdt)
     if is_prob:
         t = target.to(cdt)
+        check_target_range("target", t, 0.0, 1.0, hint=" (class probabilities)")
         loss = F.cross_entropy(x, t, weight=w, reduction="none", label_smoothing=label_smoothing)
         return _reduce_class_loss(
             loss, reduction, input_dtype=logits.dtype, valid=None, elem_weight=None, top_k=top_k

@@ -15,11 +15,19 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from visionblocks._check import check_choice, check_floating, check_range, check_tensor, check_type
+from visionblocks._check import (
+    check_choice,
+    check_floating,
+    check_range,
+    check_same_device,
+    check_tensor,
+    check_type,
+)
 from visionblocks._dispatch import IMPLS, resolve_impl
 from visionblocks._reduce import (
     check_normalizer,
     check_reduction,
+    check_target_range,
     compute_dtype,
     reduce_loss,
 )
@@ -79,7 +87,26 @@ def _check_args(inputs, targets, alpha, gamma, weight, ignore_index) -> tuple[bo
             )
         if not math.isfinite(ignore_index):
             raise ValueError(f"ignore_index must be finite, got {ignore_index}")
+    check_same_device(inputs=inputs, targets=targets, weight=weight)
     return index, alpha
+
+
+def _check_target_values(targets: Tensor, index: bool, num_classes: int, ignore) -> None:
+    """Value check: float targets in ``[0, 1]``, class indices in ``[-1, C]``."""
+    if index:
+        low, high, hint = (
+            -1,
+            num_classes,
+            f" (class indices; -1 and C = {num_classes} mean background)",
+        )
+    else:
+        low, high = 0, 1
+        hint = (
+            ""
+            if ignore is not None
+            else ("; if one value marks elements to ignore (-1...), pass it as ignore_index")
+        )
+    check_target_range("targets", targets, low, high, ignore=ignore, hint=hint)
 
 
 def _focal_reference(x, targets, w, alpha, gamma, ignore, reduce_sum, out_dtype):
@@ -133,9 +160,9 @@ def sigmoid_focal_loss(
     Float ``targets`` (binary or soft, ``inputs``' shape) give exactly torchvision's
     ``sigmoid_focal_loss`` (values and gradients; its ``"mean"`` is over all elements).
     Integer ``targets`` of shape ``inputs.shape[:-1]`` are class indices, as in mmcv: a value in
-    ``[0, C)`` makes that class positive and the others negative; any other value (mmdet uses
-    ``C``, others ``-1``) makes the whole row background. The result equals passing the
-    equivalent one-hot float targets, without building them.
+    ``[0, C)`` makes that class positive and the others negative; ``C`` (mmdet) or ``-1``
+    makes the whole row background. The result equals passing the equivalent one-hot float
+    targets, without building them.
 
     ``ignore_index``: for class-index targets, rows whose target equals it are ignored (all
     ``C`` elements); for float targets, elements whose target equals it are ignored (e.g.
@@ -145,7 +172,13 @@ def sigmoid_focal_loss(
     ``"mean"`` divides the summed loss by the number of non-ignored elements (``weight`` does
     not change that count, as in ``F.binary_cross_entropy_with_logits``). ``normalizer``
     replaces that denominator and also divides ``"sum"`` and ``"none"`` (e.g. the number of
-    positive anchors), following `visionblocks._reduce.reduce_loss`.
+    positive anchors), following `visionblocks._reduce.reduce_loss`. It must be positive and
+    finite, whatever its type (Python or NumPy number, one-element tensor).
+
+    Value checks (see `visionblocks.set_value_checks`; on by default): float targets must be
+    in ``[0, 1]`` and class indices in ``[-1, C]``, ``ignore_index`` excepted (one
+    ``aminmax`` over the targets, a second one when ignored values are present), and a tensor
+    ``normalizer`` positive and finite (one element read).
 
     Dtype policy: float16/bfloat16 inputs are computed in float32; ``"none"`` returns the
     inputs' dtype, ``"sum"``/``"mean"`` return float32. Logits of any magnitude (+-1e4) give
@@ -159,8 +192,8 @@ def sigmoid_focal_loss(
     Args:
         inputs (Tensor[..., C]): Logits, any shape (floating point).
         targets (Tensor[..., C] or Tensor[...]): Float targets in ``[0, 1]`` of ``inputs``'
-            shape (bool works too; other values than ``ignore_index`` outside ``[0, 1]`` give
-            unspecified results), or integer class indices of shape ``inputs.shape[:-1]``.
+            shape (bool works too), or integer class indices in ``[-1, C]`` of shape
+            ``inputs.shape[:-1]``; or ``ignore_index``.
         alpha: Weight of positives in ``[0, 1]`` (negatives get ``1 - alpha``); ``None`` or a
             negative value disables it.
         gamma: Focusing parameter ``>= 0``; 0 gives (alpha-weighted) BCE.
@@ -168,7 +201,8 @@ def sigmoid_focal_loss(
         weight (Tensor, optional): Element-wise weight broadcastable to ``inputs``: per class
             ``(C,)``, per anchor ``(N, 1)``, or full.
         ignore_index: Target value to ignore (see above); ``None`` ignores nothing.
-        normalizer (float or Tensor, optional): Divides the summed loss instead of the count.
+        normalizer (float or Tensor, optional): Divides the summed loss instead of the count;
+            positive and finite (a tensor: one element, on ``inputs``' device or 0-d on CPU).
         impl: ``"auto"`` | ``"torch"`` | ``"triton"`` (fused kernel, see
             `visionblocks.kernels.focal`).
 
@@ -178,8 +212,9 @@ def sigmoid_focal_loss(
 
     Raises:
         TypeError: Non-floating ``inputs``, complex ``targets``, arguments of the wrong type.
-        ValueError: Mismatched shapes, ``alpha > 1``, ``gamma < 0``, a ``weight`` that does not
-            broadcast, or an unknown ``reduction`` or ``impl``.
+        ValueError: Mismatched shapes or devices, ``alpha > 1``, ``gamma < 0``, a ``weight``
+            that does not broadcast, a ``normalizer`` that is not positive and finite, an
+            unknown ``reduction`` or ``impl``, or (value checks) targets out of range.
         RuntimeError: ``impl="triton"`` where triton cannot run (triton missing, or a CPU
             tensor without ``TRITON_INTERPRET=1``).
 
@@ -200,11 +235,12 @@ def sigmoid_focal_loss(
     """
     index, alpha = _check_args(inputs, targets, alpha, gamma, weight, ignore_index)
     check_reduction(reduction)
-    check_normalizer(normalizer)
+    normalizer = check_normalizer(normalizer, inputs.device)
     which = resolve_impl(impl, "sigmoid_focal_loss", inputs)
     gamma = float(gamma)
 
     num_classes = inputs.shape[-1] if inputs.dim() else 1
+    _check_target_values(targets, index, num_classes, ignore_index)
     rows = inputs.numel() // num_classes if num_classes else math.prod(inputs.shape[:-1])
     x = inputs.reshape(rows, num_classes)
     t = targets.reshape(rows) if index else targets.reshape(rows, num_classes)

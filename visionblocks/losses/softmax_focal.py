@@ -14,6 +14,7 @@ from visionblocks._dispatch import IMPLS, resolve_impl
 from visionblocks._reduce import compute_dtype
 from visionblocks.losses.ce import (
     _check_class_weight,
+    _check_devices,
     _check_logits_target,
     _check_options,
     _check_target_range,
@@ -110,8 +111,10 @@ def softmax_focal_loss(
         TypeError: Non-floating ``logits``, non-integer ``target``, or options of the wrong type.
         ValueError: Mismatched shapes, ``weight``/``alpha`` tensors not of shape ``(C,)``,
             ``gamma < 0``, ``alpha`` outside ``[0, 1]``, ``label_smoothing`` outside ``[0, 1)``,
-            an unknown ``reduction`` or ``impl``, or (CPU tensors only) a class index outside
-            ``[0, C)``; on CUDA such an index triggers a device-side assert.
+            tensors on different devices, an unknown ``reduction`` or ``impl``, or (a value
+            check, see `visionblocks.set_value_checks`) a class index outside ``[0, C)`` other
+            than ``ignore_index``; with value checks off, such an index triggers a device-side
+            assert (CUDA) or an ``IndexError`` (CPU).
         RuntimeError: ``impl="triton"``.
 
     Examples:
@@ -135,6 +138,7 @@ def softmax_focal_loss(
     _check_class_weight("weight", weight, num_classes)
     if isinstance(alpha, Tensor):
         _check_class_weight("alpha", alpha, num_classes)
+    _check_devices(logits, target, weight=weight, alpha=alpha)
     resolve_impl(impl, "softmax_focal_loss", logits)  # validates impl; no kernel, so torch
     _check_target_range(target, num_classes, ignore_index)
 

@@ -17,7 +17,13 @@ Numerics (see the `visionblocks.ops.boxes` module docstring for the user-facing 
   centre-distance denominator is ``diagonal² + eps`` as in torchvision, so valid boxes give
   torchvision's values; numerators never get an ``eps``;
 - the aspect-ratio angle of CIoU is ``atan2(w, h)`` per box (equal to ``atan(w / h)`` for
-  ``h > 0``), with ``h`` replaced by 1 for a point box, so its value and gradient stay finite.
+  ``h > 0``), with ``h`` replaced by 1 for a point box, so its value and gradient stay finite;
+- huge coordinates: all four measures are scale invariant, so boxes whose largest
+  ``|coordinate|`` reaches ``2**SAFE_EXPONENT`` are multiplied by a power of two
+  (`power_of_two_scale`) that brings it below, with the area-like ``eps`` scaled by its
+  square: exactly the unscaled arithmetic, without areas (or the squares autograd forms
+  from them) overflowing float32. The factor is found on the device from the per-box
+  columns (``O(N + M)``, no host sync) and is 1 for ordinary boxes.
 """
 
 from __future__ import annotations
@@ -28,9 +34,24 @@ from typing import Literal, NamedTuple
 import torch
 from torch import Tensor
 
-from visionblocks._check import check_last_dim, check_range, check_tensor, check_type
+from visionblocks._check import (
+    check_finite,
+    check_last_dim,
+    check_range,
+    check_same_device,
+    check_tensor,
+    check_type,
+)
 
-__all__ = ["CHUNK_ELEMENTS", "CUDA_CHUNK_ELEMENTS", "Kind", "iou_dtype", "overlap"]
+__all__ = [
+    "CHUNK_ELEMENTS",
+    "CUDA_CHUNK_ELEMENTS",
+    "SAFE_EXPONENT",
+    "Kind",
+    "iou_dtype",
+    "overlap",
+    "power_of_two_scale",
+]
 
 Kind = Literal["iou", "giou", "diou", "ciou"]
 
@@ -42,6 +63,40 @@ CHUNK_ELEMENTS = 2**18
 CUDA_CHUNK_ELEMENTS = 2**22
 
 _FOUR_OVER_PI_SQ = 4.0 / math.pi**2
+
+#: Boxes are rescaled so that every finite ``|coordinate|`` is below ``2**SAFE_EXPONENT``:
+#: areas stay below ``2**58`` and their squares (autograd's ``inter / union**2``) below
+#: ``2**116``, inside float32's range (``2**128``).
+SAFE_EXPONENT = 28
+
+
+def _power_of_two(exponent: Tensor, dtype: torch.dtype) -> Tensor:
+    """``2.0 ** -exponent`` in ``dtype``, built from its bits (exact), for ``0 <= exponent``."""
+    if dtype == torch.float64:
+        return ((1023 - exponent.to(torch.int64)) << 52).view(torch.float64)
+    return ((127 - exponent.to(torch.int32)) << 23).view(torch.float32)
+
+
+def power_of_two_scale(*boxes: Tensor) -> Tensor:
+    """0-d factor ``2**-k`` (``k >= 0``) bringing every finite ``|coordinate|`` of ``boxes``
+    below ``2**SAFE_EXPONENT`` (1 for ordinary boxes, and when some coordinate is not finite).
+
+    ``boxes`` share a float32 or float64 dtype and a device; no host synchronisation.
+
+    Examples:
+        >>> float(power_of_two_scale(torch.tensor([[0.0, 0.0, 1e19, 1e19]]))) == 2.0**-36
+        True
+        >>> power_of_two_scale(torch.tensor([[0.0, 0.0, 640.0, 480.0]]))
+        tensor(1.)
+    """
+    dtype, device = boxes[0].dtype, boxes[0].device
+    extremes = [v for b in boxes if b.numel() for v in torch.aminmax(b.detach())]
+    if not extremes:
+        return torch.ones((), dtype=dtype, device=device)
+    largest = torch.stack(extremes).abs().amax()
+    shift = (torch.frexp(largest).exponent - SAFE_EXPONENT).clamp_min(0)
+    shift = torch.where(torch.isfinite(largest), shift, 0)
+    return _power_of_two(shift, dtype)
 
 
 class _Columns(NamedTuple):
@@ -102,17 +157,19 @@ def _columns(boxes: Tensor, unsqueeze: int | None) -> _Columns:
     return _Columns(*cols)
 
 
-def _overlap(a: _Columns, b: _Columns, kind: Kind, eps: float) -> Tensor:
+def _overlap(a: _Columns, b: _Columns, kind: Kind, eps: float, area_eps: Tensor) -> Tensor:
     """IoU / GIoU / DIoU / CIoU of broadcastable columns ``a`` and ``b`` (one new tensor).
 
-    In-place ops on fresh temporaries keep the working set small; autograd checks every
-    in-place op against what it saved (version counters), and float64 gradcheck covers them.
+    ``area_eps`` is ``eps`` in the (rescaled) squared units of the columns; ``eps`` itself is
+    only used where it is dimensionless (CIoU's ``alpha``). In-place ops on fresh temporaries
+    keep the working set small; autograd checks every in-place op against what it saved
+    (version counters), and float64 gradcheck covers them.
     """
     inter = torch.minimum(a.x2, b.x2).sub_(torch.maximum(a.x1, b.x1)).clamp_(min=0)
     inter_h = torch.minimum(a.y2, b.y2).sub_(torch.maximum(a.y1, b.y1)).clamp_(min=0)
     inter = inter.mul_(inter_h)
     del inter_h
-    union = (a.area + b.area).sub_(inter).clamp_(min=eps)
+    union = (a.area + b.area).sub_(inter).clamp_(min=area_eps)
     iou = inter.div_(union)
     if kind == "iou":
         return iou
@@ -121,10 +178,10 @@ def _overlap(a: _Columns, b: _Columns, kind: Kind, eps: float) -> Tensor:
     hull_h = torch.maximum(a.y2, b.y2).sub_(torch.minimum(a.y1, b.y1))
     if kind == "giou":
         # iou - (hull - union) / hull, written as iou - 1 + union / hull.
-        hull = hull_w.mul_(hull_h).clamp_(min=eps)
+        hull = hull_w.mul_(hull_h).clamp_(min=area_eps)
         return torch.div(union, hull).add_(iou).sub_(1.0)
     del union
-    diagonal = hull_w.square_().add_(hull_h.square_()).add_(eps)
+    diagonal = hull_w.square_().add_(hull_h.square_()).add_(area_eps)
     del hull_h
     distance = (a.cx - b.cx).square_().add_((a.cy - b.cy).square_())
     penalty = distance.div_(diagonal)
@@ -167,27 +224,40 @@ def overlap(boxes1: Tensor, boxes2: Tensor, kind: Kind, *, aligned: bool, eps: f
         raise TypeError(f"eps must be float, got bool ({eps!r})")
     check_type("eps", eps, (float, int))
     check_range("eps", eps, 0.0)
+    check_finite("eps", eps)
     shape = "(..., 4)" if aligned else "(..., N, 4) with at least 2 dims"
     boxes1 = _check_boxes("boxes1", boxes1, 1 if aligned else 2, shape)
     boxes2 = _check_boxes("boxes2", boxes2, 1 if aligned else 2, shape)
+    check_same_device(boxes1=boxes1, boxes2=boxes2)
     dtype = iou_dtype(boxes1.dtype, boxes2.dtype)
     boxes1, boxes2 = boxes1.to(dtype), boxes2.to(dtype)
     eps = float(eps)
     if aligned:
         _broadcast("shapes (all but the last dim)", boxes1.shape[:-1], boxes2.shape[:-1])
-        return _overlap(_columns(boxes1, None), _columns(boxes2, None), kind, eps)
-    batch = _broadcast("batch dims (all but the last two)", boxes1.shape[:-2], boxes2.shape[:-2])
-    return _pairwise(boxes1, boxes2, batch, kind, eps)
+    else:
+        batch = _broadcast(
+            "batch dims (all but the last two)", boxes1.shape[:-2], boxes2.shape[:-2]
+        )
+    scale = power_of_two_scale(boxes1, boxes2)
+    boxes1, boxes2 = boxes1 * scale, boxes2 * scale
+    area_eps = eps * scale.square()
+    if eps > 0:  # a huge scale-down must not turn eps into 0 (0 / 0 for degenerate boxes)
+        area_eps = area_eps.clamp_min(torch.finfo(dtype).tiny)
+    if aligned:
+        return _overlap(_columns(boxes1, None), _columns(boxes2, None), kind, eps, area_eps)
+    return _pairwise(boxes1, boxes2, batch, kind, eps, area_eps)
 
 
-def _pairwise(boxes1: Tensor, boxes2: Tensor, batch: torch.Size, kind: Kind, eps: float) -> Tensor:
+def _pairwise(
+    boxes1: Tensor, boxes2: Tensor, batch: torch.Size, kind: Kind, eps: float, area_eps: Tensor
+) -> Tensor:
     n, m = boxes1.shape[-2], boxes2.shape[-2]
     batch_size = math.prod(batch)
     budget = CHUNK_ELEMENTS if boxes1.device.type == "cpu" else CUDA_CHUNK_ELEMENTS
     rows = max(1, budget // max(m, 1))  # rows of boxes1 per chunk
     if batch_size * n <= rows or batch_size * n * m == 0:
         # One chunk: broadcasting handles the batch dims, nothing is copied.
-        return _overlap(_columns(boxes1, -1), _columns(boxes2, -2), kind, eps)
+        return _overlap(_columns(boxes1, -1), _columns(boxes2, -2), kind, eps, area_eps)
     # Flatten the (broadcast) batch dims; a chunk is whole batch items or rows of one item.
     boxes1 = boxes1.expand(*batch, n, 4).reshape(batch_size, n, 4)
     boxes2 = boxes2.expand(*batch, m, 4).reshape(batch_size, m, 4)
@@ -206,7 +276,7 @@ def _pairwise(boxes1: Tensor, boxes2: Tensor, batch: torch.Size, kind: Kind, eps
     def piece(items: slice, rows_: slice) -> Tensor:  # (k, M): k consecutive output rows
         a_part = _Columns(*(c[items, rows_] for c in a))
         b_part = _Columns(*(c[items] for c in b))
-        return _overlap(a_part, b_part, kind, eps).reshape(-1, m)
+        return _overlap(a_part, b_part, kind, eps, area_eps).reshape(-1, m)
 
     if torch.is_grad_enabled() and (boxes1.requires_grad or boxes2.requires_grad):
         # Autograd keeps every chunk's graph anyway; `cat` has a cheap backward (slicing),

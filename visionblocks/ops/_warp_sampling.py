@@ -6,18 +6,22 @@ checked; the public functions in ``warp.py`` and ``warp_targets.py`` validate an
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from visionblocks._check import check_floating
+from visionblocks._check import check_choice, check_floating, check_range, check_type, reads_values
 
 __all__ = [
+    "check_fill",
     "check_matrix",
+    "check_sample_options",
     "check_size",
     "compose_affine",
+    "invert_checked",
     "normaliser",
     "warp_bilinear",
     "warp_nearest",
@@ -46,6 +50,96 @@ def check_size(name: str, size: object) -> tuple[int, int]:
     if size[0] <= 0 or size[1] <= 0:
         raise ValueError(f"{name} must be positive, got {tuple(size)!r}")
     return int(size[0]), int(size[1])
+
+
+def invert_checked(name: str, matrix: Tensor) -> Tensor:
+    """Closed-form inverse of checked ``(..., 2, 3)`` affine matrices (`invert_affine`).
+
+    A value check (`visionblocks.value_checks_enabled`; one read of the small result, a host
+    sync on CUDA): a singular or non-finite matrix, whose inverse is not finite, raises
+    ``ValueError`` naming ``name`` instead of giving NaN images downstream.
+    """
+    a, b, tx, c, d, ty = matrix.flatten(-2).unbind(-1)
+    det = a * d - b * c
+    # `0.0 - x` rather than `-x`: no negative zeros in exact results.
+    ia, ib, ic, id_ = d / det, (0.0 - b) / det, (0.0 - c) / det, a / det
+    itx = 0.0 - (ia * tx + ib * ty)
+    ity = 0.0 - (ic * tx + id_ * ty)
+    inverse = torch.stack((ia, ib, itx, ic, id_, ity), dim=-1).unflatten(-1, (2, 3))
+    if inverse.numel() and reads_values(inverse):
+        bad = ~torch.isfinite(inverse.detach()).flatten(-2).all(-1)
+        if bool(bad.any()):
+            index = tuple(bad.nonzero()[0].tolist())
+            at = f" at index {index}" if index else ""
+            raise ValueError(
+                f"{name} must be an invertible affine matrix with finite entries; got a "
+                f"singular or non-finite one{at} (determinant {float(det.detach()[index]):g}, "
+                f"entries {matrix.detach()[index].flatten().tolist()}): it maps the image "
+                "onto a line or a point, and warping with it gives NaN"
+            )
+    return inverse
+
+
+def check_fill(name: str, fill: object, nonzero_ok: bool) -> None:
+    """Check a fill value: a finite number, a sequence of them or a tensor (values unread).
+
+    Anything but the number 0 needs ``nonzero_ok`` (``padding_mode="fill"``).
+    """
+    number = isinstance(fill, (int, float)) and not isinstance(fill, bool)
+    if number:
+        if not math.isfinite(fill):
+            raise ValueError(f"{name} must be finite, got {fill!r}")
+    elif isinstance(fill, Sequence) and not isinstance(fill, str):
+        values = list(fill)
+        if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
+            raise TypeError(
+                f"{name} must be a number, a sequence of numbers or a tensor, got {fill!r}"
+            )
+        if not all(math.isfinite(v) for v in values):
+            raise ValueError(f"{name} must hold finite numbers, got {fill!r}")
+    elif not isinstance(fill, Tensor):
+        raise TypeError(
+            f"{name} must be a number, a sequence of numbers or a tensor, got "
+            f"{type(fill).__name__} ({fill!r})"
+        )
+    if not nonzero_ok and not (number and fill == 0):
+        raise ValueError(f"{name}={fill!r} needs padding_mode='fill'")
+
+
+def check_sample_options(
+    target: object, mode: object, fill: object, mask_fill: object, min_size: object, keys: object
+) -> None:
+    """Type and range checks of `warp_sample`'s options, before anything is warped.
+
+    ``mask_fill`` must fit the dtype of every integer ``Mask`` in ``target``.
+    """
+    from torchvision.tv_tensors import Mask
+
+    check_type("mode", mode, str)
+    check_choice("mode", mode, ("bilinear", "nearest"))
+    check_fill("fill", fill, nonzero_ok=True)
+    check_type("mask_fill", mask_fill, int)
+    masks = [v for v in (target or {}).values() if isinstance(v, Mask)]
+    for mask in masks:
+        if mask.is_floating_point():
+            continue
+        info = None if mask.dtype == torch.bool else torch.iinfo(mask.dtype)
+        low, high = (0, 1) if info is None else (info.min, info.max)
+        if not low <= mask_fill <= high:
+            raise ValueError(
+                f"mask_fill={mask_fill} does not fit the masks' dtype {mask.dtype} "
+                f"([{low}, {high}])"
+            )
+    if min_size is not None:
+        check_type("min_size", min_size, (int, float))
+        check_range("min_size", min_size, 0.0)
+    if isinstance(keys, str) or not isinstance(keys, Sequence):
+        raise TypeError(
+            f"instance_keys must be a sequence of target keys (a tuple of str), got "
+            f"{type(keys).__name__} ({keys!r})"
+        )
+    for i, key in enumerate(keys):
+        check_type(f"instance_keys[{i}]", key, str)
 
 
 def compose_affine(first: Tensor, second: Tensor) -> Tensor:

@@ -38,6 +38,12 @@ Convention:
     normalised coordinates and boxes smaller than ``sqrt(eps)`` (3e-4 for the default), pass a
     smaller ``eps`` (``eps=0`` gives torchvision's behaviour, NaN included).
 
+    **Huge coordinates**: the four measures are scale invariant, so boxes whose largest
+    ``|coordinate|`` reaches ``2**28`` are first multiplied by a power of two that brings it
+    below (``eps`` by its square), found on the device without a host sync: exactly the
+    unscaled arithmetic, so coordinates of ``1e19`` (whose areas overflow float32) or ``3e38``
+    give the same values as small ones.
+
     An **inverted** box (``x2 < x1`` or ``y2 < y1``) is not valid. It is not rejected (a check
     would make the GPU wait for the host); the IoU family collapses it to a zero-width
     (zero-height) box at ``x1`` (``y1``), so results stay finite and in range: IoU 0, GIoU in
@@ -59,7 +65,7 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from visionblocks._check import check_choice, check_last_dim, check_tensor
+from visionblocks._check import check_choice, check_last_dim, check_tensor, check_type
 from visionblocks.ops._box_iou import overlap
 
 __all__ = [
@@ -112,7 +118,7 @@ def box_convert(boxes: Tensor, in_fmt: BoxFormat, out_fmt: BoxFormat) -> Tensor:
         corners from ``"cxcywh"``, as in torchvision.
 
     Raises:
-        TypeError: ``boxes`` is not a tensor.
+        TypeError: ``boxes`` is not a tensor, or a format is not a str.
         ValueError: Unknown format (the message lists the valid ones), or last dim not 4.
 
     Convention:
@@ -129,8 +135,9 @@ def box_convert(boxes: Tensor, in_fmt: BoxFormat, out_fmt: BoxFormat) -> Tensor:
         tensor([[10., 20., 30., 60.]])
     """
     boxes = check_tensor("boxes", boxes)
-    check_choice("in_fmt", in_fmt, BOX_FORMATS)
-    check_choice("out_fmt", out_fmt, BOX_FORMATS)
+    for name, fmt in (("in_fmt", in_fmt), ("out_fmt", out_fmt)):
+        check_type(name, fmt, str)
+        check_choice(name, fmt, BOX_FORMATS)
     check_last_dim("boxes", boxes, 4, what=f"in {in_fmt!r} format")
     if in_fmt == out_fmt:
         return boxes.clone()
@@ -195,7 +202,7 @@ def box_iou(boxes1: Tensor, boxes2: Tensor, *, aligned: bool = False, eps: float
     Raises:
         TypeError: Boxes not tensors (or complex), ``aligned`` not a bool, ``eps`` not a number.
         ValueError: Last dim not 4, fewer than 2 dims (pairwise), leading dims that do not
-            broadcast, ``eps < 0``.
+            broadcast, boxes on different devices, ``eps`` negative or not finite.
 
     Convention:
         ``"xyxy"``, x right, y down; zero-area and inverted boxes as in the module docstring.
@@ -237,7 +244,7 @@ def generalized_box_iou(
     Raises:
         TypeError: Boxes not tensors (or complex), ``aligned`` not a bool, ``eps`` not a number.
         ValueError: Last dim not 4, fewer than 2 dims (pairwise), leading dims that do not
-            broadcast, ``eps < 0``.
+            broadcast, boxes on different devices, ``eps`` negative or not finite.
 
     Convention:
         ``"xyxy"``, x right, y down; zero-area and inverted boxes as in the module docstring.
@@ -281,7 +288,7 @@ def distance_box_iou(
     Raises:
         TypeError: Boxes not tensors (or complex), ``aligned`` not a bool, ``eps`` not a number.
         ValueError: Last dim not 4, fewer than 2 dims (pairwise), leading dims that do not
-            broadcast, ``eps < 0``.
+            broadcast, boxes on different devices, ``eps`` negative or not finite.
 
     Convention:
         ``"xyxy"``, x right, y down; zero-area and inverted boxes as in the module docstring.
@@ -327,7 +334,7 @@ def complete_box_iou(
     Raises:
         TypeError: Boxes not tensors (or complex), ``aligned`` not a bool, ``eps`` not a number.
         ValueError: Last dim not 4, fewer than 2 dims (pairwise), leading dims that do not
-            broadcast, ``eps < 0``.
+            broadcast, boxes on different devices, ``eps`` negative or not finite.
 
     Convention:
         ``"xyxy"``, x right, y down; zero-area and inverted boxes as in the module docstring.

@@ -24,6 +24,15 @@ degenerate pairs.
 Dtype policy: float16/bfloat16 are computed in float32; ``"none"`` returns the inputs'
 dtype, ``"sum"``/``"mean"`` return the compute dtype (`visionblocks._reduce`).
 ``pred`` and ``target`` of different floating dtypes are promoted first.
+
+Value checks (`visionblocks.set_value_checks`, on by default) cost one ``aminmax`` over
+``pred`` and one over ``target`` (and a host sync on CUDA): ``target`` must hold finite
+coordinates (``pred`` may not: under mixed precision an overflowing prediction is the
+gradient scaler's business), and when the largest finite ``|coordinate|`` reaches
+``2**28`` both are multiplied by the power of two that brings it below (every loss is
+scale invariant; ``eps`` is scaled by its square), so any finite boxes, ``1e19`` or
+``3e38`` included, give exact values and gradients. With value checks off, coordinates
+must stay below about ``2**28`` for exact gradients (``2**60`` for finite values, float32).
 """
 
 from __future__ import annotations
@@ -34,9 +43,16 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from visionblocks._check import check_floating, check_last_dim, check_same_shape
+from visionblocks._check import (
+    check_floating,
+    check_last_dim,
+    check_same_device,
+    check_same_shape,
+    reads_values,
+)
 from visionblocks._dispatch import resolve_impl
 from visionblocks._reduce import check_reduction, compute_dtype, reduce_loss
+from visionblocks.ops._box_iou import SAFE_EXPONENT
 from visionblocks.ops._iou_loss_torch import CIOU, DIOU, GIOU, BoxIoULossFunction
 
 __all__ = ["complete_box_iou_loss", "distance_box_iou_loss", "generalized_box_iou_loss"]
@@ -53,6 +69,23 @@ def check_eps(eps: float) -> float:
     return float(eps)
 
 
+def _rescaled(pred: Tensor, target: Tensor, eps: float) -> tuple[Tensor, Tensor, float]:
+    """The value checks of the module notes: finite ``target``; huge boxes rescaled."""
+    if not reads_values(pred, target) or pred.numel() == 0:
+        return pred, target, eps
+    extremes = torch.stack([*torch.aminmax(pred.detach()), *torch.aminmax(target.detach())])
+    p_lo, p_hi, g_lo, g_hi = extremes.double().tolist()  # one host read
+    if not (math.isfinite(g_lo) and math.isfinite(g_hi)):
+        raise ValueError(f"target must hold finite box coordinates, got values in [{g_lo}, {g_hi}]")
+    largest = max(-g_lo, g_hi, *(v for v in (-p_lo, p_hi) if math.isfinite(v)))
+    exponent = math.frexp(largest)[1] - SAFE_EXPONENT
+    if exponent <= 0:
+        return pred, target, eps
+    scale = math.ldexp(1.0, -exponent)  # exact: a power of two
+    area_eps = max(eps * scale * scale, torch.finfo(torch.float32).tiny) if eps else 0.0
+    return pred * scale, target * scale, area_eps
+
+
 def _box_iou_loss(
     op: str, mode: int, pred: Tensor, target: Tensor, reduction: str, eps: float, impl: str
 ) -> Tensor:
@@ -61,14 +94,12 @@ def _box_iou_loss(
     check_last_dim("pred", pred, 4, what="(x1, y1, x2, y2)")
     check_last_dim("target", target, 4, what="(x1, y1, x2, y2)")
     check_same_shape("pred", pred, "target", target)
-    if pred.device != target.device:
-        raise ValueError(
-            f"pred and target must be on the same device, got {pred.device} and {target.device}"
-        )
+    check_same_device(pred=pred, target=target)
     check_reduction(reduction)
     eps = check_eps(eps)
     which = resolve_impl(impl, op, pred, target)
     input_dtype = torch.promote_types(pred.dtype, target.dtype)
+    pred, target, eps = _rescaled(pred, target, eps)
     p, g = pred.reshape(-1, 4), target.reshape(-1, 4)
     if which == "triton":
         from visionblocks.kernels import load_kernel
@@ -110,7 +141,8 @@ def generalized_box_iou_loss(
     Raises:
         TypeError: Non-floating (e.g. integer) boxes, or an ``eps`` that is not a number.
         ValueError: A last dimension other than 4, ``pred``/``target`` shapes or devices that
-            differ, a negative ``eps``, or an unknown ``reduction`` or ``impl``.
+            differ, a negative ``eps``, an unknown ``reduction`` or ``impl``, or (a value
+            check) a non-finite ``target`` coordinate.
         RuntimeError: ``impl="triton"`` where triton cannot run (triton missing, or a CPU
             tensor without ``TRITON_INTERPRET=1``).
 
@@ -160,7 +192,8 @@ def distance_box_iou_loss(
     Raises:
         TypeError: Non-floating (e.g. integer) boxes, or an ``eps`` that is not a number.
         ValueError: A last dimension other than 4, ``pred``/``target`` shapes or devices that
-            differ, a negative ``eps``, or an unknown ``reduction`` or ``impl``.
+            differ, a negative ``eps``, an unknown ``reduction`` or ``impl``, or (a value
+            check) a non-finite ``target`` coordinate.
         RuntimeError: ``impl="triton"`` where triton cannot run (triton missing, or a CPU
             tensor without ``TRITON_INTERPRET=1``).
 
@@ -210,7 +243,8 @@ def complete_box_iou_loss(
     Raises:
         TypeError: Non-floating (e.g. integer) boxes, or an ``eps`` that is not a number.
         ValueError: A last dimension other than 4, ``pred``/``target`` shapes or devices that
-            differ, a negative ``eps``, or an unknown ``reduction`` or ``impl``.
+            differ, a negative ``eps``, an unknown ``reduction`` or ``impl``, or (a value
+            check) a non-finite ``target`` coordinate.
         RuntimeError: ``impl="triton"`` where triton cannot run (triton missing, or a CPU
             tensor without ``TRITON_INTERPRET=1``).
 

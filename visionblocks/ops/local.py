@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from visionblocks._check import check_floating, check_tensor, check_type
+from visionblocks._check import check_allocation, check_floating, check_tensor, check_type
 from visionblocks._dispatch import resolve_impl
 from visionblocks.ops._local_filter_torch import LocalFilterFunction
 
@@ -53,6 +53,28 @@ def check_window(kernel_size: int, dilation: int, stride: int = 1) -> None:
         raise ValueError(f"kernel_size must be odd (windows are centred), got {kernel_size}")
 
 
+def effective_window(kernel_size: int, dilation: int, height: int, width: int) -> tuple[int, int]:
+    """The smallest ``(kernel_size, dilation)`` that reads the same pixels of an image.
+
+    Off-centre taps farther than the image extent only read zeros (or are masked), so a
+    dilation beyond ``max(H, W)`` equals ``max(H, W)``, and windows reaching past the image
+    can drop their outer taps (when the output does not depend on ``k``). This keeps absurd
+    sizes (``dilation=10**9``) from allocating absurd padding.
+
+    Examples:
+        >>> effective_window(7, 10**9, 5, 4)
+        (1, 5)
+        >>> effective_window(10**9 + 1, 1, 5, 4)
+        (9, 1)
+        >>> effective_window(3, 2, 16, 16)
+        (3, 2)
+    """
+    extent = max(height, width, 1)
+    dilation = min(dilation, extent)
+    half = min(kernel_size // 2, (extent - 1) // dilation)
+    return 2 * half + 1, dilation
+
+
 def _check_image(name: str, x: Tensor) -> None:
     if x.dim() != 4:
         raise ValueError(f"{name} must have shape (B, C, H, W), got {tuple(x.shape)}")
@@ -75,7 +97,8 @@ def sliding_windows(x: Tensor, kernel_size: int, dilation: int = 1) -> Tensor:
 
     Raises:
         TypeError: ``x`` not a tensor, or non-int ``kernel_size``/``dilation``.
-        ValueError: ``x`` not 4-D, an even or non-positive ``kernel_size``, or ``dilation < 1``.
+        ValueError: ``x`` not 4-D, an even or non-positive ``kernel_size``, ``dilation < 1``,
+            or a ``kernel_size`` so large that no machine could hold the result.
 
     Examples:
         >>> import torch
@@ -92,8 +115,10 @@ def sliding_windows(x: Tensor, kernel_size: int, dilation: int = 1) -> Tensor:
     _check_image("x", x)
     check_window(kernel_size, dilation)
     b, c, h, w = x.shape
+    check_allocation("the windows", (b, c, kernel_size * kernel_size, h, w), x.dtype)
     if x.numel() == 0:  # F.pad / unfold reject empty spatial dims
         return x.new_zeros(b, c, kernel_size * kernel_size, h, w)
+    dilation = effective_window(kernel_size, dilation, h, w)[1]
     pad, span = dilation * (kernel_size // 2), dilation * (kernel_size - 1) + 1
     xp = F.pad(x, (pad, pad, pad, pad))
     win = xp.unfold(2, span, 1).unfold(3, span, 1)[..., ::dilation, ::dilation]
@@ -190,6 +215,7 @@ def local_filter(
             f"x and kernels must be on the same device, got {x.device} and {kernels.device}"
         )
     which = resolve_impl(impl, "local_filter", x, kernels)
+    dilation = effective_window(kernel_size, dilation, h, w)[1]
     dtype = torch.promote_types(x.dtype, kernels.dtype)
     x, kernels = x.to(dtype), kernels.to(dtype)
     if which == "triton":

@@ -10,8 +10,10 @@ Convention:
     ``(h + (i - k//2)*d, w + (j - k//2)*d)`` for dilation ``d``. Taps outside the image are
     **masked out of the softmax** (a pixel near the border attends to fewer keys); they are
     not zero keys, which would take part with logit 0 and draw probability towards zero
-    values. Only odd ``k``. The centre tap always exists, so every softmax is well defined
-    (a ``1 x 1`` image returns ``v``). Unlike neighbourhood attention (NATTEN), windows at
+    values (so a window or dilation reaching past the image equals a smaller one, which is
+    what runs: ``kernel_size=10**9`` costs what the whole image costs). Only odd ``k``. The
+    centre tap always exists, so every softmax is well defined (a ``1 x 1`` image returns
+    ``v``). Unlike neighbourhood attention (NATTEN), windows at
     the border are not shifted back inside the image.
 """
 
@@ -25,6 +27,7 @@ from torch import Tensor
 from visionblocks._check import check_floating, check_same_shape, check_type
 from visionblocks._dispatch import resolve_impl
 from visionblocks.ops._local_attention_torch import LocalAttentionFunction
+from visionblocks.ops.local import effective_window
 
 __all__ = ["local_attention2d"]
 
@@ -131,6 +134,8 @@ def local_attention2d(
     """
     _check_args(q, k, v, kernel_size, dilation, num_heads)
     which = resolve_impl(impl, "local_attention2d", q, k, v)
+    # Taps beyond the image are masked: a window past it equals a smaller one (no huge sizes).
+    kernel_size, dilation = effective_window(kernel_size, dilation, *q.shape[-2:])
     dtype = torch.promote_types(torch.promote_types(q.dtype, k.dtype), v.dtype)
     q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
     if which == "triton":

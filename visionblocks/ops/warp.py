@@ -31,16 +31,26 @@ Dtypes:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Literal
 
 import torch
 from torch import Tensor
 
-from visionblocks._check import check_choice, check_tensor
+from visionblocks._check import (
+    check_allocation,
+    check_choice,
+    check_finite,
+    check_same_device,
+    check_tensor,
+    check_type,
+)
 from visionblocks.ops._warp_sampling import (
+    check_fill,
     check_matrix,
     check_size,
+    invert_checked,
     warp_bilinear,
     warp_nearest,
 )
@@ -66,10 +76,12 @@ def _as_float(name: str, value: object, dtype: torch.dtype, device: torch.device
     if isinstance(value, Tensor):
         return value.to(dtype=dtype, device=device)
     if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return torch.tensor(float(value), dtype=dtype, device=device)
+        return torch.tensor(check_finite(name, float(value)), dtype=dtype, device=device)
     if isinstance(value, Sequence) and all(
         isinstance(v, (int, float)) and not isinstance(v, bool) for v in value
     ):
+        if not all(math.isfinite(v) for v in value):
+            raise ValueError(f"{name} must hold finite numbers, got {tuple(value)!r}")
         return torch.tensor([float(v) for v in value], dtype=dtype, device=device)
     raise TypeError(f"{name} must be a number, a sequence of numbers or a tensor, got {value!r}")
 
@@ -106,7 +118,8 @@ def affine_matrix(
 
     Raises:
         TypeError: An argument is not a number, a sequence of numbers or a tensor.
-        ValueError: A pair argument does not end in 2, or batch dims do not broadcast.
+        ValueError: A number that is not finite, a pair argument that does not end in 2, or
+            batch dims that do not broadcast.
 
     Convention:
         Pixel centres on integers, x right, y down; see the module docstring.
@@ -174,11 +187,13 @@ def invert_affine(matrix: Tensor) -> Tensor:
 
     Returns:
         Tensor[..., 2, 3]: ``M⁻¹`` with ``M⁻¹ @ [M @ [p, 1], 1] = p``, same dtype; differentiable.
-        A singular matrix gives ``inf``/``nan`` (not checked, so no host sync).
 
     Raises:
         TypeError: ``matrix`` is not a floating tensor.
-        ValueError: ``matrix`` does not have shape ``(..., 2, 3)``.
+        ValueError: ``matrix`` does not have shape ``(..., 2, 3)``, or (a value check, see
+            `visionblocks.set_value_checks`: one read of the ``(..., 2, 3)`` result, a host
+            sync on CUDA) it is singular or not finite, so its inverse is not finite. With
+            value checks off such a matrix gives ``inf``/``nan`` entries.
 
     Examples:
         >>> m = affine_matrix(angle=30.0, scale=2.0, translate=(5.0, -1.0))
@@ -191,13 +206,7 @@ def invert_affine(matrix: Tensor) -> Tensor:
                 [ 0.0000,  0.2500, -2.0000]])
     """
     check_matrix("matrix", matrix, batched=True)
-    a, b, tx, c, d, ty = matrix.flatten(-2).unbind(-1)
-    det = a * d - b * c
-    # `0.0 - x` rather than `-x`: no negative zeros in exact results.
-    ia, ib, ic, id_ = d / det, (0.0 - b) / det, (0.0 - c) / det, a / det
-    itx = 0.0 - (ia * tx + ib * ty)
-    ity = 0.0 - (ic * tx + id_ * ty)
-    return torch.stack((ia, ib, itx, ic, id_, ity), dim=-1).unflatten(-1, (2, 3))
+    return invert_checked("matrix", matrix)
 
 
 def matrix_to_theta(matrix: Tensor, src_size: Sequence[int], dst_size: Sequence[int]) -> Tensor:
@@ -219,7 +228,8 @@ def matrix_to_theta(matrix: Tensor, src_size: Sequence[int], dst_size: Sequence[
 
     Raises:
         TypeError: ``matrix`` is not a floating tensor or a size is not a tuple.
-        ValueError: Bad matrix shape or sizes that are not two positive ints.
+        ValueError: Bad matrix shape, sizes that are not two positive ints, or (value check)
+            a singular or non-finite ``matrix`` (as `invert_affine`).
 
     Examples:
         >>> matrix_to_theta(torch.eye(2, 3), (4, 6), (4, 6))
@@ -233,7 +243,7 @@ def matrix_to_theta(matrix: Tensor, src_size: Sequence[int], dst_size: Sequence[
     src = check_size("src_size", src_size)
     dst = check_size("dst_size", dst_size)
     (hs, ws), (hd, wd) = src, dst
-    a, b, c, d, e, f = invert_affine(matrix).flatten(-2).unbind(-1)
+    a, b, c, d, e, f = invert_checked("matrix", matrix).flatten(-2).unbind(-1)
     # Closed form of N_src ∘ M⁻¹ ∘ N_dst⁻¹ (exact for identity-like matrices).
     theta = (
         a * (wd / ws),
@@ -261,7 +271,8 @@ def theta_to_matrix(theta: Tensor, src_size: Sequence[int], dst_size: Sequence[i
 
     Raises:
         TypeError: ``theta`` is not a floating tensor or a size is not a tuple.
-        ValueError: Bad shape or sizes that are not two positive ints.
+        ValueError: Bad shape, sizes that are not two positive ints, or (value check) a
+            singular or non-finite ``theta`` (as `invert_affine`).
 
     Examples:
         >>> theta = torch.tensor([[0.5, 0.0, -0.5], [0.0, 0.5, -0.5]])
@@ -280,7 +291,7 @@ def theta_to_matrix(theta: Tensor, src_size: Sequence[int], dst_size: Sequence[i
     a, b, d, e = t0 * (ws / wd), t1 * (ws / hd), t3 * (hs / wd), t4 * (hs / hd)
     c = ((t2 + 1) * ws - 1 - a * (wd - 1) - b * (hd - 1)) / 2
     f = ((t5 + 1) * hs - 1 - d * (wd - 1) - e * (hd - 1)) / 2
-    return invert_affine(torch.stack((a, b, c, d, e, f), dim=-1).unflatten(-1, (2, 3)))
+    return invert_checked("theta", torch.stack((a, b, c, d, e, f), dim=-1).unflatten(-1, (2, 3)))
 
 
 def warp_affine(
@@ -328,8 +339,10 @@ def warp_affine(
         TypeError: ``img``/``matrix`` not tensors, a non-floating matrix, a ``bool`` image with
             bilinear sampling, or a bad ``fill`` type.
         ValueError: Bad shapes (image not 3-D/4-D or empty, matrix not ``(2, 3)``/``(B, 2, 3)``,
-            batch mismatch), unknown ``mode``/``padding_mode``, bad ``size``, or a nonzero
-            ``fill`` without ``padding_mode="fill"``.
+            batch mismatch), ``img`` and ``matrix`` on different devices, unknown ``mode``/``padding_mode``, bad or absurdly large ``size``, a
+            non-finite ``fill`` or a nonzero one without ``padding_mode="fill"``, or (a value
+            check, see `invert_affine`) a singular or non-finite ``matrix``, which would give
+            an all-NaN image.
 
     Convention:
         Forward matrices, pixel centres on integers, sizes ``(H, W)``; see the module
@@ -356,20 +369,23 @@ def warp_affine(
     """
     check_tensor("img", img)
     check_matrix("matrix", matrix)
-    check_choice("mode", mode, _MODES)
-    check_choice("padding_mode", padding_mode, _PADDING_MODES)
-    if padding_mode != "fill" and not (
-        isinstance(fill, (int, float)) and not isinstance(fill, bool) and fill == 0
+    check_same_device(img=img, matrix=matrix)
+    for name, value, choices in (
+        ("mode", mode, _MODES),
+        ("padding_mode", padding_mode, _PADDING_MODES),
     ):
-        raise ValueError(f"fill={fill!r} needs padding_mode='fill', got {padding_mode!r}")
+        check_type(name, value, str)
+        check_choice(name, value, choices)
+    check_fill("fill", fill, padding_mode == "fill")
     if img.dim() not in (3, 4):
         raise ValueError(f"img must have shape (B, C, H, W) or (C, H, W), got {tuple(img.shape)}")
     unbatched = img.dim() == 3
     batch = img[None] if unbatched else img
-    b, _, h, w = batch.shape
+    b, c, h, w = batch.shape
     if h == 0 or w == 0:
         raise ValueError(f"img must have a non-empty (H, W), got {tuple(img.shape)}")
     out_size = (h, w) if size is None else check_size("size", size)
+    check_allocation("the warped img", (b, c, *out_size), torch.float64)
     mats = matrix if matrix.dim() == 3 else matrix[None]
     if mats.shape[0] != 1 and (unbatched or mats.shape[0] != b):
         what = "an unbatched img" if unbatched else f"img with batch {b}"
@@ -377,7 +393,7 @@ def warp_affine(
             f"matrix batch {mats.shape[0]} does not match {what}; pass (2, 3) to share one matrix"
         )
     coord_dtype = torch.promote_types(mats.dtype, torch.float32)
-    inv = invert_affine(mats.to(coord_dtype))
+    inv = invert_checked("matrix", mats.to(coord_dtype))
 
     if mode == "nearest":
         out = warp_nearest(batch, inv, out_size, padding_mode, fill)

@@ -30,8 +30,8 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 
-from visionblocks._check import check_last_dim, check_tensor
-from visionblocks.ops._warp_sampling import check_matrix, check_size
+from visionblocks._check import check_last_dim, check_same_device, check_tensor
+from visionblocks.ops._warp_sampling import check_matrix, check_sample_options, check_size
 from visionblocks.ops.warp import warp_affine
 
 __all__ = ["warp_boxes", "warp_masks", "warp_points", "warp_sample"]
@@ -70,8 +70,9 @@ def warp_points(points: Tensor, matrix: Tensor) -> Tensor:
 
     Raises:
         TypeError: Not tensors, or a non-floating matrix.
-        ValueError: ``points`` not ``(..., N, 2)``, ``matrix`` not ``(..., 2, 3)``, or their
-            leading dims do not broadcast.
+        ValueError: ``points`` not ``(..., N, 2)``, ``matrix`` not ``(..., 2, 3)``, leading
+            dims that do not broadcast, or tensors on different devices. A singular matrix is
+            fine here: it maps the points onto a line or a point.
 
     Convention:
         Pixel centres on integers, forward matrices; see the module docstring.
@@ -87,6 +88,7 @@ def warp_points(points: Tensor, matrix: Tensor) -> Tensor:
     """
     check_tensor("points", points)
     check_matrix("matrix", matrix, batched=True)
+    check_same_device(points=points, matrix=matrix)
     check_last_dim("points", points, 2, what="(x, y)")
     if points.dim() < 2:
         raise ValueError(f"points must have shape (..., N, 2), got {tuple(points.shape)}")
@@ -121,7 +123,8 @@ def warp_boxes(boxes: Tensor, matrix: Tensor, size: Sequence[int] | None = None)
     Raises:
         TypeError: Not tensors, a non-floating matrix, or a bad ``size`` type.
         ValueError: ``boxes`` not ``(..., N, 4)``, ``matrix`` not ``(..., 2, 3)``, leading dims
-            that do not broadcast, bad ``size``.
+            that do not broadcast, tensors on different devices, bad ``size``. A singular
+            matrix is fine here (flat boxes).
 
     Convention:
         Box corners are moved as ``M (p - 0.5) + 0.5`` (pixel centres at ``j + 0.5``); see the
@@ -143,6 +146,7 @@ def warp_boxes(boxes: Tensor, matrix: Tensor, size: Sequence[int] | None = None)
     """
     check_tensor("boxes", boxes)
     check_matrix("matrix", matrix, batched=True)
+    check_same_device(boxes=boxes, matrix=matrix)
     check_last_dim("boxes", boxes, 4, what="(x1, y1, x2, y2)")
     if boxes.dim() < 2:
         raise ValueError(f"boxes must have shape (..., N, 4), got {tuple(boxes.shape)}")
@@ -194,7 +198,8 @@ def warp_masks(masks: Tensor, matrix: Tensor, size: Sequence[int] | None = None)
 
     Raises:
         TypeError: Not tensors or a non-floating matrix.
-        ValueError: ``masks`` not 3-D/4-D, bad matrix shape or batch, bad ``size``.
+        ValueError: ``masks`` not 3-D/4-D, bad matrix shape or batch, tensors on different
+            devices, bad ``size``, or (value check) a singular matrix (see `warp_affine`).
 
     Convention:
         Pixel centres on integers, as `warp_affine`; ties round half to even.
@@ -214,6 +219,8 @@ def warp_masks(masks: Tensor, matrix: Tensor, size: Sequence[int] | None = None)
         raise ValueError(
             f"masks must have shape (N, H, W) or (B, N, H, W), got {tuple(masks.shape)}"
         )
+    check_matrix("matrix", matrix)
+    check_same_device(masks=masks, matrix=matrix)
     return warp_affine(masks, matrix, size, mode="nearest")
 
 
@@ -305,10 +312,13 @@ def warp_sample(
         (``None`` if ``target`` was).
 
     Raises:
-        TypeError: ``image`` not a tensor, ``target`` not a mapping.
-        ValueError: Bad image/matrix shapes or size; several ``BoundingBoxes`` in ``target``
-            with ``min_size`` set; an ``instance_keys`` tensor whose length differs from the
-            number of boxes.
+        TypeError: ``image`` not a tensor, ``target`` not a mapping, an option of the wrong
+            type (``instance_keys`` must be a sequence of str).
+        ValueError: Bad image/matrix shapes or size; ``image`` and ``matrix`` on different
+            devices; a non-finite ``fill``, a negative ``min_size``, a ``mask_fill`` that
+            does not fit the masks' dtype; several ``BoundingBoxes`` in ``target`` with
+            ``min_size`` set; an ``instance_keys`` tensor whose length differs from the number
+            of boxes; or (value check) a singular matrix (see `warp_affine`).
 
     Convention:
         One matrix for everything: forward, pixel centres on integers; boxes in the edge
@@ -335,9 +345,13 @@ def warp_sample(
         raise ValueError(f"image must have shape (C, H, W), got {tuple(image.shape)}")
     check_matrix("matrix", matrix)
     if matrix.dim() != 2:
-        raise ValueError(f"warp_sample takes one (2, 3) matrix, got {tuple(matrix.shape)}")
+        raise ValueError(
+            f"warp_sample takes one (2, 3) matrix, got matrix of shape {tuple(matrix.shape)}"
+        )
+    check_same_device(image=image, matrix=matrix)
     if target is not None and not isinstance(target, Mapping):
         raise TypeError(f"target must be a dict or None, got {type(target).__name__}")
+    check_sample_options(target, mode, fill, mask_fill, min_size, instance_keys)
     out_size = tuple(image.shape[-2:]) if size is None else check_size("size", size)
     padding = "zeros" if isinstance(fill, (int, float)) and fill == 0 else "fill"
     warped = warp_affine(
