@@ -37,11 +37,18 @@ from visionblocks.data.coco import CocoBase
 from visionblocks.demo import run_demo
 from visionblocks.weights import LoadError, LoadReport, load_partial, read_state_dict
 
+_TEMP = tempfile.TemporaryDirectory(prefix="vb-conformance-")  # removed at interpreter exit
+
+
+def _folder() -> str:
+    """A fresh folder inside this module's temporary directory."""
+    return tempfile.mkdtemp(dir=_TEMP.name)
+
 
 @functools.cache
 def _coco() -> tuple[Path, Path]:
     """A tiny synthetic COCO dataset, written once per test process."""
-    folder = Path(tempfile.mkdtemp(prefix="vb-conformance-"))
+    folder = Path(_folder())
     ann = make_synthetic_coco(folder, num_images=3, image_size=(32, 40), seed=0)
     return folder / "images", Path(ann)
 
@@ -132,7 +139,7 @@ def _grouped(**kwargs: Any) -> list[list[int]]:
 
 
 def _synthetic(**kwargs: Any) -> Path:
-    return make_synthetic_coco(tempfile.mkdtemp(prefix="vb-conformance-"), **kwargs)
+    return make_synthetic_coco(_folder(), **kwargs)
 
 
 def _prefetch(loader: Any, device: Any, non_blocking: bool) -> list[Any]:
@@ -427,7 +434,7 @@ SPECS: list[Spec] = [
             _quiet_demo,
             {
                 "steps": 1,
-                "out": tempfile.mkdtemp(prefix="vb-conformance-demo-"),
+                "out": _folder(),
                 "device": "cpu",
                 "distributed": False,
                 "seed": 0,
@@ -491,7 +498,7 @@ EXEMPT.update(_kernel_entry_points())
 
 # ------------------------------------------------------------------------------ weights
 def _checkpoint() -> Path:
-    path = Path(tempfile.mkdtemp(prefix="vb-conformance-")) / "model.pt"
+    path = Path(_folder()) / "model.pt"
     torch.save({"state_dict": _small_model().state_dict(), "epoch": 3}, path)
     return path
 
