@@ -367,3 +367,26 @@ def check_allocation(what: str, shape: Sequence[int], dtype: torch.dtype) -> Non
             f"{what} would need a tensor of shape {tuple(int(s) for s in shape)} ({size} bytes); "
             "some size is absurdly large"
         )
+
+
+def cuda_unusable(name: str, device: torch.device) -> str | None:
+    """Why ``device`` (given as argument ``name``) cannot be used here, or None.
+
+    A CPU device is always usable; a CUDA one needs CUDA and a visible device of its index.
+
+    Examples:
+        >>> import torch
+        >>> cuda_unusable("device", torch.device("cpu")) is None
+        True
+    """
+    if device.type != "cuda":
+        return None
+    if not torch.cuda.is_available():
+        return (
+            f"{name}={str(device)!r} asks for CUDA, but CUDA is not available "
+            f"(torch.cuda.is_available() is False); use {name}='cpu'"
+        )
+    count = torch.cuda.device_count()
+    if device.index is not None and device.index >= count:
+        return f"{name}={str(device)!r}, but only {count} CUDA device(s) are visible"
+    return None

@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 
+from visionblocks._check import cuda_unusable
 from visionblocks._weights_formats import detect_layout
 from visionblocks._weights_rebuild import Placeholder
 from visionblocks._weights_safe_read import SafeRead, read_pickle, read_torch_zip
@@ -232,17 +233,9 @@ def check_map_location(map_location: Any) -> None:
         device = torch.device(map_location)
     except RuntimeError:
         raise ValueError(f"map_location {map_location!r} names no torch device") from None
-    if device.type == "cuda":
-        if not torch.cuda.is_available():
-            raise ValueError(
-                f"map_location={map_location!r} asks for CUDA, but CUDA is not available "
-                "(torch.cuda.is_available() is False); use map_location='cpu'"
-            )
-        if device.index is not None and device.index >= torch.cuda.device_count():
-            raise ValueError(
-                f"map_location={map_location!r}, but only {torch.cuda.device_count()} CUDA "
-                "device(s) are visible"
-            )
+    problem = cuda_unusable("map_location", device)
+    if problem is not None:
+        raise ValueError(problem)
 
 
 def read_checkpoint(

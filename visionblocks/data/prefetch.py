@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from visionblocks._check import check_type
+from visionblocks._check import check_type, cuda_unusable
 
 __all__ = ["DevicePrefetcher", "move_to_device", "prefetch_to_device"]
 
@@ -170,17 +170,9 @@ class DevicePrefetcher:
             )
         device = _as_device(device)
         check_type("non_blocking", non_blocking, bool)
-        if device.type == "cuda":
-            if not torch.cuda.is_available():
-                raise RuntimeError(
-                    f"device {str(device)!r} was asked for but CUDA is not available "
-                    "(torch.cuda.is_available() is False); use device='cpu'"
-                )
-            if device.index is not None and device.index >= torch.cuda.device_count():
-                raise RuntimeError(
-                    f"device {str(device)!r} was asked for but only "
-                    f"{torch.cuda.device_count()} CUDA device(s) are visible"
-                )
+        problem = cuda_unusable("device", device)
+        if problem is not None:
+            raise RuntimeError(problem)
         self.loader = loader
         self.device = device
         self.non_blocking = non_blocking
