@@ -142,7 +142,9 @@ def test_validation(args, kwargs, error, match):
 
 def test_cuda_unavailable_is_a_clear_error(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    with pytest.raises(RuntimeError, match="device='cuda:0' asks for CUDA, but CUDA is not available"):
+    with pytest.raises(
+        RuntimeError, match="device='cuda:0' asks for CUDA, but CUDA is not available"
+    ):
         prefetch_to_device([], "cuda:0")
     with pytest.raises(RuntimeError, match="device='cuda' asks for CUDA"):
         prefetch_to_device([], torch.device("cuda"))
