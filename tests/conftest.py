@@ -23,7 +23,15 @@ torch.set_num_threads(min(2, torch.get_num_threads()))
 _TRITON_RUNNABLE = kernels.triton_available() and (
     torch.cuda.is_available() or kernels.interpret_mode()
 )
-_NO_TRITON = f"triton cannot run here: {kernels.triton_unavailable_reason() or 'no CUDA and no TRITON_INTERPRET=1'}"
+_NO_TRITON = (
+    "triton kernels cannot run here: "
+    + (
+        kernels.triton_unavailable_reason()
+        or "no CUDA device, and TRITON_INTERPRET=1 was not set before triton was imported"
+    )
+    + " (a CPU-only torch has no triton: pip install visionblocks[triton])"
+)
+"""Why kernel tests are skipped: the same text in every kernel test module."""
 
 
 @pytest.fixture(
@@ -57,3 +65,14 @@ def _reset_global_state():
     torch.manual_seed(0)
     yield
     set_impl(None)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark ``cuda`` every test that runs on CUDA when a GPU is present: the ``device="cuda"``
+    cases, and the kernel parity modules' tests without a device parameter (they run on the
+    GPU when there is one). ``pytest -m cuda`` runs them all."""
+    for item in items:
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        kernel_module = item.path.name.endswith("_kernel.py") and "device" not in params
+        if params.get("device") == "cuda" or kernel_module:
+            item.add_marker(pytest.mark.cuda)

@@ -100,13 +100,36 @@ def test_auto_follows_process_default(fake_kernel, monkeypatch):
         assert resolve_impl("torch", fake_kernel, torch.zeros(2)) == "torch"
 
 
-def test_auto_picks_triton_for_cuda_tensors(fake_kernel, monkeypatch):
-    class FakeCuda:
-        is_cuda = True
+class FakeCuda:
+    is_cuda = True
+    device = torch.device("cuda", 0)
+    dtype = torch.float32
 
+
+def test_auto_picks_triton_for_cuda_tensors(fake_kernel, monkeypatch):
+    from visionblocks.kernels import _fallback, _support
+
+    monkeypatch.setattr(_support, "_capability", lambda index: (8, 0))
     monkeypatch.setattr(kernels, "triton_available", lambda: True)
     assert resolve_impl("auto", fake_kernel, FakeCuda()) == "triton"
     assert resolve_impl("auto", "op_without_kernel", FakeCuda()) == "torch"
+    # An older GPU than the kernels are compiled for: auto runs torch, forcing explains.
+    monkeypatch.setattr(_support, "_capability", lambda index: (7, 0))
+    assert resolve_impl("auto", fake_kernel, FakeCuda()) == "torch"
+    monkeypatch.setattr("visionblocks._dispatch._capability", lambda device: (7, 0))
+    with pytest.raises(
+        RuntimeError, match="need compute capability 7.5 or newer; this GPU has 7.0"
+    ):
+        resolve_impl("triton", fake_kernel, FakeCuda())
+    # After a failure on that device, auto stays on torch there.
+    monkeypatch.setattr(_support, "_capability", lambda index: (9, 0))
+    with pytest.warns(RuntimeWarning, match="failed on cuda:0"):
+        _fallback.note_failure(fake_kernel, FakeCuda.device, RuntimeError("boom"))
+    try:
+        assert resolve_impl("auto", fake_kernel, FakeCuda()) == "torch"
+    finally:
+        _fallback.reset_failures()
+    assert resolve_impl("auto", fake_kernel, FakeCuda()) == "triton"
     monkeypatch.setattr(kernels, "triton_available", lambda: False)
     assert resolve_impl("auto", fake_kernel, FakeCuda()) == "torch"
 

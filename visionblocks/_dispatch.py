@@ -6,7 +6,10 @@ Every such op takes ``impl: str = "auto"``:
 - ``"triton"``: the fused Triton kernel. Needs triton; runs on CUDA tensors, or on CPU tensors
   when ``TRITON_INTERPRET=1`` was set before triton was imported (how the tests check kernels).
 - ``"auto"``: the process default (see below); when that is also ``"auto"``, triton for CUDA
-  tensors when triton imports and the op has a kernel, torch otherwise.
+  tensors when triton imports, the op has a kernel, the GPU's compute capability and the
+  dtypes are supported (`visionblocks.kernels._support`) and the kernel has not failed on
+  that device before; torch otherwise. If a kernel fails to compile, load or launch, the op
+  warns once, runs the torch path and stays on it for that device (`run_fused`).
 
 The process default is, by priority: `set_impl` / `use_impl`, then the environment
 variable ``VISIONBLOCKS_IMPL``, then ``"auto"``. ``VISIONBLOCKS_DISABLE_TRITON=1`` makes
@@ -17,15 +20,18 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Literal
+from typing import Any, Literal, TypeVar
 
 import torch
 
 from visionblocks._check import check_choice
+from visionblocks.kernels._support import capability_reason, unsupported_reason
 
-__all__ = ["IMPLS", "get_impl", "resolve_impl", "set_impl", "use_impl"]
+T = TypeVar("T")
+
+__all__ = ["IMPLS", "get_impl", "resolve_impl", "run_fused", "set_impl", "use_impl"]
 
 Impl = Literal["auto", "torch", "triton"]
 IMPLS: tuple[str, ...] = ("auto", "torch", "triton")
@@ -127,7 +133,8 @@ def resolve_impl(impl: str, op: str, *tensors: torch.Tensor) -> str:
     Raises:
         ValueError: For an unknown ``impl``.
         RuntimeError: If ``"triton"`` is forced but cannot run here (no triton, no kernel for
-            ``op``, or CPU tensors without ``TRITON_INTERPRET=1``); the message says why.
+            ``op``, CPU tensors without ``TRITON_INTERPRET=1``, or a GPU or dtype the kernels
+            do not support); the message says why.
 
     Examples:
         >>> import torch
@@ -145,7 +152,12 @@ def resolve_impl(impl: str, op: str, *tensors: torch.Tensor) -> str:
         return "torch"
     on_cuda = bool(tensors) and all(t.is_cuda for t in tensors)
     if impl == "auto":
-        if on_cuda and kernels.has_kernel(op) and kernels.triton_available():
+        if (
+            on_cuda
+            and kernels.has_kernel(op)
+            and kernels.triton_available()
+            and not unsupported_reason(op, tensors)
+        ):
             return "triton"
         return "torch"
     # Forced triton: explain precisely why it cannot run rather than silently falling back.
@@ -161,4 +173,54 @@ def resolve_impl(impl: str, op: str, *tensors: torch.Tensor) -> str:
             f"impl='triton' for {op!r} needs CUDA tensors, or TRITON_INTERPRET=1 set before "
             "triton is imported to run kernels on CPU tensors"
         )
+    if on_cuda:
+        reason = capability_reason(_capability(tensors[0].device), (t.dtype for t in tensors))
+        if reason:
+            raise RuntimeError(f"impl='triton' was requested for {op!r} but {reason}")
     return "triton"
+
+
+def _capability(device: torch.device) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(device)
+
+
+def _forced(impl: str) -> bool:
+    return impl == "triton" or (impl == "auto" and get_impl() == "triton")
+
+
+def run_fused(op: str, impl: str, reference: Callable[..., T], *args: Any) -> T:
+    """Run ``op``'s triton kernel on ``args``, falling back to ``reference`` if it fails.
+
+    Called by an op once `resolve_impl` chose ``"triton"``. The kernel entry point receives
+    ``reference`` too, for its backward. If triton fails to compile, load or launch a kernel
+    (`KernelFailure`), ``impl="auto"`` warns once per op and device, runs ``reference`` (the
+    torch path, same arguments) and routes the op to torch on that device from then on;
+    ``impl="triton"`` raises.
+
+    Args:
+        op: The op name (a key of `visionblocks.kernels.KERNEL_OPS`).
+        impl: The op's ``impl`` argument.
+        reference: The torch path, called as ``reference(*args)``.
+        *args: The kernel entry point's arguments.
+
+    Returns:
+        The op's result.
+
+    Raises:
+        KernelFailure: If the kernel fails and ``impl="triton"`` was forced.
+    """
+    from visionblocks.kernels import load_kernel
+    from visionblocks.kernels._fallback import note_failure
+    from visionblocks.kernels._launch import KernelFailure, LaunchLimitError
+
+    fallback = None if _forced(impl) else reference
+    try:
+        return load_kernel(op)(*args, reference=fallback)
+    except KernelFailure as exc:
+        if fallback is None:
+            raise
+        if isinstance(exc, LaunchLimitError):  # this shape only; the kernel is fine
+            return reference(*args)
+        device = next(a.device for a in args if isinstance(a, torch.Tensor))
+        note_failure(op, device, exc)
+        return reference(*args)

@@ -8,12 +8,13 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tests.conftest import _NO_TRITON
 from tests.helpers import assert_close, gradcheck
 from visionblocks import kernels
 from visionblocks.losses.focal import sigmoid_focal_loss
 
 if not (kernels.triton_available() and (torch.cuda.is_available() or kernels.interpret_mode())):
-    pytest.skip("triton cannot run here", allow_module_level=True)
+    pytest.skip(_NO_TRITON, allow_module_level=True)
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 SHAPES = [(1, 1), (11, 93), (17, 241)]  # 1, 1023, 4097 elements

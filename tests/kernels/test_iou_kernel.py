@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tests.conftest import _NO_TRITON
 from tests.helpers import assert_close
 from visionblocks import kernels
 from visionblocks._dispatch import resolve_impl
@@ -15,7 +16,7 @@ from visionblocks.ops.iou_loss import (
 )
 
 RUNNABLE = kernels.triton_available() and (torch.cuda.is_available() or kernels.interpret_mode())
-pytestmark = pytest.mark.skipif(not RUNNABLE, reason="triton cannot run here")
+pytestmark = pytest.mark.skipif(not RUNNABLE, reason=_NO_TRITON)
 
 FUNCTIONS = {
     "generalized_box_iou_loss": generalized_box_iou_loss,
@@ -118,9 +119,9 @@ def test_kernel_is_called_for_triton(monkeypatch):
     calls = []
     real = kernels.load_kernel("generalized_box_iou_loss")
 
-    def spy(pred, target, eps):
+    def spy(pred, target, eps, reference=None):
         calls.append((pred.shape, eps))
-        return real(pred, target, eps)
+        return real(pred, target, eps, reference)
 
     monkeypatch.setattr("visionblocks.kernels.iou.generalized_box_iou_loss_triton", spy)
     pred, target = random_pairs(6, torch.float32, "cpu")

@@ -9,12 +9,13 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tests.conftest import _NO_TRITON
 from tests.helpers import assert_close
 from visionblocks import kernels
 from visionblocks.ops.local_attention import local_attention2d
 
 RUNNABLE = kernels.triton_available() and (torch.cuda.is_available() or kernels.interpret_mode())
-pytestmark = pytest.mark.skipif(not RUNNABLE, reason="triton cannot run here")
+pytestmark = pytest.mark.skipif(not RUNNABLE, reason=_NO_TRITON)
 
 
 def test_dispatch_table_names_the_kernel():
@@ -71,3 +72,20 @@ def test_kernel_empty_batch(device):
     assert out.shape == (0, 4, 3, 3)
     (grad,) = torch.autograd.grad(out.sum(), q)
     assert grad.shape == q.shape
+
+
+@pytest.mark.parametrize(
+    ("channels", "heads", "dtype"),
+    [
+        (40, 1, torch.float32),  # D = 40: one block of 64 lanes
+        (80, 1, torch.float32),  # D = 80: blocks of 64, logits recomputed per block
+        (160, 2, torch.float64),
+        (136, 1, torch.bfloat16),
+    ],
+)
+def test_kernel_wide_heads_loop_over_channel_blocks(channels, heads, dtype, device):
+    q, k, v, grad_out = inputs(1, channels, 4, 5, dtype, device, seed=channels)
+    expected = run(q, k, v, grad_out, "torch", 3, 1, heads)
+    actual = run(q, k, v, grad_out, "triton", 3, 1, heads)
+    for name, a, e in zip(("out", "grad_q", "grad_k", "grad_v"), actual, expected, strict=True):
+        assert_close(a, e, scale=2.0, msg=f"{name} differs")

@@ -5,12 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tests.conftest import _NO_TRITON
 from tests.helpers import assert_close
 from visionblocks import kernels
 from visionblocks.ops.local import local_filter
 
 RUNNABLE = kernels.triton_available() and (torch.cuda.is_available() or kernels.interpret_mode())
-pytestmark = pytest.mark.skipif(not RUNNABLE, reason="triton cannot run here")
+pytestmark = pytest.mark.skipif(not RUNNABLE, reason=_NO_TRITON)
 
 
 def test_dispatch_table_names_the_kernel():
@@ -41,6 +42,8 @@ CASES = [  # (B, C, H, W, k, d, stride, G)
     (1, 4, 13, 17, 3, 2, 2, 2),
     (2, 2, 7, 9, 5, 1, 3, 1),
     (1, 20, 5, 6, 3, 1, 1, 1),  # more channels in a group than one channel block
+    (1, 6, 5, 5, 3, 1, 1, 2),  # 3 channels per group in a block of 4
+    (2, 3, 4, 5, 1, 1, 2, 3),  # 1 x 1 window, depthwise, strided
 ]
 HALF_CASES = [CASES[1], CASES[4]]
 PARAMS = [pytest.param(c, torch.float32, id="x".join(map(str, c))) for c in CASES] + [

@@ -1,7 +1,7 @@
 """Fused Triton kernels for the GIoU / DIoU / CIoU losses of aligned box pairs.
 
 Called by `visionblocks.ops.iou_loss` (after validation) as
-``generalized_box_iou_loss_triton(pred, target, eps)`` (and the ``distance_``/``complete_``
+``generalized_box_iou_loss_triton(pred, target, eps, reference)`` (and the ``distance_``/``complete_``
 variants): ``pred`` and ``target`` are ``(N, 4)`` xyxy boxes of one floating dtype; the result
 is the per-pair loss ``(N,)`` in float32 (float64 for float64 boxes), differentiable with
 respect to both inputs.
@@ -25,6 +25,7 @@ angle is formed as ``atan(min / max)`` of ``|w|, |h|``, so no division by zero o
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 import triton
@@ -32,13 +33,17 @@ import triton.language as tl
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
+from visionblocks.kernels._fallback import reference_grads
+from visionblocks.kernels._launch import KernelFailure, jit, launch, prepare
+
 __all__ = [
     "complete_box_iou_loss_triton",
     "distance_box_iou_loss_triton",
     "generalized_box_iou_loss_triton",
 ]
 
-_BLOCK = 512
+_BLOCK = 256  # pairs per program: one per thread (the pair terms need many registers)
+_NUM_WARPS = 8
 _GIOU, _DIOU, _CIOU = 0, 1, 2
 _K = tl.constexpr(4.0 / math.pi**2)
 _HALF_PI = tl.constexpr(math.pi / 2)
@@ -167,51 +172,56 @@ def _pair_terms(p_ptr, g_ptr, base, mask, eps, MODE: tl.constexpr, CDT: tl.const
     )
 
 
-@triton.jit
+@jit
 def _iou_loss_fwd_kernel(
-    p_ptr, g_ptr, loss_ptr, n, eps, MODE: tl.constexpr, CDT: tl.constexpr, BLOCK: tl.constexpr
-):
+    p_ptr, g_ptr, loss_ptr, n: tl.int64, eps: tl.float32,
+    MODE: tl.constexpr, CDT: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
     loss, _, _ = _pair_terms(p_ptr, g_ptr, offs * 4, mask, eps, MODE, CDT)
     tl.store(loss_ptr + offs, loss.to(loss_ptr.dtype.element_ty), mask=mask)
 
 
-@triton.jit
+@jit
 def _iou_loss_bwd_kernel(
-    p_ptr, g_ptr, go_ptr, gp_ptr, gg_ptr, n, eps,
-    MODE: tl.constexpr, GRAD_P: tl.constexpr, GRAD_G: tl.constexpr,
-    CDT: tl.constexpr, BLOCK: tl.constexpr,
+    p_ptr, g_ptr, go_ptr, gp_ptr, gg_ptr, n: tl.int64, eps: tl.float32,
+    grad_p: tl.int32, grad_g: tl.int32,
+    MODE: tl.constexpr, CDT: tl.constexpr, BLOCK: tl.constexpr,
 ):  # fmt: skip
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
     base = offs * 4
     _, dp, dg = _pair_terms(p_ptr, g_ptr, base, mask, eps, MODE, CDT)
     go = tl.load(go_ptr + offs, mask=mask, other=0.0).to(CDT)
-    if GRAD_P:
+    if grad_p != 0:
         _store_box(gp_ptr, base, mask, dp[0] * go, dp[1] * go, dp[2] * go, dp[3] * go)
-    if GRAD_G:
+    if grad_g != 0:
         _store_box(gg_ptr, base, mask, dg[0] * go, dg[1] * go, dg[2] * go, dg[3] * go)
 
 
-def _cdt(dtype: torch.dtype) -> tl.dtype:
-    return tl.float64 if dtype == torch.float64 else tl.float32
+def _cdt(dtype: torch.dtype) -> tuple[torch.dtype, tl.dtype]:
+    return (torch.float64, tl.float64) if dtype == torch.float64 else (torch.float32, tl.float32)
+
+
+_OPS = ("generalized_box_iou_loss", "distance_box_iou_loss", "complete_box_iou_loss")
 
 
 class _BoxIoULossTriton(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, pred: Tensor, target: Tensor, mode: int, eps: float) -> Tensor:  # type: ignore[override]
-        pred, target = pred.contiguous(), target.contiguous()
+    def forward(ctx, pred, target, eps, mode, reference):  # type: ignore[override]
+        pred, target = prepare(pred), prepare(target)
         n = pred.shape[0]
-        out_dtype = torch.float64 if pred.dtype == torch.float64 else torch.float32
-        loss = torch.empty(n, dtype=out_dtype, device=pred.device)
+        tdt, cdt = _cdt(pred.dtype)
+        loss = torch.empty(n, dtype=tdt, device=pred.device)
         if n:
-            grid = (triton.cdiv(n, _BLOCK),)
-            _iou_loss_fwd_kernel[grid](
-                pred, target, loss, n, eps, MODE=mode, CDT=_cdt(pred.dtype), BLOCK=_BLOCK
-            )
+            launch(
+                _OPS[mode], _iou_loss_fwd_kernel, (triton.cdiv(n, _BLOCK),), _NUM_WARPS,
+                p_ptr=pred, g_ptr=target, loss_ptr=loss, n=n, eps=eps,
+                MODE=mode, CDT=cdt, BLOCK=_BLOCK,
+            )  # fmt: skip
         ctx.save_for_backward(pred, target)
-        ctx.mode, ctx.eps = mode, eps
+        ctx.mode, ctx.eps, ctx.reference = mode, eps, reference
         return loss
 
     @staticmethod
@@ -222,27 +232,48 @@ class _BoxIoULossTriton(torch.autograd.Function):
         grad_p = torch.empty_like(pred) if need_p else None
         grad_g = torch.empty_like(target) if need_g else None
         n = pred.shape[0]
-        if n and (need_p or need_g):
-            _iou_loss_bwd_kernel[(triton.cdiv(n, _BLOCK),)](
-                pred, target, grad_out.contiguous(),
-                pred if grad_p is None else grad_p,  # never written without GRAD_P
-                target if grad_g is None else grad_g,
-                n, ctx.eps,
-                MODE=ctx.mode, GRAD_P=need_p, GRAD_G=need_g, CDT=_cdt(pred.dtype), BLOCK=_BLOCK,
+        try:
+            if n and (need_p or need_g):
+                launch(
+                    _OPS[ctx.mode], _iou_loss_bwd_kernel, (triton.cdiv(n, _BLOCK),), _NUM_WARPS,
+                    p_ptr=pred, g_ptr=target, go_ptr=prepare(grad_out),
+                    gp_ptr=pred if grad_p is None else grad_p,  # never written without grad_p
+                    gg_ptr=target if grad_g is None else grad_g,
+                    n=n, eps=ctx.eps, grad_p=int(need_p), grad_g=int(need_g),
+                    MODE=ctx.mode, CDT=_cdt(pred.dtype)[1], BLOCK=_BLOCK,
+                )  # fmt: skip
+        except KernelFailure as exc:
+            grads = reference_grads(
+                _OPS[ctx.mode], exc, ctx.reference, (pred, target, ctx.eps),
+                ctx.needs_input_grad[:3], (grad_out,),
             )  # fmt: skip
-        return grad_p, grad_g, None, None
+            return (*grads, None, None)
+        return grad_p, grad_g, None, None, None
 
 
-def generalized_box_iou_loss_triton(pred: Tensor, target: Tensor, eps: float) -> Tensor:
-    """Per-pair GIoU loss ``(N,)`` of ``(N, 4)`` boxes (fused forward and backward)."""
-    return _BoxIoULossTriton.apply(pred, target, _GIOU, eps)
+_Reference = Callable[[Tensor, Tensor, float], Tensor]
 
 
-def distance_box_iou_loss_triton(pred: Tensor, target: Tensor, eps: float) -> Tensor:
-    """Per-pair DIoU loss ``(N,)`` of ``(N, 4)`` boxes (fused forward and backward)."""
-    return _BoxIoULossTriton.apply(pred, target, _DIOU, eps)
+def generalized_box_iou_loss_triton(
+    pred: Tensor, target: Tensor, eps: float, reference: _Reference | None = None
+) -> Tensor:
+    """Per-pair GIoU loss ``(N,)`` of ``(N, 4)`` boxes (fused forward and backward).
+
+    ``reference(pred, target, eps)`` is the torch path, used for the gradient if the backward
+    kernel fails (None: raise `KernelFailure` instead).
+    """
+    return _BoxIoULossTriton.apply(pred, target, eps, _GIOU, reference)
 
 
-def complete_box_iou_loss_triton(pred: Tensor, target: Tensor, eps: float) -> Tensor:
-    """Per-pair CIoU loss ``(N,)`` of ``(N, 4)`` boxes (fused forward and backward)."""
-    return _BoxIoULossTriton.apply(pred, target, _CIOU, eps)
+def distance_box_iou_loss_triton(
+    pred: Tensor, target: Tensor, eps: float, reference: _Reference | None = None
+) -> Tensor:
+    """Per-pair DIoU loss ``(N,)`` of ``(N, 4)`` boxes; as `generalized_box_iou_loss_triton`."""
+    return _BoxIoULossTriton.apply(pred, target, eps, _DIOU, reference)
+
+
+def complete_box_iou_loss_triton(
+    pred: Tensor, target: Tensor, eps: float, reference: _Reference | None = None
+) -> Tensor:
+    """Per-pair CIoU loss ``(N,)`` of ``(N, 4)`` boxes; as `generalized_box_iou_loss_triton`."""
+    return _BoxIoULossTriton.apply(pred, target, eps, _CIOU, reference)

@@ -23,7 +23,7 @@ from visionblocks._check import (
     check_tensor,
     check_type,
 )
-from visionblocks._dispatch import IMPLS, resolve_impl
+from visionblocks._dispatch import IMPLS, resolve_impl, run_fused
 from visionblocks._reduce import (
     check_normalizer,
     check_reduction,
@@ -256,9 +256,7 @@ def sigmoid_focal_loss(
     if grad_needed:
         loss, count = _focal_reference(*args)
     elif which == "triton":
-        from visionblocks.kernels import load_kernel
-
-        loss, count = load_kernel("sigmoid_focal_loss")(*args)
+        loss, count = run_fused("sigmoid_focal_loss", impl, SigmoidFocalFunction.apply, *args)
     else:
         loss, count = SigmoidFocalFunction.apply(*args)
     if not reduce_sum:

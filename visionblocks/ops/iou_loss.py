@@ -50,7 +50,7 @@ from visionblocks._check import (
     check_same_shape,
     reads_values,
 )
-from visionblocks._dispatch import resolve_impl
+from visionblocks._dispatch import resolve_impl, run_fused
 from visionblocks._reduce import check_reduction, compute_dtype, reduce_loss
 from visionblocks.ops._box_iou import SAFE_EXPONENT
 from visionblocks.ops._iou_loss_torch import CIOU, DIOU, GIOU, BoxIoULossFunction
@@ -101,13 +101,15 @@ def _box_iou_loss(
     input_dtype = torch.promote_types(pred.dtype, target.dtype)
     pred, target, eps = _rescaled(pred, target, eps)
     p, g = pred.reshape(-1, 4), target.reshape(-1, 4)
-    if which == "triton":
-        from visionblocks.kernels import load_kernel
+    cdt = compute_dtype(input_dtype)
 
-        loss = load_kernel(op)(p.to(input_dtype), g.to(input_dtype), eps)
+    def reference(p: Tensor, g: Tensor, eps: float) -> Tensor:
+        return BoxIoULossFunction.apply(p.to(cdt), g.to(cdt), mode, eps)
+
+    if which == "triton":
+        loss = run_fused(op, impl, reference, p.to(input_dtype), g.to(input_dtype), eps)
     else:
-        cdt = compute_dtype(input_dtype)
-        loss = BoxIoULossFunction.apply(p.to(cdt), g.to(cdt), mode, eps)
+        loss = reference(p, g, eps)
     return reduce_loss(loss.view(pred.shape[:-1]), reduction, input_dtype=input_dtype)
 
 

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from visionblocks._check import check_allocation, check_floating, check_tensor, check_type
-from visionblocks._dispatch import resolve_impl
+from visionblocks._dispatch import resolve_impl, run_fused
 from visionblocks.ops._local_filter_torch import LocalFilterFunction
 
 __all__ = ["local_filter", "sliding_windows"]
@@ -218,8 +218,7 @@ def local_filter(
     dilation = effective_window(kernel_size, dilation, h, w)[1]
     dtype = torch.promote_types(x.dtype, kernels.dtype)
     x, kernels = x.to(dtype), kernels.to(dtype)
+    args = (x, kernels, kernel_size, dilation, stride)
     if which == "triton":
-        from visionblocks.kernels import load_kernel
-
-        return load_kernel("local_filter")(x, kernels, kernel_size, dilation, stride)
-    return LocalFilterFunction.apply(x, kernels, kernel_size, dilation, stride)
+        return run_fused("local_filter", impl, LocalFilterFunction.apply, *args)
+    return LocalFilterFunction.apply(*args)

@@ -25,7 +25,7 @@ import torch
 from torch import Tensor
 
 from visionblocks._check import check_floating, check_same_shape, check_type
-from visionblocks._dispatch import resolve_impl
+from visionblocks._dispatch import resolve_impl, run_fused
 from visionblocks.ops._local_attention_torch import LocalAttentionFunction
 from visionblocks.ops.local import effective_window
 
@@ -138,8 +138,7 @@ def local_attention2d(
     kernel_size, dilation = effective_window(kernel_size, dilation, *q.shape[-2:])
     dtype = torch.promote_types(torch.promote_types(q.dtype, k.dtype), v.dtype)
     q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
+    args = (q, k, v, kernel_size, dilation, num_heads)
     if which == "triton":
-        from visionblocks.kernels import load_kernel
-
-        return load_kernel("local_attention2d")(q, k, v, kernel_size, dilation, num_heads)
-    return LocalAttentionFunction.apply(q, k, v, kernel_size, dilation, num_heads)
+        return run_fused("local_attention2d", impl, LocalAttentionFunction.apply, *args)
+    return LocalAttentionFunction.apply(*args)

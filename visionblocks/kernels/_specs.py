@@ -1,0 +1,184 @@
+"""Every kernel specialisation the library can launch, found by launching them.
+
+`launched_specializations` runs each op with a fused kernel through the product of its
+options that reach the launchers (dtypes of every input, target kinds, weights, ignore and
+alpha, reductions, which inputs need gradients, window geometries, channel counts per group
+and per head), forward and backward, on tiny CPU tensors, and collects the `Spec` of every
+launch (`visionblocks.kernels._launch.record_launches`, as a dry run: launches are checked
+and recorded, not executed; the kernel tests run them). The signatures therefore come from
+the launchers themselves, not from a hand-kept list:
+`visionblocks.kernels._compile` compiles exactly these for real GPU targets.
+
+Run as ``python -m visionblocks.kernels._specs`` (it sets ``TRITON_INTERPRET=1`` before
+triton is imported) to print the specialisations as JSON.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+
+__all__ = ["launched_specializations", "main"]
+
+FLOATS = ("float16", "bfloat16", "float32", "float64")
+
+
+def _cases_focal(torch) -> Iterator[Callable[[], None]]:
+    from visionblocks.losses.focal import sigmoid_focal_loss
+
+    targets = ("index64", "index32", "bool", "float_same", "float_other")
+    weights = (None, "per_class", "full_half")
+    for dtype, target, weight, ignore, alpha, reduction, normalizer in itertools.product(
+        FLOATS, targets, weights, (False, True), (None, 0.25), ("none", "sum", "mean"), (None, 4.0)
+    ):
+        dt = getattr(torch, dtype)
+
+        def case(dt=dt, target=target, weight=weight, ignore=ignore, alpha=alpha,
+                 reduction=reduction, normalizer=normalizer):  # fmt: skip
+            x = torch.randn(3, 4, dtype=dt, requires_grad=True)
+            if target.startswith("index"):
+                t = torch.tensor(
+                    [0, 3, -1], dtype=torch.int64 if target == "index64" else torch.int32
+                )
+                ign = -1 if ignore else None
+            else:
+                t = torch.rand(3, 4) > 0.5
+                if target != "bool":
+                    other = torch.float16 if dt in (torch.float32, torch.float64) else torch.float32
+                    t = t.to(dt if target == "float_same" else other)
+                    if ignore:
+                        t[0, 0] = -1
+                ign = -1.0 if ignore and target != "bool" else None
+            w = {
+                None: None,
+                "per_class": torch.rand(4, dtype=dt),
+                "full_half": torch.rand(3, 4).half(),
+            }[weight]
+            loss = sigmoid_focal_loss(
+                x, t, alpha=-1 if alpha is None else alpha, weight=w, ignore_index=ign,
+                reduction=reduction, normalizer=normalizer, impl="triton",
+            )  # fmt: skip
+            loss.backward(torch.ones_like(loss))
+
+        yield case
+
+
+def _cases_iou(torch) -> Iterator[Callable[[], None]]:
+    from visionblocks.ops import iou_loss
+
+    ops = (
+        iou_loss.generalized_box_iou_loss,
+        iou_loss.distance_box_iou_loss,
+        iou_loss.complete_box_iou_loss,
+    )
+    grads = ((True, False), (False, True), (True, True))
+    for op, dtype, other, (gp, gg), reduction in itertools.product(
+        ops, FLOATS, (False, True), grads, ("none", "mean")
+    ):
+        dt = getattr(torch, dtype)
+
+        def case(op=op, dt=dt, other=other, gp=gp, gg=gg, reduction=reduction):
+            base = torch.rand(5, 2) * 10
+            pred = torch.cat([base, base + 1 + torch.rand(5, 2)], 1).to(dt).requires_grad_(gp)
+            tdt = torch.float32 if other else dt
+            target = (torch.cat([base, base + 2], 1) + 0.5).to(tdt).requires_grad_(gg)
+            loss = op(pred, target, reduction=reduction, impl="triton")
+            loss.backward(torch.ones_like(loss))
+
+        yield case
+
+
+def _cases_local_filter(torch) -> Iterator[Callable[[], None]]:
+    from visionblocks.ops.local import local_filter
+
+    geometries = ((1, 1, 1), (3, 1, 1), (3, 2, 2), (5, 1, 2))  # (k, dilation, stride)
+    groups = ((4, 4), (3, 1), (8, 2), (20, 1))  # (channels, groups): 1, 3, 4, 20 per group
+    grads = ((True, False), (False, True), (True, True))
+    for dtype, (k, d, s), (c, g), (gx, gk) in itertools.product(FLOATS, geometries, groups, grads):
+        dt = getattr(torch, dtype)
+
+        def case(dt=dt, k=k, d=d, s=s, c=c, g=g, gx=gx, gk=gk):
+            x = torch.randn(1, c, 4, 5, dtype=dt, requires_grad=gx)
+            ker = torch.randn(1, g * k * k, -(-4 // s), -(-5 // s), dtype=dt, requires_grad=gk)
+            local_filter(x, ker, k, d, stride=s, impl="triton").sum().backward()
+
+        yield case
+
+
+def _cases_local_attention(torch) -> Iterator[Callable[[], None]]:
+    from visionblocks.ops.local_attention import local_attention2d
+
+    heads = ((2, 2), (16, 1), (48, 2), (64, 2), (64, 1), (80, 1))  # (channels, heads)
+    grads = ((True, False, False), (False, True, True), (True, True, True))
+    for dtype, (c, n), k, grad in itertools.product(FLOATS, heads, (1, 3), grads):
+        dt = getattr(torch, dtype)
+
+        def case(dt=dt, c=c, n=n, k=k, grad=grad):
+            q, kk, v = (torch.randn(1, c, 2, 3, dtype=dt).requires_grad_(r) for r in grad)
+            local_attention2d(q, kk, v, k, 1, n, impl="triton").sum().backward()
+
+        yield case
+
+
+CASES = {
+    "sigmoid_focal_loss": _cases_focal,
+    "box_iou_losses": _cases_iou,
+    "local_filter": _cases_local_filter,
+    "local_attention2d": _cases_local_attention,
+}
+
+
+def _record() -> list[dict]:
+    """Run every case in this process (under the interpreter); the specs as JSON rows."""
+    import torch
+
+    from visionblocks.kernels._launch import record_launches
+
+    torch.manual_seed(0)
+    with record_launches(execute=False) as specs:
+        for make in CASES.values():
+            for case in make(torch):
+                case()
+    return [spec._asdict() for spec in sorted(specs)]
+
+
+def launched_specializations(python: str | None = None) -> list[dict]:
+    """Run the op matrix in a fresh interpreter-mode process; its specialisations.
+
+    Args:
+        python: The interpreter to run (default: this one).
+
+    Returns:
+        list[dict]: One row per specialisation: ``kernel``, ``signature``, ``constexprs``
+        (lists of ``[name, value]``) and ``num_warps``.
+
+    Raises:
+        RuntimeError: If the process fails (its output is in the message).
+    """
+    env = {**os.environ, "TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": ""}
+    env.pop("VISIONBLOCKS_DISABLE_TRITON", None)
+    env.pop("VISIONBLOCKS_IMPL", None)
+    proc = subprocess.run(
+        [python or sys.executable, "-m", "visionblocks.kernels._specs"],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+    )
+    if proc.returncode:
+        raise RuntimeError(f"collecting kernel specialisations failed:\n{proc.stderr[-4000:]}")
+    return json.loads(proc.stdout)
+
+
+def main() -> None:
+    """Print the launched specialisations as JSON (run under ``TRITON_INTERPRET=1``)."""
+    os.environ["TRITON_INTERPRET"] = "1"
+    json.dump(_record(), sys.stdout)
+
+
+if __name__ == "__main__":
+    main()
