@@ -42,6 +42,7 @@ CASES = Registry(
         "visionblocks.bench.cases_local_attention",
         "visionblocks.bench.cases_weights",
         "visionblocks.bench.cases_coco",
+        "visionblocks.bench.cases_cuda",
     ),
     description="BenchCase, or a zero-argument callable returning one",
 )
@@ -72,6 +73,10 @@ class BenchCase:
             ``None`` for no absolute memory target.
         memory: Measure peak memory (each side in a fresh process).
         threads: ``torch.set_num_threads`` while the case runs.
+        device: ``"cpu"``, or ``"cuda"`` for a case that needs a GPU (run by
+            ``visionblocks bench --device cuda``).
+        bytes_moved: The least bytes one ``ours`` call must read and write (its performance
+            model); the table then shows the achieved GB/s.
 
     Examples:
         >>> import torch
@@ -100,6 +105,8 @@ class BenchCase:
     max_memory_mib: float | None = None
     memory: bool = True
     threads: int = 2
+    device: str = "cpu"
+    bytes_moved: int | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -115,6 +122,8 @@ class BenchCase:
                 raise ValueError(
                     f"BenchCase {field} must be a positive number or None, got {value!r}"
                 )
+        if self.device not in ("cpu", "cuda"):
+            raise ValueError(f"BenchCase device must be 'cpu' or 'cuda', got {self.device!r}")
         if not isinstance(self.threads, int) or isinstance(self.threads, bool) or self.threads < 1:
             raise ValueError(f"BenchCase threads must be an int >= 1, got {self.threads!r}")
 

@@ -47,6 +47,11 @@ class BenchResult:
         ours_memory: Our peak memory, or ``None`` when not measured.
         peer_memory: The peer's peak memory, or ``None`` when not measured.
         error: Why the case failed (setup or a timed call raised), or ``None``.
+        device: Where the case ran (``"cpu"`` or ``"cuda"``).
+        bytes_moved: Bytes one ``ours`` call must read and write at least (the case's
+            performance model), or ``None``; gives the achieved GB/s.
+        copy_gbps: The device's measured copy bandwidth in GB/s (the practical ceiling),
+            or ``None``.
 
     A target is *checked* when what it needs was measured without error. The verdict is
     ``"error"`` if the case failed, ``"MISSED"`` if a checked target was missed, ``"ok"`` if
@@ -64,6 +69,16 @@ class BenchResult:
     ours_memory: MemoryResult | None = None
     peer_memory: MemoryResult | None = None
     error: str | None = None
+    device: str = "cpu"
+    bytes_moved: int | None = None
+    copy_gbps: float | None = None
+
+    @property
+    def gbps(self) -> float | None:
+        """Achieved bandwidth of ``ours`` (``bytes_moved`` per median call) in GB/s, or None."""
+        if self.bytes_moved is None or self.timing is None or not self.timing.ours_ms:
+            return None
+        return self.bytes_moved / (self.timing.ours_ms * 1e-3) / 1e9
 
     @property
     def speedup(self) -> float | None:
@@ -180,6 +195,8 @@ def format_table(results: Sequence[BenchResult]) -> str:
 
     Columns: see `TABLE_COLUMNS`. Times are medians in ms; speedup is the median paired
     ratio with its interquartile range; memory is the peak extra memory of one call in MiB.
+    When a case states the bytes it moves, two more columns give the achieved GB/s and its
+    share of the device's measured copy bandwidth.
 
     Examples:
         >>> from visionblocks.bench.timing import TimingResult
@@ -190,7 +207,9 @@ def format_table(results: Sequence[BenchResult]) -> str:
         |---|---|---|---|---|---|---|---|---|---|
         | add | loop | 0.5 | 1.5 | 3.00x (2.90–3.10) | ≥2x | - | - | - | ok |
     """
-    lines = ["| " + " | ".join(TABLE_COLUMNS) + " |", "|" + "---|" * len(TABLE_COLUMNS)]
+    bandwidth = any(r.bytes_moved is not None for r in results)
+    columns = TABLE_COLUMNS + (("GB/s", "of copy") if bandwidth else ())
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     for r in results:
         row = (
             r.case,
@@ -204,6 +223,13 @@ def format_table(results: Sequence[BenchResult]) -> str:
             _ratio(r),
             r.verdict,
         )
+        if bandwidth:
+            gbps = r.gbps
+            share = gbps / r.copy_gbps if gbps is not None and r.copy_gbps else None
+            row += (
+                "-" if gbps is None else f"{gbps:.0f}",
+                "-" if share is None else f"{share:.0%}",
+            )
         lines.append("| " + " | ".join(row) + " |")
     notes = _notes(results)
     if notes:

@@ -14,7 +14,7 @@ from visionblocks.bench.memory import measure_memory
 from visionblocks.bench.report import BenchResult, format_table, results_to_json
 from visionblocks.bench.timing import time_pair
 
-__all__ = ["add_arguments", "run_cases", "run_from_cli"]
+__all__ = ["add_arguments", "copy_bandwidth", "run_cases", "run_from_cli"]
 
 _TRACEBACK_LINES = 15
 
@@ -25,6 +25,7 @@ def run_cases(
     warmup: int = 3,
     memory: bool = True,
     *,
+    device: str = "cpu",
     progress: Callable[[str], None] | None = None,
 ) -> list[BenchResult]:
     """Time (and measure the memory of) every case matching ``patterns``.
@@ -38,6 +39,8 @@ def run_cases(
         warmup: Untimed calls of each side before timing.
         memory: Measure peak memory (of cases with ``memory=True``), each side in a fresh
             process (see `visionblocks.bench.memory.measure_memory`).
+        device: Run the cases of this device (``"cpu"`` or ``"cuda"``); a pattern that
+            names cases of the other device only matches nothing.
         progress: Called with a line of text after each case (e.g. ``print``).
 
     Returns:
@@ -58,7 +61,10 @@ def run_cases(
         raise ValueError(f"repeats must be an int >= 1, got {repeats!r}")
     if not isinstance(warmup, int) or warmup < 0:
         raise ValueError(f"warmup must be an int >= 0, got {warmup!r}")
-    cases = select_cases(patterns)
+    cases = [c for c in select_cases(patterns) if c.device == device]
+    if not cases:
+        raise ValueError(f"no {device} benchmark case matches {list(patterns or ['*'])}")
+    copy_gbps = copy_bandwidth(device) if any(c.bytes_moved for c in cases) else None
     results = []
     for i, case in enumerate(cases, 1):
         result = BenchResult(
@@ -69,13 +75,16 @@ def run_cases(
             max_memory_ratio=case.max_memory_ratio,
             max_memory_mib=case.max_memory_mib,
             threads=case.threads,
+            device=case.device,
+            bytes_moved=case.bytes_moved,
+            copy_gbps=copy_gbps,
         )
         try:
             result.timing = time_pair(case, repeats=repeats, warmup=warmup)
         except Exception:
             lines = traceback.format_exc().strip().splitlines()
             result.error = "\n".join(lines[-_TRACEBACK_LINES:])
-        if memory and case.memory and result.error is None:
+        if memory and case.memory and case.device == "cpu" and result.error is None:
             result.ours_memory = measure_memory(case, "ours")
             if case.peer is not None:
                 result.peer_memory = measure_memory(case, "peer")
@@ -83,6 +92,33 @@ def run_cases(
         if progress is not None:
             progress(f"[{i}/{len(cases)}] {case.name}: {result.verdict}")
     return results
+
+
+def copy_bandwidth(device: str, nbytes: int = 1 << 28, repeats: int = 10) -> float:
+    """Measured copy bandwidth of ``device`` in GB/s (bytes read plus written per second).
+
+    The best of ``repeats`` copies of an ``nbytes`` buffer: the practical ceiling that the
+    bandwidth-bound kernels are compared with (``"of copy"`` in the table).
+
+    Examples:
+        >>> copy_bandwidth("cpu", nbytes=1 << 20, repeats=2) > 0
+        True
+    """
+    import time
+
+    import torch
+
+    src = torch.empty(nbytes // 4, dtype=torch.float32, device=device).fill_(1.0)
+    dst = torch.empty_like(src)
+    sync = torch.cuda.synchronize if src.is_cuda else (lambda: None)
+    best = float("inf")
+    for _ in range(repeats + 1):
+        sync()
+        start = time.perf_counter()
+        dst.copy_(src)
+        sync()
+        best = min(best, time.perf_counter() - start)
+    return 2 * nbytes / best / 1e9
 
 
 def _int_at_least(minimum: int) -> Callable[[str], int]:
@@ -132,6 +168,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--markdown", metavar="PATH", default=None, help="write the results table as Markdown"
     )
     parser.add_argument("--list", action="store_true", help="list the case names and exit")
+    parser.add_argument(
+        "--device",
+        choices=("cpu", "cuda"),
+        default="cpu",
+        help="run the CPU cases (default) or the CUDA kernel cases (needs a GPU)",
+    )
 
 
 def _print_list(patterns: Sequence[str]) -> None:
@@ -142,6 +184,8 @@ def _print_list(patterns: Sequence[str]) -> None:
     for name in names:
         case = get_case(name)
         peer = f"vs {case.peer_name}" if case.peer is not None else "no peer"
+        if case.device != "cpu":
+            peer += f", {case.device}"
         about = f": {case.description}" if case.description else ""
         print(f"{name}  ({peer}){about}")
 
@@ -171,12 +215,23 @@ def run_from_cli(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 0
+    device = getattr(args, "device", "cpu")
+    if device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            print(
+                "visionblocks bench: --device cuda needs a CUDA GPU; none is visible",
+                file=sys.stderr,
+            )
+            return 1
     try:
         results = run_cases(
             patterns,
             repeats=args.repeats,
             warmup=args.warmup,
             memory=args.memory,
+            device=device,
             progress=lambda line: print(line, file=sys.stderr, flush=True),
         )
     except ValueError as exc:

@@ -1,0 +1,47 @@
+"""The CUDA kernel cases: selected by --device cuda only, with a byte count for GB/s."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+import torch
+
+from visionblocks.bench import add_arguments, get_case, list_cases, run_cases, run_from_cli
+from visionblocks.bench.cases_cuda import PERFORMANCE_MODEL
+from visionblocks.bench.report import BenchResult, format_table
+from visionblocks.bench.timing import TimingResult
+
+
+def test_every_cuda_case_has_a_performance_model_and_no_cpu_case_is_cuda():
+    cuda = [name for name in list_cases() if get_case(name).device == "cuda"]
+    assert sorted(cuda) == sorted(PERFORMANCE_MODEL)
+    for name in cuda:
+        case = get_case(name)
+        assert case.bytes_moved == PERFORMANCE_MODEL[name] and not case.memory
+
+
+def test_cpu_runs_never_pick_cuda_cases():
+    with pytest.raises(ValueError, match="no cpu benchmark case matches"):
+        run_cases(["cuda_*"], repeats=1, warmup=0, memory=False)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message without a GPU")
+def test_device_cuda_without_a_gpu_says_so(capsys):
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    assert run_from_cli(parser.parse_args(["--device", "cuda"])) == 1
+    assert "--device cuda needs a CUDA GPU" in capsys.readouterr().err
+
+
+def test_table_shows_bandwidth_when_a_case_states_its_bytes():
+    timing = TimingResult(2.0, 4.0, 2.0, 1.9, 2.1)
+    rows = [
+        BenchResult("k", peer_name="p", timing=timing, bytes_moved=4_000_000_000, copy_gbps=4000.0),
+        BenchResult("other", timing=timing),
+    ]
+    table = format_table(rows)
+    assert table.splitlines()[0].endswith("| GB/s | of copy |")
+    assert "| 2000 | 50% |" in table  # 4 GB in 2 ms = 2000 GB/s, half the copy bandwidth
+    assert table.splitlines()[3].endswith("| - | - |")
+    assert "GB/s" not in format_table(rows[1:])
