@@ -355,15 +355,8 @@ class _LocalAttentionTriton(torch.autograd.Function):
                 ctx.needs_input_grad[:6], (grad_out,),
             )  # fmt: skip
             return (*grads, None)
-        return (
-            dq if need_q else None,
-            dk if need_k else None,
-            dv if need_v else None,
-            None,
-            None,
-            None,
-            None,
-        )
+        grads = (dq if need_q else None, dk if need_k else None, dv if need_v else None)
+        return (*grads, None, None, None, None)
 
 
 def local_attention2d_triton(
