@@ -29,7 +29,8 @@ Layout and fusion:
 Numerics (computed in float32, float64 for float64 inputs; loads are cast before any math,
 which also keeps bfloat16 working in the interpreter). With ``e = exp(-|x|)``:
 ``p = 1 / (1 + e)`` or ``e / (1 + e)`` and ``q = 1 - p`` formed the other way round, so
-neither cancels; ``softplus(x) = max(x, 0) + log1p(e)``; ``ce = softplus(x) - t x``;
+neither cancels; ``ce = log1p(e) + (1 - t) max(x, 0) + t max(-x, 0)`` (never ``softplus(x) - t x``,
+which cancels for confident logits);
 ``m = 1 - p_t = t q + (1 - t) p`` (exact for binary targets, even at +-1e4); and::
 
     loss     = a_t ce m^g
@@ -87,7 +88,7 @@ def _focal_terms(
     q = tl.where(nonneg, e * inv, inv)
     # log1p(e) = log(d) * e / (d - 1), exact where d rounds to 1 (then log1p(e) = e).
     l1p = tl.where(d == 1.0, e, tl.log(d) * e / tl.where(d == 1.0, 1.0, d - 1.0))
-    ce = tl.maximum(x, 0.0) + l1p - t * x
+    ce = l1p + (1.0 - t) * tl.maximum(x, 0.0) + t * tl.maximum(-x, 0.0)  # no cancellation
     m = t * q + (1.0 - t) * p
     safe_m = tl.maximum(m, _TINY)
     mg = tl.where(m > 0, tl.exp2(gamma * tl.log2(safe_m)), zero_pow)

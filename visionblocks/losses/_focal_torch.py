@@ -2,33 +2,35 @@
 
 One ``torch.autograd.Function``: forward computes the loss *and* its analytic gradient in one
 sweep, saves only the gradient, and backward is one multiplication by the incoming gradient
-(no double backward).
+(none when that gradient is 1, as after a summed loss).
 
-With ``p = sigmoid(x)``, ``q = 1 - p``, ``ce = softplus(x) - t x`` (BCE with logits),
-``m = p + t - 2 p t`` (``= 1 - p_t``) and ``a_t = alpha t + (1 - alpha)(1 - t)`` (times the
-weight, times 0 where ignored), and ``u = a_t m^(g-1)``::
+Exact forms. With ``p = sigmoid(x)`` and ``q = sigmoid(-x)`` (both computed directly, never
+``1 - p``), ``l = log1p(exp(-|x|)) = -log1p(-min(p, q))``, a target ``t`` in ``[0, 1]`` and
+``a_t = alpha t + (1 - alpha)(1 - t)`` (times the weight, times 0 where ignored)::
 
-    loss     = a_t ce m^g                  = ce u m
-    dloss/dx = a_t [(p - t) m^g + g ce m^(g-1) p q (1 - 2t)]
-             = (p - t) u m + g (1 - 2t) ce p q u
+    ce       = lerp(max(x, 0), max(-x, 0), t) + l          (BCE with logits)
+    m        = lerp(p, q, t)                               (= 1 - p_t)
+    p - t    = lerp(p, -q, t)
+    loss     = a_t ce m^g
+    dloss/dx = a_t [(p - t) m^g + g (1 - 2t) ce p q m^(g-1)]
 
-For ``g < 1``, ``u`` is formed as ``a_t m^g / m`` (0 where ``m = 0``, where ``p q = 0`` too):
-``m^(g-1)`` alone is unbounded. ``softplus(x) = max(x, 0) - log(max(p, q))``, as
-``max(p, q) = sigmoid(|x|)``: one ``sigmoid`` and one ``log`` per element, finite for any logit
-(+-1e4 included), absolute error below float eps, and ``p`` bit-identical to torchvision's.
+``lerp(a, b, t)`` evaluates ``b - (b - a)(1 - t)`` for ``t >= 1/2`` (``1 - t`` exact there), so
+no term is formed by cancellation: for binary targets every quantity has a relative error of
+a few float eps whatever the logit (e.g. ``x = 14.7, t = 1``: ``m = 4.1e-7`` and
+``loss = 1.9e-20`` to float32 precision, where ``1 - p_t`` by subtraction gives ``5.4e-20``).
+For ``g < 1``, ``m^(g-1)`` is formed as ``m^g / m`` (0 where ``m = 0``, where ``p q = 0`` too).
 
 Class-index targets: every element is first computed as a negative (``t = 0``:
-``loss = (1-alpha) p^g sp``, ``grad = (1-alpha) p^g (p + g sp q)``, no one-hot tensor), then
-each row's positive element is patched with one gather and one scatter of ``N`` elements.
+``loss = (1-alpha) p^g ce``, ``grad = (1-alpha) p^g (p + g ce q)`` with ``ce = max(x, 0) + l``,
+no one-hot tensor), then each row's positive element is patched with one gather and one
+scatter of ``N`` elements.
 
-Speed: the sweep runs over row chunks of about ``_CHUNK`` elements; each op reads and writes
-chunk-sized workspace buffers (cache-resident, allocated once per call), and constants are
-0-d tensors (cheaper op arguments than Python floats). Per chunk: 19 ops for float targets,
-12 for class indices (gamma 2, with gradient). 128K elements per chunk measured fastest on
-2 threads: smaller chunks pay more per-op overhead (Python, OpenMP fork/join), larger ones
-fall out of cache (bench cases ``focal_loss_4m*``). Caveat: on an oversubscribed machine
-every OpenMP region may wait a scheduler timeslice for a descheduled thread, and a sweep has
-~600 of them; benchmark on a quiet machine.
+Speed on CPU: the rows are cut into parts that `visionblocks._parallel.parallel_for` spreads
+over threads running torch with one intra-op thread each (one fork/join per call, so a busy
+neighbour delays one part instead of every op); each part runs its ops on chunks of about
+``_CHUNK`` elements held in per-thread `visionblocks._parallel.workspace` buffers
+(cache-resident, allocated once). Summed losses add per-part sums in part order, so results do
+not depend on the thread count. On GPUs the sweep is one chunk of whole-tensor ops.
 """
 
 from __future__ import annotations
@@ -38,12 +40,24 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
+from visionblocks._parallel import parallel_for, workspace
 from visionblocks._reduce import compute_dtype
 
 __all__ = ["SigmoidFocalFunction"]
 
-_CHUNK = 1 << 17  # elements per chunk; fastest of 32K-256K (bench focal_loss_4m, 2 threads)
-_BUFFERS = ("sp", "p", "q", "a", "m", "u", "d", "e", "at", "x", "t", "loss")
+_CHUNK = 1 << 17  # elements per chunk: fits L2 with the buffers (bench focal_loss_4m*)
+_CHUNKS_PER_PART = 2  # parts of 2 chunks balance two threads without much per-part cost
+_MAX_WORKSPACE = 1 << 20  # larger chunks (one huge row) use fresh buffers, not kept ones
+_ONE = torch.ones(())
+_NAMES = ("x", "t", "p", "q", "l", "ce", "d", "e", "m", "at", "u", "um", "k", "keep", "acc")
+
+
+def _buffers(rows: int, cols: int, dtype: torch.dtype, device: torch.device) -> dict:
+    """Chunk-sized scratch buffers: per-thread workspace on CPU, fresh tensors otherwise."""
+    shape = (rows, cols)
+    if device.type == "cpu" and rows * cols <= _MAX_WORKSPACE:
+        return {n: workspace(f"focal.{n}", shape, dtype, device) for n in _NAMES}
+    return {n: torch.empty(shape, dtype=dtype, device=device) for n in _NAMES}
 
 
 def _pow(m: Tensor, g: float, out: Tensor) -> Tensor:
@@ -61,13 +75,13 @@ def _pow(m: Tensor, g: float, out: Tensor) -> Tensor:
     return torch.pow(m, g, out=out)
 
 
-def _constants(x: Tensor, dtype: torch.dtype, alpha: float | None, g: float) -> dict:
-    """0-d tensors for the constants: as op arguments they cost ~3x less than Python floats."""
-    scale = 1.0 if alpha is None else 1.0 - alpha
-    values = {"zero": 0.0, "one": 1.0, "g": g, "scale": scale}
-    consts = {k: torch.tensor(v, dtype=dtype, device=x.device) for k, v in values.items()}
-    consts["scale_value"] = scale
-    return consts
+def _sigmoids(x: Tensor, b: dict) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """``(p, q, -l, -x)``: ``sigmoid(x)``, ``sigmoid(-x)``, ``-log1p(exp(-|x|))`` and ``-x``."""
+    nx = torch.neg(x, out=b["d"])
+    p = torch.sigmoid(x, out=b["p"])
+    q = torch.sigmoid(nx, out=b["q"])
+    neg_l = torch.minimum(p, q, out=b["l"]).neg_().log1p_()  # log(max(p, q)) = -l
+    return p, q, neg_l, nx
 
 
 def _emit(a: Tensor, b: Tensor | None, out: Tensor, accumulate: bool) -> None:
@@ -78,68 +92,65 @@ def _emit(a: Tensor, b: Tensor | None, out: Tensor, accumulate: bool) -> None:
         out.copy_(a) if b is None else torch.mul(a, b, out=out)
 
 
-def _softplus_sigmoid(x: Tensor, b: dict[str, Tensor], k: dict[str, Tensor]) -> tuple:
-    """``(softplus(x), p, 1 - p)`` in ``b["sp"]``, ``b["p"]``, ``b["q"]``, with ``p = sigmoid(x)``.
+def _m_factor(m: Tensor, um: Tensor, g: float, at: Tensor | None, b: dict) -> Tensor | None:
+    """``a_t m^(g-1)`` (None for 1), given ``um = a_t m^g``; bounded for ``g < 1`` as ``um / m``."""
+    if g == 1:
+        return at
+    if g < 1:
+        tiny = torch.finfo(m.dtype).tiny
+        return torch.div(um, torch.clamp_min(m, tiny, out=b["u"]), out=b["u"])
+    v = m if g == 2 else _pow(m, g - 1.0, b["u"])
+    return v if at is None else torch.mul(v, at, out=b["u"])
 
-    ``softplus(x) = max(x, 0) - log(max(p, 1 - p))``: ``max(p, 1 - p) = sigmoid(|x|)``.
-    """
-    p = torch.sigmoid(x, out=b["p"])
-    q = torch.sub(k["one"], p, out=b["q"])
-    log_sig_abs = torch.maximum(p, q, out=b["d"]).log_()
-    sp = torch.clamp_min(x, 0, out=b["sp"]).sub_(log_sig_abs)
-    return sp, p, q
 
-
-def _soft_chunk(x, t, at, g: float, b, k, loss_out, acc: bool, grad_out) -> None:
-    """Float targets: loss into ``loss_out``, gradient into ``grad_out`` (when not None).
-
-    With ``u = a_t m^(g-1)``: ``loss = ce u m``, ``grad = (p - t) u m + g (1 - 2t) ce p q u``.
-    """
-    sp, p, q = _softplus_sigmoid(x, b, k)
-    ce = sp.addcmul_(t, x, value=-1.0)
+def _float_chunk(x, t, at, g: float, b: dict, loss_out, acc: bool, grad_out) -> None:
+    """Float targets: loss into ``loss_out`` (or added to it), gradient into ``grad_out``."""
+    p, q, neg_l, nx = _sigmoids(x, b)
+    relu_nx = torch.clamp_min(nx, 0, out=b["e"])
+    ce = torch.lerp(torch.clamp_min(x, 0, out=b["ce"]), relu_nx, t, out=b["ce"]).sub_(neg_l)
     if g == 0:
         _emit(ce, at, loss_out, acc)
         if grad_out is not None:
-            torch.sub(p, t, out=grad_out)
+            d = torch.lerp(p, q.neg_(), t, out=grad_out)
             if at is not None:
-                grad_out.mul_(at)
+                d.mul_(at)
         return
-    a = torch.add(k["g"], t, alpha=-2.0 * g, out=b["a"])  # g (1 - 2t)
-    m = torch.addcmul(t, p, a, value=1.0 / g, out=b["m"])  # 1 - p_t
-    if g == 1:
-        u = at
-    elif g > 1:
-        u = _pow(m, g - 1.0, b["u"])
-    else:  # m^g / m, bounded (m = 0 gives 0): m^(g-1) itself is unbounded
-        u = _pow(m, g, b["u"]).div_(torch.clamp_min(m, torch.finfo(m.dtype).tiny, out=b["e"]))
-    if g != 1 and at is not None:
-        u = u.mul_(at) if u is not m else torch.mul(m, at, out=b["u"])
-    um = m if u is None else torch.mul(u, m, out=b["e"])  # a_t m^g
+    m = torch.lerp(p, q, t, out=b["m"])
+    mg = _pow(m, g, b["um"])
+    um = mg if at is None else torch.mul(mg, at, out=b["um"])
     _emit(ce, um, loss_out, acc)
     if grad_out is None:
         return
-    d = torch.sub(p, t, out=b["d"])
-    e = torch.mul(p, q, out=b["q"]).mul_(a).mul_(ce)
-    if u is not None:
-        e.mul_(u)
+    v = _m_factor(m, um, g, at, b)
+    e = torch.mul(p, q, out=b["e"]).mul_(ce)
+    e.mul_(torch.add(torch.full((), g, dtype=x.dtype), t, alpha=-2.0 * g, out=b["k"]))
+    if v is not None:
+        e.mul_(v)
+    d = torch.lerp(p, q.neg_(), t, out=b["d"])
     torch.addcmul(e, d, um, out=grad_out)
 
 
-def _negative_chunk(x, factors, g: float, b, k, loss_out, acc: bool, grad_out) -> None:
+def _negative_chunk(x, factors, scale: float, g: float, b, loss_out, acc: bool, grad_out):
     """Class-index targets, every element as a negative (``t = 0``); see the module docstring."""
-    sp, p, q = _softplus_sigmoid(x, b, k)
-    if g == 0:
-        pg = b["m"].copy_(k["scale"])
-    elif g == 2:
-        pg = torch.addcmul(k["zero"], p, p, value=k["scale_value"], out=b["m"])
-    else:
-        pg = torch.mul(p, k["scale"], out=b["m"]) if g == 1 else _pow(p, g, b["m"]).mul_(k["scale"])
+    # t = 0: where 1 - p cancels (p near 1) q only enters next to larger terms, so the
+    # subtraction keeps every value exact to a few eps and saves a second sigmoid.
+    p = torch.sigmoid(x, out=b["p"])
+    q = torch.add(_ONE, p, alpha=-1.0, out=b["q"])
+    neg_l = torch.minimum(p, q, out=b["l"]).neg_().log1p_()
+    ce = torch.clamp_min(x, 0, out=b["ce"]).sub_(neg_l)
+    pg = _pow(p, g, b["m"]) if g > 0 else None
+    if pg is p:
+        pg = torch.mul(p, scale, out=b["m"])
+    elif pg is None:
+        pg = b["m"].fill_(scale)
+    elif scale != 1.0:
+        pg.mul_(scale)
     for f in factors:
         pg.mul_(f)
-    _emit(sp, pg, loss_out, acc)
+    _emit(ce, pg, loss_out, acc)
     if grad_out is not None:
-        tmp = torch.mul(sp, q, out=b["e"])
-        torch.add(p, tmp, alpha=g, out=tmp)  # p + g sp (1 - p)
+        tmp = torch.mul(ce, q, out=b["e"])
+        torch.add(p, tmp, alpha=g, out=tmp)  # p + g ce (1 - p)
         torch.mul(tmp, pg, out=grad_out)
 
 
@@ -158,7 +169,7 @@ def _patch_positives(x, labels, w, alpha, g, ignore, loss, grad) -> Tensor | Non
     xp = x.gather(1, col).to(cdt)
     factor = pos.to(cdt) if w is None else pos * w.gather(1, col)
     p, q = torch.sigmoid(xp), torch.sigmoid(-xp)
-    ce1 = F.softplus(-xp)
+    ce1 = F.softplus(-xp)  # log1p(exp(-x)) where it matters: accurate for confident logits
     a1, a0 = (1.0, 1.0) if alpha is None else (alpha, 1.0 - alpha)
     qg = q.pow(g)
     loss1 = a1 * qg * ce1 * factor
@@ -178,55 +189,61 @@ def _sweep(x, targets, w, alpha, g, ignore, reduce_sum, out_dtype, need_grad):
     index = targets.dim() == 1
     loss = None if reduce_sum else torch.empty((rows, num_classes), dtype=out_dtype, device=dev)
     grad = torch.empty((rows, num_classes), dtype=cdt, device=dev) if need_grad else None
-    # Chunks keep CPU temporaries in cache; on GPUs they would only multiply kernel launches.
-    chunk = _CHUNK if dev.type == "cpu" else rows * num_classes
-    step = max(1, min(rows, chunk // max(num_classes, 1)))
-    num_chunks = -(-rows // step)
-    if w is not None:
-        w = w.to(cdt)
-    k = _constants(x, cdt, alpha, g)
-    counts: list = [None] * num_chunks
-    full = {n: torch.empty((step, num_classes), dtype=cdt, device=dev) for n in _BUFFERS}
-    if loss is None:  # summed mode: accumulates every chunk's loss, summed once at the end
-        full["loss"].zero_()
-    for i in range(num_chunks):
-        start, stop = i * step, min(rows, (i + 1) * step)
-        b = full
-        if stop - start != step:
-            b = {n: v[: stop - start] for n, v in b.items()}
-        xc, tc = x[start:stop], targets[start:stop]
-        xc = xc if xc.dtype == cdt else b["x"].copy_(xc)
-        loss_out = b["loss"] if loss is None else loss[start:stop]
-        grad_out = None if grad is None else grad[start:stop]
-        if index:
-            factors = [] if w is None else [w[start:stop]]
-            if ignore is not None:
-                keep = tc != ignore
-                counts[i] = keep.sum() * num_classes
-                factors.append(keep.unsqueeze(1))
-            _negative_chunk(xc, factors, g, b, k, loss_out, loss is None, grad_out)
-        else:
+    step = rows if dev.type != "cpu" else max(1, min(rows, _CHUNK // max(num_classes, 1)))
+    wc = None if w is None else w.to(cdt)
+    scale = 1.0 if alpha is None else 1.0 - alpha
+    scale_t = torch.full((), scale, dtype=cdt)  # a 0-d CPU tensor broadcasts on any device
+
+    def part(lo: int, hi: int) -> tuple:
+        full = _buffers(min(step, hi - lo), num_classes, cdt, dev)
+        acc = full["acc"].zero_() if loss is None else None
+        counts = []
+        for start in range(lo, hi, step):
+            stop = min(hi, start + step)
+            n = stop - start
+            b = full if n == full["x"].shape[0] else {k: v[:n] for k, v in full.items()}
+            xc, tc = x[start:stop], targets[start:stop]
+            xc = xc if xc.dtype == cdt else b["x"].copy_(xc)
+            loss_out = b["acc"] if loss is None else loss[start:stop]
+            grad_out = None if grad is None else grad[start:stop]
+            if index:
+                factors = [] if wc is None else [wc[start:stop]]
+                if ignore is not None:
+                    keep = tc != ignore
+                    counts.append(keep.sum() * num_classes)
+                    factors.append(keep.unsqueeze(1))
+                _negative_chunk(xc, factors, scale, g, b, loss_out, loss is None, grad_out)
+                continue
             tc = tc if tc.dtype == cdt else b["t"].copy_(tc)
             at = None
             if alpha is not None:
-                at = torch.add(k["scale"], tc, alpha=2.0 * alpha - 1.0, out=b["at"])
-            if w is not None:
-                at = w[start:stop] if at is None else at.mul_(w[start:stop])
+                at = torch.add(scale_t, tc, alpha=2.0 * alpha - 1.0, out=b["at"])
+            if wc is not None:
+                at = wc[start:stop] if at is None else at.mul_(wc[start:stop])
             if ignore is not None:
-                keep = tc != ignore
-                counts[i] = keep.sum()
-                tc = torch.where(keep, tc, 0.0)
-                at = keep if at is None else torch.mul(at, keep, out=b["at"])
-            _soft_chunk(xc, tc, at, g, b, k, loss_out, loss is None, grad_out)
+                keep = torch.ne(tc, ignore, out=b["keep"])
+                counts.append(keep.sum())
+                tc = torch.mul(tc, keep, out=b["t"])
+                at = keep if at is None else torch.mul(at, keep, out=b["at"])  # at: maybe w
+            _float_chunk(xc, tc, at, g, b, loss_out, loss is None, grad_out)
+        total = None if acc is None else acc.sum()
+        return total, (torch.stack(counts).sum() if counts else None)
+
+    grain = step * _CHUNKS_PER_PART if dev.type == "cpu" else max(rows, 1)
+    results = parallel_for(part, rows, grain)
     delta = None  # summed mode: the change made by patching the positives
     if index and rows * num_classes > 0:
-        delta = _patch_positives(x, targets, w, alpha, g, ignore, loss, grad)
-    if ignore is None:
-        count = torch.tensor(rows * num_classes, device=dev)
+        delta = _patch_positives(x, targets, wc, alpha, g, ignore, loss, grad)
+    if ignore is None or not results:
+        count = torch.tensor(rows * num_classes if ignore is None else 0, device=dev)
     else:
-        count = torch.stack(counts).sum() if num_chunks else torch.zeros((), dtype=torch.long)
+        count = torch.stack([c for _, c in results]).sum()
     if loss is None:
-        loss = full["loss"].sum() if delta is None else full["loss"].sum() + delta
+        loss = torch.zeros((), dtype=cdt, device=dev)
+        if results:
+            loss = torch.stack([s for s, _ in results]).sum()
+        if delta is not None:
+            loss = loss + delta
     return loss, grad, count
 
 
@@ -256,6 +273,9 @@ class SigmoidFocalFunction(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, grad_loss, grad_count):
         (grad,) = ctx.saved_tensors
+        unit = grad_loss.dim() == 0 and grad_loss.device.type == "cpu" and grad_loss.item() == 1
+        if unit and grad.dtype == ctx.input_dtype:  # after a plain sum: the gradient itself
+            return grad, None, None, None, None, None, None, None
         out = torch.empty(grad.shape, dtype=ctx.input_dtype, device=grad.device)
         torch.mul(grad, grad_loss, out=out)
         return out, None, None, None, None, None, None, None

@@ -1,0 +1,1 @@
+"""Plain, readable reference formulations of every op: the oracles of the tests."""
