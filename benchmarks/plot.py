@@ -1,7 +1,8 @@
 """Plot benchmark results (``benchmarks/results.json``) for the docs Benchmarks page.
 
-Writes a horizontal bar chart of speed-ups (peer time / visionblocks time, log scale) with
-each case's target marked, and, where memory was measured, the memory ratio beside it::
+Writes a horizontal bar chart of quiet speed-ups (peer time / visionblocks time, log scale)
+with each case's target marked and, where a busy run was recorded, the busy speed-up as a
+diamond; where memory was measured, the memory ratio beside it::
 
     python benchmarks/plot.py [RESULTS_JSON] [OUTPUT_PNG]
 """
@@ -43,6 +44,16 @@ def plot(results_json: Path, output: Path) -> Path:
         if r.min_speedup:
             ax.plot([r.min_speedup] * 2, [i - 0.4, i + 0.4], color="black", lw=2)
         ax.text(r.speedup, i, f" {r.speedup:.2f}x", va="center", fontsize=8)
+    busy = [(i, r.busy_speedup) for i, r in enumerate(results) if r.busy_speedup]
+    if busy:
+        ax.plot(
+            [s for _, s in busy],
+            [i for i, _ in busy],
+            "D",
+            color="tab:orange",
+            label="beside busy neighbours",
+        )
+        ax.legend(loc="lower right", fontsize=8)
     ax.axvline(1.0, color="grey", lw=0.8, ls="--")
     ax.set_xscale("log")
     ax.set_yticks(list(y), names)

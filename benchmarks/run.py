@@ -1,8 +1,10 @@
 """Run the visionblocks benchmarks and save the results (``make bench``).
 
-Takes the same arguments as ``visionblocks bench`` (``python benchmarks/run.py --help``) and
-writes ``benchmarks/results.json`` and ``benchmarks/results.md`` unless ``--json`` /
-``--markdown`` say otherwise. Exits 0 even when targets are missed: read the verdict column.
+Takes the same arguments as ``visionblocks bench`` (``python benchmarks/run.py --help``),
+with two different defaults: it times each case both on a quiet machine and beside busy
+neighbours (``--load both``; ``--load quiet`` for the quick run), and writes
+``benchmarks/results.json`` and ``benchmarks/results.md`` unless ``--json`` / ``--markdown``
+say otherwise. Exits 0 even when targets are missed: read the verdict column.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         prog="benchmarks/run.py", description="Time visionblocks against peer libraries."
     )
     add_arguments(parser)
-    parser.set_defaults(json=str(DEFAULT_JSON), markdown=str(DEFAULT_MARKDOWN))
+    parser.set_defaults(json=str(DEFAULT_JSON), markdown=str(DEFAULT_MARKDOWN), load="both")
     return run_from_cli(parser.parse_args(argv))
 
 

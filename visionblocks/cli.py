@@ -10,7 +10,8 @@ Subcommands:
   would load into a registered backbone.
 - ``visionblocks check-coco ANN_FILE [--images DIR] [--fix OUT.json]``: list every problem
   of a COCO annotation file; exit status 0 when there is none (or all were fixed), else 1.
-- ``visionblocks bench [PATTERN ...]``: run the benchmark cases and print the table.
+- ``visionblocks bench [PATTERN ...] [--load quiet|busy|both]``: run the benchmark cases
+  (on a quiet machine, beside busy neighbour processes, or both) and print the tables.
 """
 
 from __future__ import annotations

@@ -7,9 +7,16 @@ import argparse
 import pytest
 import torch
 
-from visionblocks.bench import add_arguments, get_case, list_cases, run_cases, run_from_cli
+from visionblocks.bench import (
+    BenchResult,
+    add_arguments,
+    format_table,
+    get_case,
+    list_cases,
+    run_cases,
+    run_from_cli,
+)
 from visionblocks.bench.cases_cuda import PERFORMANCE_MODEL
-from visionblocks.bench.report import BenchResult, format_table
 from visionblocks.bench.timing import TimingResult
 
 
@@ -40,8 +47,10 @@ def test_table_shows_bandwidth_when_a_case_states_its_bytes():
         BenchResult("k", peer_name="p", timing=timing, bytes_moved=4_000_000_000, copy_gbps=4000.0),
         BenchResult("other", timing=timing),
     ]
-    table = format_table(rows)
-    assert table.splitlines()[0].endswith("| GB/s | of copy |")
-    assert "| 2000 | 50% |" in table  # 4 GB in 2 ms = 2000 GB/s, half the copy bandwidth
-    assert table.splitlines()[3].endswith("| - | - |")
-    assert "GB/s" not in format_table(rows[1:])
+    lines = format_table(rows).splitlines()
+    memory = lines[lines.index("**Memory and bandwidth**") + 2 :]
+    assert memory[0] == "| case | ours MiB | peer MiB | mem ratio | GB/s | % of copy |"
+    # 4 GB in 2 ms = 2000 GB/s, half the copy bandwidth; "other" has nothing to show here.
+    assert memory[2:] == ["| k | - | - | - | 2000 | 50% |"]
+    table = format_table(rows[1:])
+    assert "GB/s" not in table and "Memory and bandwidth" not in table

@@ -1,11 +1,14 @@
 """Benchmark harness: our implementations timed and measured against peer libraries.
 
 A `BenchCase` pairs ``ours`` with a ``peer`` on inputs built once by ``setup``, with
-optional targets (``min_speedup``, ``max_memory_ratio``). `run_cases` times each pair
-interleaved (median of paired ratios, `visionblocks.bench.timing`), measures each side's
-peak extra memory in a fresh process (`visionblocks.bench.memory`) and returns
-`BenchResult` objects; `format_table` prints them as Markdown. ``visionblocks
-bench`` (and ``benchmarks/run.py``) run it from the command line.
+optional targets (``min_speedup``, ``min_busy_speedup``, ``max_memory_ratio``) and a
+``check`` that both sides compute the same result (`visionblocks.bench.check`). `run_cases`
+times each pair interleaved (median of paired ratios, `visionblocks.bench.timing`), on a
+quiet machine and/or while busy neighbours compete for the cores
+(`visionblocks.bench.busy`), measures each side's peak extra memory in a fresh process
+(`visionblocks.bench.memory`) and returns `BenchResult` objects; `format_table` prints
+them as Markdown tables (`visionblocks.bench.table`). ``visionblocks bench`` (and
+``benchmarks/run.py``) run it from the command line.
 
 Adding a case: put it in a ``visionblocks/bench/cases*.py`` module listed in
 `CASES`' modules, and call `register_case` at import time.
@@ -15,6 +18,7 @@ Only the standard library and torch are imported here; cases import their peers 
 
 from __future__ import annotations
 
+from visionblocks.bench.busy import BusyNeighbours
 from visionblocks.bench.case import (
     CASES,
     BenchCase,
@@ -24,25 +28,25 @@ from visionblocks.bench.case import (
     resolve_case,
     select_cases,
 )
+from visionblocks.bench.check import assert_same, same_outputs
 from visionblocks.bench.memory import MemoryResult, measure_memory
-from visionblocks.bench.report import (
-    TABLE_COLUMNS,
-    BenchResult,
-    format_table,
-    results_from_json,
-    results_to_json,
-)
-from visionblocks.bench.runner import add_arguments, run_cases, run_from_cli
+from visionblocks.bench.report import BenchResult, results_from_json, results_to_json
+from visionblocks.bench.runner import LOADS, add_arguments, run_cases, run_from_cli
+from visionblocks.bench.table import MEMORY_COLUMNS, SPEED_COLUMNS, format_table
 from visionblocks.bench.timing import TimingResult, num_threads, time_pair
 
 __all__ = [
     "CASES",
-    "TABLE_COLUMNS",
+    "LOADS",
+    "MEMORY_COLUMNS",
+    "SPEED_COLUMNS",
     "BenchCase",
     "BenchResult",
+    "BusyNeighbours",
     "MemoryResult",
     "TimingResult",
     "add_arguments",
+    "assert_same",
     "format_table",
     "get_case",
     "list_cases",
@@ -54,6 +58,7 @@ __all__ = [
     "results_to_json",
     "run_cases",
     "run_from_cli",
+    "same_outputs",
     "select_cases",
     "time_pair",
 ]

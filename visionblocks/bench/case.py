@@ -77,6 +77,17 @@ class BenchCase:
             ``visionblocks bench --device cuda``).
         bytes_moved: The least bytes one ``ours`` call must read and write (its performance
             model); the table then shows the achieved GB/s.
+        min_busy_speedup: Target under load (``visionblocks bench --load busy``): ours at
+            least this many times faster than the peer while busy neighbours run. Defaults
+            to ``1.0`` ("no collapse"); ``None`` for no busy target. Ignored without a peer.
+        check: ``check(ours_out, peer_out)`` raises ``AssertionError`` when the two sides'
+            results of one call disagree (`visionblocks.bench.check.same_outputs` builds
+            the usual one). Every case with a peer must have one: a test runs it.
+        outputs: ``outputs(state)`` returns ``(ours_out, peer_out)`` for ``check`` when the
+            timed calls return nothing comparable (a count, a load report); by default the
+            check compares ``ours(state)`` with ``peer(state)``.
+        small_setup: A faster ``setup`` on reduced sizes, used by the output check only
+            (never timed); ``None`` to check on ``setup``'s inputs.
 
     Examples:
         >>> import torch
@@ -107,6 +118,10 @@ class BenchCase:
     threads: int = 2
     device: str = "cpu"
     bytes_moved: int | None = None
+    min_busy_speedup: float | None = 1.0
+    check: Callable[[Any, Any], None] | None = None
+    outputs: Callable[[Any], tuple[Any, Any]] | None = None
+    small_setup: Callable[[], Any] | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -114,9 +129,11 @@ class BenchCase:
         for field in ("setup", "ours"):
             if not callable(getattr(self, field)):
                 raise TypeError(f"BenchCase {field} must be callable, got {getattr(self, field)!r}")
-        if self.peer is not None and not callable(self.peer):
-            raise TypeError(f"BenchCase peer must be callable or None, got {self.peer!r}")
-        for field in ("min_speedup", "max_memory_ratio", "max_memory_mib"):
+        for field in ("peer", "check", "outputs", "small_setup"):
+            value = getattr(self, field)
+            if value is not None and not callable(value):
+                raise TypeError(f"BenchCase {field} must be callable or None, got {value!r}")
+        for field in ("min_speedup", "max_memory_ratio", "max_memory_mib", "min_busy_speedup"):
             value = getattr(self, field)
             if value is not None and not (isinstance(value, (int, float)) and value > 0):
                 raise ValueError(

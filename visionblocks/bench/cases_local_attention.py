@@ -11,6 +11,8 @@ runs the torch path (tap by tap, no unfolded tensor).
 - ``local_attention_fwd``: forward only, inputs not requiring grad.
 - ``local_attention_fwd_bwd``: forward and the gradients with respect to ``q``, ``k`` and
   ``v`` (``torch.autograd.grad``, so no ``.grad`` accumulation is timed).
+
+The output check compares the outputs (the gradients for ``_fwd_bwd``) at 32 x 32.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from visionblocks.bench.case import BenchCase, register_case
+from visionblocks.bench.check import same_outputs
 
 __all__ = ["LOCAL_ATTENTION_FWD", "LOCAL_ATTENTION_FWD_BWD", "unfold_local_attention"]
 
@@ -58,9 +61,9 @@ def unfold_local_attention(
     return out.reshape(b, c, h, w)
 
 
-def _setup(grad: bool) -> dict[str, Any]:
+def _setup(grad: bool, h: int = _H, w: int = _W) -> dict[str, Any]:
     gen = torch.Generator().manual_seed(0)
-    q, k, v, grad_out = (torch.randn(_B, _C, _H, _W, generator=gen) for _ in range(4))
+    q, k, v, grad_out = (torch.randn(_B, _C, h, w, generator=gen) for _ in range(4))
     return {
         "q": q.requires_grad_(grad),
         "k": k.requires_grad_(grad),
@@ -75,6 +78,14 @@ def _setup_fwd() -> dict[str, Any]:
 
 def _setup_fwd_bwd() -> dict[str, Any]:
     return _setup(True)
+
+
+def _small_fwd() -> dict[str, Any]:
+    return _setup(False, 32, 32)
+
+
+def _small_fwd_bwd() -> dict[str, Any]:
+    return _setup(True, 32, 32)
 
 
 def _ours(state: dict[str, Any]) -> torch.Tensor:
@@ -112,6 +123,8 @@ LOCAL_ATTENTION_FWD = register_case(
         description=f"local_attention2d {_SIZES}, forward, 2 threads",
         min_speedup=3.0,
         max_memory_ratio=0.25,
+        check=same_outputs(rtol=1e-4, atol=1e-5),
+        small_setup=_small_fwd,
     )
 )
 
@@ -123,7 +136,9 @@ LOCAL_ATTENTION_FWD_BWD = register_case(
         peer=_unfold_fwd_bwd,
         peer_name="F.unfold",
         description=f"local_attention2d {_SIZES}, forward + grads of q, k and v, 2 threads",
-        min_speedup=3.0,
+        min_speedup=10.0,
         max_memory_ratio=0.25,
+        check=same_outputs(rtol=1e-4, atol=1e-5),
+        small_setup=_small_fwd_bwd,
     )
 )

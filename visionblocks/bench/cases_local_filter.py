@@ -10,6 +10,8 @@ broadcast product with the kernels and a sum over the taps, which materialises t
 - ``local_filter_fwd``: forward only, inputs not requiring grad.
 - ``local_filter_fwd_bwd``: forward and the gradients with respect to ``x`` and the
   kernels (``torch.autograd.grad``, so no ``.grad`` accumulation is timed).
+
+The output check compares the outputs (the gradients for ``_fwd_bwd``) at 32 x 32.
 """
 
 from __future__ import annotations
@@ -20,17 +22,18 @@ import torch
 import torch.nn.functional as F
 
 from visionblocks.bench.case import BenchCase, register_case
+from visionblocks.bench.check import same_outputs
 
 __all__ = ["LOCAL_FILTER_FWD", "LOCAL_FILTER_FWD_BWD"]
 
 _B, _C, _H, _W, _K, _G = 2, 64, 128, 128, 7, 16
 
 
-def _setup(grad: bool) -> dict[str, Any]:
+def _setup(grad: bool, h: int = _H, w: int = _W) -> dict[str, Any]:
     gen = torch.Generator().manual_seed(0)
-    x = torch.randn(_B, _C, _H, _W, generator=gen)
-    kernels = torch.randn(_B, _G * _K * _K, _H, _W, generator=gen) / _K
-    grad_out = torch.randn(_B, _C, _H, _W, generator=gen)
+    x = torch.randn(_B, _C, h, w, generator=gen)
+    kernels = torch.randn(_B, _G * _K * _K, h, w, generator=gen) / _K
+    grad_out = torch.randn(_B, _C, h, w, generator=gen)
     return {
         "x": x.requires_grad_(grad),
         "kernels": kernels.requires_grad_(grad),
@@ -46,6 +49,14 @@ def _setup_fwd_bwd() -> dict[str, Any]:
     return _setup(True)
 
 
+def _small_fwd() -> dict[str, Any]:
+    return _setup(False, 32, 32)
+
+
+def _small_fwd_bwd() -> dict[str, Any]:
+    return _setup(True, 32, 32)
+
+
 def _ours(state: dict[str, Any]) -> torch.Tensor:
     from visionblocks.ops.local import local_filter
 
@@ -54,9 +65,10 @@ def _ours(state: dict[str, Any]) -> torch.Tensor:
 
 def _unfold(state: dict[str, Any]) -> torch.Tensor:
     x, kernels = state["x"], state["kernels"]
-    cols = F.unfold(x, _K, padding=_K // 2).view(_B, _G, _C // _G, _K * _K, _H, _W)
-    out = (cols * kernels.view(_B, _G, 1, _K * _K, _H, _W)).sum(3)
-    return out.view(_B, _C, _H, _W)
+    b, c, h, w = x.shape
+    cols = F.unfold(x, _K, padding=_K // 2).view(b, _G, c // _G, _K * _K, h, w)
+    out = (cols * kernels.view(b, _G, 1, _K * _K, h, w)).sum(3)
+    return out.view(b, c, h, w)
 
 
 def _grads(fn: Any, state: dict[str, Any]) -> tuple[torch.Tensor, ...]:
@@ -84,6 +96,8 @@ LOCAL_FILTER_FWD = register_case(
         description=f"local_filter {_SIZES}, forward, 2 threads",
         min_speedup=5.0,
         max_memory_ratio=0.25,
+        check=same_outputs(rtol=1e-4, atol=1e-5),
+        small_setup=_small_fwd,
     )
 )
 
@@ -95,7 +109,9 @@ LOCAL_FILTER_FWD_BWD = register_case(
         peer=_unfold_fwd_bwd,
         peer_name="F.unfold",
         description=f"local_filter {_SIZES}, forward + grads of x and kernels, 2 threads",
-        min_speedup=5.0,
+        min_speedup=10.0,
         max_memory_ratio=0.25,
+        check=same_outputs(rtol=1e-4, atol=1e-5),
+        small_setup=_small_fwd_bwd,
     )
 )

@@ -11,7 +11,8 @@ kornia runs with its default ``align_corners=True``, which in kornia means OpenC
 convention (pixel centres on integers) — the same outputs as ours up to float32 rounding
 (``tests/ops/test_warp.py`` checks it). Both end in the same ``F.grid_sample`` call; the
 difference is the grid: ours is built separably from the inverse pixel matrix (two
-multiply-adds per pixel), kornia's from full ``H×W`` base grids.
+multiply-adds per pixel), kornia's from full ``H×W`` base grids. The output check compares
+the warped images (two 128×128 images; values in ``[0, 1]``, so an absolute tolerance).
 """
 
 from __future__ import annotations
@@ -21,25 +22,35 @@ from typing import Any
 import torch
 
 from visionblocks.bench.case import BenchCase, register_case
+from visionblocks.bench.check import same_outputs
 from visionblocks.ops.warp import affine_matrix, warp_affine
 
 __all__ = ["WARP_AFFINE_8X3X512", "WARP_AFFINE_8X3X512_PER_SAMPLE"]
 
 _B, _C, _H, _W = 8, 3, 512, 512
-_CENTER = ((_W - 1) / 2, (_H - 1) / 2)
 
 
-def _setup_shared() -> dict[str, Any]:
+def _setup_shared(b: int = _B, h: int = _H, w: int = _W) -> dict[str, Any]:
     gen = torch.Generator().manual_seed(0)
-    img = torch.rand(_B, _C, _H, _W, generator=gen)
-    return {"img": img, "matrix": affine_matrix(angle=30.0, scale=0.8, center=_CENTER)}
+    img = torch.rand(b, _C, h, w, generator=gen)
+    center = ((w - 1) / 2, (h - 1) / 2)
+    return {"img": img, "matrix": affine_matrix(angle=30.0, scale=0.8, center=center)}
 
 
-def _setup_per_sample() -> dict[str, Any]:
-    state = _setup_shared()
-    angles = torch.linspace(0.0, 35.0, _B)
-    state["matrix"] = affine_matrix(angle=angles, scale=0.8, center=_CENTER)
+def _setup_per_sample(b: int = _B, h: int = _H, w: int = _W) -> dict[str, Any]:
+    state = _setup_shared(b, h, w)
+    angles = torch.linspace(0.0, 35.0, b)
+    center = ((w - 1) / 2, (h - 1) / 2)
+    state["matrix"] = affine_matrix(angle=angles, scale=0.8, center=center)
     return state
+
+
+def _small_shared() -> dict[str, Any]:
+    return _setup_shared(2, 128, 128)
+
+
+def _small_per_sample() -> dict[str, Any]:
+    return _setup_per_sample(2, 128, 128)
 
 
 def _ours(state: dict[str, Any]) -> torch.Tensor:
@@ -49,10 +60,13 @@ def _ours(state: dict[str, Any]) -> torch.Tensor:
 def _kornia(state: dict[str, Any]) -> torch.Tensor:
     from kornia.geometry.transform import warp_affine as kornia_warp_affine
 
-    matrix = state["matrix"]
+    img, matrix = state["img"], state["matrix"]
     if matrix.dim() == 2:
         matrix = matrix[None]
-    return kornia_warp_affine(state["img"], matrix, (_H, _W), align_corners=True)
+    return kornia_warp_affine(img, matrix, tuple(img.shape[-2:]), align_corners=True)
+
+
+_CHECK = same_outputs(rtol=0.0, atol=1e-4)
 
 
 WARP_AFFINE_8X3X512 = register_case(
@@ -64,7 +78,9 @@ WARP_AFFINE_8X3X512 = register_case(
         peer_name="kornia",
         description="warp_affine 8x3x512x512 float32, bilinear, zeros, one rotation+scale "
         "matrix for the batch, forward, 2 threads",
-        min_speedup=1.0,
+        min_speedup=1.5,
+        check=_CHECK,
+        small_setup=_small_shared,
     )
 )
 
@@ -77,6 +93,8 @@ WARP_AFFINE_8X3X512_PER_SAMPLE = register_case(
         peer_name="kornia",
         description="warp_affine 8x3x512x512 float32, bilinear, zeros, 8 rotation+scale "
         "matrices, forward, 2 threads",
-        min_speedup=1.0,
+        min_speedup=1.5,
+        check=_CHECK,
+        small_setup=_small_per_sample,
     )
 )

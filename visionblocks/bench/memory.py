@@ -1,29 +1,35 @@
 """Peak extra memory of one call, measured in a fresh process.
 
 Method (CPU): a fresh Python process (``python -m visionblocks.bench._worker``) finds the
-case, runs ``setup``, then ``gc.collect()`` and ``malloc_trim(0)`` (glibc) so freed memory
-goes back to the OS, resets the kernel's resident-set high-water mark (``5`` written to
-``/proc/self/clear_refs``) and reads the resident set size as the baseline. It then makes
-**one** call of the measured side, the first one, and reads the high-water mark (``VmHWM``)::
+case and runs ``setup``. It then **warms up**: one call of each side, ours and the peer's,
+whichever side is measured, so both libraries' modules are imported (peers import lazily,
+inside the case's functions), their one-time initialisation has run and one-time caches
+exist. Both sides' processes do the same things up to this point. It drops the warm-up
+outputs, runs ``gc.collect()`` and ``malloc_trim(0)`` (glibc) so freed memory goes back to
+the OS, resets the kernel's resident-set high-water mark (``5`` written to
+``/proc/self/clear_refs``) and reads the resident set size as the baseline. It then makes a
+second call of the measured side and reads the high-water mark (``VmHWM``)::
 
-    extra peak = VmHWM after the call - VmRSS before it
+    extra peak = VmHWM after the measured call - VmRSS before it
 
-The first call is measured on purpose: a high-water mark only rises, so a second call can
-show nothing that the first did not, and what the first call allocates (caches, workspaces)
-is memory a user pays for. The returned value is kept alive until the reading, so the output's
-own memory counts.
+So the figure is the memory one call of an already-imported, already-used function needs
+(a step in a training loop), never the cost of importing torchvision, kornia or
+visionblocks, and not a cache that the first call built and keeps (that is in the baseline).
+The returned value is kept alive until the reading, so the output's own memory counts.
 
 ``resource.getrusage(RUSAGE_SELF).ru_maxrss`` is not used on Linux: a child process inherits
 the *parent's* resident size at ``exec`` into ``ru_maxrss``, so under a large parent (pytest,
 or a benchmark run holding big tensors) the child's own peak stays hidden. It is the fallback
-where ``/proc`` is missing (macOS), where setup's own high-water mark can hide the call's.
+where ``/proc`` is missing (macOS); as it cannot be reset, the fallback skips the warm-up and
+measures the first call, imports included (an upper bound), and setup's own high-water mark
+can hide the call's.
 
 Limits: resident memory is page-granular and counts only touched pages (``torch.empty``
-that is never written costs nothing); allocator caching and library initialisation on the
-first call count as the call's memory; expect noise of a few MiB, so compare cases that
-allocate tens of MiB or more. CUDA: when the state holds CUDA tensors, the peak is
-``torch.cuda.max_memory_allocated()`` minus ``torch.cuda.memory_allocated()`` before the call
-(tensor memory only; the caching allocator's reserve and the CUDA context are not counted).
+that is never written costs nothing); expect noise of a few MiB, so compare cases that
+allocate tens of MiB or more. CUDA: when the state holds CUDA tensors, the peak (after the
+same warm-up) is ``torch.cuda.max_memory_allocated()`` minus ``torch.cuda.memory_allocated()``
+before the call (tensor memory only; the caching allocator's reserve and the CUDA context
+are not counted).
 """
 
 from __future__ import annotations
@@ -105,12 +111,20 @@ def _trim_heap() -> None:
         ctypes.CDLL(name).malloc_trim(0)
 
 
+def _warm_up(case: BenchCase, state: Any) -> None:
+    """One call of each side: imports, one-time initialisation and caches happen here."""
+    for fn in (case.ours, case.peer):
+        if fn is not None:
+            fn(state)  # the output is dropped at once
+
+
 def measure_here(case: BenchCase, side: Side) -> MemoryResult:
     """Measure one side of ``case`` in *this* process (what the fresh process runs).
 
-    Call it only in a process made for it: the measurement resets this process's high-water
-    mark, and anything that ran before may already hold the memory the call would allocate.
-    Use `measure_memory` instead.
+    Runs ``setup``, the warm-up (one call of each side) and the measured call, as the module
+    docstring says. Call it only in a process made for it: the measurement resets this
+    process's high-water mark, and anything that ran before may already hold the memory the
+    call would allocate. Use `measure_memory` instead.
 
     Raises:
         ValueError: For a ``side`` other than ``"ours"``/``"peer"``, or ``"peer"`` without a peer.
@@ -122,6 +136,8 @@ def measure_here(case: BenchCase, side: Side) -> MemoryResult:
         raise ValueError(f"case {case.name!r} has no peer to measure")
     torch.set_num_threads(case.threads)
     state = case.setup()
+    if uses_cuda(state) or _reset_high_water():  # the ru_maxrss fallback cannot forget it
+        _warm_up(case, state)
     gc.collect()
     if uses_cuda(state):
         torch.cuda.synchronize()
@@ -144,7 +160,8 @@ def measure_here(case: BenchCase, side: Side) -> MemoryResult:
     return MemoryResult(side, max(0, peak - baseline), baseline, method)
 
 
-def _child_env() -> dict[str, str]:
+def child_env() -> dict[str, str]:
+    """This process's environment, with ``PYTHONPATH`` set so a child imports what it can."""
     # The child must import whatever this process can (a test module, a script's folder).
     paths = [os.path.abspath(p) if p else os.getcwd() for p in sys.path]
     env = dict(os.environ)
@@ -199,7 +216,7 @@ def measure_memory(case: BenchCase | str, side: Side, *, timeout: float = 600.0)
         cmd += ["--import", origin]
     try:
         proc = subprocess.run(
-            cmd, capture_output=True, text=True, timeout=timeout, env=_child_env(), check=False
+            cmd, capture_output=True, text=True, timeout=timeout, env=child_env(), check=False
         )
     except subprocess.TimeoutExpired:
         return MemoryResult(side, error=f"timed out after {timeout:g} s")

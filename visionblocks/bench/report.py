@@ -1,8 +1,12 @@
-"""Benchmark results: verdicts, the Markdown table and the JSON form."""
+"""Benchmark results: what was measured for each case, its verdict, and the JSON form.
+
+`format_table` (in `visionblocks.bench.table`) prints them as Markdown.
+"""
 
 from __future__ import annotations
 
 import dataclasses
+import os
 import platform
 import sys
 from collections.abc import Sequence
@@ -12,22 +16,12 @@ from typing import Any
 from visionblocks.bench.memory import MemoryResult
 from visionblocks.bench.timing import TimingResult
 
-__all__ = ["TABLE_COLUMNS", "BenchResult", "format_table", "results_from_json", "results_to_json"]
+__all__ = ["JSON_SCHEMA", "BenchResult", "results_from_json", "results_to_json"]
 
-TABLE_COLUMNS = (
-    "case",
-    "peer",
-    "ours ms",
-    "peer ms",
-    "speedup",
-    "target",
-    "ours MiB",
-    "peer MiB",
-    "mem ratio",
-    "verdict",
-)
-JSON_SCHEMA = 1
-_MIB = 1024 * 1024
+JSON_SCHEMA = 2
+"""Version of the JSON form; 2 added the busy-neighbour fields (schema 1 still reads)."""
+_READABLE_SCHEMAS = (1, 2)
+MIB = 1024 * 1024
 
 
 @dataclass
@@ -38,12 +32,13 @@ class BenchResult:
         case: Case name.
         peer_name: Who the peer is.
         description: What the case measures.
-        min_speedup: Speed target (ours at least this many times faster), or ``None``.
+        min_speedup: Quiet speed target (ours at least this many times faster), or ``None``.
         max_memory_ratio: Memory target (ours' peak / peer's peak at most this), or ``None``.
         max_memory_mib: Memory target (ours' peak extra memory at most this many MiB), or
             ``None``.
         threads: Threads the case ran with.
-        timing: Timings, or ``None`` when the case failed.
+        timing: Timings on a quiet machine, or ``None`` when not run (``--load busy``) or
+            the case failed.
         ours_memory: Our peak memory, or ``None`` when not measured.
         peer_memory: The peer's peak memory, or ``None`` when not measured.
         error: Why the case failed (setup or a timed call raised), or ``None``.
@@ -52,10 +47,15 @@ class BenchResult:
             performance model), or ``None``; gives the achieved GB/s.
         copy_gbps: The device's measured copy bandwidth in GB/s (the practical ceiling),
             or ``None``.
+        busy_timing: Timings while busy neighbours ran (`visionblocks.bench.busy`), or
+            ``None`` when not run (``--load quiet``) or the case failed.
+        min_busy_speedup: Speed target under load, or ``None`` (no target, or no peer).
+        busy_load: What ran beside the case during ``busy_timing``, or ``None``.
 
-    A target is *checked* when what it needs was measured without error. The verdict is
-    ``"error"`` if the case failed, ``"MISSED"`` if a checked target was missed, ``"ok"`` if
-    every checked target was met, and ``"-"`` when no target was checked.
+    A target is *checked* when what it needs was measured without error: the quiet speed
+    target needs ``timing``, the busy one ``busy_timing``. The verdict is ``"error"`` if the
+    case failed, ``"MISSED"`` if a checked target was missed, ``"ok"`` if every checked target
+    was met, and ``"-"`` when no target was checked.
     """
 
     case: str
@@ -72,18 +72,26 @@ class BenchResult:
     device: str = "cpu"
     bytes_moved: int | None = None
     copy_gbps: float | None = None
+    busy_timing: TimingResult | None = None
+    min_busy_speedup: float | None = None
+    busy_load: str | None = None
 
     @property
     def gbps(self) -> float | None:
-        """Achieved bandwidth of ``ours`` (``bytes_moved`` per median call) in GB/s, or None."""
+        """Achieved quiet bandwidth of ``ours`` (``bytes_moved`` per median call) in GB/s."""
         if self.bytes_moved is None or self.timing is None or not self.timing.ours_ms:
             return None
         return self.bytes_moved / (self.timing.ours_ms * 1e-3) / 1e9
 
     @property
     def speedup(self) -> float | None:
-        """Median paired speedup (``t_peer / t_ours``), or ``None``."""
+        """Median paired speedup on a quiet machine (``t_peer / t_ours``), or ``None``."""
         return self.timing.speedup if self.timing is not None else None
+
+    @property
+    def busy_speedup(self) -> float | None:
+        """Median paired speedup while busy neighbours ran, or ``None``."""
+        return self.busy_timing.speedup if self.busy_timing is not None else None
 
     def _memory_pair(self) -> tuple[int, int] | None:
         ours, peer = self.ours_memory, self.peer_memory
@@ -101,10 +109,17 @@ class BenchResult:
 
     @property
     def speed_met(self) -> bool | None:
-        """Whether the speed target was met; ``None`` when there is none or it was unchecked."""
+        """Whether the quiet speed target was met; ``None`` when none or unchecked."""
         if self.min_speedup is None or self.speedup is None:
             return None
         return self.speedup >= self.min_speedup
+
+    @property
+    def busy_speed_met(self) -> bool | None:
+        """Whether the busy speed target was met; ``None`` when none or unchecked."""
+        if self.min_busy_speedup is None or self.busy_speedup is None:
+            return None
+        return self.busy_speedup >= self.min_busy_speedup
 
     @property
     def memory_met(self) -> bool | None:
@@ -120,121 +135,29 @@ class BenchResult:
         ours = self.ours_memory
         if self.max_memory_mib is None or ours is None or ours.extra_bytes is None:
             return None
-        return ours.extra_bytes <= self.max_memory_mib * _MIB
+        return ours.extra_bytes <= self.max_memory_mib * MIB
 
     @property
     def verdict(self) -> str:
-        """``"ok"``, ``"MISSED"``, ``"error"`` or ``"-"`` (see the class docstring)."""
+        """``"ok"``, ``"MISSED"``, ``"error"`` or ``"-"`` (see the class docstring).
+
+        Examples:
+            >>> from visionblocks.bench.timing import TimingResult
+            >>> quiet, busy = TimingResult(1.0, 6.0, 6.0), TimingResult(4.0, 2.0, 0.5)
+            >>> r = BenchResult("x", min_speedup=5.0, min_busy_speedup=1.0, timing=quiet)
+            >>> r.verdict
+            'ok'
+            >>> r.busy_timing = busy  # 5x quiet, but 0.5x under load
+            >>> r.speed_met, r.busy_speed_met, r.verdict
+            (True, False, 'MISSED')
+        """
         if self.error is not None:
             return "error"
-        targets = (self.speed_met, self.memory_met, self.memory_mib_met)
+        targets = (self.speed_met, self.busy_speed_met, self.memory_met, self.memory_mib_met)
         checked = [met for met in targets if met is not None]
         if not checked:
             return "-"
         return "ok" if all(checked) else "MISSED"
-
-
-def _ms(value: float | None) -> str:
-    if value is None:
-        return "-"
-    return f"{value:.3g}" if value < 1000 else f"{value:.0f}"
-
-
-def _mib(memory: MemoryResult | None) -> str:
-    if memory is None:
-        return "-"
-    if memory.error is not None or memory.extra_bytes is None:
-        return "error"
-    return f"{memory.extra_bytes / _MIB:.1f}"
-
-
-def _num(value: float) -> str:
-    return f"{value:.2f}" if value >= 0.1 else f"{value:.2g}"  # no "0.00" for tiny ratios
-
-
-def _speedup(timing: TimingResult | None) -> str:
-    if timing is None or timing.speedup is None:
-        return "-"
-    q1, q3 = timing.speedup_q1, timing.speedup_q3
-    return f"{_num(timing.speedup)}x ({_num(q1)}–{_num(q3)})"
-
-
-def _target(r: BenchResult) -> str:
-    parts = []
-    if r.min_speedup is not None:
-        parts.append(f"≥{r.min_speedup:g}x")
-    if r.max_memory_ratio is not None:
-        parts.append(f"mem ≤{r.max_memory_ratio:g}")
-    if r.max_memory_mib is not None:
-        parts.append(f"≤{r.max_memory_mib:.0f} MiB")
-    return ", ".join(parts) or "-"
-
-
-def _ratio(r: BenchResult) -> str:
-    pair = r._memory_pair()
-    if pair is None:
-        return "-"
-    ratio = r.memory_ratio
-    return _num(ratio) if ratio is not None else ("0/0" if pair[0] == 0 else "inf")
-
-
-def _notes(results: Sequence[BenchResult]) -> list[str]:
-    notes = []
-    for r in results:
-        problems = [("case", r.error)]
-        problems += [(f"{m.side} memory", m.error) for m in (r.ours_memory, r.peer_memory) if m]
-        for what, message in problems:
-            if message:
-                indented = message.strip().replace("\n", "\n    ")
-                notes.append(f"- `{r.case}` {what} failed:\n\n    {indented}\n")
-    return notes
-
-
-def format_table(results: Sequence[BenchResult]) -> str:
-    """The results as a Markdown table, followed by error details when something failed.
-
-    Columns: see `TABLE_COLUMNS`. Times are medians in ms; speedup is the median paired
-    ratio with its interquartile range; memory is the peak extra memory of one call in MiB.
-    When a case states the bytes it moves, two more columns give the achieved GB/s and its
-    share of the device's measured copy bandwidth.
-
-    Examples:
-        >>> from visionblocks.bench.timing import TimingResult
-        >>> result = BenchResult("add", peer_name="loop", min_speedup=2.0,
-        ...                      timing=TimingResult(0.5, 1.5, 3.0, 2.9, 3.1))
-        >>> print(format_table([result]))
-        | case | peer | ours ms | peer ms | speedup | target | ours MiB | peer MiB | mem ratio | verdict |
-        |---|---|---|---|---|---|---|---|---|---|
-        | add | loop | 0.5 | 1.5 | 3.00x (2.90–3.10) | ≥2x | - | - | - | ok |
-    """
-    bandwidth = any(r.bytes_moved is not None for r in results)
-    columns = TABLE_COLUMNS + (("GB/s", "of copy") if bandwidth else ())
-    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-    for r in results:
-        row = (
-            r.case,
-            r.peer_name or "-",
-            _ms(r.timing.ours_ms if r.timing else None),
-            _ms(r.timing.peer_ms if r.timing else None),
-            _speedup(r.timing),
-            _target(r),
-            _mib(r.ours_memory),
-            _mib(r.peer_memory),
-            _ratio(r),
-            r.verdict,
-        )
-        if bandwidth:
-            gbps = r.gbps
-            share = gbps / r.copy_gbps if gbps is not None and r.copy_gbps else None
-            row += (
-                "-" if gbps is None else f"{gbps:.0f}",
-                "-" if share is None else f"{share:.0%}",
-            )
-        lines.append("| " + " | ".join(row) + " |")
-    notes = _notes(results)
-    if notes:
-        lines += ["", "Errors:", "", *notes]
-    return "\n".join(lines).rstrip("\n")
 
 
 def _environment() -> dict[str, Any]:
@@ -245,6 +168,7 @@ def _environment() -> dict[str, Any]:
         "torch": torch.__version__,
         "platform": platform.platform(),
         "machine": platform.machine(),
+        "cpu_count": os.cpu_count(),
         "cuda": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
     }
 
@@ -252,8 +176,8 @@ def _environment() -> dict[str, Any]:
 def results_to_json(results: Sequence[BenchResult]) -> dict[str, Any]:
     """A JSON-ready dict: ``{"schema", "environment", "results": [...]}``.
 
-    Each result carries its raw fields plus the derived ``speedup``, ``memory_ratio`` and
-    ``verdict``; `results_from_json` reads it back.
+    Each result carries its raw fields plus the derived ``speedup``, ``busy_speedup``,
+    ``memory_ratio`` and ``verdict``; `results_from_json` reads it back.
 
     Examples:
         >>> data = results_to_json([BenchResult("noop")])
@@ -263,26 +187,33 @@ def results_to_json(results: Sequence[BenchResult]) -> dict[str, Any]:
     out = []
     for r in results:
         item = dataclasses.asdict(r)
-        item.update(speedup=r.speedup, memory_ratio=r.memory_ratio, verdict=r.verdict)
+        item.update(
+            speedup=r.speedup,
+            busy_speedup=r.busy_speedup,
+            memory_ratio=r.memory_ratio,
+            verdict=r.verdict,
+        )
         out.append(item)
     return {"schema": JSON_SCHEMA, "environment": _environment(), "results": out}
 
 
 def results_from_json(data: dict[str, Any]) -> list[BenchResult]:
-    """Read results written by `results_to_json`.
+    """Read results written by `results_to_json` (this schema or an older one).
 
     Raises:
         ValueError: If ``data`` is not a results dict of a known schema.
     """
-    if not isinstance(data, dict) or data.get("schema") != JSON_SCHEMA or "results" not in data:
-        schema = data.get("schema") if isinstance(data, dict) else type(data).__name__
-        raise ValueError(f"expected benchmark results of schema {JSON_SCHEMA}, got {schema!r}")
+    schema = data.get("schema") if isinstance(data, dict) else type(data).__name__
+    if schema not in _READABLE_SCHEMAS or "results" not in data:
+        known = " or ".join(map(str, _READABLE_SCHEMAS))
+        raise ValueError(f"expected benchmark results of schema {known}, got {schema!r}")
     names = {f.name for f in dataclasses.fields(BenchResult)}
     results = []
     for item in data["results"]:
         kwargs = {k: v for k, v in item.items() if k in names}
-        if kwargs.get("timing") is not None:
-            kwargs["timing"] = TimingResult(**kwargs["timing"])
+        for timing in ("timing", "busy_timing"):
+            if kwargs.get(timing) is not None:
+                kwargs[timing] = TimingResult(**kwargs[timing])
         for side in ("ours_memory", "peer_memory"):
             if kwargs.get(side) is not None:
                 kwargs[side] = MemoryResult(**kwargs[side])

@@ -8,15 +8,53 @@ import sys
 import traceback
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Literal
 
-from visionblocks.bench.case import CASES, get_case, list_cases, select_cases
+from visionblocks.bench.busy import BusyNeighbours
+from visionblocks.bench.case import CASES, BenchCase, get_case, list_cases, select_cases
 from visionblocks.bench.memory import measure_memory
-from visionblocks.bench.report import BenchResult, format_table, results_to_json
-from visionblocks.bench.timing import time_pair
+from visionblocks.bench.report import BenchResult, results_to_json
+from visionblocks.bench.table import format_table
+from visionblocks.bench.timing import TimingResult, time_pair
 
-__all__ = ["add_arguments", "copy_bandwidth", "run_cases", "run_from_cli"]
+__all__ = ["LOADS", "add_arguments", "copy_bandwidth", "run_cases", "run_from_cli"]
 
+Load = Literal["quiet", "busy", "both"]
+LOADS: tuple[str, ...] = ("quiet", "busy", "both")
+"""Values of ``load``: time on a quiet machine, beside busy neighbours, or each case both ways."""
 _TRACEBACK_LINES = 15
+
+
+def _new_result(case: BenchCase, copy_gbps: float | None) -> BenchResult:
+    return BenchResult(
+        case=case.name,
+        peer_name=case.peer_name,
+        description=case.description,
+        min_speedup=case.min_speedup,
+        max_memory_ratio=case.max_memory_ratio,
+        max_memory_mib=case.max_memory_mib,
+        threads=case.threads,
+        device=case.device,
+        bytes_moved=case.bytes_moved,
+        copy_gbps=copy_gbps,
+        min_busy_speedup=case.min_busy_speedup if case.peer is not None else None,
+    )
+
+
+def _time(case: BenchCase, result: BenchResult, repeats: int, warmup: int) -> TimingResult | None:
+    """Time the case; on failure record the traceback tail in ``result.error``."""
+    try:
+        return time_pair(case, repeats=repeats, warmup=warmup)
+    except Exception:
+        lines = traceback.format_exc().strip().splitlines()
+        result.error = "\n".join(lines[-_TRACEBACK_LINES:])
+        return None
+
+
+def _line(timing: TimingResult | None) -> str:
+    if timing is None:
+        return "error"
+    return f"{timing.speedup:.2f}x" if timing.speedup is not None else f"{timing.ours_ms:.3g} ms"
 
 
 def run_cases(
@@ -25,29 +63,42 @@ def run_cases(
     warmup: int = 3,
     memory: bool = True,
     *,
+    load: Load = "quiet",
+    neighbours: int = 2,
     device: str = "cpu",
     progress: Callable[[str], None] | None = None,
 ) -> list[BenchResult]:
     """Time (and measure the memory of) every case matching ``patterns``.
 
-    A case that fails is reported in its result (``error``, verdict ``"error"``) and the run
-    goes on; so does a failed memory measurement. Missed targets are reported, not raised.
+    The run has up to two passes. The quiet pass (``load`` ``"quiet"`` or ``"both"``) times
+    each case and measures its memory; with ``load="busy"`` it only measures memory, since
+    memory is always measured quiet. The busy pass (``"busy"`` or ``"both"``) starts
+    ``neighbours`` `visionblocks.bench.busy.BusyNeighbours` once, times each case while they
+    compute (restarting one that died) and kills them at the end, whatever happens.
+
+    A case that fails is reported in its result (``error``, verdict ``"error"``; it is not
+    timed again in the busy pass) and the run goes on; so does a failed memory measurement.
+    Missed targets are reported, not raised.
 
     Args:
         patterns: fnmatch patterns over case names; ``None`` or empty runs every case.
-        repeats: Timed pairs per case (see `visionblocks.bench.timing.time_pair`).
+        repeats: Timed pairs per case and pass (see `visionblocks.bench.timing.time_pair`).
         warmup: Untimed calls of each side before timing.
         memory: Measure peak memory (of cases with ``memory=True``), each side in a fresh
             process (see `visionblocks.bench.memory.measure_memory`).
+        load: ``"quiet"``, ``"busy"`` or ``"both"`` (see above).
+        neighbours: Busy neighbour processes of the busy pass.
         device: Run the cases of this device (``"cpu"`` or ``"cuda"``); a pattern that
             names cases of the other device only matches nothing.
-        progress: Called with a line of text after each case (e.g. ``print``).
+        progress: Called with a line of text after each case and pass (e.g. ``print``).
 
     Returns:
         list[BenchResult]: One result per case, in name order.
 
     Raises:
-        ValueError: If a pattern matches no case, ``repeats < 1`` or ``warmup < 0``.
+        ValueError: If a pattern matches no case, ``repeats < 1``, ``warmup < 0``,
+            ``neighbours < 1`` or ``load`` is not one of `LOADS`.
+        RuntimeError: If the busy neighbours cannot start (none is left running).
 
     Examples:
         >>> import torch
@@ -61,37 +112,59 @@ def run_cases(
         raise ValueError(f"repeats must be an int >= 1, got {repeats!r}")
     if not isinstance(warmup, int) or warmup < 0:
         raise ValueError(f"warmup must be an int >= 0, got {warmup!r}")
+    if load not in LOADS:
+        raise ValueError(f"load must be one of {', '.join(map(repr, LOADS))}, got {load!r}")
+    if not isinstance(neighbours, int) or neighbours < 1:
+        raise ValueError(f"neighbours must be an int >= 1, got {neighbours!r}")
     cases = [c for c in select_cases(patterns) if c.device == device]
     if not cases:
         raise ValueError(f"no {device} benchmark case matches {list(patterns or ['*'])}")
     copy_gbps = copy_bandwidth(device) if any(c.bytes_moved for c in cases) else None
-    results = []
-    for i, case in enumerate(cases, 1):
-        result = BenchResult(
-            case=case.name,
-            peer_name=case.peer_name,
-            description=case.description,
-            min_speedup=case.min_speedup,
-            max_memory_ratio=case.max_memory_ratio,
-            max_memory_mib=case.max_memory_mib,
-            threads=case.threads,
-            device=case.device,
-            bytes_moved=case.bytes_moved,
-            copy_gbps=copy_gbps,
-        )
-        try:
-            result.timing = time_pair(case, repeats=repeats, warmup=warmup)
-        except Exception:
-            lines = traceback.format_exc().strip().splitlines()
-            result.error = "\n".join(lines[-_TRACEBACK_LINES:])
+    pairs = [(case, _new_result(case, copy_gbps)) for case in cases]
+    say = progress or (lambda line: None)
+    _quiet_pass(pairs, repeats, warmup, memory, load, say)
+    if load != "quiet":
+        _busy_pass(pairs, repeats, warmup, neighbours, say)
+    return [result for _, result in pairs]
+
+
+def _quiet_pass(
+    pairs: list[tuple[BenchCase, BenchResult]],
+    repeats: int,
+    warmup: int,
+    memory: bool,
+    load: Load,
+    say: Callable[[str], None],
+) -> None:
+    """Quiet timings (unless ``load="busy"``) and the memory measurements, case by case."""
+    for i, (case, result) in enumerate(pairs, 1):
+        if load != "busy":
+            result.timing = _time(case, result, repeats, warmup)
         if memory and case.memory and case.device == "cpu" and result.error is None:
             result.ours_memory = measure_memory(case, "ours")
             if case.peer is not None:
                 result.peer_memory = measure_memory(case, "peer")
-        results.append(result)
-        if progress is not None:
-            progress(f"[{i}/{len(cases)}] {case.name}: {result.verdict}")
-    return results
+        if load != "busy":
+            done = f" -> {result.verdict}" if load == "quiet" else ""
+            say(f"[{i}/{len(pairs)}] {case.name} quiet: {_line(result.timing)}{done}")
+
+
+def _busy_pass(
+    pairs: list[tuple[BenchCase, BenchResult]],
+    repeats: int,
+    warmup: int,
+    neighbours: int,
+    say: Callable[[str], None],
+) -> None:
+    """Busy timings: neighbours started once, running during every timing, always killed."""
+    with BusyNeighbours(neighbours) as busy:
+        for i, (case, result) in enumerate(pairs, 1):
+            if result.error is None:
+                busy.ensure_running()
+                result.busy_timing = _time(case, result, repeats, warmup)
+                result.busy_load = busy.description
+            line = f"{case.name} busy: {_line(result.busy_timing)} -> {result.verdict}"
+            say(f"[{i}/{len(pairs)}] {line}")
 
 
 def copy_bandwidth(device: str, nbytes: int = 1 << 28, repeats: int = 10) -> float:
@@ -141,9 +214,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         >>> import argparse
         >>> parser = argparse.ArgumentParser()
         >>> add_arguments(parser)
-        >>> args = parser.parse_args(["focal*", "--repeats", "5", "--no-memory"])
-        >>> args.patterns, args.repeats, args.warmup, args.memory, args.list
-        (['focal*'], 5, 3, False, False)
+        >>> args = parser.parse_args(["focal*", "--repeats", "5", "--no-memory", "--load", "both"])
+        >>> args.patterns, args.repeats, args.warmup, args.memory, args.list, args.load
+        (['focal*'], 5, 3, False, False, 'both')
     """
     parser.add_argument(
         "patterns",
@@ -163,9 +236,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_false",
         help="skip the peak-memory measurement (one fresh process per case and side)",
     )
+    parser.add_argument(
+        "--load",
+        choices=LOADS,
+        default="quiet",
+        help="time on a quiet machine (default), while two busy neighbour processes run "
+        "matrix products on every core (busy), or each case both ways (both); memory is "
+        "always measured quiet",
+    )
     parser.add_argument("--json", metavar="PATH", default=None, help="write results as JSON")
     parser.add_argument(
-        "--markdown", metavar="PATH", default=None, help="write the results table as Markdown"
+        "--markdown", metavar="PATH", default=None, help="write the results tables as Markdown"
     )
     parser.add_argument("--list", action="store_true", help="list the case names and exit")
     parser.add_argument(
@@ -231,10 +312,11 @@ def run_from_cli(args: argparse.Namespace) -> int:
             repeats=args.repeats,
             warmup=args.warmup,
             memory=args.memory,
+            load=getattr(args, "load", "quiet"),
             device=device,
             progress=lambda line: print(line, file=sys.stderr, flush=True),
         )
-    except ValueError as exc:
+    except (ValueError, RuntimeError) as exc:
         print(f"visionblocks bench: {exc}", file=sys.stderr)
         return 1
     table = format_table(results)
