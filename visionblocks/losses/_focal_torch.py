@@ -197,7 +197,7 @@ def _sweep(x, targets, w, alpha, g, ignore, reduce_sum, out_dtype, need_grad):
     def part(lo: int, hi: int) -> tuple:
         full = _buffers(min(step, hi - lo), num_classes, cdt, dev)
         acc = full["acc"].zero_() if loss is None else None
-        counts = []
+        counts, deltas = [], []  # deltas: summed mode, the change made by the positives
         for start in range(lo, hi, step):
             stop = min(hi, start + step)
             n = stop - start
@@ -213,6 +213,11 @@ def _sweep(x, targets, w, alpha, g, ignore, reduce_sum, out_dtype, need_grad):
                     counts.append(keep.sum() * num_classes)
                     factors.append(keep.unsqueeze(1))
                 _negative_chunk(xc, factors, scale, g, b, loss_out, loss is None, grad_out)
+                wp = None if wc is None else wc[start:stop]
+                lp = None if loss is None else loss[start:stop]
+                deltas.append(
+                    _patch_positives(x[start:stop], tc, wp, alpha, g, ignore, lp, grad_out)
+                )
                 continue
             tc = tc if tc.dtype == cdt else b["t"].copy_(tc)
             at = None
@@ -227,13 +232,12 @@ def _sweep(x, targets, w, alpha, g, ignore, reduce_sum, out_dtype, need_grad):
                 at = keep if at is None else torch.mul(at, keep, out=b["at"])  # at: maybe w
             _float_chunk(xc, tc, at, g, b, loss_out, loss is None, grad_out)
         total = None if acc is None else acc.sum()
+        if total is not None and deltas:
+            total = total + torch.stack(deltas).sum()
         return total, (torch.stack(counts).sum() if counts else None)
 
     grain = step * _CHUNKS_PER_PART if dev.type == "cpu" else max(rows, 1)
     results = parallel_for(part, rows, grain)
-    delta = None  # summed mode: the change made by patching the positives
-    if index and rows * num_classes > 0:
-        delta = _patch_positives(x, targets, wc, alpha, g, ignore, loss, grad)
     if ignore is None or not results:
         count = torch.tensor(rows * num_classes if ignore is None else 0, device=dev)
     else:
@@ -242,8 +246,6 @@ def _sweep(x, targets, w, alpha, g, ignore, reduce_sum, out_dtype, need_grad):
         loss = torch.zeros((), dtype=cdt, device=dev)
         if results:
             loss = torch.stack([s for s, _ in results]).sum()
-        if delta is not None:
-            loss = loss + delta
     return loss, grad, count
 
 
