@@ -13,9 +13,18 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from visionblocks._check import check_choice, check_floating, check_range, check_type, reads_values
+from visionblocks._check import (
+    check_choice,
+    check_finite,
+    check_floating,
+    check_range,
+    check_type,
+    reads_values,
+)
+from visionblocks.ops._warp_native import warp_zeros
 
 __all__ = [
+    "as_float",
     "check_fill",
     "check_matrix",
     "check_sample_options",
@@ -26,6 +35,21 @@ __all__ = [
     "warp_bilinear",
     "warp_nearest",
 ]
+
+
+def as_float(name: str, value: object, dtype: torch.dtype, device: torch.device) -> Tensor:
+    """A number, a sequence of numbers or a tensor as a floating tensor (`affine_matrix`)."""
+    if isinstance(value, Tensor):
+        return value.to(dtype=dtype, device=device)
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return torch.tensor(check_finite(name, float(value)), dtype=dtype, device=device)
+    if isinstance(value, Sequence) and all(
+        isinstance(v, (int, float)) and not isinstance(v, bool) for v in value
+    ):
+        if not all(math.isfinite(v) for v in value):
+            raise ValueError(f"{name} must hold finite numbers, got {tuple(value)!r}")
+        return torch.tensor([float(v) for v in value], dtype=dtype, device=device)
+    raise TypeError(f"{name} must be a number, a sequence of numbers or a tensor, got {value!r}")
 
 
 def check_matrix(name: str, matrix: object, *, batched: bool = False) -> Tensor:
@@ -224,7 +248,17 @@ def warp_nearest(
 def warp_bilinear(
     img: Tensor, inv: Tensor, size: tuple[int, int], padding_mode: str, fill: object
 ) -> Tensor:
-    """Bilinear ``grid_sample`` (``align_corners=False``) on a floating ``img (B, C, H, W)``."""
+    """Bilinear ``grid_sample`` (``align_corners=False``) on a floating ``img (B, C, H, W)``.
+
+    Zeros padding on CPU without autograd runs the C kernel of `_warp_native` when it is
+    available (same values up to float32 rounding).
+    """
+    if padding_mode == "zeros":
+        out = warp_zeros(img, inv, size)
+        if out is not None:
+            return out
+        if img.device.type == "cpu" and img.dtype != torch.float64:
+            inv = inv.float()  # inverted in float64 for the kernel; a float32 grid is as good
     b, c, h, w = img.shape
     if padding_mode == "fill":
         # A one-pixel frame of `fill` sampled with "border" equals OpenCV's BORDER_CONSTANT:

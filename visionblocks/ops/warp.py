@@ -31,7 +31,6 @@ Dtypes:
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from typing import Literal
 
@@ -41,12 +40,12 @@ from torch import Tensor
 from visionblocks._check import (
     check_allocation,
     check_choice,
-    check_finite,
     check_same_device,
     check_tensor,
     check_type,
 )
 from visionblocks.ops._warp_sampling import (
+    as_float,
     check_fill,
     check_matrix,
     check_size,
@@ -70,20 +69,6 @@ _PADDING_MODES = ("zeros", "border", "reflection", "fill")
 
 
 # ---------------------------------------------------------------------------- matrices
-
-
-def _as_float(name: str, value: object, dtype: torch.dtype, device: torch.device) -> Tensor:
-    if isinstance(value, Tensor):
-        return value.to(dtype=dtype, device=device)
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return torch.tensor(check_finite(name, float(value)), dtype=dtype, device=device)
-    if isinstance(value, Sequence) and all(
-        isinstance(v, (int, float)) and not isinstance(v, bool) for v in value
-    ):
-        if not all(math.isfinite(v) for v in value):
-            raise ValueError(f"{name} must hold finite numbers, got {tuple(value)!r}")
-        return torch.tensor([float(v) for v in value], dtype=dtype, device=device)
-    raise TypeError(f"{name} must be a number, a sequence of numbers or a tensor, got {value!r}")
 
 
 def affine_matrix(
@@ -149,7 +134,7 @@ def affine_matrix(
     for other in floats[1:]:
         dtype = torch.promote_types(dtype, other)
     device = tensors[0].device if tensors else torch.device("cpu")
-    vals = {k: _as_float(k, v, dtype, device) for k, v in args.items()}
+    vals = {k: as_float(k, v, dtype, device) for k, v in args.items()}
     for k in ("translate", "shear", "center"):
         if vals[k].dim() == 0 or vals[k].shape[-1] != 2:
             raise ValueError(f"{k} must be a pair or have shape (..., 2), got {vals[k].shape}")
@@ -305,11 +290,13 @@ def warp_affine(
     """Warp images with forward affine matrices: ``cv2.warpAffine`` for tensors, batched.
 
     ``out[..., y', x'] = img[..., M⁻¹ (x', y')]``, sampled bilinearly or at the nearest pixel.
-    Bilinear sampling runs ``F.grid_sample(..., align_corners=False)`` on a grid built
-    directly from ``M⁻¹`` (equivalent to ``F.affine_grid`` with `matrix_to_theta`, without the
-    ``H·W×3`` matmul); it is differentiable with respect to ``img``, ``matrix`` and a tensor
-    ``fill`` (spatial-transformer use). Nearest sampling copies pixels (gradient to ``img``
-    only) and keeps the dtype, so it also warps ``bool`` and integer label maps.
+    Bilinear sampling is ``F.grid_sample(..., align_corners=False)`` on the grid of ``M⁻¹``
+    (``F.affine_grid`` with `matrix_to_theta`), differentiable with respect to ``img``,
+    ``matrix`` and a tensor ``fill`` (spatial-transformer use); on CPU without autograd,
+    zeros padding runs a C kernel instead (``visionblocks.ops._warp_native``: float64
+    coordinates, built on first use, ``grid_sample`` without a C compiler). Nearest sampling
+    copies pixels (gradient to ``img`` only) and keeps the dtype, so it also warps ``bool``
+    and integer label maps.
 
     Compared with ``cv2.warpAffine(img, M, (W_out, H_out), flags, borderMode)`` (OpenCV 5,
     as tested): float32 bilinear results agree to about 1e-4 (1e-6 on smooth images), borders
@@ -393,6 +380,8 @@ def warp_affine(
             f"matrix batch {mats.shape[0]} does not match {what}; pass (2, 3) to share one matrix"
         )
     coord_dtype = torch.promote_types(mats.dtype, torch.float32)
+    if mode == "bilinear" and padding_mode == "zeros" and batch.device.type == "cpu":
+        coord_dtype = torch.float64  # the C kernel's coordinates are float64
     inv = invert_checked("matrix", mats.to(coord_dtype))
 
     if mode == "nearest":

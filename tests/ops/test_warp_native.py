@@ -1,0 +1,151 @@
+"""The C kernel of bilinear zeros-padding `warp_affine` on CPU (`visionblocks.ops._warp_native`).
+
+The float64 reference (tests/reference/warp.py) is the oracle; grid_sample, the fallback, is
+tested against it in test_warp.py with both paths.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.reference import warp as reference
+from visionblocks.ops import _warp_native, _warp_sampling
+from visionblocks.ops.warp import affine_matrix, warp_affine
+
+
+@pytest.fixture
+def native():
+    reason = _warp_native.native_unavailable_reason()
+    if reason:
+        pytest.skip(reason)
+
+
+def random_case(i: int, gen: torch.Generator):
+    """Image, matrix and output size of case ``i``: generic, axis-aligned with half-pixel
+    shifts (ties, exact borders), extreme scales, far away, or a random matrix."""
+
+    def r(*shape):
+        return torch.rand(shape, generator=gen)
+
+    h, w, ho, wo = (int(v) for v in (r(4) * 40).long() + 1)
+    center = (w / 2, h / 2)
+    kind = i % 5
+    if kind == 0:
+        m = affine_matrix(
+            angle=float(r() * 360),
+            scale=float(r() * 3 + 0.1),
+            translate=((r(2) - 0.5) * 60).tolist(),
+            shear=((r(2) - 0.5) * 60).tolist(),
+            center=center,
+        )
+    elif kind == 1:
+        m = affine_matrix(
+            angle=float((r() * 4).floor() * 90),
+            translate=((r(2) * 8).round() / 2 - 2).tolist(),
+            center=((w - 1) / 2, (h - 1) / 2),
+        )
+    elif kind == 2:
+        m = affine_matrix(angle=float(r() * 360), scale=float(10 ** (r() * 6 - 3)), center=center)
+    elif kind == 3:
+        m = affine_matrix(angle=float(r() * 360), translate=((r(2) - 0.5) * 1e5).tolist())
+    else:
+        m = torch.randn(2, 3, generator=gen) * torch.tensor([[1.0, 1.0, 20.0], [1.0, 1.0, 20.0]])
+    dtype = torch.float64 if i % 3 == 0 else torch.float32
+    img = (r(2, h, w) * 2 - 1).to(dtype)
+    return img, m.to(dtype), (ho, wo)
+
+
+def test_random_warps_match_reference(native, monkeypatch):
+    def no_grid_sample(*args, **kwargs):
+        raise AssertionError("grid_sample called: the C kernel should have run")
+
+    monkeypatch.setattr(_warp_sampling.F, "grid_sample", no_grid_sample)
+    gen = torch.Generator().manual_seed(0)
+    for i in range(250):
+        img, m, size = random_case(i, gen)
+        out = warp_affine(img, m, size)
+        expected = reference.warp_affine(img, m, size)
+        tol = 2e-6 if img.dtype == torch.float32 else 1e-11  # |img| <= 1, up to 1000x zoom
+        assert out.shape == expected.shape and out.dtype == img.dtype
+        assert (out.double() - expected).abs().max() <= tol, (i, m)
+
+
+def test_nan_and_inf_spread_as_in_the_reference(native):
+    img = torch.rand(1, 20, 30, generator=torch.Generator().manual_seed(1))
+    img[0, 7, 11], img[0, 0, 29], img[0, 19, 0] = float("nan"), float("inf"), float("-inf")
+    m = affine_matrix(angle=23.0, scale=1.37, translate=(2.3, -1.1), center=(14.5, 9.5))
+    out, expected = warp_affine(img, m, (27, 33)), reference.warp_affine(img, m, (27, 33))
+    assert torch.equal(out.isnan(), expected.isnan())
+    assert torch.equal(out.isinf(), expected.isinf())
+    finite = expected.isfinite()
+    assert (out.double()[finite] - expected[finite]).abs().max() < 2e-6
+
+
+def test_same_result_with_one_or_two_threads_and_any_layout(native):
+    imgs = torch.rand(5, 3, 70, 90, generator=torch.Generator().manual_seed(2))
+    mats = affine_matrix(angle=torch.linspace(-50.0, 50.0, 5), scale=0.9, center=(44.5, 34.5))
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = [warp_affine(imgs, mats), warp_affine(imgs, mats[2])]
+        torch.set_num_threads(2)
+        two = [warp_affine(imgs, mats), warp_affine(imgs, mats[2])]
+    finally:
+        torch.set_num_threads(before)
+    assert all(torch.equal(a, b) for a, b in zip(one, two))
+    channels_last = imgs.contiguous(memory_format=torch.channels_last)
+    assert torch.equal(warp_affine(channels_last, mats), one[0])
+    assert torch.equal(warp_affine(imgs[:, :2], mats), one[0][:, :2])  # 2 channels
+
+
+def test_autograd_uses_grid_sample(native, monkeypatch):
+    calls = []
+    grid_sample = _warp_sampling.F.grid_sample
+    monkeypatch.setattr(
+        _warp_sampling.F, "grid_sample", lambda *a, **k: calls.append(1) or grid_sample(*a, **k)
+    )
+    img = torch.rand(1, 2, 9, 8, requires_grad=True)
+    m = affine_matrix(angle=30.0, center=(4.0, 4.0))
+    warp_affine(img, m).sum().backward()
+    assert calls and img.grad is not None
+    with torch.no_grad():
+        warp_affine(img, m)
+    assert len(calls) == 1  # no autograd: the C kernel
+
+
+def test_falls_back_to_grid_sample_when_the_kernel_cannot_be_built(monkeypatch, tmp_path):
+    monkeypatch.setattr(_warp_native, "_state", {})
+    monkeypatch.setenv("VISIONBLOCKS_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("CC", "false")  # a "compiler" that always fails
+    assert "could not build the warp kernel" in _warp_native.native_unavailable_reason()
+    img, m = torch.rand(2, 11, 13), affine_matrix(angle=40.0, center=(6.0, 5.0))
+    assert (
+        warp_affine(img, m).double() - reference.warp_affine(img, m, (11, 13))
+    ).abs().max() < 5e-6
+
+    monkeypatch.setattr(_warp_native, "_state", {})
+    monkeypatch.setenv(_warp_native.ENV_DISABLE, "1")
+    assert "disabled" in _warp_native.native_unavailable_reason()
+
+
+def test_builds_in_the_temp_folder_when_the_cache_folder_is_unusable(native, monkeypatch, tmp_path):
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("")
+    monkeypatch.setattr(_warp_native, "_state", {})
+    monkeypatch.setenv("VISIONBLOCKS_CACHE_DIR", str(blocker / "cache"))
+    monkeypatch.setattr(_warp_native.tempfile, "tempdir", str(tmp_path))
+    assert _warp_native.native_unavailable_reason() is None
+    assert list(tmp_path.glob("visionblocks-*/warp_kernel_*.so"))
+
+
+@pytest.mark.filterwarnings("ignore::torch.jit.TracerWarning", "ignore::FutureWarning")
+def test_traced_and_vmapped_calls_use_grid_sample(native):
+    """The kernel writes through ``data_ptr``, which a trace or a vmap wrapper would not see:
+    those go through grid_sample (and a replayed trace stays right)."""
+    m = affine_matrix(angle=30.0, center=(7.5, 7.5))
+    imgs, new = torch.rand(2, 4, 3, 16, 16, generator=torch.Generator().manual_seed(3))
+    traced = torch.jit.trace(lambda x: warp_affine(x, m), (imgs,), check_trace=False)
+    assert (traced(new) - warp_affine(new, m)).abs().max() < 1e-5
+    vmapped = torch.func.vmap(lambda x: warp_affine(x, m))(imgs)
+    assert (vmapped - warp_affine(imgs, m)).abs().max() < 1e-5
