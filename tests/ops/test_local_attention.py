@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.helpers import assert_close, gradcheck
-from visionblocks.bench.cases_local_attention import unfold_local_attention
+from tests.reference.local_ops import local_attention2d as reference
 from visionblocks.ops import _local_attention_torch
 from visionblocks.ops.local_attention import local_attention2d
 
@@ -41,7 +41,7 @@ def zero_padded_attention(q, k, v, kernel_size, dilation, heads):
 
 
 def naive_attention(q, k, v, kernel_size, dilation, heads):
-    """Loops over pixels, heads and taps; only taps inside the image are kept."""
+    """Loops over pixels, heads and taps; only taps inside the image are kept (checks the reference)."""
     b, c, h, w = q.shape
     depth, half = c // heads, kernel_size // 2
     out = torch.zeros_like(q)
@@ -72,10 +72,10 @@ def naive_attention(q, k, v, kernel_size, dilation, heads):
         ((3, 6, 4, 4), 9, 3, 2),
     ],
 )
-def test_matches_masked_unfold_reference(shape, kernel_size, dilation, heads):
+def test_matches_reference(shape, kernel_size, dilation, heads):
     q, k, v = qkv(shape, requires_grad=True)
     out = local_attention2d(q, k, v, kernel_size, dilation, heads)
-    ref = unfold_local_attention(q, k, v, kernel_size, dilation, heads)
+    ref = reference(q, k, v, kernel_size, dilation, heads)
     assert_close(out, ref)
     grad_out = torch.randn_like(out)
     grads = torch.autograd.grad(out, (q, k, v), grad_out)
@@ -86,15 +86,53 @@ def test_matches_masked_unfold_reference(shape, kernel_size, dilation, heads):
 
 def test_matches_naive_loop():
     q, k, v = qkv((2, 4, 4, 5), seed=1)
-    assert_close(local_attention2d(q, k, v, 3, 1, 2), naive_attention(q, k, v, 3, 1, 2))
-    assert_close(local_attention2d(q, k, v, 3, 2, 1), naive_attention(q, k, v, 3, 2, 1))
+    for dilation, heads in ((1, 2), (2, 1)):
+        expected = naive_attention(q, k, v, 3, dilation, heads)
+        assert_close(local_attention2d(q, k, v, 3, dilation, heads), expected)
+        assert_close(reference(q, k, v, 3, dilation, heads), expected)
+
+
+@pytest.mark.parametrize(("kernel_size", "dilation"), [(3, 1), (5, 1), (5, 2)])
+def test_row_blocks_float32_match_reference(monkeypatch, kernel_size, dilation):
+    """Parts of a few rows (backward: even blocks, then odd ones), float32 against float64."""
+    monkeypatch.setattr(_local_attention_torch, "_TILE", 1)  # the smallest blocks: 2h rows
+    q, k, v = qkv((2, 8, 31, 13), dtype=torch.float32, seed=10, requires_grad=True)
+    grad_out = torch.randn(2, 8, 31, 13)
+    out = local_attention2d(q, k, v, kernel_size, dilation, 2)
+    ref = reference(q, k, v, kernel_size, dilation, 2)
+    assert_close(out, ref.float(), scale=4.0)
+    grads = torch.autograd.grad(out, (q, k, v), grad_out)
+    ref_grads = torch.autograd.grad(ref, (q, k, v), grad_out.double())
+    for got, want in zip(grads, ref_grads, strict=True):
+        assert_close(got, want.float(), scale=4.0)
+
+
+def test_threads_do_not_change_the_result(monkeypatch):
+    """Parts depend on the shapes only: one thread or two give the same bits."""
+    monkeypatch.setattr(_local_attention_torch, "_TILE", 30000)  # several parts
+    q, k, v = qkv((2, 16, 45, 40), dtype=torch.float32, seed=11, requires_grad=True)
+    grad_out = torch.randn(2, 16, 45, 40)
+
+    def run():
+        out = local_attention2d(q, k, v, 7, 1, 2)
+        return (out, *torch.autograd.grad(out, (q, k, v), grad_out))
+
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = run()
+        torch.set_num_threads(2)
+        two = run()
+    finally:
+        torch.set_num_threads(before)
+    assert all(torch.equal(a, b) for a, b in zip(one, two, strict=True))
 
 
 def test_border_taps_are_masked_not_zero_keys():
     q, k, v = qkv((1, 4, 7, 7), seed=2)
     v = v + 3.0  # values far from 0: a zero key's share pulls the output towards 0
     out = local_attention2d(q, k, v, 3, 1, 2)
-    masked = unfold_local_attention(q, k, v, 3, 1, 2)
+    masked = reference(q, k, v, 3, 1, 2)
     zero_keys = zero_padded_attention(q, k, v, 3, 1, 2)
     assert_close(out, masked)
     # Interior pixels see no padding: both agree there and differ on every border pixel.
@@ -127,7 +165,7 @@ def test_gradient_of_one_input_only(which):
     out = local_attention2d(*inputs, 3, 1, 2)
     (grad,) = torch.autograd.grad(out.square().sum(), inputs[which])
     ref_inputs = [x.detach().requires_grad_(i == which) for i, x in enumerate(inputs)]
-    ref = unfold_local_attention(*ref_inputs, 3, 1, 2)
+    ref = reference(*ref_inputs, 3, 1, 2)
     (ref_grad,) = torch.autograd.grad(ref.square().sum(), ref_inputs[which])
     assert_close(grad, ref_grad)
 
@@ -177,7 +215,7 @@ def test_half_and_float_dtypes(dtype):
     q, k, v = qkv((1, 4, 5, 7), seed=7)
     out = local_attention2d(q.to(dtype), k.to(dtype), v.to(dtype), 3, 1, 2)
     assert out.dtype == dtype
-    ref = unfold_local_attention(*(x.to(dtype).double() for x in (q, k, v)), 3, 1, 2)
+    ref = reference(*(x.to(dtype).double() for x in (q, k, v)), 3, 1, 2)
     assert_close(out, ref.to(dtype))
 
 
@@ -219,7 +257,7 @@ def test_random_shapes_match_reference(b, heads, depth, h, w, half, dilation):
     ks = 2 * half + 1
     assert_close(
         local_attention2d(q, k, v, ks, dilation, heads),
-        unfold_local_attention(q, k, v, ks, dilation, heads),
+        reference(q, k, v, ks, dilation, heads),
     )
 
 

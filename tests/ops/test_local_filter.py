@@ -10,21 +10,13 @@ from hypothesis import strategies as st
 
 import visionblocks.ops._local_filter_torch as torch_path
 from tests.helpers import assert_close, gradcheck
+from tests.reference.local_ops import local_filter as reference
+from visionblocks.ops._local_parts import new_output
 from visionblocks.ops.local import local_filter, sliding_windows
 
 
-def unfold_reference(x, kernels, k, d=1, s=1):
-    """The plain F.unfold implementation (what the torch path must equal)."""
-    b, c = x.shape[:2]
-    ho, wo = kernels.shape[2:]
-    g = kernels.shape[1] // (k * k)
-    cols = F.unfold(x, k, dilation=d, padding=d * (k // 2), stride=s)
-    cols = cols.view(b, g, c // g, k * k, ho, wo)
-    return (cols * kernels.view(b, g, 1, k * k, ho, wo)).sum(3).view(b, c, ho, wo)
-
-
 def naive_loop(x, kernels, k, d=1, s=1):
-    """The defining formula, one output value at a time (tiny inputs only)."""
+    """The defining formula, one output value at a time (tiny inputs only; checks the reference)."""
     b, c, h, w = x.shape
     ho, wo = kernels.shape[2:]
     cg = c // (kernels.shape[1] // (k * k))
@@ -79,9 +71,9 @@ def test_sliding_windows_integer_and_gradient():
         ((1, 3, 6, 5), 1, 1, 1),
     ],
 )
-def test_matches_unfold_reference(shape, k, d, g):
+def test_matches_reference(shape, k, d, g):
     x, kernels = inputs(*shape, k, g)
-    assert_close(local_filter(x, kernels, k, d), unfold_reference(x, kernels, k, d))
+    assert_close(local_filter(x, kernels, k, d), reference(x, kernels, k, d))
 
 
 @pytest.mark.parametrize(("k", "d", "s", "g"), [(3, 1, 1, 2), (3, 2, 2, 1), (5, 1, 3, 4)])
@@ -89,15 +81,15 @@ def test_matches_naive_loop(k, d, s, g):
     x, kernels = inputs(1, 4, 5, 6, k, g, s)
     expected = naive_loop(x, kernels, k, d, s)
     assert_close(local_filter(x, kernels, k, d, stride=s), expected)
-    assert_close(unfold_reference(x, kernels, k, d, s), expected)
+    assert_close(reference(x, kernels, k, d, s), expected)
 
 
 @pytest.mark.parametrize(("h", "w", "s"), [(7, 9, 2), (8, 8, 2), (13, 5, 3)])
-def test_stride_matches_unfold(h, w, s):
+def test_stride_matches_reference(h, w, s):
     x, kernels = inputs(2, 4, h, w, 3, 2, s)
     out = local_filter(x, kernels, 3, stride=s)
     assert out.shape == (2, 4, -(-h // s), -(-w // s))
-    assert_close(out, unfold_reference(x, kernels, 3, 1, s))
+    assert_close(out, reference(x, kernels, 3, 1, s))
 
 
 @settings(max_examples=30, deadline=None)
@@ -111,9 +103,9 @@ def test_stride_matches_unfold(h, w, s):
     d=st.integers(1, 3),
     s=st.integers(1, 3),
 )
-def test_random_geometry_matches_unfold(b, cg, g, h, w, k, d, s):
+def test_random_geometry_matches_reference(b, cg, g, h, w, k, d, s):
     x, kernels = inputs(b, cg * g, h, w, k, g, s)
-    assert_close(local_filter(x, kernels, k, d, stride=s), unfold_reference(x, kernels, k, d, s))
+    assert_close(local_filter(x, kernels, k, d, stride=s), reference(x, kernels, k, d, s))
 
 
 def test_groups_share_kernels():
@@ -150,6 +142,58 @@ def test_tiled_sweep_matches(monkeypatch):
             assert_close(a, e)
 
 
+@pytest.mark.parametrize(("s", "d"), [(1, 1), (1, 2), (2, 1), (3, 2)])
+def test_row_blocks_float32_match_reference(monkeypatch, s, d):
+    """Parts of a few rows each (forward and both gradients), float32 against float64."""
+    monkeypatch.setattr(torch_path, "_TILE", 400)  # blocks of one to three output rows
+    x, kernels = inputs(2, 8, 29, 33, 5, 2, s, dtype=torch.float32)
+    x.requires_grad_(True)
+    kernels.requires_grad_(True)
+    go = torch.randn(2, 8, -(-29 // s), -(-33 // s))
+    out = local_filter(x, kernels, 5, d, stride=s)
+    ref = reference(x, kernels, 5, d, s)
+    assert_close(out, ref.float(), scale=4.0)
+    for got, want in zip(
+        torch.autograd.grad(out, (x, kernels), go),
+        torch.autograd.grad(ref, (x, kernels), go.double()),
+        strict=True,
+    ):
+        assert_close(got, want.float(), scale=4.0)
+
+
+def test_threads_do_not_change_the_result(monkeypatch):
+    """Parts depend on the shapes only: one thread or two give the same bits."""
+    monkeypatch.setattr(torch_path, "_TILE", 2000)  # several parts
+    x, kernels = inputs(2, 8, 40, 41, 7, 4, dtype=torch.float32)
+    go = torch.randn(2, 8, 40, 41)
+
+    def run():
+        xx, kk = x.clone().requires_grad_(), kernels.clone().requires_grad_()
+        out = local_filter(xx, kk, 7)
+        return (out, *torch.autograd.grad(out, (xx, kk), go))
+
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = run()
+        torch.set_num_threads(2)
+        two = run()
+    finally:
+        torch.set_num_threads(before)
+    assert all(torch.equal(a, b) for a, b in zip(one, two, strict=True))
+
+
+@pytest.mark.parametrize("switch", ["1", "0"])
+def test_large_results_are_ordinary_tensors(monkeypatch, switch):
+    """A result large enough for the huge-page advice is an ordinary, writable tensor."""
+    monkeypatch.setenv("VISIONBLOCKS_HUGE_PAGES", switch)
+    like = torch.zeros(1, dtype=torch.float64)
+    out = new_output((3, (64 << 20) // 24 + 5), like)
+    assert out.dtype == torch.float64 and out.is_contiguous() and out.shape[0] == 3
+    out.fill_(2.0)
+    assert out.sum().item() == 2.0 * out.numel()
+
+
 # --------------------------------------------------------------------------- gradients
 @pytest.mark.parametrize(("k", "d", "s", "g"), [(3, 1, 1, 1), (3, 2, 1, 4), (5, 1, 2, 2)])
 def test_gradcheck(k, d, s, g):
@@ -157,13 +201,13 @@ def test_gradcheck(k, d, s, g):
     assert gradcheck(lambda a, b: local_filter(a, b, k, d, stride=s), [x, kernels])
 
 
-def test_gradients_match_unfold_autograd():
+def test_gradients_match_reference_autograd():
     x, kernels = inputs(2, 6, 9, 8, 5, 3)
     x.requires_grad_(True)
     kernels.requires_grad_(True)
     go = torch.randn(2, 6, 9, 8, dtype=torch.float64)
     ours = torch.autograd.grad(local_filter(x, kernels, 5, 2), (x, kernels), go)
-    ref = torch.autograd.grad(unfold_reference(x, kernels, 5, 2), (x, kernels), go)
+    ref = torch.autograd.grad(reference(x, kernels, 5, 2), (x, kernels), go)
     for a, e in zip(ours, ref, strict=True):
         assert_close(a, e)
 
@@ -183,7 +227,7 @@ def test_half_precision_dtype_and_accuracy(dtype):
     x16, k16 = x.to(dtype).requires_grad_(), kernels.to(dtype).requires_grad_()
     out = local_filter(x16, k16, 3)
     assert out.dtype == dtype
-    expected = unfold_reference(x16.double(), k16.double(), 3)
+    expected = reference(x16, k16, 3)
     assert_close(out.double(), expected, dtype=dtype, scale=2.0)
     gx, gk = torch.autograd.grad(out.float().sum(), (x16, k16))
     assert gx.dtype == gk.dtype == dtype
@@ -201,9 +245,9 @@ def test_non_contiguous_inputs():
     k_nc = kernels.to(memory_format=torch.channels_last)
     x_sl = torch.cat([x, x], 1)[:, ::2]  # strided channel slice
     assert not x_nc.is_contiguous() and not k_nc.is_contiguous()
-    expected = unfold_reference(x, kernels, 3)
+    expected = reference(x, kernels, 3)
     assert_close(local_filter(x_nc, k_nc, 3), expected)
-    assert_close(local_filter(x_sl, kernels, 3), unfold_reference(x_sl.contiguous(), kernels, 3))
+    assert_close(local_filter(x_sl, kernels, 3), reference(x_sl.contiguous(), kernels, 3))
 
 
 @pytest.mark.parametrize("shape", [(0, 4, 5, 5), (2, 4, 0, 5)])

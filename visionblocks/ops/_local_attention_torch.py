@@ -1,52 +1,64 @@
-"""The lean torch path of `visionblocks.ops.local_attention.local_attention2d` (tap by tap).
+"""The torch path of `visionblocks.ops.local_attention.local_attention2d` (window views).
 
-Neither the ``k*k``-times unfolded keys nor values are ever built. With the channels viewed
-as ``(heads, D)``, tap ``t = i*k + j`` of query pixel ``p = (h, w)`` reads key/value pixel
-``p + o_t``, ``o_t = ((i - k//2)*d, (j - k//2)*d)``. For each tap the query pixels whose
-neighbour lies inside the image form one rectangle, so every tap is a handful of ops on
-strided slices of the unpadded inputs, and the taps outside the image are simply never
-written (their logits stay ``-inf``)::
+The ``k*k``-times unfolded keys and values are never built for the whole input. The
+channels are viewed as ``(heads, D)`` and the ``B*heads`` *planes* ``(D, H, W)`` cut into
+parts (blocks of rows, or several whole planes). A part copies its key and value rows, with
+``h = d*(k//2)`` rows and columns of zero padding, into per-thread scratch buffers, and
+`visionblocks.ops._local_parts.windows` views them as ``(D, k, k, rows, W)`` without a copy:
+entry ``[c, i, j, y, x]`` is channel ``c`` of the key of tap ``t = i*k + j`` of query pixel
+``(y, x)``. Each step is one op per channel (over all taps) or one op per tap (over all
+channels), whichever moves less data::
 
-    logits[t] = scale * sum_D q * k[shifted by o_t]          (mul + sum over D)
-    lse = logsumexp_t logits;   attn = exp(logits - lse)      (masked taps: exp(-inf) = 0)
-    out += attn[t] * v[shifted by o_t]                         (one addcmul_ per tap)
+    logits = sum_D (scale * q) * windows(k)     (one addcmul_ per channel; taps outside
+                                                 the image then set to -inf)
+    lse = logsumexp_t logits;   attn = exp(logits - lse)
+    out = sum_t attn[t] * windows(v)[:, t]       (one addcmul_ per tap)
 
-The logits are ``D = C / heads`` times smaller than the unfolded keys. Backward recomputes
-``attn`` from the saved log-sum-exp ``(B, heads, H, W)`` (flash-attention style: nothing of
-size ``k*k`` is kept between forward and backward) and runs the taps again::
+Backward recomputes ``attn`` from the saved log-sum-exp ``(B*heads, H, W)`` (flash-attention
+style: nothing of size ``k*k`` is kept between forward and backward) and takes
+``delta = sum_D grad_out * out`` from the saved output::
 
-    dattn[t] = sum_D grad_out * v[shifted];   ds = attn * (dattn - sum_t attn * dattn)
-    dq += scale * ds[t] * k[shifted];   dk[shifted] += scale * ds[t] * q;
-    dv[shifted] += attn[t] * grad_out
+    dattn = sum_D grad_out * windows(v);   ds = attn * (dattn - delta)
+    dq = scale * sum_t ds[t] * windows(k)[:, t]
+    windows(dv)[:, t] += attn[t] * grad_out;   windows(dk)[:, t] += ds[t] * scale * q
 
-(``dk``/``dv`` are scatters into the shifted rectangle of full-size gradient buffers).
+``dk`` and ``dv`` are scattered, one ``addcmul_`` per tap, into the window views of a
+zero-initialised padded scratch block: the part's contributions to key rows
+``[r0 - h, r1 + h)``, copied into the gradients at the end of the part when a part holds
+whole planes. Blocks of rows overlap their neighbours there, so they are added into
+zero-initialised gradients, the even row blocks first, then the odd ones (blocks are at
+least ``2h`` rows tall).
 
-Work runs in tiles of whole rows (and batch items) holding about ``_TILE`` logits, so the
-per-tap slices stay in cache and no ``(B, heads, k*k, H, W)`` tensor is allocated on large
-inputs. Measured on the benchmark size (``local_attention_*``: 2 x 64 x 128 x 128, k = 7,
-8 heads, 2 threads): tiles of 5 rows lose about 1.6x to per-op overhead and 10 rows about
-1.2x; 20 rows (this ``_TILE``) to no tiling at all are within noise. Half inputs are
-computed in float32 and cast back.
+Parts hold about ``_TILE`` logits and are spread over threads by
+`visionblocks.ops._local_parts.Grid`: one fork/join per call (two in backward), each part's
+ops serial with one thread. Half inputs are computed in float32 and cast back.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Callable
 
 import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
+from visionblocks.ops._local_parts import Grid, compute_dtype, scratch, windows
+
 __all__ = ["LocalAttentionFunction", "local_attention_backward", "local_attention_forward"]
 
-_TILE = 1 << 21  # logits per tile (see the module notes)
-_Rect = tuple[int, slice, slice, slice, slice]
+# Logits per part: large enough that each op's Python and dispatch overhead is small against
+# its work, with several parts per thread to balance. Tuned on the `local_attention_*`
+# benchmarks (docs/benchmarks.md): there, a part is one whole head (16 parts); blocks of
+# rows were slower, quiet and busy.
+_TILE = 1 << 19
+
+Buffers = Callable[[str], Tensor]
 
 
-def compute_dtype(dtype: torch.dtype) -> torch.dtype:
-    """float64 stays float64; every other floating dtype is computed in float32."""
-    return torch.float64 if dtype == torch.float64 else torch.float32
+def _target(x: Tensor) -> int:
+    """Logits per part: `_TILE` on CPU; larger on CUDA, bounding its scratch buffers."""
+    return _TILE if x.device.type == "cpu" else max(_TILE, 1 << 22)
 
 
 def head_scale(channels: int, num_heads: int) -> float:
@@ -54,162 +66,235 @@ def head_scale(channels: int, num_heads: int) -> float:
     return 1.0 / math.sqrt(max(channels // num_heads, 1))
 
 
-def _tiles(batch: int, rows: int, row_logits: int) -> Iterator[tuple[slice, int, int]]:
-    """``(batch slice, row start, row stop)`` tiles of about ``_TILE`` logits."""
-    plane = rows * row_logits
-    if batch * plane == 0:
-        return
-    if plane >= _TILE:
-        n_batch, n_rows = 1, max(1, _TILE // row_logits)
-    else:
-        n_batch, n_rows = max(1, _TILE // plane), rows
-    for b0 in range(0, batch, n_batch):
-        for r0 in range(0, rows, n_rows):
-            yield slice(b0, b0 + n_batch), r0, min(rows, r0 + n_rows)
-
-
-def _rects(
-    kernel_size: int, dilation: int, r0: int, r1: int, height: int, width: int
-) -> Iterator[_Rect]:
-    """Per valid tap of tile rows ``[r0, r1)``: ``(t, tile rows, cols, key rows, key cols)``.
-
-    Query pixels ``(tile rows + r0, cols)`` see their tap-``t`` neighbours at
-    ``(key rows, key cols)``; taps with no neighbour inside the image are skipped.
-    """
-    half = kernel_size // 2
-    for i in range(kernel_size):
-        oi = (i - half) * dilation
-        h0, h1 = max(r0, -oi), min(r1, height - oi)
-        if h0 >= h1:
-            continue
-        for j in range(kernel_size):
-            oj = (j - half) * dilation
-            w0, w1 = max(0, -oj), min(width, width - oj)
-            if w0 >= w1:
-                continue
-            yield (
-                i * kernel_size + j,
-                slice(h0 - r0, h1 - r0),
-                slice(w0, w1),
-                slice(h0 + oi, h1 + oi),
-                slice(w0 + oj, w1 + oj),
-            )
-
-
 def _heads(x: Tensor, num_heads: int, dtype: torch.dtype) -> Tensor:
-    """``(B, C, H, W)`` as ``(B, heads, D, H, W)`` in ``dtype``.
-
-    A view when every batch item is one contiguous block (e.g. a channel chunk of a larger
-    tensor), else a contiguous copy.
-    """
-    x = x.to(dtype)
-    if x.shape[0] and not x[0].is_contiguous():
-        x = x.contiguous()
-    return x.unflatten(1, (num_heads, x.shape[1] // num_heads))
+    """``(B, C, H, W)`` as contiguous ``(B*heads, D, H, W)`` planes in ``dtype``."""
+    b, c, h, w = x.shape
+    return x.to(dtype).contiguous().view(b * num_heads, c // num_heads, h, w)
 
 
-def _attention(
-    qh: Tensor, kh: Tensor, bs: slice, r0: int, r1: int, kernel_size: int, dilation: int,
-    scale: float, lse: Tensor | None,
+def _outside(k: int, d: int, r0: int, r1: int, height: int, width: int) -> list[tuple]:
+    """Indices of ``logits (P, k, k, r1 - r0, W)`` whose key lies outside the image."""
+    half, index = k // 2, []
+    for i in range(k):
+        off = (i - half) * d
+        for lo, hi in ((r0, min(r1, -off)), (max(r0, height - off), r1)):
+            if lo < hi:
+                index.append((slice(None), i, slice(None), slice(lo - r0, hi - r0)))
+    for j in range(k):
+        off = (j - half) * d
+        for lo, hi in ((0, min(width, -off)), (max(0, width - off), width)):
+            if lo < hi:
+                index.append((slice(None), slice(None), j, slice(None), slice(lo, hi)))
+    return index
+
+
+def _shapes(planes: int, rows: int, depth: int, width: int, k: int, halo: int) -> dict:
+    """Scratch buffer shapes of a part of ``planes`` planes and ``rows`` rows."""
+    padded = (planes, depth, rows + 2 * halo, width + 2 * halo)
+    return {
+        "kpad": padded,
+        "vpad": padded,
+        "q": (planes, depth, rows, width),
+        "prod": (planes, depth, rows, width),
+        "logits": (planes, k, k, rows, width),
+        "dattn": (planes, k, k, rows, width),
+        "dk": padded,
+        "dv": padded,
+        "peak": (planes, 1, 1, rows, width),
+        "total": (planes, 1, 1, rows, width),
+    }
+
+
+def _scratch(grid: Grid, like: Tensor, k: int, halo: int) -> Callable[[slice, int], Buffers]:
+    """``buffers(ps, rows)(name)``: the part's scratch buffer ``name`` (see `_shapes`)."""
+    depth, _, width = like.shape[1:]
+    caps = {
+        name: math.prod(shape)
+        for name, shape in _shapes(grid.max_planes, grid.max_rows, depth, width, k, halo).items()
+    }
+
+    def buffers(ps: slice, rows: int) -> Buffers:
+        shapes = _shapes(ps.stop - ps.start, rows, depth, width, k, halo)
+        return lambda name: scratch(f"la.{name}", shapes[name], caps[name], like)
+
+    return buffers
+
+
+def _padded(x: Tensor, ps: slice, r0: int, r1: int, halo: int, buf: Tensor) -> Tensor:
+    """Rows ``[r0 - halo, r1 + halo)`` of planes ``ps`` of ``x`` in ``buf``, zero outside."""
+    lo, hi = max(0, r0 - halo), min(x.shape[2], r1 + halo)
+    buf.zero_()
+    buf[:, :, lo - r0 + halo : hi - r0 + halo, halo : halo + x.shape[3]].copy_(x[ps, :, lo:hi])
+    return buf
+
+
+def _logits(
+    q: Tensor, k_win: Tensor, ps: slice, r0: int, r1: int, scale: float,
+    geometry: tuple[int, int, int, int], buf: Buffers,
 ) -> tuple[Tensor, Tensor]:  # fmt: skip
-    """Attention weights ``(b, heads, k*k, rows, W)`` of a tile, and its log-sum-exp.
+    """``(scaled queries (P, D, R, W), logits (P, k, k, R, W))`` of a part, masked."""
+    size, dil, height, width = geometry
+    qs = torch.mul(q[ps, :, r0:r1], scale, out=buf("q"))
+    logits = buf("logits")
+    if qs.shape[1] == 0:
+        logits.zero_()
+    for ch, (kc, qc) in enumerate(
+        zip(k_win.unbind(1), qs[:, :, None, None].unbind(1), strict=True)
+    ):
+        if ch == 0:
+            torch.mul(kc, qc, out=logits)
+        else:
+            logits.addcmul_(kc, qc)
+    for index in _outside(size, dil, r0, r1, height, width):
+        logits[index] = -math.inf
+    return qs, logits
 
-    With ``lse`` given (backward) it is used instead of being computed.
+
+def _per_tap(x: Tensor, dim: int) -> list[Tensor]:
+    """The ``k*k`` views ``x[..., i, j, ...]`` of a tensor with tap axes ``(dim, dim + 1)``."""
+    return [tap for row in x.unbind(dim) for tap in row.unbind(dim)]
+
+
+def _weighted_sum(weights: Tensor, win: Tensor, out: Tensor) -> Tensor:
+    """``out (P, D, R, W) = sum_t weights[:, t] * win[:, :, t]``, one op per tap.
+
+    ``weights`` is ``(P, k, k, R, W)``, ``win`` ``(P, D, k, k, R, W)``.
     """
-    b, heads, depth, height, width = qh[bs].shape
-    logits = qh.new_full((b, heads, kernel_size * kernel_size, r1 - r0, width), -math.inf)
-    prod = qh.new_empty(b, heads, depth, r1 - r0, width)
-    for t, rows, cols, krows, kcols in _rects(kernel_size, dilation, r0, r1, height, width):
-        p = prod[:, :, :, rows, cols]
-        torch.mul(qh[bs, :, :, r0:r1][:, :, :, rows, cols], kh[bs, :, :, krows, kcols], out=p)
-        torch.sum(p, 2, out=logits[:, :, t, rows, cols])
-    logits.mul_(scale)
-    if lse is None:
-        lse = torch.logsumexp(logits, 2, keepdim=True)  # the centre tap is always finite
-    return logits.sub_(lse).exp_(), lse
+    pairs = list(zip(_per_tap(weights.unsqueeze(1), 2), _per_tap(win, 2), strict=True))
+    centre = pairs.pop(len(pairs) // 2)  # first: it covers every pixel (no zeros needed)
+    torch.mul(*centre, out=out)
+    for weight, value in pairs:
+        out.addcmul_(weight, value)
+    return out
 
 
 def local_attention_forward(
     q: Tensor, k: Tensor, v: Tensor, kernel_size: int, dilation: int, num_heads: int
 ) -> tuple[Tensor, Tensor]:
-    """``(out (B, C, H, W) in q.dtype, lse (B, heads, H, W) in the compute dtype)``.
+    """``(out (B, C, H, W) in the compute dtype, lse (B*heads, H, W))``.
 
     Inputs are validated by the caller and share one dtype and shape.
     """
     cdt = compute_dtype(q.dtype)
     qh, kh, vh = (_heads(x, num_heads, cdt) for x in (q, k, v))
-    batch, heads, _, height, width = qh.shape
+    planes, _, height, width = qh.shape
+    size, halo = kernel_size, dilation * (kernel_size // 2)
     scale = head_scale(q.shape[1], num_heads)
-    out = qh.new_zeros(qh.shape)
-    lse = qh.new_empty(batch, heads, height, width)
-    taps = kernel_size * kernel_size
-    for bs, r0, r1 in _tiles(batch, height, heads * taps * width):
-        attn, lse_t = _attention(qh, kh, bs, r0, r1, kernel_size, dilation, scale, None)
-        lse[bs, :, r0:r1] = lse_t.squeeze(2)
-        o = out[bs, :, :, r0:r1]
-        for t, rows, cols, krows, kcols in _rects(kernel_size, dilation, r0, r1, height, width):
-            o[:, :, :, rows, cols].addcmul_(
-                attn[:, :, t : t + 1, rows, cols], vh[bs, :, :, krows, kcols]
-            )
-    return out.view(q.shape).to(q.dtype), lse
+    out, lse = torch.empty_like(qh), qh.new_empty(planes, height, width)
+    grid = Grid(planes, height, size * size * width, _target(q), device=q.device)
+    buffers = _scratch(grid, qh, size, halo)
+    geometry = (size, dilation, height, width)
+
+    def segment(ps: slice, r0: int, r1: int) -> None:
+        buf = buffers(ps, r1 - r0)
+        k_win, v_win = (
+            windows(_padded(x, ps, r0, r1, halo, buf(name)), size, dilation, 1, r1 - r0, width)
+            for x, name in ((kh, "kpad"), (vh, "vpad"))
+        )
+        _, logits = _logits(qh, k_win, ps, r0, r1, scale, geometry, buf)
+        flat, peak, total = logits.flatten(1, 2), buf("peak"), buf("total")
+        torch.amax(flat, 1, keepdim=True, out=peak.flatten(1, 2))  # the centre tap is finite
+        flat.sub_(peak.flatten(1, 2)).exp_()
+        torch.sum(flat, 1, keepdim=True, out=total.flatten(1, 2))
+        torch.log(total, out=lse[ps, None, None, r0:r1]).add_(peak)
+        _weighted_sum(logits.div_(total), v_win, out[ps, :, r0:r1])
+
+    grid.run(segment)
+    return out.view(q.shape), lse
 
 
 def local_attention_backward(
-    grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, lse: Tensor,
+    grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
     kernel_size: int, dilation: int, num_heads: int, need: tuple[bool, bool, bool],
 ) -> tuple[Tensor | None, Tensor | None, Tensor | None]:  # fmt: skip
-    """``(grad_q, grad_k, grad_v)`` in the inputs' dtype; ``None`` where ``need`` is False."""
+    """``(grad_q, grad_k, grad_v)`` in the inputs' dtype; ``None`` where ``need`` is False.
+
+    ``out`` is the forward's output in the compute dtype, ``lse`` its log-sum-exp.
+    """
     cdt = compute_dtype(q.dtype)
-    qh, kh, vh, gh = (_heads(x, num_heads, cdt) for x in (q, k, v, grad_out))
-    batch, heads, _, height, width = qh.shape
+    qh, kh, vh, gh, oh = (_heads(x, num_heads, cdt) for x in (q, k, v, grad_out, out))
+    planes, depth, height, width = qh.shape
+    size, halo = kernel_size, dilation * (kernel_size // 2)
     scale = head_scale(q.shape[1], num_heads)
-    taps = kernel_size * kernel_size
-    dq, dk, dv = (qh.new_zeros(qh.shape) if n else None for n in need)
-    need_ds = dq is not None or dk is not None
-    for bs, r0, r1 in _tiles(batch, height, heads * taps * width):
-        lse_t = lse[bs, :, r0:r1].unsqueeze(2)
-        attn, _ = _attention(qh, kh, bs, r0, r1, kernel_size, dilation, scale, lse_t)
-        g, q_t = gh[bs, :, :, r0:r1], qh[bs, :, :, r0:r1]
-        rects = list(_rects(kernel_size, dilation, r0, r1, height, width))
-        dattn = torch.zeros_like(attn) if need_ds else None  # masked taps stay 0, as attn
-        prod = g.new_empty(g.shape)
-        for t, rows, cols, krows, kcols in rects:
-            if dattn is not None:
-                p = prod[:, :, :, rows, cols]
-                torch.mul(g[:, :, :, rows, cols], vh[bs, :, :, krows, kcols], out=p)
-                torch.sum(p, 2, out=dattn[:, :, t, rows, cols])
-            if dv is not None:
-                a = attn[:, :, t : t + 1, rows, cols]
-                dv[bs, :, :, krows, kcols].addcmul_(a, g[:, :, :, rows, cols])
-        if dattn is None:
-            continue
-        delta = (attn * dattn).sum(2, keepdim=True)
-        ds = dattn.sub_(delta).mul_(attn).mul_(scale)
-        for t, rows, cols, krows, kcols in rects:
-            s = ds[:, :, t : t + 1, rows, cols]
-            if dq is not None:
-                dq[bs, :, :, r0:r1][:, :, :, rows, cols].addcmul_(s, kh[bs, :, :, krows, kcols])
-            if dk is not None:
-                dk[bs, :, :, krows, kcols].addcmul_(s, q_t[:, :, :, rows, cols])
-    return tuple(None if g is None else g.view(q.shape).to(q.dtype) for g in (dq, dk, dv))  # type: ignore[return-value]
+    grid = Grid(planes, height, size * size * width, _target(q), 2 * halo, device=q.device)
+    # Whole planes per part: every part writes its planes' dk, dv once (no zeros, no adds).
+    whole = len(grid.blocks) == 1
+    dq = torch.empty_like(qh) if need[0] else None
+    dk, dv = (
+        None if not n else torch.empty_like(qh) if whole else torch.zeros_like(qh) for n in need[1:]
+    )
+    buffers = _scratch(grid, qh, size, halo)
+    geometry = (size, dilation, height, width)
+
+    def take_back(weights: Tensor, factors: Tensor, dst: Tensor, name: str, buf: Buffers,
+                  ps: slice, r0: int) -> None:  # fmt: skip
+        """``dst[ps, :, key rows] += sum_t weights[:, t] * factors`` scattered to the keys."""
+        rows = weights.shape[-2]
+        block = buf(name)  # key rows [r0 - h, r1 + h), columns [-h, W + h)
+        block.zero_()
+        wins = _per_tap(windows(block, size, dilation, 1, rows, width), 2)
+        for weight, win in zip(_per_tap(weights.unsqueeze(1), 2), wins, strict=True):
+            win.addcmul_(weight, factors)
+        lo, hi = max(0, r0 - halo), min(height, r0 + rows + halo)
+        rows_in = block[:, :, lo - r0 + halo : hi - r0 + halo, halo : halo + width]
+        if whole:
+            dst[ps].copy_(rows_in)
+        else:
+            dst[ps, :, lo:hi].add_(rows_in)
+
+    def segment(ps: slice, r0: int, r1: int) -> None:
+        buf = buffers(ps, r1 - r0)
+        k_win, v_win = (
+            windows(_padded(x, ps, r0, r1, halo, buf(name)), size, dilation, 1, r1 - r0, width)
+            for x, name in ((kh, "kpad"), (vh, "vpad"))
+        )
+        qs, logits = _logits(qh, k_win, ps, r0, r1, scale, geometry, buf)
+        attn = logits.sub_(lse[ps, None, None, r0:r1]).exp_()
+        g = gh[ps, :, r0:r1]
+        if dv is not None:
+            take_back(attn, g, dv, "dv", buf, ps, r0)
+        if dq is None and dk is None:
+            return
+        ds = buf("dattn")  # dattn = sum_D grad_out * windows(v); masked taps read zeros
+        for ch, (vc, gc) in enumerate(
+            zip(v_win.unbind(1), g[:, :, None, None].unbind(1), strict=True)
+        ):
+            if ch == 0:
+                torch.mul(vc, gc, out=ds)
+            else:
+                ds.addcmul_(vc, gc)
+        if depth == 0:
+            ds.zero_()
+        delta = buf("total")
+        prod = torch.mul(g, oh[ps, :, r0:r1], out=buf("prod"))
+        torch.sum(prod, 1, keepdim=True, out=delta.flatten(1, 2))
+        ds.sub_(delta).mul_(attn)
+        if dq is not None:
+            _weighted_sum(ds, k_win, dq[ps, :, r0:r1]).mul_(scale)
+        if dk is not None:
+            take_back(ds, qs, dk, "dk", buf, ps, r0)
+
+    grid.run(segment, parity=0)
+    grid.run(segment, parity=1)
+    return tuple(None if x is None else x.view(q.shape).to(q.dtype) for x in (dq, dk, dv))  # type: ignore[return-value]
 
 
 class LocalAttentionFunction(torch.autograd.Function):
-    """``local_attention2d`` with the tap-by-tap forward and backward (no double backward)."""
+    """``local_attention2d`` with the all-taps forward and backward (no double backward)."""
 
     @staticmethod
     def forward(
         ctx, q: Tensor, k: Tensor, v: Tensor, kernel_size: int, dilation: int, num_heads: int
     ) -> Tensor:  # type: ignore[override]
         out, lse = local_attention_forward(q, k, v, kernel_size, dilation, num_heads)
-        ctx.save_for_backward(q, k, v, lse)
+        ctx.save_for_backward(q, k, v, out, lse)
         ctx.geometry = (kernel_size, dilation, num_heads)
-        return out
+        return out.to(q.dtype)
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad_out: Tensor) -> tuple[Tensor | None, ...]:  # type: ignore[override]
-        q, k, v, lse = ctx.saved_tensors
+        q, k, v, out, lse = ctx.saved_tensors
         need = tuple(ctx.needs_input_grad[:3])
-        grads = local_attention_backward(grad_out, q, k, v, lse, *ctx.geometry, need)
+        grads = local_attention_backward(grad_out, q, k, v, out, lse, *ctx.geometry, need)
         return (*grads, None, None, None)

@@ -1,115 +1,143 @@
-"""The lean torch path of `visionblocks.ops.local.local_filter` (shift and accumulate).
+"""The torch path of `visionblocks.ops.local.local_filter` (shift and accumulate, in parts).
 
-The ``k*k``-times unfolded tensor is never built. ``x`` is zero-padded once (in the compute
-dtype) and viewed as ``(B, G, Cg, H + 2r, W + 2r)``; every tap ``t = i*k + j`` then is one
-strided slice of it, and the output accumulates tap by tap::
+The ``k*k``-times unfolded tensor is never built. With ``x`` viewed as ``(B*G, Cg, H, W)``
+planes (one per batch item and kernel group) and the kernels as ``(B*G, k*k, Ho, Wo)``,
+tap ``t = i*k + j`` at output pixel ``(h, w)`` reads input pixel ``(h*s + oi, w*s + oj)``,
+``oi, oj = (i - k//2)*d, (j - k//2)*d``. For every tap, the output pixels whose input lies
+inside the image form one rectangle, so the forward is one ``addcmul_`` per tap on strided
+views of the unpadded tensors (the centre tap, which covers every pixel, writes first)::
 
-    out[b, g, :, h, w] += kernels[b, g, t, h, w] * xpad[b, g, :, h*s + i*d, w*s + j*d]
+    out[p, :, h, w] (+)= kernels[p, t, h, w] * x[p, :, h*s + oi, w*s + oj]
 
-one ``addcmul_`` per tap, the kernel tap broadcast over the ``Cg`` channels of its group.
-Backward runs the same loop transposed:
+the tap's kernel broadcast over the ``Cg`` channels of its group. Backward:
 
-- ``grad_x``: ``grad_out * kernel tap`` is added into the tap's slice of a zero-padded
-  gradient buffer (a scatter), whose centre is ``grad_x``;
-- ``grad_kernels[tap] = sum over the group's channels of grad_out * x slice``: one ``mul``
-  then ``Cg - 1`` ``addcmul_`` (faster than ``mul`` + ``sum`` or ``linalg.vecdot`` for every
-  ``Cg`` measured, 1 to 16).
+- ``grad_kernels[p, t] = sum_Cg grad_out * x shifted``: all ``k*k`` taps of one channel at
+  once, ``(k, k, rows, Wo) += windows(x) * grad_out`` on a strided window view of a
+  zero-padded copy of the part's input rows (``Cg`` ops per part, not ``2*k*k``);
+- ``grad_x`` is *gathered*: input pixel ``(y, x)`` collects ``kernels[t] * grad_out`` from
+  the output pixels whose tap ``t`` reads it, one ``addcmul_`` per tap written straight into
+  the part's own rows of ``grad_x`` (no padded buffer, no scatter, no zero fill at stride 1).
 
-Work is split into tiles of about ``_TILE`` output elements (whole batch items and groups
-when they fit, else blocks of rows), each running all its taps, so one tile's slices stay in
-cache on large inputs. On the benchmark size (``local_filter_*``: 2 x 64 x 128 x 128, k = 7)
-tiles of 256K to 1M elements and no tiling at all are within noise of each other; smaller
-tiles lose to per-op overhead. On CUDA one tile covers everything.
-
-Peak memory: forward holds the padded input and the output; backward the padded gradient
-buffer, ``grad_kernels`` and one group-tile of cast copies. Half inputs are computed in
-float32 (tiles of kernels and ``grad_out`` are cast as they are used) and cast back.
+Work is cut into parts of about ``_TILE`` output elements (blocks of rows of one plane, or
+several whole planes) spread over threads by `visionblocks.ops._local_parts.Grid`: one
+fork/join per call, each part's ops serial with one thread. Per-tap views are built with
+one ``as_strided`` each from geometry computed once per row block. Half inputs are computed
+in float32 (cast copies) and the results cast back.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
+from visionblocks.ops._local_parts import Grid, compute_dtype, new_output, scratch, windows
+
 __all__ = ["LocalFilterFunction", "local_filter_backward", "local_filter_forward"]
 
-_TILE = 1 << 20  # output elements per tile (see the module notes)
-_Tile = tuple[slice, slice, int, int]
+# Output elements per part. Every op costs a few microseconds of Python and dispatch, so a
+# part is large (one op per tap covers all of it) while still leaving several parts per
+# thread to balance. Tuned on the `local_filter_*` benchmarks (docs/benchmarks.md): the
+# benchmark size (2M outputs) gets 8 parts; smaller parts were slower, quiet and busy.
+_TILE = 1 << 18
 
 
-def compute_dtype(dtype: torch.dtype) -> torch.dtype:
-    """float64 stays float64; every other floating dtype is computed in float32."""
-    return torch.float64 if dtype == torch.float64 else torch.float32
+def _target(x: Tensor) -> int:
+    """Output elements per part: `_TILE` on CPU; on CUDA one part (a few kernels per tap)."""
+    return _TILE if x.device.type == "cpu" else 1 << 62
 
 
-def _tiles(
-    batch: int, groups: int, plane: int, rows: int, row_size: int, target: int
-) -> Iterator[_Tile]:
-    """``(batch slice, group slice, row start, row stop)`` tiles of about ``target`` elements.
+class _View(NamedTuple):
+    """A view of a ``(planes, ...)`` tensor minus its plane dimension."""
 
-    ``plane`` is one (batch item, group)'s output elements, ``row_size`` one output row's.
+    offset: int
+    sizes: tuple[int, ...]
+    strides: tuple[int, ...]
+
+
+def _at(base: Tensor, ps: slice, view: _View) -> Tensor:
+    """``view`` of planes ``ps`` of the contiguous ``base``: one ``as_strided`` call."""
+    step = base.stride(0)
+    return base.as_strided(
+        (ps.stop - ps.start, *view.sizes),
+        (step, *view.strides),
+        base.storage_offset() + ps.start * step + view.offset,
+    )
+
+
+def _span(out0: int, out1: int, in0: int, in1: int, offset: int, stride: int) -> tuple | None:
+    """Outputs ``o`` in ``[out0, out1)`` whose input ``o*stride + offset`` is in ``[in0, in1)``.
+
+    Returns ``(o start, o stop, first input)``, or ``None`` if there are none.
     """
-    if batch * groups * plane == 0:
-        return
-    if plane >= target:  # blocks of rows of one (batch item, group)
-        n_rows, n_groups, n_batch = max(1, target // row_size), 1, 1
-    else:
-        n_rows = rows
-        n_groups = min(groups, target // plane)
-        n_batch = 1 if n_groups < groups else max(1, target // (groups * plane))
-    for b0 in range(0, batch, n_batch):
-        for g0 in range(0, groups, n_groups):
-            for r0 in range(0, rows, n_rows):
-                yield (
-                    slice(b0, b0 + n_batch),
-                    slice(g0, g0 + n_groups),
-                    r0,
-                    min(rows, r0 + n_rows),
-                )
+    lo = max(out0, -((offset - in0) // stride))  # ceil((in0 - offset) / stride)
+    hi = min(out1, -((offset - in1) // stride))
+    return (lo, hi, lo * stride + offset) if lo < hi else None
 
 
-def _geometry(x: Tensor, kernels: Tensor, kernel_size: int) -> tuple[int, ...]:
-    batch, channels, height, width = x.shape
-    groups = kernels.shape[1] // (kernel_size * kernel_size)
-    return batch, channels, height, width, groups, channels // groups, *kernels.shape[2:]
+def _taps(
+    k: int, d: int, s: int, out_rows: tuple[int, int], in_rows: tuple[int, int],
+    out_size: tuple[int, int], in_size: tuple[int, int], channels: int,
+) -> Iterator[tuple[int, _View, _View, _View]]:  # fmt: skip
+    """Per tap with a non-empty rectangle, centre tap first: ``(t, output, input, kernel)``.
+
+    The views (of ``(planes, C, Ho, Wo)``, ``(planes, C, H, W)`` and the kernels
+    ``(planes, k*k, Ho, Wo)``) cover the output rows in ``out_rows`` whose input row is in
+    ``in_rows`` and the output columns whose input column is in the image.
+    """
+    (ho, wo), (h, w) = out_size, in_size
+    half = k // 2
+    centre = half * k + half
+    for t in (centre, *(t for t in range(k * k) if t != centre)):
+        i, j = divmod(t, k)
+        rows = _span(*out_rows, *in_rows, (i - half) * d, s)
+        cols = _span(0, wo, 0, w, (j - half) * d, s)
+        if rows is None or cols is None:
+            continue
+        (h0, h1, y0), (w0, w1, x0) = rows, cols
+        size = (h1 - h0, w1 - w0)
+        yield (
+            t,
+            _View(h0 * wo + w0, (channels, *size), (ho * wo, wo, 1)),
+            _View(y0 * w + x0, (channels, *size), (h * w, s * w, s)),
+            _View((t * ho + h0) * wo + w0, (1, *size), (ho * wo, wo, 1)),
+        )
 
 
-def _tile_target(x: Tensor) -> int:
-    return 1 << 62 if x.is_cuda else _TILE
-
-
-def _padded(x: Tensor, pad: int, dtype: torch.dtype) -> Tensor:
-    batch, channels, height, width = x.shape
-    xp = x.new_zeros(batch, channels, height + 2 * pad, width + 2 * pad, dtype=dtype)
-    xp[:, :, pad : pad + height, pad : pad + width] = x
-    return xp
+def _planes(t: Tensor, groups: int, dtype: torch.dtype) -> Tensor:
+    """``(B, C, H, W)`` as contiguous ``(B*groups, C // groups, H, W)`` of ``dtype``."""
+    b, c, h, w = t.shape
+    return t.to(dtype).contiguous().view(b * groups, c // groups, h, w)
 
 
 def local_filter_forward(
     x: Tensor, kernels: Tensor, kernel_size: int, dilation: int, stride: int
 ) -> Tensor:
     """``out (B, C, Ho, Wo)`` in ``x.dtype``; inputs validated by the caller, same dtype."""
-    b, c, h, w, g, cg, ho, wo = _geometry(x, kernels, kernel_size)
-    cdt = compute_dtype(x.dtype)
     k, d, s = kernel_size, dilation, stride
-    pad = d * (k // 2)
-    xp = _padded(x, pad, cdt).view(b, g, cg, h + 2 * pad, w + 2 * pad)
-    kv = kernels.unflatten(1, (g, k * k))
-    out = x.new_zeros(b, g, cg, ho, wo, dtype=cdt)
-    w_span = (wo - 1) * s + 1
-    for bs, gs, r0, r1 in _tiles(b, g, cg * ho * wo, ho, cg * wo, _tile_target(x)):
-        o = out[bs, gs, :, r0:r1]
-        kt = kv[bs, gs, :, r0:r1].to(cdt)
-        h_span = (r1 - r0 - 1) * s + 1
-        for i in range(k):
-            top = r0 * s + i * d
-            x_rows = xp[bs, gs, :, top : top + h_span : s]
-            for j in range(k):
-                t = i * k + j
-                o.addcmul_(x_rows[..., j * d : j * d + w_span : s], kt[:, :, t : t + 1])
+    b, c, h, w = x.shape
+    ho, wo = kernels.shape[2:]
+    g = kernels.shape[1] // (k * k)
+    cg, cdt = c // g, compute_dtype(x.dtype)
+    xw, kw = _planes(x, g, cdt), _planes(kernels, g, cdt)
+    out = xw.new_empty(b * g, cg, ho, wo)
+    grid = Grid(b * g, ho, cg * wo, _target(x), device=x.device)
+    plans = {
+        (r0, r1): list(_taps(k, d, s, (r0, r1), (0, h), (ho, wo), (h, w), cg))
+        for r0, r1 in grid.blocks
+    }
+
+    def segment(ps: slice, r0: int, r1: int) -> None:
+        for n, (_, dst, src, tap) in enumerate(plans[r0, r1]):
+            if n == 0:  # the centre tap: every output pixel of the part
+                torch.mul(_at(xw, ps, src), _at(kw, ps, tap), out=_at(out, ps, dst))
+            else:
+                _at(out, ps, dst).addcmul_(_at(xw, ps, src), _at(kw, ps, tap))
+
+    grid.run(segment)
     return out.view(b, c, ho, wo).to(x.dtype)
 
 
@@ -124,42 +152,65 @@ def local_filter_backward(
     need_kernels: bool,
 ) -> tuple[Tensor | None, Tensor | None]:
     """``(grad_x, grad_kernels)`` (``None`` where not needed) in the inputs' dtypes."""
-    b, c, h, w, g, cg, ho, wo = _geometry(x, kernels, kernel_size)
-    cdt = compute_dtype(x.dtype)
     k, d, s = kernel_size, dilation, stride
-    pad = d * (k // 2)
-    hp, wp = h + 2 * pad, w + 2 * pad
-    kv = kernels.unflatten(1, (g, k * k))
-    go = grad_out.unflatten(1, (g, cg))
-    xp = _padded(x, pad, cdt).view(b, g, cg, hp, wp) if need_kernels else None
-    gxp = x.new_zeros(b, g, cg, hp, wp, dtype=cdt) if need_x else None
-    gk = kernels.new_empty(b, g, k * k, ho, wo, dtype=cdt) if need_kernels else None
-    w_span = (wo - 1) * s + 1
-    for bs, gs, r0, r1 in _tiles(b, g, cg * ho * wo, ho, cg * wo, _tile_target(x)):
-        gt = go[bs, gs, :, r0:r1].to(cdt)
-        kt = kv[bs, gs, :, r0:r1].to(cdt) if need_x else None
-        h_span = (r1 - r0 - 1) * s + 1
-        for i in range(k):
-            top = r0 * s + i * d
-            for j in range(k):
-                t = i * k + j
-                cols = slice(j * d, j * d + w_span, s)
-                if gxp is not None and kt is not None:
-                    gxp[bs, gs, :, top : top + h_span : s, cols].addcmul_(gt, kt[:, :, t : t + 1])
-                if gk is not None and xp is not None:
-                    xs = xp[bs, gs, :, top : top + h_span : s, cols]
-                    acc = gk[bs, gs, t, r0:r1]
-                    torch.mul(gt[:, :, 0], xs[:, :, 0], out=acc)
-                    for ch in range(1, cg):
-                        acc.addcmul_(gt[:, :, ch], xs[:, :, ch])
-    grad_x = grad_kernels = None
-    if gxp is not None:
-        grad_x = gxp[..., pad : pad + h, pad : pad + w].reshape(b, c, h, w).to(x.dtype)
-    if gk is not None:
-        if cg == 0:  # no channel contributes: the loop above never ran for these taps
-            gk.zero_()
-        grad_kernels = gk.view(kernels.shape).to(kernels.dtype)
-    return grad_x, grad_kernels
+    b, c, h, w = x.shape
+    ho, wo = kernels.shape[2:]
+    g, taps = kernels.shape[1] // (k * k), k * k
+    cg, halo, cdt = c // g, d * (k // 2), compute_dtype(x.dtype)
+    gw, kw = _planes(grad_out, g, cdt), _planes(kernels, g, cdt)
+    xw = _planes(x, g, cdt) if need_kernels else None
+    gx = gw.new_empty(b * g, cg, h, w) if need_x else None
+    gk = new_output((b * g, taps, ho, wo), gw) if need_kernels else None
+    grid = Grid(b * g, ho, cg * wo, _target(x), device=x.device)
+    # A part of output rows [r0, r1) also owns the input rows [r0*s, r1*s) (to h for the
+    # last), so parts write disjoint rows of both gradients.
+    in_rows = {(r0, r1): (r0 * s, h if r1 == ho else r1 * s) for r0, r1 in grid.blocks}
+    plans = {
+        rows: list(_taps(k, d, s, (0, ho), in_rows[rows], (ho, wo), (h, w), cg))
+        for rows in grid.blocks
+    }
+    pad_rows = (grid.max_rows - 1) * s + 2 * halo + 1
+    capacity = grid.max_planes * cg * pad_rows * (w + 2 * halo)
+
+    def kernels_grad(ps: slice, r0: int, r1: int) -> None:
+        top, rows = r0 * s - halo, (r1 - r0 - 1) * s + 2 * halo + 1
+        lo, hi = max(0, top), min(h, top + rows)
+        xp = scratch("lf.xpad", (ps.stop - ps.start, cg, rows, w + 2 * halo), capacity, gw)
+        xp.zero_()
+        xp[:, :, lo - top : hi - top, halo : halo + w].copy_(xw[ps, :, lo:hi])  # type: ignore[index]
+        dst = gk[ps, :, r0:r1].unflatten(1, (k, k))  # type: ignore[index]
+        if cg == 0:
+            dst.zero_()
+        # All taps of one channel at once: (P, k, k, rows, Wo) (+)= windows * grad_out.
+        wins = windows(xp, k, d, s, r1 - r0, wo).unbind(1)
+        grads = gw[ps, :, None, None, r0:r1].unbind(1)
+        for ch, (win, grad) in enumerate(zip(wins, grads, strict=True)):
+            if ch == 0:
+                torch.mul(win, grad, out=dst)
+            else:
+                dst.addcmul_(win, grad)
+
+    def input_grad(ps: slice, r0: int, r1: int) -> None:
+        y0, y1 = in_rows[r0, r1]
+        if s > 1:  # the centre tap reaches every s-th input pixel only
+            gx[ps, :, y0:y1].zero_()  # type: ignore[index]
+        for n, (_, src, dst, tap) in enumerate(plans[r0, r1]):
+            if n == 0 and s == 1:  # the centre tap: every input pixel of the part
+                torch.mul(_at(gw, ps, src), _at(kw, ps, tap), out=_at(gx, ps, dst))  # type: ignore[arg-type]
+            else:
+                _at(gx, ps, dst).addcmul_(_at(gw, ps, src), _at(kw, ps, tap))  # type: ignore[arg-type]
+
+    def segment(ps: slice, r0: int, r1: int) -> None:
+        if gk is not None:
+            kernels_grad(ps, r0, r1)
+        if gx is not None:
+            input_grad(ps, r0, r1)
+
+    grid.run(segment)
+    return (
+        None if gx is None else gx.view(b, c, h, w).to(x.dtype),
+        None if gk is None else gk.view(kernels.shape).to(kernels.dtype),
+    )
 
 
 class LocalFilterFunction(torch.autograd.Function):

@@ -4,7 +4,8 @@
 neighbourhood, ``k*k`` times the input's memory. `local_filter` computes the same weighted
 sum of neighbourhoods without building them: the torch path shifts and accumulates
 (`visionblocks.ops._local_filter_torch`), the Triton path is a fused kernel
-(`visionblocks.kernels.local_filter`).
+(`visionblocks.kernels.local_filter`). Speed and memory against the ``F.unfold`` form: see
+the benchmarks page (``local_filter_*`` cases).
 
 Convention:
     Windows are centred: tap ``t = i*k + j`` (row-major, ``0 <= i, j < k``) of the window at

@@ -1,8 +1,10 @@
 """Local (neighbourhood) attention over 2-D feature maps: every pixel attends to its window.
 
 Two fast paths behind one validated function: the lean torch path
-(`visionblocks.ops._local_attention_torch`: tap by tap, nothing ``k*k`` times the input)
-and the fused Triton kernels (`visionblocks.kernels.local_attention`).
+(`visionblocks.ops._local_attention_torch`: all taps at once on strided window views of a
+few rows at a time, nothing ``k*k`` times the input) and the fused Triton kernels
+(`visionblocks.kernels.local_attention`). Speed and memory against the ``F.unfold`` form:
+see the benchmarks page (``local_attention_*`` cases).
 
 Convention:
     Windows are centred and clipped, never shifted: tap ``t = i*k + j`` (row-major,
@@ -88,7 +90,8 @@ def local_attention2d(
     and masking the padded taps with ``-inf`` before the softmax, without ever building the
     ``k*k``-times unfolded tensors. Differentiable with respect to ``q``, ``k`` and ``v``
     (no double backward); backward recomputes the attention weights from a saved
-    ``(B, heads, H, W)`` log-sum-exp, so nothing ``k*k`` times the input is kept.
+    ``(B, heads, H, W)`` log-sum-exp (and uses the saved output), so nothing ``k*k`` times
+    the input is kept.
 
     Args:
         q (Tensor[B, C, H, W]): Queries, floating point.
