@@ -36,8 +36,9 @@ def unfold_local_attention(
 ) -> torch.Tensor:
     """The peer: ``F.unfold`` keys and values, einsum, ``-inf``-masked softmax, einsum.
 
-    Also the unfold reference of the tests. ``q``, ``k``, ``v`` are ``(B, C, H, W)``; returns
-    ``(B, C, H, W)``, building two ``(B, C*k*k, H*W)`` tensors on the way.
+    The peer of the benchmark (the tests use ``tests/reference/local_ops.py``). ``q``, ``k``,
+    ``v`` are ``(B, C, H, W)``; returns ``(B, C, H, W)``, building two ``(B, C*k*k, H*W)``
+    tensors on the way.
 
     Examples:
         >>> import torch
