@@ -12,14 +12,18 @@ compute dtype before any math (which also keeps bfloat16 working in the interpre
 
 - Forward writes the loss only; the gradient terms are dead code there and compiled away.
 - Backward recomputes the pair's terms and writes ``grad_out * dloss/dbox`` for the inputs
-  that need it, in their dtype. Recomputing (about 60 flops per pair) is cheaper than saving
-  and re-reading per-pair intermediates, and holds no memory between forward and backward.
+  that need it, in their dtype, clamped to its finite range (float16 and bfloat16: the
+  ``~1 / eps`` gradients of degenerate pairs stay finite). Recomputing (about 60 flops per
+  pair) is cheaper than saving and re-reading per-pair intermediates, and holds no memory
+  between forward and backward.
 
-The formulas, the tie convention of ``max``/``min`` (ties split the gradient half and half,
-as autograd does) and the degenerate-box policy are those of the torch path,
-`visionblocks.ops._iou_loss_torch`. ``atan`` is a Cephes rational approximation (relative
-error below 3e-16 in float64), since libdevice functions do not run in the interpreter; the
-angle is formed as ``atan(min / max)`` of ``|w|, |h|``, so no division by zero occurs.
+The formulas (the measure ``m`` and its gradient; the loss is ``1 - m``), the eps rule (``eps``
+replaces a denominator only where it is exactly zero: `_nonzero`), the tie convention of
+``max``/``min`` (ties split the gradient half and half, as autograd does) and the
+degenerate-box policy are those of the torch path, `visionblocks.ops._iou_core`. ``atan`` is
+a Cephes rational approximation (relative error below 3e-16 in float64), since libdevice
+functions do not run in the interpreter; the angle is formed as ``atan(min / max)`` of
+``|w|, |h|``, so no division by zero occurs.
 """
 
 from __future__ import annotations
@@ -45,10 +49,11 @@ __all__ = [
 _BLOCK = 256  # pairs per program: one per thread (the pair terms need many registers)
 _NUM_WARPS = 8
 _GIOU, _DIOU, _CIOU = 0, 1, 2
-_K = tl.constexpr(4.0 / math.pi**2)
+_TWO_OVER_PI = tl.constexpr(2.0 / math.pi)
 _HALF_PI = tl.constexpr(math.pi / 2)
 _QUARTER_PI = tl.constexpr(math.pi / 4)
-_TINY = tl.constexpr(1.1754943508222875e-38)  # float32 tiny: w^2 + h^2 of a point box
+_HALF_MAX = tl.constexpr(65504.0)  # largest finite float16
+_BF16_MAX = tl.constexpr(3.3895313892515355e38)  # largest finite bfloat16
 
 
 @triton.jit
@@ -95,80 +100,107 @@ def _load_box(ptr, base, mask, CDT: tl.constexpr):
 
 @triton.jit
 def _store_box(ptr, base, mask, x1, y1, x2, y2):
+    """Store a box's gradient in ``ptr``'s dtype, clamped to its finite range (half dtypes)."""
     ty = ptr.dtype.element_ty
-    tl.store(ptr + base, x1.to(ty), mask=mask)
-    tl.store(ptr + base + 1, y1.to(ty), mask=mask)
-    tl.store(ptr + base + 2, x2.to(ty), mask=mask)
-    tl.store(ptr + base + 3, y2.to(ty), mask=mask)
+    tl.store(ptr + base, _finite(x1, ty).to(ty), mask=mask)
+    tl.store(ptr + base + 1, _finite(y1, ty).to(ty), mask=mask)
+    tl.store(ptr + base + 2, _finite(x2, ty).to(ty), mask=mask)
+    tl.store(ptr + base + 3, _finite(y2, ty).to(ty), mask=mask)
+
+
+@triton.jit
+def _finite(x, ty: tl.constexpr):
+    """``x`` clamped to ``ty``'s finite range when ``ty`` is a half dtype (NaN stays NaN)."""
+    if ty == tl.float16:
+        x = tl.where(x > _HALF_MAX, _HALF_MAX, tl.where(x < -_HALF_MAX, -_HALF_MAX, x))
+    elif ty == tl.bfloat16:
+        x = tl.where(x > _BF16_MAX, _BF16_MAX, tl.where(x < -_BF16_MAX, -_BF16_MAX, x))
+    return x
+
+
+@triton.jit
+def _nonzero(x, eps):
+    """The eps rule: ``eps`` where ``x == 0``, ``x`` elsewhere."""
+    return tl.where(x == 0, eps, x)
 
 
 @triton.jit
 def _pair_terms(p_ptr, g_ptr, base, mask, eps, MODE: tl.constexpr, CDT: tl.constexpr):
-    """Loss and unit-grad-output gradients (pred, then target, xyxy) of the pairs at ``base``."""
+    """Loss and unit-grad-output gradients (pred, then target, xyxy) of the pairs at ``base``.
+
+    Computed as the measure ``m`` and its gradient, then negated: the loss is ``1 - m``.
+    """
     px1, py1, px2, py2 = _load_box(p_ptr, base, mask, CDT)
     gx1, gy1, gx2, gy2 = _load_box(g_ptr, base, mask, CDT)
     w = px2 - px1
     h = py2 - py1
     wg = gx2 - gx1
     hg = gy2 - gy1
-    iw = tl.maximum(tl.minimum(px2, gx2) - tl.maximum(px1, gx1), 0.0)
-    ih = tl.maximum(tl.minimum(py2, gy2) - tl.maximum(py1, gy1), 0.0)
-    cw = tl.maximum(px2, gx2) - tl.minimum(px1, gx1)
-    ch = tl.maximum(py2, gy2) - tl.minimum(py1, gy1)
+    dx = tl.minimum(px2, gx2) - tl.maximum(px1, gx1)  # overlap sides
+    dy = tl.minimum(py2, gy2) - tl.maximum(py1, gy1)
+    cw = (w + wg) - dx  # enclosing sides
+    ch = (h + hg) - dy
+    iw = tl.maximum(dx, 0.0)
+    ih = tl.maximum(dy, 0.0)
     inter = iw * ih
     union = w * h + wg * hg - inter
-    ue = union + eps
+    ue = _nonzero(union, eps)
     iou = inter / ue
     zero = tl.zeros_like(iou)
     kd_x = zero
     kd_y = zero
     c_ang = zero
     if MODE == 0:
-        ce = cw * ch + eps
-        loss = 1.0 - (iou - (cw * ch - union) / ce)
-        g_u = iou / ue - 1.0 / ce  # dL/dU
-        g_c = ue / (ce * ce)  # dL/dC
+        area_c = cw * ch
+        ce = _nonzero(area_c, eps)
+        pen = (area_c - union) / ce
+        m = iou - pen
+        g_u = 1.0 / ce - iou / ue  # dm/dU
+        g_c = (pen - 1.0) / ce  # dm/dC
         kc_x = g_c * ch
         kc_y = g_c * cw
     else:
-        diag = cw * cw + ch * ch + eps
-        dx = (px1 + px2) - (gx1 + gx2)  # twice the centre offset
-        dy = (py1 + py2) - (gy1 + gy2)
-        dist = (dx * dx + dy * dy) * 0.25
-        loss = 1.0 - iou + dist / diag
-        g_u = iou / ue
-        g2q = -2.0 * dist / (diag * diag)  # 2 dL/dQ
+        qe = _nonzero(cw * cw + ch * ch, eps)
+        ex = (px1 + px2) - (gx1 + gx2)  # twice the centre offset
+        ey = (py1 + py2) - (gy1 + gy2)
+        dist = (ex * ex + ey * ey) * 0.25
+        m = iou - dist / qe
+        g_u = -iou / ue
+        g2q = 2.0 * dist / (qe * qe)  # twice dm/dQ
         kc_x = g2q * cw
         kc_y = g2q * ch
-        kd_x = dx * 0.5 / diag
-        kd_y = dy * 0.5 / diag
+        kd_x = -0.5 * ex / qe  # dm/d(x1 or x2) through the centre
+        kd_y = -0.5 * ey / qe
         if MODE == 2:
-            dt = _angle(wg, hg) - _angle(w, h)
-            v = _K * dt * dt
-            alpha = v / (1.0 - iou + v + eps)
-            loss = loss + alpha * v
-            c_ang = 2.0 * _K * alpha * dt  # dL/d angle_g, alpha held constant
-    g_i = -1.0 / ue - g_u  # dL/dI, through U as well
+            dt = _TWO_OVER_PI * (_angle(wg, hg) - _angle(w, h))
+            v = dt * dt
+            sv = 1.0 - iou + v
+            alpha = tl.where(sv > 0, v / tl.where(sv > 0, sv, 1.0), 0.0)
+            m = m - alpha * v
+            c_ang = 2.0 * _TWO_OVER_PI * alpha * dt  # dm/d angle_pred, alpha held constant
+    g_i = 1.0 / ue - g_u  # dm/dI, through U as well
     ki_x = tl.where(iw > 0, g_i * ih, 0.0)  # torchvision's mask: iw > 0 and ih > 0
     ki_y = tl.where(ih > 0, g_i * iw, 0.0)
     m_x = (ki_x + kc_x) * 0.5
     m_y = (ki_y + kc_y) * 0.5
     k_x = (ki_x - kc_x) * 0.5
     k_y = (ki_y - kc_y) * 0.5
-    cn_p = c_ang / tl.maximum(w * w + h * h, _TINY)
-    cn_g = c_ang / tl.maximum(wg * wg + hg * hg, _TINY)
-    wp_x = h * (g_u - cn_p) + m_x
-    wp_y = w * (g_u + cn_p) + m_y
-    wg_x = hg * (g_u + cn_g) + m_x
-    wg_y = wg * (g_u - cn_g) + m_y
+    n_p = w * w + h * h
+    n_g = wg * wg + hg * hg
+    cn_p = c_ang / tl.where(n_p == 0, 1.0, n_p)  # a point box: w = h = 0 below anyway
+    cn_g = c_ang / tl.where(n_g == 0, 1.0, n_g)
+    wp_x = h * (g_u + cn_p) + m_x
+    wp_y = w * (g_u - cn_p) + m_y
+    wg_x = hg * (g_u - cn_g) + m_x
+    wg_y = wg * (g_u + cn_g) + m_y
     slx = k_x * _sign(px1, gx1)
     sly = k_y * _sign(py1, gy1)
     shx = k_x * _sign(px2, gx2)
     shy = k_y * _sign(py2, gy2)
     return (
-        loss,
-        (kd_x - wp_x - slx, kd_y - wp_y - sly, kd_x + wp_x - shx, kd_y + wp_y - shy),
-        (slx - wg_x - kd_x, sly - wg_y - kd_y, wg_x + shx - kd_x, wg_y + shy - kd_y),
+        1.0 - m,
+        (wp_x + slx - kd_x, wp_y + sly - kd_y, shx - wp_x - kd_x, shy - wp_y - kd_y),
+        (wg_x - slx + kd_x, wg_y - sly + kd_y, -wg_x - shx + kd_x, -wg_y - shy + kd_y),
     )
 
 
@@ -211,6 +243,9 @@ class _BoxIoULossTriton(torch.autograd.Function):
     @staticmethod
     def forward(ctx, pred, target, eps, mode, reference):  # type: ignore[override]
         pred, target = prepare(pred), prepare(target)
+        if eps > 0:  # a float32 kernel argument: keep a rescaled eps positive and finite
+            info = torch.finfo(torch.float32)
+            eps = min(max(eps, info.tiny), info.max)
         n = pred.shape[0]
         tdt, cdt = _cdt(pred.dtype)
         loss = torch.empty(n, dtype=tdt, device=pred.device)

@@ -58,7 +58,7 @@ class GIoULoss(_BoxIoULoss):
     Args:
         reduction: ``"none"`` | ``"mean"`` | ``"sum"``; defaults to ``"mean"`` like torch's
             loss modules (the function's default, ``"none"``, is torchvision's).
-        eps: Small number ``>= 0`` added to denominators.
+        eps: Number ``>= 0`` used in place of a denominator that is exactly zero.
         impl: ``"auto"`` | ``"torch"`` | ``"triton"``.
 
     Examples:
@@ -83,7 +83,7 @@ class DIoULoss(_BoxIoULoss):
 
     Args:
         reduction: ``"none"`` | ``"mean"`` | ``"sum"``; defaults to ``"mean"``.
-        eps: Small number ``>= 0`` added to denominators.
+        eps: Number ``>= 0`` used in place of a denominator that is exactly zero.
         impl: ``"auto"`` | ``"torch"`` | ``"triton"``.
 
     Examples:
@@ -104,7 +104,7 @@ class CIoULoss(_BoxIoULoss):
 
     Args:
         reduction: ``"none"`` | ``"mean"`` | ``"sum"``; defaults to ``"mean"``.
-        eps: Small number ``>= 0`` added to denominators.
+        eps: Number ``>= 0`` used in place of a denominator that is exactly zero.
         impl: ``"auto"`` | ``"torch"`` | ``"triton"``.
 
     Examples:

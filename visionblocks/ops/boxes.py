@@ -9,12 +9,12 @@ Leading (batch) dims must be equal or broadcastable, as in ``torch.matmul`` (pai
 element-wise ops (aligned): one set of ground-truth boxes ``(M, 4)`` against a batch of
 predictions ``(B, N, 4)`` gives ``(B, N, M)``.
 
-For valid boxes the pairwise results equal torchvision's `box_iou`, `generalized_box_iou`,
-`distance_box_iou` and `complete_box_iou`. Unlike torchvision, degenerate boxes give finite
-values and gradients, and large pairwise problems are computed in chunks of rows of
-``boxes1``, so memory beyond the ``N×M`` output stays a few MiB: 3000×3000 GIoU needs about
-45 MiB including its 34 MiB output, where torchvision, which materialises several ``N×M×2``
-temporaries, needs about 410 MiB.
+The pairwise results equal torchvision's `box_iou`, `generalized_box_iou`, `distance_box_iou`
+and `complete_box_iou` for valid boxes, up to torchvision's ``eps`` (see below). Unlike
+torchvision, identical boxes give exactly 1 however small, degenerate boxes give finite
+values and gradients, and nothing ``N×M`` beyond the output is materialised or kept for the
+backward pass: the work runs on cache-sized pieces of rows, spread over the CPU threads (see
+the benchmarks page for the measured speed and memory).
 
 Convention:
     Formats (``fmt`` strings of `box_convert`):
@@ -29,20 +29,24 @@ Convention:
     (continuous coordinates: the box ``(0, 0, 2, 2)`` covers 2×2 pixels). Units are free —
     pixels or coordinates normalised to ``[0, 1]`` — as long as both sets of boxes agree.
 
+    **eps** — one rule for every box op, box loss and implementation: a denominator that can
+    vanish (the union, the enclosing box's area, its squared diagonal) gets ``eps`` only
+    where it is exactly zero. There its numerator is zero too, so the value is 0, as with
+    torchvision's ``+ eps``; everywhere else no ``eps`` enters and the formulas are exact:
+    identical boxes give IoU = GIoU = DIoU = CIoU = 1 whether they are 2e-4 or 2e4 wide.
+    Gradients at a zero denominator use ``eps`` (finite, up to about ``1 / eps``: e.g. GIoU
+    of two collinear zero-width boxes). ``eps=0`` gives torchvision's 0 / 0 = NaN there.
+
     A **zero-area** (degenerate) box has ``w == 0`` or ``h == 0`` (a line or a point). Its
     intersection with anything is 0, so its IoU is 0 — also against an identical box, which
-    torchvision answers with 0/0 = NaN. Denominators that can vanish (the union, the
-    enclosing box's area) are clamped to ``eps``; the centre-distance term of DIoU/CIoU
-    divides by ``diagonal² + eps`` (as torchvision does). Numerators never get an ``eps``,
-    so valid boxes give torchvision's values — unless their union is below ``eps``: with
-    normalised coordinates and boxes smaller than ``sqrt(eps)`` (3e-4 for the default), pass a
-    smaller ``eps`` (``eps=0`` gives torchvision's behaviour, NaN included).
+    torchvision answers with 0 / 0 = NaN.
 
-    **Huge coordinates**: the four measures are scale invariant, so boxes whose largest
-    ``|coordinate|`` reaches ``2**28`` are first multiplied by a power of two that brings it
-    below (``eps`` by its square), found on the device without a host sync: exactly the
-    unscaled arithmetic, so coordinates of ``1e19`` (whose areas overflow float32) or ``3e38``
-    give the same values as small ones.
+    **Huge and tiny coordinates**: the four measures are scale invariant, so boxes whose
+    largest ``|coordinate|`` reaches ``2**28``, or stays below 0.5, are first multiplied by a
+    power of two that brings it below ``2**28`` (or into ``[0.5, 1)``), ``eps`` by its square,
+    found on the device without a host sync: exactly the unscaled arithmetic, so coordinates
+    of ``1e19`` (whose areas overflow float32), ``3e38`` or ``1e-30`` give the values of
+    ordinary ones.
 
     An **inverted** box (``x2 < x1`` or ``y2 < y1``) is not valid. It is not rejected (a check
     would make the GPU wait for the host); the IoU family collapses it to a zero-width
@@ -52,7 +56,9 @@ Convention:
 Dtypes:
     The IoU family computes and returns float32 for float16, bfloat16 and integer boxes
     (torchvision upcasts half boxes with ``_upcast`` and divides integer areas, giving
-    float32), float64 for float64 boxes; mixed inputs promote first. `box_area` follows
+    float32), float64 for float64 boxes; mixed inputs promote first. Gradients flowing back
+    to float16 or bfloat16 boxes are computed in float32 and clamped to the half dtype's
+    finite range, so they stay finite. Gradients are analytic (no double backward). `box_area` follows
     torchvision's ``_upcast``: float16/bfloat16 → float32, integers narrower than 32 bits →
     int32, otherwise the input dtype. `box_convert` keeps the input dtype (integer boxes
     give floating centres for ``"cxcywh"``, as torchvision's do).
@@ -183,8 +189,9 @@ def box_area(boxes: Tensor) -> Tensor:
 def box_iou(boxes1: Tensor, boxes2: Tensor, *, aligned: bool = False, eps: float = 1e-7) -> Tensor:
     """Intersection over union (Jaccard index) of ``"xyxy"`` boxes, in ``[0, 1]``.
 
-    ``IoU = |A ∩ B| / |A ∪ B|`` with the union clamped to ``eps``: a zero-area box gives 0
-    (torchvision: NaN). Otherwise equal to ``torchvision.ops.box_iou``.
+    ``IoU = |A ∩ B| / |A ∪ B|``; a zero union (two zero-area boxes) gets ``eps``, so a
+    zero-area box gives 0 (torchvision: NaN). Otherwise equal to ``torchvision.ops.box_iou``;
+    identical boxes give exactly 1.
 
     Args:
         boxes1 (Tensor[..., N, 4]): First set, ``(x1, y1, x2, y2)``.
@@ -192,7 +199,8 @@ def box_iou(boxes1: Tensor, boxes2: Tensor, *, aligned: bool = False, eps: float
             ``boxes1``'s (with ``aligned=True``: all dims but the last).
         aligned: False: every pair, ``(..., N, M)``. True: ``boxes1[..., i, :]`` with
             ``boxes2[..., i, :]``, ``(..., N)``.
-        eps: Smallest union / enclosing area (see the module's Convention); ``>= 0``.
+        eps: Used in place of a denominator that is exactly zero (the module's Convention);
+            ``>= 0``. It never changes a result whose denominators are positive.
 
     Returns:
         Tensor[..., N, M], or Tensor[..., N] when ``aligned``: float32 for float16, bfloat16
@@ -215,6 +223,9 @@ def box_iou(boxes1: Tensor, boxes2: Tensor, *, aligned: bool = False, eps: float
         tensor([[0.3333, 0.0000, 0.0000]])
         >>> box_iou(b, b, aligned=True)
         tensor([1., 1., 0.])
+        >>> tiny = torch.tensor([[0.3, 0.3, 0.3002, 0.3002]])  # identical: 1 at any size
+        >>> box_iou(tiny, tiny)
+        tensor([[1.]])
     """
     return overlap(boxes1, boxes2, "iou", aligned=aligned, eps=eps)
 
@@ -224,9 +235,10 @@ def generalized_box_iou(
 ) -> Tensor:
     """Generalised IoU of ``"xyxy"`` boxes, in ``[-1, 1]`` and never above IoU.
 
-    ``GIoU = IoU - (|C| - |A ∪ B|) / |C|``, ``C`` the smallest box enclosing both. Union and
-    ``|C|`` are clamped to ``eps``, so two identical zero-area boxes give 0 (no penalty: the
-    enclosing box is the union). Otherwise equal to ``torchvision.ops.generalized_box_iou``.
+    ``GIoU = IoU - (|C| - |A ∪ B|) / |C|``, ``C`` the smallest box enclosing both. A zero
+    union or ``|C|`` gets ``eps``, so two identical zero-area boxes give 0 (no penalty: the
+    enclosing box is the union). Otherwise equal to ``torchvision.ops.generalized_box_iou``
+    up to its ``eps``.
 
     Args:
         boxes1 (Tensor[..., N, 4]): First set, ``(x1, y1, x2, y2)``.
@@ -234,7 +246,8 @@ def generalized_box_iou(
             ``boxes1``'s (with ``aligned=True``: all dims but the last).
         aligned: False: every pair, ``(..., N, M)``. True: ``boxes1[..., i, :]`` with
             ``boxes2[..., i, :]``, ``(..., N)``.
-        eps: Smallest union / enclosing area (see the module's Convention); ``>= 0``.
+        eps: Used in place of a denominator that is exactly zero (the module's Convention);
+            ``>= 0``. It never changes a result whose denominators are positive.
 
     Returns:
         Tensor[..., N, M], or Tensor[..., N] when ``aligned``: float32 for float16, bfloat16
@@ -268,9 +281,10 @@ def distance_box_iou(
 ) -> Tensor:
     """Distance IoU of ``"xyxy"`` boxes, in ``[-1, 1]`` and never above IoU.
 
-    ``DIoU = IoU - ρ² / (c² + eps)``, ``ρ`` the distance between the box centres and ``c``
-    the diagonal of the smallest enclosing box. Equal to ``torchvision.ops.distance_box_iou``
-    (same ``eps``) for valid boxes.
+    ``DIoU = IoU - ρ² / c²``, ``ρ`` the distance between the box centres and ``c`` the
+    diagonal of the smallest enclosing box (``eps`` where ``c = 0``, i.e. for two coincident
+    points). Equal to ``torchvision.ops.distance_box_iou`` for valid boxes, up to
+    torchvision's ``eps`` (``c² + eps``).
 
     Args:
         boxes1 (Tensor[..., N, 4]): First set, ``(x1, y1, x2, y2)``.
@@ -278,7 +292,8 @@ def distance_box_iou(
             ``boxes1``'s (with ``aligned=True``: all dims but the last).
         aligned: False: every pair, ``(..., N, M)``. True: ``boxes1[..., i, :]`` with
             ``boxes2[..., i, :]``, ``(..., N)``.
-        eps: Smallest union / enclosing area (see the module's Convention); ``>= 0``.
+        eps: Used in place of a denominator that is exactly zero (the module's Convention);
+            ``>= 0``. It never changes a result whose denominators are positive.
 
     Returns:
         Tensor[..., N, M], or Tensor[..., N] when ``aligned``: float32 for float16, bfloat16
@@ -313,10 +328,10 @@ def complete_box_iou(
     """Complete IoU of ``"xyxy"`` boxes: DIoU with an aspect-ratio penalty, in ``(-2, 1]``.
 
     ``CIoU = DIoU - α v`` with ``v = 4/π² (atan(w1/h1) - atan(w2/h2))²`` and the weight
-    ``α = v / (1 - IoU + v + eps)`` treated as a constant (no gradient), as in the paper and
-    in ``torchvision.ops.complete_box_iou``, which it equals (same ``eps``) for valid boxes.
-    The angles are computed per box as ``atan2(w, h)``: a box with ``h == 0`` gets π/2 and a
-    finite gradient (torchvision divides by zero there), a point box gets 0.
+    ``α = v / (1 - IoU + v)`` (0 where ``v = 0``) treated as a constant (no gradient), as in
+    the paper and in ``torchvision.ops.complete_box_iou``, which it equals for valid boxes
+    up to torchvision's ``eps``. A box with ``h == 0`` gets the angle π/2 and a finite
+    gradient (torchvision divides by zero there), a point box gets 0.
 
     Args:
         boxes1 (Tensor[..., N, 4]): First set, ``(x1, y1, x2, y2)``.
@@ -324,7 +339,8 @@ def complete_box_iou(
             ``boxes1``'s (with ``aligned=True``: all dims but the last).
         aligned: False: every pair, ``(..., N, M)``. True: ``boxes1[..., i, :]`` with
             ``boxes2[..., i, :]``, ``(..., N)``.
-        eps: Smallest union / enclosing area (see the module's Convention); ``>= 0``.
+        eps: Used in place of a denominator that is exactly zero (the module's Convention);
+            ``>= 0``. It never changes a result whose denominators are positive.
 
     Returns:
         Tensor[..., N, M], or Tensor[..., N] when ``aligned``: float32 for float16, bfloat16

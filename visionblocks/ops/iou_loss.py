@@ -1,14 +1,21 @@
 """GIoU, DIoU and CIoU losses of aligned box pairs (``1 -`` the IoU variant, plus penalties).
 
 Two fast paths behind one validated function: the lean torch path
-(`visionblocks.ops._iou_loss_torch`: loss and analytic gradient in one chunked sweep) and the
-fused Triton kernels (`visionblocks.kernels.iou`).
+(`visionblocks.ops._iou_loss_torch`: loss and analytic gradient in one sweep over pieces of
+pairs, spread over the CPU threads) and the fused Triton kernels (`visionblocks.kernels.iou`).
+Both follow the numerics of `visionblocks.ops.boxes` (one eps rule for every box op and loss).
 
 Convention:
     Boxes are ``(x1, y1, x2, y2)`` corners (``"xyxy"``) in any one unit (pixels or normalised),
     with ``x1 <= x2`` and ``y1 <= y2``; pairs are element-wise: ``pred[i]`` goes with
     ``target[i]``. Width and height are ``x2 - x1`` and ``y2 - y1`` (no ``+1``). Every loss is
     symmetric in ``pred`` and ``target``.
+
+The eps rule: ``eps`` is used only in place of a denominator that is exactly zero (the union,
+the enclosing box's area or squared diagonal of a degenerate pair), where the numerator is
+zero too. Everywhere else the losses are exact, with no ``eps``: identical boxes give loss 0
+at any size (torchvision's ``U + eps`` gives 0.71 for two identical 2e-4-wide boxes), and
+valid boxes give torchvision's values and gradients up to its ``eps``.
 
 Degenerate boxes (zero width and/or height): values and gradients are finite and, wherever
 torchvision's are finite, equal to torchvision's. A zero-area box has IoU 0, so a degenerate
@@ -18,21 +25,25 @@ CIoU's angle term differs: torchvision's ``atan(w / h)`` gives NaN gradients at 
 ``+-pi/2`` for ``h = 0``, and ``0`` for a point box, with gradient ``(h, -w) / (w^2 + h^2)``
 (the true derivative wherever ``w^2 + h^2 > 0``) and ``0`` for a point box. Gradients stay
 finite but can reach about ``1 / eps`` for two collinear zero-width (or zero-height) boxes,
-as in torchvision: their enclosing box has zero area. ``eps = 0`` gives NaN for
+as in torchvision: their enclosing box has zero area. ``eps = 0`` gives NaN for those
 degenerate pairs.
 
 Dtype policy: float16/bfloat16 are computed in float32; ``"none"`` returns the inputs'
-dtype, ``"sum"``/``"mean"`` return the compute dtype (`visionblocks._reduce`).
-``pred`` and ``target`` of different floating dtypes are promoted first.
+dtype, ``"sum"``/``"mean"`` return the compute dtype (`visionblocks._reduce`). Gradients of
+half inputs are computed in float32 and clamped to the half dtype's finite range (the ~1/eps
+gradients above stay finite). ``pred`` and ``target`` of different floating dtypes are
+promoted first. On CPU, ``"sum"`` and ``"mean"`` add partial sums in a fixed order: the
+result does not depend on the number of threads.
 
 Value checks (`visionblocks.set_value_checks`, on by default) cost one ``aminmax`` over
 ``pred`` and one over ``target`` (and a host sync on CUDA): ``target`` must hold finite
 coordinates (``pred`` may not: under mixed precision an overflowing prediction is the
 gradient scaler's business), and when the largest finite ``|coordinate|`` reaches
-``2**28`` both are multiplied by the power of two that brings it below (every loss is
-scale invariant; ``eps`` is scaled by its square), so any finite boxes, ``1e19`` or
-``3e38`` included, give exact values and gradients. With value checks off, coordinates
-must stay below about ``2**28`` for exact gradients (``2**60`` for finite values, float32).
+``2**28`` or stays below 0.5, both are multiplied by the power of two that brings it below
+``2**28`` or into ``[0.5, 1)`` (every loss is scale invariant; ``eps`` is scaled by its
+square), so any finite boxes, ``1e-30`` or ``3e38`` included, give exact values and
+gradients. With value checks off, coordinates must stay below about ``2**28`` for exact
+gradients (``2**60`` for finite values, float32).
 """
 
 from __future__ import annotations
@@ -52,8 +63,9 @@ from visionblocks._check import (
 )
 from visionblocks._dispatch import resolve_impl, run_fused
 from visionblocks._reduce import check_reduction, compute_dtype, reduce_loss
-from visionblocks.ops._box_iou import SAFE_EXPONENT
-from visionblocks.ops._iou_loss_torch import CIOU, DIOU, GIOU, BoxIoULossFunction
+from visionblocks.ops._box_iou import cast_clamped, scale_shift
+from visionblocks.ops._iou_core import eps_tensor
+from visionblocks.ops._iou_loss_torch import CIOU, DIOU, GIOU, AlignedIoUFunction
 
 __all__ = ["complete_box_iou_loss", "distance_box_iou_loss", "generalized_box_iou_loss"]
 
@@ -70,7 +82,7 @@ def check_eps(eps: float) -> float:
 
 
 def _rescaled(pred: Tensor, target: Tensor, eps: float) -> tuple[Tensor, Tensor, float]:
-    """The value checks of the module notes: finite ``target``; huge boxes rescaled."""
+    """The value checks of the module notes: finite ``target``; huge or tiny boxes rescaled."""
     if not reads_values(pred, target) or pred.numel() == 0:
         return pred, target, eps
     extremes = torch.stack([*torch.aminmax(pred.detach()), *torch.aminmax(target.detach())])
@@ -78,11 +90,12 @@ def _rescaled(pred: Tensor, target: Tensor, eps: float) -> tuple[Tensor, Tensor,
     if not (math.isfinite(g_lo) and math.isfinite(g_hi)):
         raise ValueError(f"target must hold finite box coordinates, got values in [{g_lo}, {g_hi}]")
     largest = max(-g_lo, g_hi, *(v for v in (-p_lo, p_hi) if math.isfinite(v)))
-    exponent = math.frexp(largest)[1] - SAFE_EXPONENT
-    if exponent <= 0:
+    dtype = compute_dtype(torch.promote_types(pred.dtype, target.dtype))
+    shift = scale_shift(largest, dtype)
+    if shift == 0:
         return pred, target, eps
-    scale = math.ldexp(1.0, -exponent)  # exact: a power of two
-    area_eps = max(eps * scale * scale, torch.finfo(torch.float32).tiny) if eps else 0.0
+    scale = math.ldexp(1.0, -shift)  # exact: a power of two
+    area_eps = max(eps * scale * scale, torch.finfo(torch.float64).tiny) if eps > 0 else 0.0
     return pred * scale, target * scale, area_eps
 
 
@@ -99,18 +112,24 @@ def _box_iou_loss(
     eps = check_eps(eps)
     which = resolve_impl(impl, op, pred, target)
     input_dtype = torch.promote_types(pred.dtype, target.dtype)
+    cdt = compute_dtype(input_dtype)
     pred, target, eps = _rescaled(pred, target, eps)
     p, g = pred.reshape(-1, 4), target.reshape(-1, 4)
-    cdt = compute_dtype(input_dtype)
 
-    def reference(p: Tensor, g: Tensor, eps: float) -> Tensor:
-        return BoxIoULossFunction.apply(p.to(cdt), g.to(cdt), mode, eps)
+    def reference(p: Tensor, g: Tensor, eps: float, reduce_sum: bool = False) -> Tensor:
+        eps_t = eps_tensor(eps, None, cdt, p.device)
+        p, g = cast_clamped(p, cdt), cast_clamped(g, cdt)
+        return AlignedIoUFunction.apply(p, g, mode, eps_t, True, reduce_sum)
 
     if which == "triton":
         loss = run_fused(op, impl, reference, p.to(input_dtype), g.to(input_dtype), eps)
-    else:
-        loss = reference(p, g, eps)
-    return reduce_loss(loss.view(pred.shape[:-1]), reduction, input_dtype=input_dtype)
+        return reduce_loss(loss.view(pred.shape[:-1]), reduction, input_dtype=input_dtype)
+    if reduction == "none":
+        return reference(p, g, eps).view(pred.shape[:-1]).to(input_dtype)
+    total = reference(p, g, eps, reduce_sum=True)  # per-part sums added in part order
+    if reduction == "sum":
+        return total
+    return total / p.shape[0] if p.shape[0] else total * 0.0
 
 
 def generalized_box_iou_loss(
@@ -123,16 +142,18 @@ def generalized_box_iou_loss(
 ) -> Tensor:
     """Generalized IoU loss: ``1 - IoU`` plus the empty share of the smallest enclosing box.
 
-    ``loss = 1 - I / (U + eps) + (C - U) / (C + eps)`` with ``I``, ``U`` the intersection and
-    union areas and ``C`` the area of the smallest box enclosing both. Equals torchvision's
-    ``generalized_box_iou_loss`` (values and gradients, for ``pred`` and ``target``);
-    degenerate boxes: see the module notes. Gradients are analytic (no double backward).
+    ``loss = 1 - I / U + (C - U) / C`` with ``I``, ``U`` the intersection and union areas
+    and ``C`` the area of the smallest box enclosing both (``eps`` replaces a zero ``U`` or
+    ``C``). Equals torchvision's ``generalized_box_iou_loss`` (values and gradients, for
+    ``pred`` and ``target``) up to its ``eps``; degenerate boxes: see the module notes.
+    Gradients are analytic (no double backward).
 
     Args:
         pred (Tensor[..., 4]): Predicted boxes, xyxy, floating point.
         target (Tensor[..., 4]): Target boxes of ``pred``'s shape.
         reduction: ``"none"`` | ``"mean"`` | ``"sum"``.
-        eps: Small number ``>= 0`` added to denominators.
+        eps: Number ``>= 0`` used in place of a denominator that is exactly zero (see the
+            module notes); it never changes a loss whose denominators are positive.
         impl: ``"auto"`` | ``"torch"`` | ``"triton"`` (fused kernel, `visionblocks.kernels.iou`).
 
     Returns:
@@ -156,6 +177,9 @@ def generalized_box_iou_loss(
         tensor([1.0794, 1.3333])
         >>> generalized_box_iou_loss(pred, target, reduction="mean")
         tensor(1.2063)
+        >>> tiny = torch.tensor([[0.3, 0.3, 0.3002, 0.3002]])
+        >>> generalized_box_iou_loss(tiny, tiny)  # identical boxes: 0 at any size
+        tensor([0.])
 
     References:
         Rezatofighi et al., "Generalized Intersection over Union: A Metric and a Loss for
@@ -174,16 +198,18 @@ def distance_box_iou_loss(
 ) -> Tensor:
     """Distance IoU loss: ``1 - IoU`` plus the normalised squared distance of the centres.
 
-    ``loss = 1 - I / (U + eps) + d^2 / (c^2 + eps)`` with ``d`` the distance between the box
-    centres and ``c`` the diagonal of the smallest box enclosing both. Equals torchvision's
-    ``distance_box_iou_loss`` (values and gradients, for ``pred`` and ``target``); degenerate
-    boxes: see the module notes. Gradients are analytic (no double backward).
+    ``loss = 1 - I / U + d^2 / c^2`` with ``d`` the distance between the box centres and
+    ``c`` the diagonal of the smallest box enclosing both (``eps`` replaces a zero ``U`` or
+    ``c^2``). Equals torchvision's ``distance_box_iou_loss`` (values and gradients, for
+    ``pred`` and ``target``) up to its ``eps``; degenerate boxes: see the module notes.
+    Gradients are analytic (no double backward).
 
     Args:
         pred (Tensor[..., 4]): Predicted boxes, xyxy, floating point.
         target (Tensor[..., 4]): Target boxes of ``pred``'s shape.
         reduction: ``"none"`` | ``"mean"`` | ``"sum"``.
-        eps: Small number ``>= 0`` added to denominators.
+        eps: Number ``>= 0`` used in place of a denominator that is exactly zero (see the
+            module notes); it never changes a loss whose denominators are positive.
         impl: ``"auto"`` | ``"torch"`` | ``"triton"`` (fused kernel, `visionblocks.kernels.iou`).
 
     Returns:
@@ -224,17 +250,18 @@ def complete_box_iou_loss(
     """Complete IoU loss: the DIoU loss plus an aspect-ratio consistency term.
 
     ``loss = diou_loss + alpha v`` with ``v = (4 / pi^2) (atan(wg / hg) - atan(w / h))^2`` and
-    ``alpha = v / (1 - IoU + v + eps)``, held constant in the gradient (torchvision computes
-    it under ``torch.no_grad()``). Equals torchvision's ``complete_box_iou_loss`` (values and
-    gradients, for ``pred`` and ``target``) at the default ``eps`` (torchvision's inner DIoU
-    term always uses ``1e-7``; here ``eps`` is used throughout). Degenerate boxes, where
-    torchvision gives NaN: see the module notes. Gradients are analytic (no double backward).
+    ``alpha = v / (1 - IoU + v)`` (0 where ``v = 0``), held constant in the gradient
+    (torchvision computes it under ``torch.no_grad()``). Equals torchvision's
+    ``complete_box_iou_loss`` (values and gradients, for ``pred`` and ``target``) up to its
+    ``eps``. Degenerate boxes, where torchvision gives NaN: see the module notes. Gradients
+    are analytic (no double backward).
 
     Args:
         pred (Tensor[..., 4]): Predicted boxes, xyxy, floating point.
         target (Tensor[..., 4]): Target boxes of ``pred``'s shape.
         reduction: ``"none"`` | ``"mean"`` | ``"sum"``.
-        eps: Small number ``>= 0`` added to denominators.
+        eps: Number ``>= 0`` used in place of a denominator that is exactly zero (see the
+            module notes); it never changes a loss whose denominators are positive.
         impl: ``"auto"`` | ``"torch"`` | ``"triton"`` (fused kernel, `visionblocks.kernels.iou`).
 
     Returns:

@@ -1,0 +1,213 @@
+"""The eps rule, dtypes, huge and tiny boxes, and reproducibility of the IoU family.
+
+The eps rule (visionblocks.ops._box_iou): eps replaces a denominator only where it is exactly
+zero, so identical boxes give exactly 1 at every scale and in every dtype.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torchvision.ops as tvo
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tests.helpers import assert_close
+from tests.ops.test_boxes import random_boxes
+from tests.reference import boxes as ref
+from visionblocks.ops import _iou_core, _iou_loss_torch, _pairwise_iou
+from visionblocks.ops.boxes import (
+    box_iou,
+    complete_box_iou,
+    distance_box_iou,
+    generalized_box_iou,
+)
+
+FUNCTIONS = [box_iou, generalized_box_iou, distance_box_iou, complete_box_iou]
+IDS = ["iou", "giou", "diou", "ciou"]
+DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
+
+
+def identical_ones(fn, boxes: torch.Tensor) -> None:
+    """``fn`` of ``boxes`` with themselves is exactly 1, pairwise (diagonal) and aligned."""
+    ones = torch.ones(len(boxes), dtype=torch.float64)
+    assert torch.equal(fn(boxes, boxes, aligned=True).double(), ones)
+    assert torch.equal(fn(boxes, boxes).diagonal().double(), ones)
+
+
+# --- identical boxes: exactly 1 ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("fn", FUNCTIONS, ids=IDS)
+@pytest.mark.parametrize("scale", [2e-4, 1e-20, 1.0, 640.0, 1e19, 1e36])
+def test_identical_boxes_give_one_at_every_scale_and_dtype(fn, scale, dtype):
+    if dtype in (torch.float16, torch.bfloat16) and not 1e-3 <= scale <= 1e3:
+        scale = min(max(scale, 1e-3), 1e3)  # half coordinates cannot hold 1e-20 or 1e19
+    unit = torch.tensor([[0.5, 0.5, 0.7, 0.9], [0.0, 0.0, 1.0, 1.0], [0.1, 0.3, 0.2, 0.4]])
+    identical_ones(fn, (unit * scale).to(dtype))
+
+
+def test_the_issue_case_two_identical_2e_4_wide_boxes():
+    boxes = torch.tensor([[0.3, 0.3, 0.3002, 0.3002]])
+    assert tvo.box_iou(boxes, boxes).item() == 1.0
+    for fn in FUNCTIONS:
+        assert fn(boxes, boxes).item() == 1.0 and fn(boxes, boxes, aligned=True).item() == 1.0
+
+
+_scale = st.sampled_from([1e-30, 1e-12, 2e-4, 1.0, 1e3, 1e12, 1e30])
+_box = st.tuples(
+    st.floats(-1, 1), st.floats(-1, 1), st.floats(1e-3, 1), st.floats(1e-3, 1)
+)  # x, y, w, h
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.lists(_box, min_size=1, max_size=5), _scale, st.sampled_from([torch.float32, torch.float64])
+)
+def test_identical_boxes_property(boxes, scale, dtype):
+    b = torch.tensor(boxes, dtype=torch.float64)
+    xyxy = (torch.cat([b[:, :2], b[:, :2] + b[:, 2:]], -1) * scale).to(dtype)
+    for fn in FUNCTIONS:
+        identical_ones(fn, xyxy)
+
+
+# --- eps only where a denominator is zero --------------------------------------------------
+
+
+@pytest.mark.parametrize("fn", FUNCTIONS, ids=IDS)
+def test_eps_changes_nothing_where_denominators_are_positive(fn):
+    boxes1 = random_boxes(6, dtype=torch.float64) * 1e-5  # unions about 1e-8, below eps
+    boxes2 = boxes1 + 2e-6
+    expected = fn(boxes1, boxes2, eps=1e-7)
+    for eps in (0.0, 1e-20, 1e-3):
+        assert torch.equal(fn(boxes1, boxes2, eps=eps), expected)
+    name = IDS[FUNCTIONS.index(fn)]
+    assert_close(expected, ref.pairwise(ref.MEASURES[name], boxes1, boxes2))
+
+
+@pytest.mark.parametrize("fn", FUNCTIONS, ids=IDS)
+def test_zero_denominators_give_zero_and_eps_zero_gives_nan(fn):
+    point = torch.tensor([[2.0, 2.0, 2.0, 2.0]])
+    assert fn(point, point).item() == 0.0  # torchvision's box_iou: 0 / 0 = NaN
+    assert torch.isnan(tvo.box_iou(point, point)).all()
+    assert torch.isnan(fn(point, point, eps=0.0)).all()
+
+
+def test_collinear_zero_width_boxes_have_gradients_of_about_one_over_eps():
+    line1 = torch.tensor([[1.0, 0.0, 1.0, 2.0]], dtype=torch.float64, requires_grad=True)
+    line2 = torch.tensor([[1.0, 1.0, 1.0, 3.0]], dtype=torch.float64, requires_grad=True)
+    out = generalized_box_iou(line1, line2, eps=1e-7)
+    assert out.item() == 0.0  # no penalty: the enclosing box has zero area too
+    grad = torch.autograd.grad(out.sum(), line1)[0]
+    assert torch.isfinite(grad).all() and 1e6 < grad.abs().max() < 1e8
+    expected = torch.autograd.grad(ref.pairwise(ref.giou, line1, line2).sum(), line1)[0]
+    assert_close(grad, expected)
+
+
+# --- dtypes --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("fn", FUNCTIONS, ids=IDS)
+def test_half_boxes_compute_in_float32(fn, dtype):
+    boxes1, boxes2 = random_boxes(6, dtype=dtype), random_boxes(5, dtype=dtype)
+    actual = fn(boxes1, boxes2)
+    assert actual.dtype == torch.float32
+    name = IDS[FUNCTIONS.index(fn)]
+    assert_close(actual, ref.pairwise(ref.MEASURES[name], boxes1, boxes2).float())
+    assert fn(boxes1, boxes1, aligned=True).dtype == torch.float32
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("aligned", [False, True])
+@pytest.mark.parametrize("fn", FUNCTIONS, ids=IDS)
+def test_half_zero_width_line_gradients_are_finite(fn, aligned, dtype):
+    # Collinear zero-width boxes: float32 gradients of ~1/eps, clamped to the half range.
+    lines = torch.tensor([[1.0, 0.0, 1.0, 2.0], [1.0, 1.0, 1.0, 3.0]], dtype=dtype)
+    boxes1 = lines.clone().requires_grad_()
+    boxes2 = lines.flip(0).clone().requires_grad_()
+    out = fn(boxes1, boxes2, aligned=aligned)
+    grads = torch.autograd.grad(out.sum(), (boxes1, boxes2))
+    for g in grads:
+        assert g.dtype == dtype and torch.isfinite(g).all()
+    if fn is generalized_box_iou and dtype == torch.float16:  # ~1/eps: clamped, not inf
+        assert grads[0].abs().max() == torch.finfo(dtype).max
+
+
+# --- huge coordinates ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("fn", FUNCTIONS, ids=IDS)
+@pytest.mark.parametrize("aligned", [False, True])
+@pytest.mark.parametrize("offset", [1e19, 3e37, 1e-30])
+def test_scaled_boxes_give_the_unit_values(fn, aligned, offset):
+    # Scale invariance: boxes of 1e19 (areas overflow float32) or 1e-30 (areas underflow)
+    # give the values of boxes of 1.
+    unit = torch.tensor([[0.0, 0.0, 2.0, 2.0], [1.0, 0.0, 3.0, 2.0], [0.5, 1.0, 4.0, 1.5]])
+    out = fn(unit * offset, unit * offset, aligned=aligned)
+    assert torch.isfinite(out).all()
+    assert_close(out, fn(unit, unit, aligned=aligned))
+    assert torch.equal(out if aligned else out.diagonal(), torch.ones(3))
+
+
+@pytest.mark.parametrize("fn", FUNCTIONS, ids=IDS)
+def test_scaled_gradients(fn):
+    unit = torch.tensor([[0.0, 0.0, 2.0, 2.0], [1.0, 0.5, 3.0, 2.0]], requires_grad=True)
+    (small,) = torch.autograd.grad(fn(unit, unit.detach().flip(0)).sum(), unit)
+    huge = (unit.detach() * 1e19).requires_grad_()
+    (grad,) = torch.autograd.grad(fn(huge, huge.detach().flip(0)).sum(), huge)
+    assert_close(grad * 1e19, small)
+
+
+def test_huge_offset_keeps_small_boxes_in_float64():
+    boxes = torch.tensor([[1e15, 1e15, 1e15 + 1, 1e15 + 1]], dtype=torch.float64)
+    assert box_iou(boxes, boxes).item() == 1.0
+    assert generalized_box_iou(boxes, boxes + 0.5).item() == pytest.approx(
+        generalized_box_iou(boxes - 1e15, boxes - 1e15 + 0.5).item()
+    )
+
+
+# --- reproducibility -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("fn", FUNCTIONS, ids=IDS)
+def test_results_do_not_depend_on_the_thread_count(fn):
+    boxes1 = random_boxes(300).requires_grad_()
+    boxes2 = random_boxes(400).requires_grad_()
+    weight = torch.randn(300, 400)
+    results = []
+    before = torch.get_num_threads()
+    try:
+        for threads in (1, 2, 3):
+            torch.set_num_threads(threads)
+            out = fn(boxes1, boxes2)
+            results.append((out, *torch.autograd.grad((out * weight).sum(), (boxes1, boxes2))))
+    finally:
+        torch.set_num_threads(before)
+    for other in results[1:]:
+        for a, b in zip(other, results[0], strict=True):
+            assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("aligned", [False, True])
+@pytest.mark.parametrize("fn", FUNCTIONS, ids=IDS)
+def test_gpu_layout_on_the_cpu(fn, aligned, monkeypatch):
+    # Whole-tensor pieces with fresh buffers, as on GPUs (without a GPU: the layout only).
+    monkeypatch.setattr(_iou_core, "on_cpu", lambda device: False)
+    monkeypatch.setattr(_pairwise_iou, "_CUDA_PIECE", 20)  # several pieces
+    monkeypatch.setattr(_iou_loss_torch, "_CUDA_PIECE", 3)
+    boxes1 = random_boxes(2, 7, dtype=torch.float64).requires_grad_()
+    boxes2 = random_boxes(2, 7, dtype=torch.float64).requires_grad_()
+    name = IDS[FUNCTIONS.index(fn)]
+    combine = ref.aligned if aligned else ref.pairwise
+    results = []
+    for f in (
+        lambda a, b: fn(a, b, aligned=aligned),
+        lambda a, b: combine(ref.MEASURES[name], a, b),
+    ):
+        out = f(boxes1, boxes2)
+        weight = torch.linspace(-1, 1, out.numel(), dtype=torch.float64).view(out.shape)
+        results.append((out, *torch.autograd.grad((out * weight).sum(), (boxes1, boxes2))))
+    for a, e in zip(*results, strict=True):
+        assert_close(a, e)
