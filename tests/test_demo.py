@@ -63,3 +63,48 @@ def test_torchrun_two_processes(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     metrics = json.loads((tmp_path / "metrics.json").read_text())
     assert metrics["world_size"] == 2 and metrics["steps"] == 3
+
+
+def _tune(step_seconds, steps=800):
+    """Run a ThreadTuner against a cost model; the total time and the thread count per step."""
+    import torch
+
+    from visionblocks._demo_threads import ThreadTuner
+
+    before = torch.get_num_threads()
+    tuner, total, used = ThreadTuner(2), 0.0, []
+    try:
+        for step in range(steps):
+            tuner.start_step()
+            used.append(torch.get_num_threads())
+            seconds = step_seconds(used[-1], step)
+            total += seconds
+            tuner.end_step(seconds)
+    finally:
+        torch.set_num_threads(before)
+    return total, used
+
+
+def test_the_thread_tuner_follows_the_faster_thread_count():
+    quiet = {1: 0.18, 2: 0.125}  # seconds per step: two threads win on a quiet machine
+    busy = {1: 0.25, 2: 2.0}  # ... and lose badly when other processes keep the cores busy
+    total, used = _tune(lambda n, step: quiet[n])
+    assert total < 1.02 * 800 * quiet[2] and used.count(1) < 20
+    total, used = _tune(lambda n, step: busy[n])
+    assert total < 1.06 * 800 * busy[1] and used.count(2) < 8
+    total, used = _tune(lambda n, step: (quiet if step < 400 else busy)[n])
+    assert used[390] == 2 and used[-1] == 1  # it notices when the machine gets busy
+    assert total < 1.1 * 400 * (quiet[2] + busy[1])
+
+
+def test_the_thread_tuner_leaves_threads_alone_when_told():
+    import torch
+
+    from visionblocks._demo_threads import ThreadTuner
+
+    before = torch.get_num_threads()
+    tuner = ThreadTuner(before + 1, tune=False)
+    for seconds in (1.0, 5.0, 0.1, 9.0):
+        tuner.start_step()
+        tuner.end_step(seconds)
+    assert torch.get_num_threads() == before and tuner.threads == before + 1

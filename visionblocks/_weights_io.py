@@ -13,10 +13,6 @@ files (detectron2's model zoo) go to the safe unpickler directly.
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
-import ctypes.util
-import mmap as _mmap
 import os
 import pickle
 import re
@@ -30,6 +26,7 @@ import torch
 
 from visionblocks._check import cuda_unusable
 from visionblocks._weights_formats import detect_layout
+from visionblocks._weights_pages import FilePages
 from visionblocks._weights_rebuild import Placeholder
 from visionblocks._weights_safe_read import SafeRead, read_pickle, read_torch_zip
 
@@ -335,50 +332,3 @@ def unwrap_state_dict(
             "Select the entry that holds the weights with read_state_dict(path, key=...)."
         )
     return state, info
-
-
-_MADV_DONTNEED = 4  # Linux
-
-
-class FilePages:
-    """Drops the pages of memory-mapped checkpoint tensors from this process once copied.
-
-    Copying a memory-mapped tensor faults its pages in, and they stay resident until the
-    whole mapping goes, so loading a file would still cost its full size. ``release(t)``
-    tells the kernel (``madvise(MADV_DONTNEED)``) that ``t``'s pages are no longer needed:
-    they leave the resident set and stay in the page cache; touching them again reads them
-    back from the file, unchanged. Only ranges that lie inside a private mapping of
-    ``path`` (checked in ``/proc/self/maps``) are released, so no other memory is ever
-    touched; elsewhere (not Linux, no mapping) ``release`` does nothing.
-    """
-
-    def __init__(self, path: str | os.PathLike[str]) -> None:
-        self._ranges: list[tuple[int, int]] = []
-        self._madvise = None
-        if not sys.platform.startswith("linux"):
-            return
-        real = os.path.realpath(path)
-        with contextlib.suppress(OSError), open("/proc/self/maps") as maps:
-            for line in maps:
-                fields = line.rstrip("\n").split(maxsplit=5)
-                if len(fields) == 6 and fields[5] == real and fields[1].endswith("p"):
-                    low, high = (int(x, 16) for x in fields[0].split("-"))
-                    self._ranges.append((low, high))
-        if self._ranges:
-            with contextlib.suppress(OSError, AttributeError, TypeError):
-                libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
-                libc.madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
-                self._madvise = libc.madvise
-
-    def release(self, tensor: torch.Tensor) -> None:
-        """Release the whole pages under ``tensor``'s storage if they lie in the file's mapping."""
-        if self._madvise is None or tensor.device.type != "cpu":
-            return
-        storage = tensor.untyped_storage()
-        if storage.nbytes() == 0:
-            return
-        page = _mmap.PAGESIZE
-        start = storage.data_ptr() // page * page
-        end = -(-(storage.data_ptr() + storage.nbytes()) // page) * page
-        if any(low <= start and end <= high for low, high in self._ranges):
-            self._madvise(start, end - start, _MADV_DONTNEED)

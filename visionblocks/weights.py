@@ -24,12 +24,7 @@ import torch
 from torch import nn
 
 from visionblocks._check import check_type, format_shape
-from visionblocks._weights_adapt import (
-    adapt_input_conv_weight,
-    compile_rename,
-    input_conv_key,
-    map_keys,
-)
+from visionblocks._weights_adapt import compile_rename, input_conv_key, map_keys
 from visionblocks._weights_guards import (
     check_flags,
     check_min_loaded,
@@ -37,6 +32,7 @@ from visionblocks._weights_guards import (
     require_patterns,
 )
 from visionblocks._weights_io import read_checkpoint, source_state
+from visionblocks._weights_pages import copy_tensors
 from visionblocks._weights_prefix import find_prefix_change
 
 __all__ = ["LoadError", "LoadReport", "load_partial", "read_state_dict"]
@@ -223,12 +219,8 @@ def read_state_dict(
         >>> folder.cleanup()
     """
     state, _ = read_checkpoint(path, map_location, key)
-    return _strip_common_prefix(state, "module.")
-
-
-def _strip_common_prefix(state: dict[str, torch.Tensor], prefix: str) -> dict[str, torch.Tensor]:
-    if state and all(k.startswith(prefix) for k in state):
-        return {k[len(prefix) :]: v for k, v in state.items()}
+    if state and all(k.startswith("module.") for k in state):  # DataParallel's prefix
+        return {k[len("module.") :]: v for k, v in state.items()}
     return state
 
 
@@ -285,10 +277,11 @@ def load_partial(
       By default (None) at least one key must load when the model has any: a checkpoint
       that fits nothing is an error, not an empty report. ``min_loaded=0`` accepts it.
 
-    Memory: a zip-format torch file given as a path is memory-mapped, and each tensor's
-    pages are handed back to the OS (``madvise``, Linux) once it is copied, so the peak extra
-    memory is about the largest tensor rather than the file (tensors that are not loaded
-    are never read).
+    Memory and speed: a zip-format torch file given as a path is memory-mapped; on Linux each
+    tensor is read from the file straight into the model's (``os.preadv``, no page faults),
+    and one that must be converted is copied from the mapping, whose pages are then handed
+    back to the OS (``madvise``), so the peak extra memory is about the largest tensor rather
+    than the file (tensors that are not loaded are never read).
 
     Args:
         model: The module to load into.
@@ -395,13 +388,5 @@ def load_partial(
             "model.to_empty(device='cpu'), then load"
         )
     if not dry_run:
-        adapted = set(report.adapted)
-        with torch.no_grad():
-            for name, old in updates.items():
-                target, value = model_state[name], state[old]
-                if name in adapted:
-                    value = adapt_input_conv_weight(value, target.shape[1])
-                target.copy_(value)
-                if pages is not None:  # a file we mapped: give its pages back once copied
-                    pages.release(state[old])
+        copy_tensors(updates, model_state, state, set(report.adapted), pages)
     return report

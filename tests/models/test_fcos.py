@@ -9,8 +9,14 @@ import torch
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+import visionblocks.models._fcos_targets as fcos_targets
 from visionblocks.models import FCOSHead
-from visionblocks.models._fcos_targets import centerness_target, grid_locations, match_locations
+from visionblocks.models._fcos_targets import (
+    centerness_target,
+    grid_locations,
+    match_batch,
+    match_locations,
+)
 
 STRIDES = [8, 16]
 
@@ -81,6 +87,31 @@ def test_matching_prefers_the_smaller_box_and_respects_ranges():
     cls, matched = match_locations(points, strides, ranges, boxes, torch.tensor([1, 2]), 3, 0.0)
     assert cls.tolist() == [2, 1]  # stride 8 takes the small box (extent 10), 16 the big one (20)
     assert matched.tolist() == boxes.flip(0).tolist()
+
+
+@pytest.mark.parametrize("chunk", [1 << 22, 50])  # one pass, and one image at a time
+@pytest.mark.parametrize("radius", [0.0, 1.5])
+def test_batched_matching_equals_matching_each_image(monkeypatch, chunk, radius):
+    monkeypatch.setattr(fcos_targets, "_CHUNK", chunk)
+    generator = torch.Generator().manual_seed(0)
+    points, levels = grid_locations([(12, 10), (6, 5), (3, 3)], [8, 16, 32], torch.device("cpu"))
+    strides = torch.tensor([8, 16, 32])[levels]
+    ranges = torch.tensor([[0.0, 32.0], [32.0, 64.0], [64.0, 1e8]])[levels]
+    boxes, labels = [], []
+    for count in (3, 0, 5, 1, 2):  # an image without boxes among them
+        xy = torch.rand(count, 2, generator=generator) * 80
+        xyxy = torch.cat([xy, xy + 1 + torch.rand(count, 2, generator=generator) * 60], 1)
+        if count > 1:
+            xyxy[1] = xyxy[0]  # a tie: the first of equal boxes wins, as image by image
+        boxes.append(xyxy)
+        labels.append(torch.randint(0, 3, (count,), generator=generator))
+    classes, matched = match_batch(points, strides, ranges, boxes, labels, 3, radius)
+    assert classes.shape == (5, len(points)) and matched.shape == (5, len(points), 4)
+    for i, (b, c) in enumerate(zip(boxes, labels)):
+        expected_classes, expected_boxes = match_locations(points, strides, ranges, b, c, 3, radius)
+        assert torch.equal(classes[i], expected_classes)
+        assert torch.equal(matched[i], expected_boxes)
+    assert (classes < 3).any()
 
 
 def test_centerness_target():

@@ -190,10 +190,11 @@ class CocoBase(Dataset):
         )
 
     def _image(self, entry: ImageEntry) -> Tensor:
-        path = self.root / entry.file_name
+        path = os.path.join(self.root, entry.file_name)
         image = decode_rgb(path, entry.image_id)
         size = (int(image.shape[-2]), int(image.shape[-1]))
         if size != (entry.height, entry.width):
+            path = Path(path)
             raise ValueError(size_mismatch(path, entry.image_id, size, entry.height, entry.width))
         return image
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,7 @@ _EXIF_ORIENTATION = 0x0112
 _TRANSPOSING = (5, 6, 7, 8)  # EXIF orientations that swap width and height when applied
 
 
-def decode_rgb(path: Path, image_id: Any) -> Tensor:
+def decode_rgb(path: str | os.PathLike[str], image_id: Any) -> Tensor:
     """``path`` as a ``uint8`` ``(3, H, W)`` RGB tensor.
 
     ``torchvision.io`` decodes JPEG, PNG, GIF and WebP (grey, palette, RGBA and CMYK files
@@ -30,14 +31,18 @@ def decode_rgb(path: Path, image_id: Any) -> Tensor:
         FileNotFoundError: The file is missing (the message names it and the image id).
         ValueError: The file is not an image either decoder can read.
     """
-    if not path.is_file():
-        raise FileNotFoundError(f"image file of image id {image_id!r} not found: '{path}'")
     try:
         from torchvision.io import ImageReadMode, decode_image, read_file
 
-        image = decode_image(read_file(str(path)), mode=ImageReadMode.RGB)
-    except (RuntimeError, ImportError, AttributeError):  # a format (or a torchvision) without
-        image = _decode_with_pillow(path, image_id)  # these decoders
+        image = decode_image(read_file(os.fspath(path)), mode=ImageReadMode.RGB)
+    except (RuntimeError, ImportError, AttributeError):  # a missing file, a format (or a
+        # torchvision) without these decoders; the file is looked for only then (one system
+        # call less per image)
+        if not os.path.isfile(path):
+            raise FileNotFoundError(
+                f"image file of image id {image_id!r} not found: '{path}'"
+            ) from None
+        image = _decode_with_pillow(Path(path), image_id)
     if image.dtype == torch.uint16:  # 16-bit PNG: keep the high byte
         image = (image.to(torch.int32) >> 8).to(torch.uint8)
     return image
@@ -128,18 +133,29 @@ def rles_of(segmentations: Sequence[Any], height: int, width: int) -> list[dict[
 
 
 def segmentation_masks(segmentations: Sequence[Any], height: int, width: int) -> Tensor:
-    """``uint8`` masks ``(N, H, W)``, decoded in one pycocotools call; empty ones all zero."""
-    from pycocotools import mask as mask_utils
+    """``uint8`` masks ``(N, H, W)``, the bytes ``pycocotools.mask.decode`` gives; empty ones
+    all zero.
+
+    The runs of all the masks are expanded together and only each object's bounding box is
+    copied (transposed) into ``(N, H, W)`` (`visionblocks.data._coco_rle`); RLEs that decoder
+    does not read are decoded with pycocotools instead.
+    """
+    from visionblocks.data._coco_rle import decode_into
 
     rles = rles_of(segmentations, height, width)
+    masks = np.zeros((len(rles), height, width), dtype=np.uint8)
+    if any(rle is not None for rle in rles) and not decode_into(masks, rles):
+        masks = _decode_with_pycocotools(rles, height, width)
+    return torch.from_numpy(masks)
+
+
+def _decode_with_pycocotools(
+    rles: Sequence[dict[str, Any] | None], height: int, width: int
+) -> np.ndarray:
+    from pycocotools import mask as mask_utils
+
+    masks = np.zeros((len(rles), height, width), dtype=np.uint8)
     present = [i for i, rle in enumerate(rles) if rle is not None]
-    if not present:
-        return torch.zeros(len(segmentations), height, width, dtype=torch.uint8)
     decoded = mask_utils.decode([rles[i] for i in present])  # (H, W, n), Fortran order
-    # One transposing copy to (n, H, W) in C order (NumPy's is about twice torch's speed).
-    planes = torch.from_numpy(np.ascontiguousarray(decoded.transpose(2, 0, 1)))
-    if len(present) == len(rles):
-        return planes
-    masks = torch.zeros(len(segmentations), height, width, dtype=torch.uint8)
-    masks.index_copy_(0, torch.tensor(present), planes)
+    masks[present] = decoded.transpose(2, 0, 1)
     return masks

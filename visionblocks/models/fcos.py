@@ -15,7 +15,7 @@ from visionblocks._check import check_int, check_number
 from visionblocks.distributed import reduce_mean
 from visionblocks.init import bias_init_with_prob, normal_init
 from visionblocks.losses.focal import sigmoid_focal_loss
-from visionblocks.models._fcos_targets import centerness_target, grid_locations, match_locations
+from visionblocks.models._fcos_targets import centerness_target, grid_locations, match_batch
 from visionblocks.models._levels import check_levels, check_size
 from visionblocks.models._targets import prepare_targets
 from visionblocks.models.postprocess import decode_ltrb, postprocess_detections
@@ -219,13 +219,18 @@ class FCOSHead(nn.Module):
         channels = self.cls_logits.in_channels
         levels = check_levels("features", features, [channels] * len(self.strides), self.cls_logits)
         out: Outputs = {"cls_logits": [], "boxes": [], "centerness": [], "sizes": []}
+        # box_pred and centerness read the same tensor: one convolution with both weights
+        # (about twice as fast as two with 4 and 1 output channels), split afterwards.
+        weight = torch.cat([self.box_pred.weight, self.centerness.weight])
+        bias = torch.cat([self.box_pred.bias, self.centerness.bias])
         for i, x in enumerate(levels):
             cls = self.cls_tower(x)
             box = self.box_tower(x)
             out["cls_logits"].append(self.cls_logits(cls).flatten(2).transpose(1, 2))
-            distances = F.relu(self.scales[i] * self.box_pred(box)) * self.strides[i]
+            regression = F.conv2d(box, weight, bias, padding=self.box_pred.padding)
+            distances = F.relu(self.scales[i] * regression[:, :4]) * self.strides[i]
             out["boxes"].append(distances.flatten(2).transpose(1, 2))
-            out["centerness"].append(self.centerness(box).flatten(1))
+            out["centerness"].append(regression[:, 4].flatten(1))
             out["sizes"].append((int(x.shape[-2]), int(x.shape[-1])))
         return out
 
@@ -259,15 +264,10 @@ class FCOSHead(nn.Module):
         points, levels = self._locations(outputs, cls_logits.device)
         point_strides = torch.tensor(self.strides, device=points.device)[levels]
         point_ranges = self.size_ranges.to(points.device)[levels]
-        classes, matched = [], []
-        for target in targets:
-            c, m = match_locations(
-                points, point_strides, point_ranges, target["boxes"], target["labels"],
-                self.num_classes, self.center_sampling_radius,
-            )  # fmt: skip
-            classes.append(c)
-            matched.append(m)
-        classes_t, matched_t = torch.stack(classes), torch.stack(matched)
+        classes_t, matched_t = match_batch(
+            points, point_strides, point_ranges, [t["boxes"] for t in targets],
+            [t["labels"] for t in targets], self.num_classes, self.center_sampling_radius,
+        )  # fmt: skip
         positive = classes_t < self.num_classes
         num_pos = reduce_mean(positive.sum().float()).clamp(min=1.0)
         loss_cls = sigmoid_focal_loss(

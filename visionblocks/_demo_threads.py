@@ -1,0 +1,109 @@
+"""Choosing the demo's CPU thread count while it trains (private; see `visionblocks.demo`)."""
+
+from __future__ import annotations
+
+import statistics
+
+import torch
+
+__all__ = ["ThreadTuner"]
+
+
+class ThreadTuner:
+    """Picks, while training runs, the intra-op thread count that makes steps fastest.
+
+    On a quiet machine, all the cores are fastest. When other processes keep the cores busy,
+    each of the hundreds of parallel regions of a step waits for threads that the OS has
+    descheduled, and one thread can be several times faster than two (measured here: 0.3
+    steps/s with two threads against 3 with one). So the tuner times a few steps with each
+    candidate (one thread first, then ``threads``), keeps the faster, and tries the other
+    again from time to time: after ``period`` steps, twice as long each time it loses by
+    more than a quarter again (up to ``max_period``), and at once when the steps of the
+    current choice become 1.5 times as slow as when it was chosen. A candidate whose step takes
+    more than twice the best estimate is dropped at once, so a try on a busy machine costs
+    one slow step.
+
+    Use: ``tuner.start_step()`` before each step and ``tuner.end_step(seconds)`` after it.
+    With ``tune=False`` (or one thread) it leaves the thread count alone.
+
+    Examples:
+        >>> import torch
+        >>> before = torch.get_num_threads()
+        >>> tuner = ThreadTuner(threads=2)
+        >>> for seconds in (9.0, 0.2, 0.2, 0.2, 0.1, 0.1, 0.1):  # a warm-up step, 1, then 2
+        ...     tuner.start_step()
+        ...     tuner.end_step(seconds)
+        >>> tuner.estimate, tuner.threads
+        ({1: 0.2, 2: 0.1}, 2)
+        >>> torch.set_num_threads(before)
+    """
+
+    def __init__(
+        self,
+        threads: int,
+        *,
+        tune: bool = True,
+        probe: int = 3,
+        period: int = 40,
+        max_period: int = 320,
+    ) -> None:
+        self.options = [1, threads] if tune and threads > 1 else [threads]
+        self.probe, self.base_period, self.max_period = probe, period, max_period
+        self.period = period
+        self.threads = self.options[-1]
+        self._chosen: int | None = None
+        self.estimate: dict[int, float] = {}
+        self._plan: list[tuple[int, int]] = [(n, probe) for n in self.options]
+        self._times: list[float] = []
+        self._warm = 1  # the first step builds kernels and caches: not timed
+        self._exploiting = False
+
+    def start_step(self) -> None:
+        """Set the thread count for the coming step."""
+        if len(self.options) == 1:
+            return
+        if self._plan:
+            self.threads = self._plan[0][0]
+        if torch.get_num_threads() != self.threads:
+            torch.set_num_threads(self.threads)
+
+    def end_step(self, seconds: float) -> None:
+        """Record the step that ran with `threads` and took ``seconds``."""
+        if self._warm:
+            self._warm -= 1
+            return
+        if len(self.options) == 1 or not self._plan:
+            return
+        self._times.append(seconds)
+        option, steps = self._plan[0]
+        best = min((t for n, t in self.estimate.items() if n != option), default=None)
+        if self._exploiting:
+            recent = self._times[-3:]
+            slowed = len(recent) == 3 and statistics.median(recent) > 1.5 * self.estimate[option]
+            if len(self._times) >= steps or slowed:
+                self.estimate[option] = statistics.median(recent)
+                self._reprobe()
+            return
+        if best is not None and seconds > 2 * best:
+            self._times = [seconds] * steps  # far slower than another: stop trying it
+        if len(self._times) >= steps:
+            self.estimate[option] = statistics.median(self._times)
+            self._plan.pop(0)
+            self._times = []
+            if not self._plan:
+                self._choose()
+
+    def _reprobe(self) -> None:
+        self._plan = [(n, self.probe) for n in self.options if n != self._chosen]
+        self._times, self._exploiting = [], False
+
+    def _choose(self) -> None:
+        chosen = min(self.estimate, key=self.estimate.__getitem__)
+        others = [t for n, t in self.estimate.items() if n != chosen]
+        if chosen != self._chosen:
+            self.period = self.base_period
+        elif min(others) > 1.25 * self.estimate[chosen]:  # the other keeps losing clearly
+            self.period = min(2 * self.period, self.max_period)
+        self._chosen = self.threads = chosen
+        self._plan = [(chosen, self.period)]
+        self._times, self._exploiting = [], True
