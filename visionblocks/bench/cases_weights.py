@@ -14,8 +14,8 @@ extra memory of at most 1.2x the file size (``max_memory_mib``; `FILE_MIB` is th
 file, checked by a test). The output check loads the file into two fresh copies of the
 model, one per side, and compares their state dicts exactly. The peers read
 the whole file into memory (``torch.load``: about 1.0x the file size, timm about 1.3x).
-Ours memory-maps the file and releases each tensor's pages once copied, so it needs about
-the largest tensor.
+Ours maps the file to read its metadata and reads each tensor from the file straight into
+the model (``os.preadv``), so it needs almost no extra memory.
 """
 
 from __future__ import annotations
