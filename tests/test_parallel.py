@@ -119,3 +119,30 @@ def test_pool_works_in_a_forked_child():
             os._exit(2)
     _, status = os.waitpid(pid, 0)
     assert os.WEXITSTATUS(status) == 0
+
+
+def test_worker_keeps_one_thread_after_the_caller_restores_its_count():
+    # torch initialises a thread's OpenMP count lazily from the process-wide setting; a worker
+    # initialised while the caller had set 1 must not switch to the caller's restored count.
+    from visionblocks import _parallel
+
+    before = torch.get_num_threads()
+    initialised, restored, seen = threading.Event(), threading.Event(), []
+
+    def worker():
+        _parallel._worker_init()
+        initialised.set()
+        restored.wait()
+        seen.append(torch.get_num_threads())
+
+    try:
+        torch.set_num_threads(1)
+        t = threading.Thread(target=worker)
+        t.start()
+        initialised.wait()
+        torch.set_num_threads(2)
+        restored.set()
+        t.join()
+    finally:
+        torch.set_num_threads(before)
+    assert seen == [1]

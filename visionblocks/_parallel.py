@@ -39,6 +39,10 @@ _pool_size = 0
 
 
 def _worker_init() -> None:
+    # torch initialises each thread's OpenMP count lazily, on its first parallel op, from the
+    # process-wide setting; run that first, or a later op would undo the `set_num_threads(1)`
+    # whenever the caller has restored a larger process-wide count in between.
+    torch.get_num_threads()
     torch.set_num_threads(1)
     _state.in_pool = True
 
