@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from tests.reference import warp as reference
+from visionblocks import _native
 from visionblocks.ops import _warp_native, _warp_sampling
 from visionblocks.ops.warp import affine_matrix, warp_affine
 
@@ -115,16 +116,16 @@ def test_autograd_uses_grid_sample(native, monkeypatch):
 
 
 def test_falls_back_to_grid_sample_when_the_kernel_cannot_be_built(monkeypatch, tmp_path):
-    monkeypatch.setattr(_warp_native, "_state", {})
+    monkeypatch.setattr(_warp_native.LIBRARY, "state", {})
     monkeypatch.setenv("VISIONBLOCKS_CACHE_DIR", str(tmp_path))
     monkeypatch.setenv("CC", "false")  # a "compiler" that always fails
-    assert "could not build the warp kernel" in _warp_native.native_unavailable_reason()
+    assert "could not build the warp_kernel" in _warp_native.native_unavailable_reason()
     img, m = torch.rand(2, 11, 13), affine_matrix(angle=40.0, center=(6.0, 5.0))
     assert (
         warp_affine(img, m).double() - reference.warp_affine(img, m, (11, 13))
     ).abs().max() < 5e-6
 
-    monkeypatch.setattr(_warp_native, "_state", {})
+    monkeypatch.setattr(_warp_native.LIBRARY, "state", {})
     monkeypatch.setenv(_warp_native.ENV_DISABLE, "1")
     assert "disabled" in _warp_native.native_unavailable_reason()
 
@@ -132,9 +133,9 @@ def test_falls_back_to_grid_sample_when_the_kernel_cannot_be_built(monkeypatch, 
 def test_builds_in_the_temp_folder_when_the_cache_folder_is_unusable(native, monkeypatch, tmp_path):
     blocker = tmp_path / "not-a-folder"
     blocker.write_text("")
-    monkeypatch.setattr(_warp_native, "_state", {})
+    monkeypatch.setattr(_warp_native.LIBRARY, "state", {})
     monkeypatch.setenv("VISIONBLOCKS_CACHE_DIR", str(blocker / "cache"))
-    monkeypatch.setattr(_warp_native.tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setattr(_native.tempfile, "tempdir", str(tmp_path))
     assert _warp_native.native_unavailable_reason() is None
     assert list(tmp_path.glob("visionblocks-*/warp_kernel_*.so"))
 

@@ -23,7 +23,7 @@ def sampler(request, monkeypatch):
         if reason:
             pytest.skip(reason)
     else:
-        monkeypatch.setattr(_warp_native, "_load", lambda: None)
+        monkeypatch.setattr(_warp_native.LIBRARY, "functions", lambda: None)
     return request.param
 
 
