@@ -9,7 +9,8 @@ does the SIMD work, so results are the same on every machine up to the compiler'
 How: a `NativeLibrary` names a C source file next to the Python module that uses it and the
 signatures of its functions. `NativeLibrary.functions` compiles the source once per process
 (``$CC``, else ``cc``, ``gcc`` or ``clang``; ``-O3 -march=native``, then plain ``-O3``, both
-with ``-fno-math-errno``) into ``$VISIONBLOCKS_CACHE_DIR`` (default
+with ``-fno-math-errno -fno-trapping-math``, which let it vectorise without changing
+results) into ``$VISIONBLOCKS_CACHE_DIR`` (default
 ``$XDG_CACHE_HOME/visionblocks`` or ``~/.cache/visionblocks``; the folder must be private,
 else a private folder in the temp folder is used), keyed by the source, flags, compiler command
 and CPU, and loads it with ``ctypes``.
@@ -40,7 +41,10 @@ from torch.autograd import forward_ad
 __all__ = ["ENV_DISABLE", "NativeLibrary", "plain"]
 
 ENV_DISABLE = "VISIONBLOCKS_DISABLE_NATIVE"
-_FLAGS = (["-O3", "-march=native", "-fno-math-errno"], ["-O3", "-fno-math-errno"])
+_FLAGS = (
+    ["-O3", "-march=native", "-fno-math-errno", "-fno-trapping-math"],
+    ["-O3", "-fno-math-errno", "-fno-trapping-math"],
+)
 _libraries: list[NativeLibrary] = []
 
 

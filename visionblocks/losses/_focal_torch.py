@@ -25,6 +25,10 @@ Class-index targets: every element is first computed as a negative (``t = 0``:
 no one-hot tensor), then each row's positive element is patched with one gather and one
 scatter of ``N`` elements.
 
+Float32 CPU calls without a weight (and ``gamma`` a multiple of 1/2) run the same formulas
+in one C loop instead (`visionblocks.losses._focal_native`); what follows is the sweep for
+every other case, and the fallback when no C compiler is available.
+
 Speed on CPU: the rows are cut into parts that `visionblocks._parallel.parallel_for` spreads
 over threads running torch with one intra-op thread each (one fork/join per call, so a busy
 neighbour delays one part instead of every op); each part runs its ops on chunks of about
@@ -42,6 +46,7 @@ from torch.autograd.function import once_differentiable
 
 from visionblocks._parallel import parallel_for, workspace
 from visionblocks._reduce import compute_dtype
+from visionblocks.losses import _focal_native
 
 __all__ = ["SigmoidFocalFunction"]
 
@@ -184,6 +189,9 @@ def _patch_positives(x, labels, w, alpha, g, ignore, loss, grad) -> Tensor | Non
 
 def _sweep(x, targets, w, alpha, g, ignore, reduce_sum, out_dtype, need_grad):
     """Loss (element-wise or its sum), gradient (or None) and count of non-ignored elements."""
+    native = _focal_native.sweep(x, targets, w, alpha, g, ignore, reduce_sum, out_dtype, need_grad)
+    if native is not None:  # float32 on CPU: the C kernel
+        return native
     rows, num_classes = x.shape
     cdt, dev = compute_dtype(x.dtype), x.device
     index = targets.dim() == 1
