@@ -13,6 +13,7 @@ files (detectron2's model zoo) go to the safe unpickler directly.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
 import re
@@ -29,6 +30,7 @@ from visionblocks._weights_formats import detect_layout
 from visionblocks._weights_pages import FilePages
 from visionblocks._weights_rebuild import Placeholder
 from visionblocks._weights_safe_read import SafeRead, read_pickle, read_torch_zip
+from visionblocks._weights_zipmap import Unsupported, read_mapped_zip
 
 __all__ = [
     "CONTAINER_KEYS",
@@ -158,19 +160,27 @@ def _safetensors_load(path: str, map_location: Any) -> dict[str, torch.Tensor]:
         ) from None
 
 
-def _read_object(path: str, map_location: Any) -> tuple[Any, ReadInfo]:
+def _read_object(
+    path: str, map_location: Any, want_pages: bool = False
+) -> tuple[Any, ReadInfo, FilePages | None]:
     lower = path.lower()
     if lower.endswith(_SAFETENSORS_SUFFIX):
-        return _safetensors_load(path, map_location), ReadInfo(format="safetensors")
+        return _safetensors_load(path, map_location), ReadInfo(format="safetensors"), None
     zip_format = zipfile.is_zipfile(path)
     if lower.endswith(_PICKLE_SUFFIXES) and not zip_format:  # plain pickle: no fast path
         read = _safe_read(path, zip_format)
-        return read.obj, ReadInfo(format=read.format, placeholders=read.placeholders)
+        return read.obj, ReadInfo(format=read.format, placeholders=read.placeholders), None
+    if zip_format:  # what torch.load would give, without its Python unpickler (or Unsupported)
+        with contextlib.suppress(Unsupported):
+            obj, fd, mapping = read_mapped_zip(path, map_location, keep_fd=want_pages)
+            pages = None if fd is None else FilePages.for_mapping(path, fd, mapping)
+            return obj, ReadInfo(format="torch (zip, mmap)", mmap=True), pages
     try:
         obj, fmt = _torch_load(path, map_location, mmap=zip_format)
     except _ForeignGlobals:
         read = _safe_read(path, zip_format)
-        return read.obj, ReadInfo(read.format, placeholders=read.placeholders, mmap=read.mmap)
+        info = ReadInfo(read.format, placeholders=read.placeholders, mmap=read.mmap)
+        return read.obj, info, None
     except ValueError as exc:
         if lower.endswith((*_TORCH_SUFFIXES, *_PICKLE_SUFFIXES)):
             raise
@@ -179,7 +189,7 @@ def _read_object(path: str, map_location: Any) -> tuple[Any, ReadInfo]:
             f"{', '.join(_TORCH_SUFFIXES + _PICKLE_SUFFIXES)}) and torch cannot read it either "
             f"({type(exc).__name__}: {exc})"
         ) from None
-    return obj, ReadInfo(format=fmt, mmap=fmt.endswith("mmap)"))
+    return obj, ReadInfo(format=fmt, mmap=fmt.endswith("mmap)")), None
 
 
 def _to_device(state: dict[str, torch.Tensor], map_location: Any) -> dict[str, torch.Tensor]:
@@ -239,6 +249,15 @@ def read_checkpoint(
     path: str | os.PathLike[str], map_location: Any = "cpu", key: str | None = None
 ) -> tuple[dict[str, torch.Tensor], ReadInfo]:
     """Read ``path`` and unwrap it to a flat ``{name: Tensor}`` dict (no prefix stripping)."""
+    state, info, _ = _read_checkpoint(path, map_location, key, want_pages=False)
+    return state, info
+
+
+def _read_checkpoint(
+    path: str | os.PathLike[str], map_location: Any, key: str | None, want_pages: bool
+) -> tuple[dict[str, torch.Tensor], ReadInfo, FilePages | None]:
+    """`read_checkpoint`, and with ``want_pages`` the `FilePages` of a file that the fast
+    reader mapped (None otherwise; the caller closes it)."""
     if not isinstance(path, (str, os.PathLike)):
         raise TypeError(f"path must be a str or os.PathLike, got {type(path).__name__}")
     path = os.fspath(path)
@@ -247,22 +266,29 @@ def read_checkpoint(
     if os.path.isdir(path):
         raise IsADirectoryError(f"checkpoint path is a directory, not a file: {path!r}")
     check_map_location(map_location)
-    obj, read = _read_object(path, map_location)
-    if read.placeholders:
-        _refuse_code_weights(obj, key, path, read.placeholders)
-    state, info = unwrap_state_dict(obj, key=key, where=repr(path))
-    info.format, info.placeholders, info.mmap = read.format, read.placeholders, read.mmap
-    info.layout = detect_layout(obj, info.containers, state)
-    if read.format.endswith("safe unpickler)"):
-        state = _to_device(state, map_location)
-    return state, info
+    obj, read, pages = _read_object(path, map_location, want_pages)
+    try:
+        if read.placeholders:
+            _refuse_code_weights(obj, key, path, read.placeholders)
+        state, info = unwrap_state_dict(obj, key=key, where=repr(path))
+        info.format, info.placeholders, info.mmap = read.format, read.placeholders, read.mmap
+        info.layout = detect_layout(obj, info.containers, state)
+        if read.format.endswith("safe unpickler)"):
+            state = _to_device(state, map_location)
+    except BaseException:
+        if pages is not None:
+            pages.close()
+        raise
+    return state, info, pages
 
 
 def source_state(source: Any) -> tuple[dict[str, torch.Tensor], FilePages | None]:
     """The state dict of ``load_partial``'s ``source`` and, for a mapped file, its pages."""
     if isinstance(source, (str, os.PathLike)):
-        state, info = read_checkpoint(source)
-        return state, FilePages(source) if info.mmap else None
+        state, info, pages = _read_checkpoint(source, "cpu", None, want_pages=True)
+        if pages is None and info.mmap:  # mapped by torch.load or the safe reader
+            pages = FilePages(source)
+        return state, pages
     if isinstance(source, Mapping):
         return unwrap_state_dict(source)[0], None
     raise TypeError(

@@ -11,8 +11,10 @@ that `load_partial` can
   (``madvise(MADV_DONTNEED)``, `FilePages.release`).
 
 Both only act on byte ranges that lie inside a private mapping of the file (checked in
-``/proc/self/maps``), so no other memory is ever touched; elsewhere (not Linux, no mapping)
-they do nothing and the caller copies as usual.
+``/proc/self/maps``, or known from `visionblocks._weights_zipmap`, which made the mapping:
+`FilePages.for_mapping`), so no other memory is ever touched; elsewhere (not Linux, no
+mapping) they do nothing and the caller copies as usual. `copy_tensors` gathers the reads
+and does them last, in pieces of a few MiB spread over threads (`FilePages.read`).
 """
 
 from __future__ import annotations
@@ -20,20 +22,35 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import ctypes.util
+import functools
+import itertools
 import mmap as _mmap
 import os
 import sys
 import zipfile
+from typing import Any
 
 import torch
 from torch import nn
 
+from visionblocks._parallel import parallel_for
 from visionblocks._weights_adapt import adapt_input_conv_weight
 
 __all__ = ["FilePages", "copy_tensors"]
 
 _MADV_DONTNEED = 4  # Linux
 _PLAIN = (torch.Tensor, nn.Parameter)
+_PIECE = 1 << 22  # bytes: the reads of `FilePages.read` go in pieces of about this size
+
+
+@functools.lru_cache(maxsize=1)
+def _madvise() -> Any:
+    """libc's ``madvise`` (looked up once: ``find_library`` runs ``ldconfig``), or None."""
+    with contextlib.suppress(OSError, AttributeError, TypeError):
+        libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+        libc.madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+        return libc.madvise
+    return None
 
 
 class FilePages:
@@ -55,6 +72,7 @@ class FilePages:
         self._path = os.path.realpath(path)
         self._fd: int | None = None
         self._readable: bool | None = None  # whether read_into may read the file
+        self._mapping: torch.UntypedStorage | None = None  # kept alive by for_mapping
         if not sys.platform.startswith("linux"):
             return
         with contextlib.suppress(OSError), open("/proc/self/maps") as maps:
@@ -66,10 +84,23 @@ class FilePages:
                     self._offsets.append(int(fields[2], 16))
                     self._inodes.add(int(fields[4]))
         if self._ranges:
-            with contextlib.suppress(OSError, AttributeError, TypeError):
-                libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
-                libc.madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
-                self._madvise = libc.madvise
+            self._madvise = _madvise()
+
+    @classmethod
+    def for_mapping(
+        cls, path: str | os.PathLike[str], fd: int, mapping: torch.UntypedStorage
+    ) -> FilePages:
+        """The pages of ``mapping``, a private mapping of the whole file open as ``fd``, in
+        this machine's byte order (`visionblocks._weights_zipmap.read_mapped_zip` made
+        both). Takes ``fd`` over (`close` closes it) and keeps ``mapping`` alive."""
+        pages = cls.__new__(cls)
+        pages._path = os.path.realpath(path)
+        low = mapping.data_ptr()
+        pages._ranges, pages._offsets = [(low, low + mapping.nbytes())], [0]
+        pages._inodes = {os.fstat(fd).st_ino}
+        pages._fd, pages._readable, pages._mapping = fd, True, mapping
+        pages._madvise = _madvise() if sys.platform.startswith("linux") else None
+        return pages
 
     def _file_offset(self, start: int, end: int) -> int | None:
         """Where the mapped bytes ``[start, end)`` lie in the file, if they are mapped."""
@@ -118,14 +149,9 @@ class FilePages:
             if not keep:
                 os.close(fd)
 
-    def read_into(self, target: torch.Tensor, value: torch.Tensor) -> bool:
-        """Copy ``value``, a tensor of the mapped file, into ``target`` by reading the file.
-
-        The same bytes as ``target.copy_(value)``, without faulting the mapping's pages in
-        (``value``'s pages are never touched). Only for plain, contiguous CPU tensors of the
-        same dtype and shape whose bytes lie in the mapping; returns False (nothing done)
-        otherwise, and the caller copies. Bumps ``target``'s version counter as ``copy_``.
-        """
+    def plan(self, target: torch.Tensor, value: torch.Tensor) -> tuple[int, int, int] | None:
+        """``(address, bytes, file offset)`` to read ``value``, a tensor of the mapped file,
+        into ``target`` (see `read_into`), or None where it must be copied instead."""
         if not (
             type(target) in _PLAIN
             and type(value) is torch.Tensor
@@ -143,18 +169,55 @@ class FilePages:
             and not target.is_inference()
             and self._can_read()
         ):
-            return False
+            return None
         nbytes = value.numel() * value.element_size()
         offset = self._file_offset(value.data_ptr(), value.data_ptr() + nbytes)
         if offset is None:
-            return False
-        view = memoryview((ctypes.c_char * nbytes).from_address(target.data_ptr())).cast("B")
+            return None
+        return target.data_ptr(), nbytes, offset
+
+    def read(self, jobs: list[tuple[int, int, int]]) -> None:
+        """Do the reads planned by `plan` (large ones cut into pieces, spread over threads:
+        copying from the page cache is memory-bound, and two cores copy faster than one)."""
+        groups: list[list[tuple[int, int, int]]] = [[]]
+        size = 0
+        for address, nbytes, offset in sorted(jobs, key=lambda job: job[2]):
+            for start in range(0, nbytes, _PIECE):
+                n = min(_PIECE, nbytes - start)
+                if size + n > _PIECE and groups[-1]:
+                    groups.append([])
+                    size = 0
+                groups[-1].append((address + start, n, offset + start))
+                size += n
+
+        def run(first: int, stop: int) -> None:
+            for group in groups[first:stop]:
+                for address, n, offset in group:
+                    self._read_exact(address, n, offset)
+
+        parallel_for(run, len(groups) if jobs else 0, 1)
+
+    def _read_exact(self, address: int, nbytes: int, offset: int) -> None:
+        view = memoryview((ctypes.c_char * nbytes).from_address(address)).cast("B")
         done = 0
         while done < nbytes:
             got = os.preadv(self._fd, [view[done:]], offset + done)
             if got <= 0:
                 raise OSError(f"{self._path!r} ended while reading a tensor from it")
             done += got
+
+    def read_into(self, target: torch.Tensor, value: torch.Tensor) -> bool:
+        """Copy ``value``, a tensor of the mapped file, into ``target`` by reading the file.
+
+        The same bytes as ``target.copy_(value)``, without faulting the mapping's pages in
+        (``value``'s pages are never touched). Only for plain, contiguous CPU tensors of the
+        same dtype and shape whose bytes lie in the mapping; returns False (nothing done)
+        otherwise, and the caller copies. Bumps ``target``'s version counter as ``copy_``.
+        """
+        job = self.plan(target, value)
+        if job is None:
+            return False
+        self._read_exact(*job)
         torch.autograd.graph.increment_version(target)
         return True
 
@@ -163,10 +226,22 @@ class FilePages:
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
+        self._readable, self._mapping = False, None
 
     def __del__(self) -> None:
         with contextlib.suppress(Exception):
             self.close()
+
+
+def _disjoint(tensors: list[torch.Tensor]) -> bool:
+    """No two of ``tensors`` share a byte of storage (the order of their writes is free)."""
+    spans = []
+    for tensor in tensors:
+        storage = tensor.untyped_storage()
+        if storage.nbytes():
+            spans.append((storage.data_ptr(), storage.data_ptr() + storage.nbytes()))
+    spans.sort()
+    return all(a[1] <= b[0] for a, b in itertools.pairwise(spans))
 
 
 def copy_tensors(
@@ -179,18 +254,33 @@ def copy_tensors(
     """Copy ``state[updates[name]]`` into each ``model_state[name]`` (``adapted`` names through
     `adapt_input_conv_weight`). From a file we mapped (``pages``), a tensor is read from the
     file straight into the model's where it can be, and one copied from the mapping gets its
-    pages given back once copied."""
+    pages given back once copied. When no two targets share storage, the reads are gathered
+    and done last, spread over threads (`FilePages.read`); else each is done in turn."""
     try:
         with torch.no_grad():
+            gather = pages is not None and _disjoint([model_state[name] for name in updates])
+            jobs: list[tuple[int, int, int]] = []
+            read: list[torch.Tensor] = []
             for name, old in updates.items():
                 target, value = model_state[name], state[old]
                 if name in adapted:
                     value = adapt_input_conv_weight(value, target.shape[1])
-                elif pages is not None and pages.read_into(target, value):
-                    continue
+                elif pages is not None:
+                    job = pages.plan(target, value)
+                    if job is not None:
+                        if gather:
+                            jobs.append(job)
+                            read.append(target)
+                        else:
+                            pages.read([job])
+                            torch.autograd.graph.increment_version(target)
+                        continue
                 target.copy_(value)
                 if pages is not None:
                     pages.release(state[old])
+            if jobs:
+                pages.read(jobs)
+                torch.autograd.graph.increment_version(read)
     finally:
         if pages is not None:
             pages.close()

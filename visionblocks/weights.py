@@ -277,11 +277,14 @@ def load_partial(
       By default (None) at least one key must load when the model has any: a checkpoint
       that fits nothing is an error, not an empty report. ``min_loaded=0`` accepts it.
 
-    Memory and speed: a zip-format torch file given as a path is memory-mapped; on Linux each
-    tensor is read from the file straight into the model's (``os.preadv``, no page faults),
-    and one that must be converted is copied from the mapping, whose pages are then handed
-    back to the OS (``madvise``), so the peak extra memory is about the largest tensor rather
-    than the file (tensors that are not loaded are never read).
+    Memory and speed: a zip-format torch file given as a path is memory-mapped (a plain
+    state dict or training checkpoint is unpickled by pickle's C unpickler restricted to
+    three names, `visionblocks._weights_zipmap`; anything else by ``torch.load``); on Linux
+    each tensor is read from the file straight into the model's (``os.preadv``, no page
+    faults, over ``torch.get_num_threads()`` threads), and one that must be converted is
+    copied from the mapping, whose pages are then handed back to the OS (``madvise``), so the
+    peak extra memory is about the largest tensor rather than the file (tensors that are not
+    loaded are never read).
 
     Args:
         model: The module to load into.
@@ -342,51 +345,59 @@ def load_partial(
     )  # fmt: skip
 
     state, pages = source_state(source)
-    model_state = model.state_dict(keep_vars=True)
-    key_map = map_keys(state, prefixes, rules, model_state)
-    found = find_prefix_change(key_map, state, model_state) if auto_prefix else None
-    if found is not None:
-        prefix_change, key_map = found
-    else:
-        prefix_change = None
-    pairs = [
-        (new, state[old], model_state[new]) for old, new in key_map.items() if new in model_state
-    ]
-    stem = input_conv_key(pairs) if adapt_input_channels else None
-
-    report = LoadReport(prefix_change=prefix_change, dry_run=dry_run)
-    report.renamed = {old: new for old, new in key_map.items() if old != new}
-    updates: dict[str, str] = {}  # model key -> checkpoint key
-    for old, new in key_map.items():
-        if new not in model_state:
-            report.unexpected.append(new)
-            continue
-        value, target = state[old], model_state[new]
-        if value.shape == target.shape:
-            updates[new] = old
-        elif new == stem:
-            updates[new] = old
-            report.adapted.append(new)
+    try:
+        model_state = model.state_dict(keep_vars=True)
+        key_map = map_keys(state, prefixes, rules, model_state)
+        found = find_prefix_change(key_map, state, model_state) if auto_prefix else None
+        if found is not None:
+            prefix_change, key_map = found
         else:
-            report.mismatched[new] = (tuple(value.shape), tuple(target.shape))
-    # Tied tensors (one Parameter under several names) load through any of their names.
-    written = {id(model_state[name]) for name in updates}
-    for name in model_state:
-        if name in updates or (name not in report.mismatched and id(model_state[name]) in written):
-            report.loaded.append(name)
-        elif name not in report.mismatched:
-            report.missing.append(name)
+            prefix_change = None
+        pairs = [
+            (new, state[old], model_state[new])
+            for old, new in key_map.items()
+            if new in model_state
+        ]
+        stem = input_conv_key(pairs) if adapt_input_channels else None
 
-    failure = failed_guard(report, model_state, skip_mismatched, strict, patterns, min_loaded)
-    if failure is not None:
-        raise LoadError(failure, report)
-    on_meta = [name for name in updates if model_state[name].is_meta]
-    if on_meta and not dry_run:
-        raise ValueError(
-            f"{len(on_meta)} model tensor(s) are on the meta device (first: {on_meta[0]!r}), "
-            "which holds no data to copy into; materialise the model first, e.g. "
-            "model.to_empty(device='cpu'), then load"
-        )
-    if not dry_run:
-        copy_tensors(updates, model_state, state, set(report.adapted), pages)
+        report = LoadReport(prefix_change=prefix_change, dry_run=dry_run)
+        report.renamed = {old: new for old, new in key_map.items() if old != new}
+        updates: dict[str, str] = {}  # model key -> checkpoint key
+        for old, new in key_map.items():
+            if new not in model_state:
+                report.unexpected.append(new)
+                continue
+            value, target = state[old], model_state[new]
+            if value.shape == target.shape:
+                updates[new] = old
+            elif new == stem:
+                updates[new] = old
+                report.adapted.append(new)
+            else:
+                report.mismatched[new] = (tuple(value.shape), tuple(target.shape))
+        # Tied tensors (one Parameter under several names) load through any of their names.
+        written = {id(model_state[name]) for name in updates}
+        for name in model_state:
+            if name in updates or (
+                name not in report.mismatched and id(model_state[name]) in written
+            ):
+                report.loaded.append(name)
+            elif name not in report.mismatched:
+                report.missing.append(name)
+
+        failure = failed_guard(report, model_state, skip_mismatched, strict, patterns, min_loaded)
+        if failure is not None:
+            raise LoadError(failure, report)
+        on_meta = [name for name in updates if model_state[name].is_meta]
+        if on_meta and not dry_run:
+            raise ValueError(
+                f"{len(on_meta)} model tensor(s) are on the meta device (first: {on_meta[0]!r}), "
+                "which holds no data to copy into; materialise the model first, e.g. "
+                "model.to_empty(device='cpu'), then load"
+            )
+        if not dry_run:
+            copy_tensors(updates, model_state, state, set(report.adapted), pages)
+    finally:
+        if pages is not None:  # its file, open when the fast reader mapped it
+            pages.close()
     return report
