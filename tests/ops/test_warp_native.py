@@ -72,6 +72,32 @@ def test_random_warps_match_reference(native, monkeypatch):
         assert (out.double() - expected).abs().max() <= tol, (i, m)
 
 
+def test_rgb_batches_match_reference(native, monkeypatch):
+    """Three channels take their own loop in the kernel, and batches one plan per matrix."""
+
+    def no_grid_sample(*args, **kwargs):
+        raise AssertionError("grid_sample called: the C kernel should have run")
+
+    monkeypatch.setattr(_warp_sampling.F, "grid_sample", no_grid_sample)
+    gen = torch.Generator().manual_seed(4)
+    for i in range(100):
+        img, m, size = random_case(i, gen)
+        batch = (torch.rand((2, 3, *img.shape[-2:]), generator=gen) * 2 - 1).to(img.dtype)
+        if i % 7 == 0:
+            batch[0, 1, 0, 0] = float("nan")
+        other = affine_matrix(angle=float(i), scale=1.1, center=(3.0, 2.0)).to(m.dtype)
+        tol = 2e-6 if img.dtype == torch.float32 else 1e-11
+        for mats in (m, torch.stack((m, other))):
+            out = warp_affine(batch, mats, size)
+            for n in range(2):
+                expected = reference.warp_affine(
+                    batch[n], mats if mats.dim() == 2 else mats[n], size
+                )
+                assert torch.equal(out[n].isnan(), expected.isnan()), (i, n)
+                finite = expected.isfinite()
+                assert (out[n].double()[finite] - expected[finite]).abs().max() <= tol, (i, n)
+
+
 def test_nan_and_inf_spread_as_in_the_reference(native):
     img = torch.rand(1, 20, 30, generator=torch.Generator().manual_seed(1))
     img[0, 7, 11], img[0, 0, 29], img[0, 19, 0] = float("nan"), float("inf"), float("-inf")

@@ -63,6 +63,7 @@ def warp_zeros(img: Tensor, inv: Tensor, size: tuple[int, int]) -> Tensor | None
         or img.dtype not in (torch.float32, torch.float64)
         or img.numel() == 0
         or h * w + w + 1 >= 2**31
+        or wo >= 2**31
         or not plain([img, inv])
     ):
         return None
