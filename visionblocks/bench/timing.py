@@ -5,7 +5,10 @@ Method: ``setup`` runs once; both sides are warmed up; then each repeat times ``
 repeats ours first, odd repeats peer first) so neither side always inherits a warm or cold
 cache. Each repeat gives a paired ratio ``t_peer / t_ours``; the reported speedup is the median
 of those ratios, with its interquartile range, which is robust to a noisy neighbour slowing a
-few repeats. When the state holds CUDA tensors, every timed call is bracketed by
+few repeats. Every timed call starts after a pause of ``SETTLE_S`` seconds: after a parallel
+region, torch's OpenMP threads keep spinning for a few milliseconds (measured: up to 6 ms here)
+and would take a core from whichever side runs next, so without the pause each side would pay
+for the other's threads. When the state holds CUDA tensors, every timed call is bracketed by
 ``torch.cuda.synchronize()``.
 """
 
@@ -101,8 +104,13 @@ def _quartiles(values: Sequence[float]) -> tuple[float, float]:
     return q1, q3
 
 
+SETTLE_S = 0.02
+"""Seconds of idle before each timed call (see the module docstring)."""
+
+
 def _timed(fn: Callable[[Any], Any], state: Any, sync: Callable[[], None]) -> float:
     sync()
+    time.sleep(SETTLE_S)
     start = time.perf_counter()
     fn(state)
     sync()
