@@ -28,7 +28,7 @@ from typing import TypeVar
 
 import torch
 
-__all__ = ["parallel_for", "parts", "workspace"]
+__all__ = ["in_pool", "parallel_for", "parts", "workspace"]
 
 T = TypeVar("T")
 
@@ -92,6 +92,12 @@ def parts(n: int, grain: int) -> list[tuple[int, int]]:
     return out
 
 
+def in_pool() -> bool:
+    """Whether the calling thread is running parts of a `parallel_for` (nested work then
+    runs inline, in this thread)."""
+    return getattr(_state, "in_pool", False)
+
+
 def parallel_for(fn: Callable[[int, int], T], n: int, grain: int) -> list[T]:
     """Call ``fn(start, stop)`` on every part of ``range(n)`` (see `parts`), in parallel.
 
@@ -119,7 +125,7 @@ def parallel_for(fn: Callable[[int, int], T], n: int, grain: int) -> list[T]:
     """
     ranges = parts(n, grain)
     threads = min(torch.get_num_threads(), len(ranges))
-    if threads <= 1 or getattr(_state, "in_pool", False):
+    if threads <= 1 or in_pool():
         return [fn(a, b) for a, b in ranges]
     results: list = [None] * len(ranges)
     index = iter(range(len(ranges)))

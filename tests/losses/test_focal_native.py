@@ -23,7 +23,7 @@ def native():
 
 @pytest.fixture
 def calls(monkeypatch):
-    """Counts the kernel's calls (a part each)."""
+    """Counts the kernel's calls (one per loss call on the OpenMP team, one per part else)."""
     seen = []
     real = _focal_native.LIBRARY.functions
 
@@ -31,8 +31,8 @@ def calls(monkeypatch):
         fns = real()
         if fns is None:
             return None
-        fn = fns["vb_focal_f32"]
-        return {"vb_focal_f32": lambda *a: seen.append(1) or fn(*a)}
+        fn = fns["vb_focal_f32_parts"]
+        return {"vb_focal_f32_parts": lambda *a: seen.append(1) or fn(*a)}
 
     monkeypatch.setattr(_focal_native.LIBRARY, "functions", spy)
     return seen
@@ -109,7 +109,15 @@ def test_extreme_and_non_finite_logits(native):
     assert nan[0, 0].isnan() and nan[0, 1].isfinite()
 
 
-def test_sum_does_not_depend_on_the_thread_count(native):
+@pytest.fixture(params=[True, False], ids=["openmp-team", "python-threads"])
+def team(request, native):
+    """Parts on torch's OpenMP team, then on `visionblocks._parallel`'s threads."""
+    _focal_native.LIBRARY.use_team(request.param)
+    yield request.param
+    _focal_native.LIBRARY.use_team(True)
+
+
+def test_sum_does_not_depend_on_the_thread_count(team):
     x, labels, onehot, _ = _inputs(rows=5000, cols=80, seed=2)
     before = torch.get_num_threads()
     try:

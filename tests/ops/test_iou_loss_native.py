@@ -19,7 +19,7 @@ from visionblocks.ops._iou_loss_torch import CIOU, DIOU, GIOU, IOU, AlignedIoUFu
 from visionblocks.ops.boxes import box_iou, complete_box_iou
 
 KINDS = {"iou": IOU, "giou": GIOU, "diou": DIOU, "ciou": CIOU}
-FN = "vb_iou_aligned_f32"
+FN = "vb_iou_aligned_f32_parts"
 
 
 @pytest.fixture
@@ -31,7 +31,7 @@ def native():
 
 @pytest.fixture
 def calls(native, monkeypatch):
-    """Counts the kernel's calls (one per part)."""
+    """Counts the kernel's calls (one per call on the OpenMP team, one per part else)."""
     found = _iou_loss_native.LIBRARY.functions()
     real, counted = found[FN], []
 
@@ -205,8 +205,16 @@ def test_summed_and_per_pair_calls_agree(name, native):
     assert all(torch.equal(s, p[7:]) for s, p in zip(shifted, per_pair, strict=True))
 
 
+@pytest.fixture(params=[True, False], ids=["openmp-team", "python-threads"])
+def team(request, native):
+    """Parts on torch's OpenMP team, then on `visionblocks._parallel`'s threads."""
+    _iou_loss_native.LIBRARY.use_team(request.param)
+    yield request.param
+    _iou_loss_native.LIBRARY.use_team(True)
+
+
 @pytest.mark.parametrize("name", sorted(KINDS))
-def test_results_do_not_depend_on_the_thread_count(name, native, monkeypatch):
+def test_results_do_not_depend_on_the_thread_count(name, team, monkeypatch):
     monkeypatch.setattr(_iou_loss_torch, "_PIECE", 100)  # 31 parts
     pred, target = random_pairs(3001, seed=7)
     results = []

@@ -109,7 +109,15 @@ def test_nan_and_inf_spread_as_in_the_reference(native):
     assert (out.double()[finite] - expected[finite]).abs().max() < 2e-6
 
 
-def test_same_result_with_one_or_two_threads_and_any_layout(native):
+@pytest.fixture(params=[True, False], ids=["openmp-team", "python-threads"])
+def team(request, native):
+    """Parts on torch's OpenMP team, then on `visionblocks._parallel`'s threads."""
+    _warp_native.LIBRARY.use_team(request.param)
+    yield request.param
+    _warp_native.LIBRARY.use_team(True)
+
+
+def test_same_result_with_one_or_two_threads_and_any_layout(team):
     imgs = torch.rand(5, 3, 70, 90, generator=torch.Generator().manual_seed(2))
     mats = affine_matrix(angle=torch.linspace(-50.0, 50.0, 5), scale=0.9, center=(44.5, 34.5))
     before = torch.get_num_threads()
@@ -176,3 +184,11 @@ def test_traced_and_vmapped_calls_use_grid_sample(native):
     assert (traced(new) - warp_affine(new, m)).abs().max() < 1e-5
     vmapped = torch.func.vmap(lambda x: warp_affine(x, m))(imgs)
     assert (vmapped - warp_affine(imgs, m)).abs().max() < 1e-5
+
+
+def test_wide_outputs_whose_scratch_is_not_kept(team):
+    # 64 rows x 12000 columns of plans: 9 MiB of scratch per part, released after each part.
+    img = torch.rand(1, 80, 12000, generator=torch.Generator().manual_seed(3))
+    m = affine_matrix(angle=0.3, translate=(1.25, -0.5), center=(5999.5, 39.5))
+    out, expected = warp_affine(img, m), reference.warp_affine(img, m, (80, 12000))
+    assert (out.double() - expected).abs().max() < 2e-6

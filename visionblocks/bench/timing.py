@@ -108,9 +108,15 @@ SETTLE_S = 0.02
 """Seconds of idle before each timed call (see the module docstring)."""
 
 
+def _spin(seconds: float) -> None:
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
 def _timed(fn: Callable[[Any], Any], state: Any, sync: Callable[[], None]) -> float:
     sync()
-    time.sleep(SETTLE_S)
+    _spin(SETTLE_S)
     start = time.perf_counter()
     fn(state)
     sync()

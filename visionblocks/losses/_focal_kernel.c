@@ -209,3 +209,38 @@ double vb_focal_f32(const float *x, const void *targets, int64_t t_kind, int64_t
     *count_out = use_ignore ? count : rows * cols;
     return total;
 }
+
+/* vb_focal_f32 over row parts of `grain` rows: parts [start, stop) on up to `threads` threads
+ * of the team (_native_team.h); part i writes its sum to sums[i] and its count to counts[i].
+ * Returns the number of failed parts (always 0: no scratch). */
+typedef struct {
+    const float *x;
+    const char *targets;
+    int64_t t_kind, rows, cols, g2, use_ignore, grain;
+    float alpha;
+    double ignore;
+    float *loss_out, *grad_out;
+    double *sums;
+    int64_t *counts;
+} vb_focal_job;
+
+static int vb_focal_part(void *ctx, int64_t i) {
+    const vb_focal_job *j = (const vb_focal_job *)ctx;
+    const int64_t r0 = i * j->grain, r1 = r0 + j->grain < j->rows ? r0 + j->grain : j->rows;
+    const int64_t off = r0 * j->cols, toff = j->t_kind == 1 ? r0 * 8 : off * 4;
+    j->sums[i] = vb_focal_f32(j->x + off, j->targets + toff, j->t_kind, r1 - r0, j->cols, j->alpha,
+                              j->g2, j->use_ignore, j->ignore,
+                              j->loss_out ? j->loss_out + off : 0,
+                              j->grad_out ? j->grad_out + off : 0, j->counts + i);
+    return 0;
+}
+
+int64_t vb_focal_f32_parts(const float *x, const void *targets, int64_t t_kind, int64_t rows,
+                           int64_t cols, float alpha, int64_t g2, int64_t use_ignore,
+                           double ignore, float *loss_out, float *grad_out, int64_t grain,
+                           double *sums, int64_t *counts, int64_t start, int64_t stop,
+                           int64_t threads) {
+    vb_focal_job job = {x, (const char *)targets, t_kind, rows, cols, g2, use_ignore, grain,
+                        alpha, ignore, loss_out, grad_out, sums, counts};
+    return vb_run_parts(vb_focal_part, &job, start, stop, threads);
+}

@@ -7,10 +7,10 @@ much of their time queueing for it (measured: 23.5 ms for 4M elements forward an
 pass per element with vectorisable exp and log1p polynomials, and releases the GIL for a whole
 part.
 
-How: the rows are cut into parts of about ``_PART`` elements that
-`visionblocks._parallel.parallel_for` spreads over threads (parts depend only on the shape, so
-a summed loss adds per-part sums in part order and is independent of the thread count); the
-kernel is built by `visionblocks._native.NativeLibrary`.
+How: the rows are cut into parts of about ``_PART`` elements that run on torch's own OpenMP
+team, one parallel region per call (`visionblocks._native.NativeLibrary.run_parts`; parts
+depend only on the shape, so a summed loss adds per-part sums in part order and is independent
+of the thread count); the kernel is built by `visionblocks._native.NativeLibrary`.
 
 Used for float32 CPU logits without a weight, float32 targets of the same shape or integer
 class indices, and ``gamma`` a multiple of 1/2 in ``[0, 7.5]``; `sweep` returns ``None``
@@ -26,7 +26,6 @@ import torch
 from torch import Tensor
 
 from visionblocks._native import NativeLibrary, plain
-from visionblocks._parallel import parallel_for
 
 __all__ = ["LIBRARY", "sweep"]
 
@@ -36,11 +35,13 @@ LIBRARY = NativeLibrary(
     "focal_kernel",
     Path(__file__).with_name("_focal_kernel.c"),
     {
-        "vb_focal_f32": (
-            [_PTR, _PTR, _I64, _I64, _I64, _F32, _I64, _I64, _F64, _PTR, _PTR, _PTR],
-            ctypes.c_double,
+        "vb_focal_f32_parts": (
+            [_PTR, _PTR, _I64, _I64, _I64, _F32, _I64, _I64, _F64, _PTR, _PTR, _I64, _PTR, _PTR]
+            + [_I64] * 3,
+            _I64,
         )
     },
+    parallel=True,
 )
 
 
@@ -79,7 +80,7 @@ def sweep(
     lib = LIBRARY.functions()
     if lib is None:
         return None
-    fn = lib["vb_focal_f32"]
+    fn = lib["vb_focal_f32_parts"]
     rows, cols = x.shape
     xc = x.contiguous()
     tc = targets.to(torch.int64).contiguous() if index else targets.contiguous()
@@ -87,26 +88,20 @@ def sweep(
     grad = torch.empty((rows, cols), dtype=torch.float32) if need_grad else None
     a = -1.0 if alpha is None else float(alpha)
     use_ignore = ignore is not None
-    ign = float(ignore) if use_ignore else 0.0
-    tsize = 8 if index else 4 * cols
-    ptrs = (xc.data_ptr(), tc.data_ptr())
-    lptr = 0 if loss is None else loss.data_ptr()
-    gptr = 0 if grad is None else grad.data_ptr()
-
-    def part(lo: int, hi: int) -> tuple[float, int]:
-        count = _I64(0)
-        off = lo * cols * 4
-        total = fn(
-            ptrs[0] + off, ptrs[1] + lo * tsize, int(index), hi - lo, cols, a, g2,
-            int(use_ignore), ign, lptr and lptr + off, gptr and gptr + off, ctypes.byref(count),
-        )  # fmt: skip
-        return total, count.value
-
-    results = parallel_for(part, rows, max(1, _PART // max(cols, 1)))
-    count = torch.tensor(sum(c for _, c in results) if use_ignore else rows * cols)
+    grain = max(1, _PART // max(cols, 1))
+    n_parts = -(-rows // grain)
+    sums = torch.zeros(n_parts, dtype=torch.float64)
+    counts = torch.zeros(n_parts, dtype=torch.int64)
+    args = (
+        xc.data_ptr(), tc.data_ptr(), int(index), rows, cols, a, g2, int(use_ignore),
+        float(ignore) if use_ignore else 0.0, None if loss is None else loss.data_ptr(),
+        None if grad is None else grad.data_ptr(), grain, sums.data_ptr(), counts.data_ptr(),
+    )  # fmt: skip
+    LIBRARY.run_parts(fn, args, n_parts)
+    count = torch.tensor(int(counts.sum()) if use_ignore else rows * cols)
     if loss is None:
         total = 0.0
-        for s, _ in results:  # in part order: independent of the thread count
+        for s in sums.tolist():  # in part order: independent of the thread count
             total += s
         loss = torch.tensor(total, dtype=torch.float32)
     return loss, grad, count

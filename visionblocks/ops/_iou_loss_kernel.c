@@ -233,3 +233,32 @@ void vb_iou_aligned_f32(int64_t n, const float *pred, const float *target, int64
     if (sum)
         *sum = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
 }
+
+/* vb_iou_aligned_f32 over parts of `grain` pairs: parts [start, stop) on up to `threads`
+ * threads of the team (_native_team.h); without values, part i writes its sum to sums[i].
+ * Returns the number of failed parts (always 0: no scratch). */
+typedef struct {
+    int64_t n;
+    const float *pred, *target;
+    int64_t kind, loss, grain;
+    float eps;
+    float *values, *grad_p, *grad_t;
+    double *sums;
+} vb_iou_job;
+
+static int vb_iou_part(void *ctx, int64_t i) {
+    const vb_iou_job *j = (const vb_iou_job *)ctx;
+    const int64_t lo = i * j->grain, hi = lo + j->grain < j->n ? lo + j->grain : j->n;
+    vb_iou_aligned_f32(hi - lo, j->pred + 4 * lo, j->target + 4 * lo, j->kind, j->eps, j->loss,
+                       j->values ? j->values + lo : 0, j->grad_p ? j->grad_p + 4 * lo : 0,
+                       j->grad_t ? j->grad_t + 4 * lo : 0, j->values ? 0 : j->sums + i);
+    return 0;
+}
+
+int64_t vb_iou_aligned_f32_parts(int64_t n, const float *pred, const float *target, int64_t kind,
+                                 float eps, int64_t loss, float *values, float *grad_p,
+                                 float *grad_t, int64_t grain, double *sums, int64_t start,
+                                 int64_t stop, int64_t threads) {
+    vb_iou_job job = {n, pred, target, kind, loss, grain, eps, values, grad_p, grad_t, sums};
+    return vb_run_parts(vb_iou_part, &job, start, stop, threads);
+}

@@ -6,8 +6,8 @@ pair (``_iou_loss_kernel.c``, next to this file) reads the 8 coordinates once an
 value and the gradients, with the formulas and the eps rule of `visionblocks.ops._iou_core`.
 
 How: `visionblocks._native.NativeLibrary` builds and loads it (``ctypes`` calls release the
-GIL), and `visionblocks._parallel.parallel_for` spreads parts of ``grain`` pairs over the
-threads. A summed call adds each part's values in double lanes of a fixed order, then the
+GIL), and parts of ``grain`` pairs run on torch's own OpenMP team, one parallel region per call
+(`visionblocks._native.NativeLibrary.run_parts`). A summed call adds each part's values in double lanes of a fixed order, then the
 parts in part order: the sum depends on ``n`` and ``grain`` only, never on the thread count.
 
 Without a compiler, on Windows, or with ``VISIONBLOCKS_DISABLE_NATIVE=1``, `native_sweep`
@@ -23,16 +23,16 @@ import torch
 from torch import Tensor
 
 from visionblocks._native import ENV_DISABLE, NativeLibrary, plain
-from visionblocks._parallel import parallel_for
 
 __all__ = ["ENV_DISABLE", "LIBRARY", "native_sweep", "native_unavailable_reason"]
 
 _I64, _PTR = ctypes.c_int64, ctypes.c_void_p
-_SIGNATURE = [_I64, _PTR, _PTR, _I64, ctypes.c_float, _I64, _PTR, _PTR, _PTR, _PTR]
+_SIGNATURE = [_I64, _PTR, _PTR, _I64, ctypes.c_float, _I64, _PTR, _PTR, _PTR, _I64, _PTR]
 LIBRARY = NativeLibrary(
     "iou_loss_kernel",
     Path(__file__).with_name("_iou_loss_kernel.c"),
-    {"vb_iou_aligned_f32": _SIGNATURE},
+    {"vb_iou_aligned_f32_parts": (_SIGNATURE + [_I64] * 3, _I64)},
+    parallel=True,
 )
 _BOX = 16  # bytes of one float32 box
 
@@ -70,27 +70,29 @@ def native_sweep(
     fns = LIBRARY.functions()
     if fns is None:
         return None
-    fn = fns["vb_iou_aligned_f32"]
+    fn = fns["vb_iou_aligned_f32_parts"]
     n = pred.shape[0]
     p, t = pred.detach().contiguous(), target.detach().contiguous()
-    eps_f = float(eps)
     values = None if reduce_sum else torch.empty(n, dtype=torch.float32)
     grads = [torch.empty(n, 4) if need else None for need in (need_pred, need_target)]
-
-    def ptr(x: Tensor | None, start: int, size: int) -> int | None:
-        return None if x is None else x.data_ptr() + start * size
-
-    def part(lo: int, hi: int) -> float:
-        total = ctypes.c_double(0.0)
-        fn(hi - lo, ptr(p, lo, _BOX), ptr(t, lo, _BOX), kind, eps_f, int(loss),
-           ptr(values, lo, 4), ptr(grads[0], lo, _BOX), ptr(grads[1], lo, _BOX),
-           None if values is not None else ctypes.addressof(total))  # fmt: skip
-        return total.value
-
-    sums = parallel_for(part, n, grain)
+    n_parts = -(-n // grain)
+    sums = torch.zeros(n_parts, dtype=torch.float64)
+    ptrs = [None if x is None else x.data_ptr() for x in (values, *grads)]
+    args = (
+        n,
+        p.data_ptr(),
+        t.data_ptr(),
+        kind,
+        float(eps),
+        int(loss),
+        *ptrs,
+        grain,
+        sums.data_ptr(),
+    )
+    LIBRARY.run_parts(fn, args, n_parts)
     if values is None:
         total = 0.0
-        for s in sums:  # part order
+        for s in sums.tolist():  # part order
             total += s
         values = torch.tensor(total, dtype=torch.float32)
     return values, grads[0], grads[1]

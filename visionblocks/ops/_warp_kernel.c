@@ -192,4 +192,41 @@ void VB(vb_warp_zeros)(const VB_T *img, VB_T *out, int64_t C, int64_t H, int64_t
     }
 }
 
+/* vb_warp_zeros over parts [start, stop) on up to `threads` threads of the team
+ * (_native_team.h). A part is a block of `block_rows` output rows of every image (nm = 1) or
+ * of one image (part = image * blocks + block), with its scratch from vb_scratch. Returns the
+ * number of parts that found no memory for their scratch. */
+typedef struct {
+    const VB_T *img;
+    VB_T *out;
+    int64_t C, H, W, Ho, Wo, nm, N, block_rows, blocks;
+    const double *m;
+} VB(vb_warp_job);
+
+static int VB(vb_warp_part)(void *ctx, int64_t part) {
+    const VB(vb_warp_job) *j = (const VB(vb_warp_job) *)ctx;
+    const int64_t n0 = j->nm > 1 ? part / j->blocks : 0, n1 = j->nm > 1 ? n0 + 1 : j->N;
+    const int64_t y0 = (part % j->blocks) * j->block_rows;
+    const int64_t y1 = y0 + j->block_rows < j->Ho ? y0 + j->block_rows : j->Ho;
+    const size_t rows = (size_t)(y1 - y0), align = 64;
+    const size_t off_bytes = (rows * (size_t)j->Wo * sizeof(int32_t) + align - 1) / align * align;
+    const size_t w_bytes = (2 * rows * (size_t)j->Wo * sizeof(VB_T) + align - 1) / align * align;
+    char *scratch = (char *)vb_scratch(off_bytes + w_bytes + rows * sizeof(vb_span));
+    if (!scratch) return 1;
+    VB(vb_warp_zeros)(j->img, j->out, j->C, j->H, j->W, j->Ho, j->Wo, j->m, j->nm, n0, n1, y0, y1,
+                      (int32_t *)scratch, (VB_T *)(scratch + off_bytes),
+                      (vb_span *)(scratch + off_bytes + w_bytes));
+    vb_scratch_done();
+    return 0;
+}
+
+int64_t VB(vb_warp_zeros_parts)(const VB_T *img, VB_T *out, int64_t C, int64_t H, int64_t W,
+                                int64_t Ho, int64_t Wo, const double *m, int64_t nm, int64_t N,
+                                int64_t block_rows, int64_t start, int64_t stop,
+                                int64_t threads) {
+    const int64_t blocks = (Ho + block_rows - 1) / block_rows;
+    VB(vb_warp_job) job = {img, out, C, H, W, Ho, Wo, nm, N, block_rows, blocks, m};
+    return vb_run_parts(VB(vb_warp_part), &job, start, stop, threads);
+}
+
 #endif

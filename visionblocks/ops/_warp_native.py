@@ -11,9 +11,9 @@ How: ``_warp_kernel.c`` (next to this file) plans each block of output rows once
 that can be nonzero and, for the pixels whose four neighbours are inside, their offset and
 fractions), reuses the plan for every channel and every image sharing the matrix, and writes the
 other columns as zeros. It is built and loaded by `visionblocks._native.NativeLibrary` (the
-system C compiler, a private cache folder; ``ctypes`` calls release the GIL), and
-`visionblocks._parallel.parallel_for` spreads the row blocks over threads, one fork and one
-join per call.
+system C compiler, a private cache folder; ``ctypes`` calls release the GIL), and its row blocks
+run as parts on torch's own OpenMP team, one parallel region per call
+(`visionblocks._native.NativeLibrary.run_parts`).
 
 Without a compiler, on Windows, or with ``VISIONBLOCKS_DISABLE_NATIVE=1``, `warp_zeros`
 returns ``None`` and `warp_affine` uses ``grid_sample``; the results agree up to float32
@@ -29,17 +29,17 @@ import torch
 from torch import Tensor
 
 from visionblocks._native import ENV_DISABLE, NativeLibrary, plain
-from visionblocks._parallel import parallel_for, workspace
 
 __all__ = ["ENV_DISABLE", "LIBRARY", "native_unavailable_reason", "warp_zeros"]
 
 _ROWS = 64  # output rows per part: plans are reused over a block, ~0.2 ms of work at 512 wide
 _I64, _PTR = ctypes.c_int64, ctypes.c_void_p
-_SIGNATURE = [_PTR, _PTR, _I64, _I64, _I64, _I64, _I64, _PTR] + [_I64] * 5 + [_PTR] * 3
+_SIGNATURE = ([_PTR, _PTR] + [_I64] * 5 + [_PTR] + [_I64] * 6, _I64)
 LIBRARY = NativeLibrary(
     "warp_kernel",
     Path(__file__).with_name("_warp_kernel.c"),
-    {"vb_warp_zeros_f32": _SIGNATURE, "vb_warp_zeros_f64": _SIGNATURE},
+    {"vb_warp_zeros_parts_f32": _SIGNATURE, "vb_warp_zeros_parts_f64": _SIGNATURE},
+    parallel=True,
 )
 
 
@@ -73,24 +73,12 @@ def warp_zeros(img: Tensor, inv: Tensor, size: tuple[int, int]) -> Tensor | None
     lib = LIBRARY.functions()
     if lib is None:
         return None
-    fn = lib["vb_warp_zeros_f32" if img.dtype == torch.float32 else "vb_warp_zeros_f64"]
+    fn = lib["vb_warp_zeros_parts_f32" if img.dtype == torch.float32 else "vb_warp_zeros_parts_f64"]
     src = img.contiguous()
     out = torch.empty(b, c, ho, wo, dtype=img.dtype)
     nm = m.shape[0]
     blocks = -(-ho // _ROWS)
-    per_image = nm > 1  # per-image matrices: one part per (image, row block)
-    ptrs = (src.data_ptr(), out.data_ptr(), m.data_ptr())
-
-    def run(start: int, stop: int) -> None:
-        off = workspace("warp_off", (_ROWS * wo,), torch.int32, img.device)
-        wts = workspace("warp_w", (2 * _ROWS * wo,), img.dtype, img.device)
-        spans = workspace("warp_spans", (4 * _ROWS,), torch.int64, img.device)
-        for part in range(start, stop):
-            n0, n1 = (part // blocks, part // blocks + 1) if per_image else (0, b)
-            y0 = (part % blocks) * _ROWS
-            y1 = min(ho, y0 + _ROWS)
-            fn(*ptrs[:2], c, h, w, ho, wo, ptrs[2], nm, n0, n1, y0, y1,
-               off.data_ptr(), wts.data_ptr(), spans.data_ptr())  # fmt: skip
-
-    parallel_for(run, blocks * (b if per_image else 1), 1)
+    parts = blocks * (b if nm > 1 else 1)  # per-image matrices: one part per (image, row block)
+    args = (src.data_ptr(), out.data_ptr(), c, h, w, ho, wo, m.data_ptr(), nm, b, _ROWS)
+    LIBRARY.run_parts(fn, args, parts)
     return out
