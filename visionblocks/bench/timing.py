@@ -5,10 +5,13 @@ Method: ``setup`` runs once; both sides are warmed up; then each repeat times ``
 repeats ours first, odd repeats peer first) so neither side always inherits a warm or cold
 cache. Each repeat gives a paired ratio ``t_peer / t_ours``; the reported speedup is the median
 of those ratios, with its interquartile range, which is robust to a noisy neighbour slowing a
-few repeats. Every timed call starts after a pause of ``SETTLE_S`` seconds: after a parallel
-region, torch's OpenMP threads keep spinning for a few milliseconds (measured: up to 6 ms here)
-and would take a core from whichever side runs next, so without the pause each side would pay
-for the other's threads. When the state holds CUDA tensors, every timed call is bracketed by
+few repeats. Every timed call starts after ``SETTLE_S`` seconds of busy-waiting in the calling
+thread: after a parallel region, torch's OpenMP threads keep spinning for a few milliseconds
+(measured: up to 6 ms here) and would take a core from whichever side runs next, so without
+the pause each side would pay for the other's threads. The pause spins rather than sleeps:
+after an idle period the first memory accesses of a virtual machine are much slower (here a
+16 MB copy took 7.9 ms after a 100 ms sleep, 1.4 ms after a 100 ms spin), which would tax the
+shorter call most. When the state holds CUDA tensors, every timed call is bracketed by
 ``torch.cuda.synchronize()``.
 """
 
@@ -105,7 +108,7 @@ def _quartiles(values: Sequence[float]) -> tuple[float, float]:
 
 
 SETTLE_S = 0.02
-"""Seconds of idle before each timed call (see the module docstring)."""
+"""Seconds of busy-waiting before each timed call (see the module docstring)."""
 
 
 def _spin(seconds: float) -> None:
