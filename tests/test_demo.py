@@ -65,16 +65,19 @@ def test_torchrun_two_processes(tmp_path):
     assert metrics["world_size"] == 2 and metrics["steps"] == 3
 
 
-def _tune(step_seconds, steps=800):
-    """Run a ThreadTuner against a cost model; the total time and the thread count per step."""
+def _tune(step_seconds, steps=800, others=None):
+    """Run a ThreadTuner against a cost model (seconds per step, and the cores other processes
+    keep busy: none unless ``others(step)`` says); the total time and the thread count per step."""
     import torch
 
     from visionblocks._demo_threads import ThreadTuner
 
     before = torch.get_num_threads()
-    tuner, total, used = ThreadTuner(2), 0.0, []
+    step = 0
+    load = (lambda: 0.0) if others is None else (lambda: others(step))
+    tuner, total, used = ThreadTuner(2, others=load), 0.0, []
     try:
-        for step in range(steps):
+        for step in range(steps):  # ``load`` reads ``step``
             tuner.start_step()
             used.append(torch.get_num_threads())
             seconds = step_seconds(used[-1], step)
@@ -95,6 +98,30 @@ def test_the_thread_tuner_follows_the_faster_thread_count():
     total, used = _tune(lambda n, step: (quiet if step < 400 else busy)[n])
     assert used[390] == 2 and used[-1] == 1  # it notices when the machine gets busy
     assert total < 1.1 * 400 * (quiet[2] + busy[1])
+
+
+def test_the_thread_tuner_does_not_try_more_threads_while_others_keep_the_cores_busy():
+    quiet = {1: 0.18, 2: 0.125}
+    busy = {1: 0.25, 2: 5.0}
+    loaded = lambda step: 1.3 if 100 <= step < 600 else 0.05  # noqa: E731
+    total, used = _tune(lambda n, step: (busy if loaded(step) > 1 else quiet)[n], others=loaded)
+    assert used[:8].count(2) >= 2 and used[95] == 2  # quiet: tried, then chosen
+    assert 2 not in used[103:600]  # busy: after 3 slow steps, no try (each would cost 5 s)
+    assert used[-1] == 2  # quiet again: tried and chosen again
+    # Without the load reading, the tries happen and cost their slow steps.
+    blind, _ = _tune(
+        lambda n, step: (busy if loaded(step) > 1 else quiet)[n], others=lambda s: None
+    )
+    assert total < blind - 4.0
+
+
+def test_others_meter_reads_the_machine():
+    from visionblocks._demo_threads import OthersMeter
+
+    cores = OthersMeter()()
+    if cores is None:
+        pytest.skip("no /proc/stat")
+    assert -1.0 < cores < os.cpu_count() + 1
 
 
 def test_the_thread_tuner_leaves_threads_alone_when_told():
