@@ -153,7 +153,7 @@ def test_iou_rejects_bad_inputs(fn):
         fn(boxes.to(torch.complex64), boxes)
 
 
-def test_iou_positional_options_are_rejected():
+def test_iou_positional_options_match_keywords():
+    # aligned and eps are positional-or-keyword (TorchScript has no keyword-only defaults).
     boxes = random_boxes(3)
-    with pytest.raises(TypeError):
-        box_iou(boxes, boxes, True)  # aligned and eps are keyword-only
+    assert torch.equal(box_iou(boxes, boxes, True, 1e-6), box_iou(boxes, boxes, aligned=True))

@@ -12,7 +12,6 @@ import math
 from typing import Literal
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from visionblocks._check import (
@@ -31,6 +30,7 @@ from visionblocks._reduce import (
     compute_dtype,
     reduce_loss,
 )
+from visionblocks.losses._focal_script import focal_terms, script_focal
 from visionblocks.losses._focal_torch import SigmoidFocalFunction
 from visionblocks.registry import LOSSES
 
@@ -125,12 +125,7 @@ def _focal_reference(x, targets, w, alpha, gamma, ignore, reduce_sum, out_dtype)
         if ignore is not None:
             keep = t != ignore
             t = torch.where(keep, t, 0.0)
-    x = x.to(cdt)
-    ce = torch.lerp(F.softplus(x), F.softplus(-x), t)
-    m = torch.lerp(torch.sigmoid(x), torch.sigmoid(-x), t)  # 1 - p_t
-    loss = ce if gamma == 0 else ce * m.clamp_min(torch.finfo(cdt).tiny) ** gamma
-    if alpha is not None:
-        loss = torch.lerp(torch.full_like(t, 1 - alpha), torch.full_like(t, alpha), t) * loss
+    loss = focal_terms(x.to(cdt), t, alpha, gamma)
     if w is not None:
         loss = loss * w.to(cdt)
     if keep is not None:
@@ -144,8 +139,7 @@ def sigmoid_focal_loss(
     targets: Tensor,
     alpha: float | None = 0.25,
     gamma: float = 2.0,
-    reduction: Reduction = "none",
-    *,
+    reduction: str = "none",
     weight: Tensor | None = None,
     ignore_index: float | None = None,
     normalizer: float | Tensor | None = None,
@@ -197,6 +191,11 @@ def sigmoid_focal_loss(
     backward). When float ``targets`` or ``weight`` require grad, a plain autograd composition
     of the same formula runs instead, so that they receive gradients too.
 
+    Scriptable with ``torch.jit.script``: the scripted function runs the plain reference
+    formula (every option above; ``impl`` ``"auto"`` or ``"torch"``; no value checks; values
+    equal up to rounding; see `visionblocks.losses._focal_script`). Under ``torch.jit.trace``
+    the eager function also runs it, so a traced call is right for any input size.
+
     Args:
         inputs (Tensor[..., C]): Logits, any shape (floating point).
         targets (Tensor[..., C] or Tensor[...]): Float targets in ``[0, 1]`` of ``inputs``'
@@ -241,6 +240,17 @@ def sigmoid_focal_loss(
         Lin et al., "Focal Loss for Dense Object Detection", ICCV 2017.
         https://arxiv.org/abs/1708.02002
     """
+    if not torch.jit.is_scripting():
+        return _focal_eager(
+            inputs, targets, alpha, gamma, reduction, weight, ignore_index, normalizer, impl
+        )
+    return script_focal(
+        inputs, targets, alpha, gamma, reduction, weight, ignore_index, normalizer, impl
+    )
+
+
+def _focal_eager(inputs, targets, alpha, gamma, reduction, weight, ignore_index, normalizer, impl):
+    """`sigmoid_focal_loss` outside TorchScript: validate, then dispatch to a fast path."""
     index, alpha = _check_args(inputs, targets, alpha, gamma, weight, ignore_index)
     check_reduction(reduction)
     normalizer = check_normalizer(normalizer, inputs.device)
@@ -261,7 +271,8 @@ def sigmoid_focal_loss(
     grad_needed = torch.is_grad_enabled() and (
         (targets.requires_grad and not index) or (weight is not None and weight.requires_grad)
     )
-    if grad_needed:
+    tracing = torch.jit.is_tracing()
+    if grad_needed or tracing:  # a trace records whole-tensor ops, right for any input size
         loss, count = _focal_reference(*args)
     elif which == "triton":
         loss, count = run_fused("sigmoid_focal_loss", impl, SigmoidFocalFunction.apply, *args)
@@ -269,7 +280,7 @@ def sigmoid_focal_loss(
         loss, count = SigmoidFocalFunction.apply(*args)
     if not reduce_sum:
         loss = loss.reshape(inputs.shape)
-    if ignore_index is None:
+    if ignore_index is None and not tracing:
         count = inputs.numel()  # exact, and what torchvision's "mean" divides by
     return reduce_loss(
         loss, reduction, input_dtype=inputs.dtype, count=count, normalizer=normalizer

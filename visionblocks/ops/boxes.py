@@ -66,13 +66,18 @@ Dtypes:
 
 from __future__ import annotations
 
-from typing import Literal
-
 import torch
 from torch import Tensor
 
 from visionblocks._check import check_choice, check_last_dim, check_tensor, check_type
 from visionblocks.ops._box_iou import overlap
+from visionblocks.ops._boxes_script import (
+    from_xyxy,
+    script_area,
+    script_convert,
+    script_overlap,
+    to_xyxy,
+)
 
 __all__ = [
     "BOX_FORMATS",
@@ -84,34 +89,26 @@ __all__ = [
     "generalized_box_iou",
 ]
 
-BoxFormat = Literal["xyxy", "xywh", "cxcywh"]
 #: The formats `box_convert` understands.
 BOX_FORMATS: tuple[str, ...] = ("xyxy", "xywh", "cxcywh")
 
 
-def _to_xyxy(boxes: Tensor, fmt: str) -> Tensor:
-    a, b, c, d = boxes.unbind(-1)
-    if fmt == "xywh":
-        return torch.stack((a, b, a + c, b + d), dim=-1)
-    if fmt == "cxcywh":
-        return torch.stack((a - 0.5 * c, b - 0.5 * d, a + 0.5 * c, b + 0.5 * d), dim=-1)
+def _check_convert(boxes: Tensor, in_fmt: str, out_fmt: str) -> Tensor:
+    boxes = check_tensor("boxes", boxes)
+    for name, fmt in (("in_fmt", in_fmt), ("out_fmt", out_fmt)):
+        check_type(name, fmt, str)
+        check_choice(name, fmt, BOX_FORMATS)
+    check_last_dim("boxes", boxes, 4, what=f"in {in_fmt!r} format")
     return boxes
 
 
-def _from_xyxy(boxes: Tensor, fmt: str) -> Tensor:
-    x1, y1, x2, y2 = boxes.unbind(-1)
-    if fmt == "xywh":
-        return torch.stack((x1, y1, x2 - x1, y2 - y1), dim=-1)
-    if fmt == "cxcywh":
-        return torch.stack(((x1 + x2) / 2, (y1 + y2) / 2, x2 - x1, y2 - y1), dim=-1)
-    return boxes
-
-
-def box_convert(boxes: Tensor, in_fmt: BoxFormat, out_fmt: BoxFormat) -> Tensor:
+def box_convert(boxes: Tensor, in_fmt: str, out_fmt: str) -> Tensor:
     """Convert boxes between the ``"xyxy"``, ``"xywh"`` and ``"cxcywh"`` formats.
 
     Same values as ``torchvision.ops.box_convert`` for these formats (conversions between
     ``"xywh"`` and ``"cxcywh"`` go through ``"xyxy"``, as there).
+
+    Scriptable with ``torch.jit.script`` (same values; see `visionblocks.ops._boxes_script`).
 
     Args:
         boxes (Tensor[..., 4]): Boxes in ``in_fmt``; any leading dims.
@@ -140,18 +137,18 @@ def box_convert(boxes: Tensor, in_fmt: BoxFormat, out_fmt: BoxFormat) -> Tensor:
         >>> box_convert(box_convert(boxes, "xyxy", "cxcywh"), "cxcywh", "xyxy")
         tensor([[10., 20., 30., 60.]])
     """
-    boxes = check_tensor("boxes", boxes)
-    for name, fmt in (("in_fmt", in_fmt), ("out_fmt", out_fmt)):
-        check_type(name, fmt, str)
-        check_choice(name, fmt, BOX_FORMATS)
-    check_last_dim("boxes", boxes, 4, what=f"in {in_fmt!r} format")
-    if in_fmt == out_fmt:
-        return boxes.clone()
-    return _from_xyxy(_to_xyxy(boxes, in_fmt), out_fmt)
+    if not torch.jit.is_scripting():
+        boxes = _check_convert(boxes, in_fmt, out_fmt)
+        if in_fmt == out_fmt:
+            return boxes.clone()
+        return from_xyxy(to_xyxy(boxes, in_fmt), out_fmt)
+    return script_convert(boxes, in_fmt, out_fmt)
 
 
 def box_area(boxes: Tensor) -> Tensor:
     """Area ``(x2 - x1) * (y2 - y1)`` of ``"xyxy"`` boxes.
+
+    Scriptable with ``torch.jit.script`` (same values; see `visionblocks.ops._boxes_script`).
 
     Args:
         boxes (Tensor[..., 4]): Boxes in ``(x1, y1, x2, y2)``; any leading dims.
@@ -175,23 +172,22 @@ def box_area(boxes: Tensor) -> Tensor:
         >>> box_area(torch.tensor([0, 0, 3, 3], dtype=torch.uint8))
         tensor(9, dtype=torch.int32)
     """
-    boxes = check_tensor("boxes", boxes)
-    check_last_dim("boxes", boxes, 4, what="(x1, y1, x2, y2)")
-    if boxes.is_floating_point():
-        if boxes.dtype not in (torch.float32, torch.float64):
-            boxes = boxes.float()
-    elif boxes.dtype not in (torch.int32, torch.int64):
-        boxes = boxes.int()
-    x1, y1, x2, y2 = boxes.unbind(-1)
-    return (x2 - x1) * (y2 - y1)
+    if not torch.jit.is_scripting():
+        boxes = check_tensor("boxes", boxes)
+        check_last_dim("boxes", boxes, 4, what="(x1, y1, x2, y2)")
+    return script_area(boxes)
 
 
-def box_iou(boxes1: Tensor, boxes2: Tensor, *, aligned: bool = False, eps: float = 1e-7) -> Tensor:
+def box_iou(boxes1: Tensor, boxes2: Tensor, aligned: bool = False, eps: float = 1e-7) -> Tensor:
     """Intersection over union (Jaccard index) of ``"xyxy"`` boxes, in ``[0, 1]``.
 
     ``IoU = |A ∩ B| / |A ∪ B|``; a zero union (two zero-area boxes) gets ``eps``, so a
     zero-area box gives 0 (torchvision: NaN). Otherwise equal to ``torchvision.ops.box_iou``;
     identical boxes give exactly 1.
+
+    Scriptable with ``torch.jit.script``: the scripted function runs a plain whole-tensor form
+    of the same formulas (values equal up to rounding; gradients by autograd, not clamped for
+    half boxes; no check that needs a host read; see `visionblocks.ops._boxes_script`).
 
     Args:
         boxes1 (Tensor[..., N, 4]): First set, ``(x1, y1, x2, y2)``.
@@ -227,11 +223,13 @@ def box_iou(boxes1: Tensor, boxes2: Tensor, *, aligned: bool = False, eps: float
         >>> box_iou(tiny, tiny)
         tensor([[1.]])
     """
-    return overlap(boxes1, boxes2, "iou", aligned=aligned, eps=eps)
+    if not torch.jit.is_scripting():
+        return overlap(boxes1, boxes2, "iou", aligned=aligned, eps=eps)
+    return script_overlap(boxes1, boxes2, 0, aligned, eps)
 
 
 def generalized_box_iou(
-    boxes1: Tensor, boxes2: Tensor, *, aligned: bool = False, eps: float = 1e-7
+    boxes1: Tensor, boxes2: Tensor, aligned: bool = False, eps: float = 1e-7
 ) -> Tensor:
     """Generalised IoU of ``"xyxy"`` boxes, in ``[-1, 1]`` and never above IoU.
 
@@ -239,6 +237,10 @@ def generalized_box_iou(
     union or ``|C|`` gets ``eps``, so two identical zero-area boxes give 0 (no penalty: the
     enclosing box is the union). Otherwise equal to ``torchvision.ops.generalized_box_iou``
     up to its ``eps``.
+
+    Scriptable with ``torch.jit.script``: the scripted function runs a plain whole-tensor form
+    of the same formulas (values equal up to rounding; gradients by autograd, not clamped for
+    half boxes; no check that needs a host read; see `visionblocks.ops._boxes_script`).
 
     Args:
         boxes1 (Tensor[..., N, 4]): First set, ``(x1, y1, x2, y2)``.
@@ -273,11 +275,13 @@ def generalized_box_iou(
         >>> generalized_box_iou(a, b)
         tensor([[ 0.3333, -0.3333]])
     """
-    return overlap(boxes1, boxes2, "giou", aligned=aligned, eps=eps)
+    if not torch.jit.is_scripting():
+        return overlap(boxes1, boxes2, "giou", aligned=aligned, eps=eps)
+    return script_overlap(boxes1, boxes2, 1, aligned, eps)
 
 
 def distance_box_iou(
-    boxes1: Tensor, boxes2: Tensor, *, aligned: bool = False, eps: float = 1e-7
+    boxes1: Tensor, boxes2: Tensor, aligned: bool = False, eps: float = 1e-7
 ) -> Tensor:
     """Distance IoU of ``"xyxy"`` boxes, in ``[-1, 1]`` and never above IoU.
 
@@ -285,6 +289,10 @@ def distance_box_iou(
     diagonal of the smallest enclosing box (``eps`` where ``c = 0``, i.e. for two coincident
     points). Equal to ``torchvision.ops.distance_box_iou`` for valid boxes, up to
     torchvision's ``eps`` (``c² + eps``).
+
+    Scriptable with ``torch.jit.script``: the scripted function runs a plain whole-tensor form
+    of the same formulas (values equal up to rounding; gradients by autograd, not clamped for
+    half boxes; no check that needs a host read; see `visionblocks.ops._boxes_script`).
 
     Args:
         boxes1 (Tensor[..., N, 4]): First set, ``(x1, y1, x2, y2)``.
@@ -319,11 +327,13 @@ def distance_box_iou(
         >>> distance_box_iou(a, b)
         tensor([[0.2564, 1.0000]])
     """
-    return overlap(boxes1, boxes2, "diou", aligned=aligned, eps=eps)
+    if not torch.jit.is_scripting():
+        return overlap(boxes1, boxes2, "diou", aligned=aligned, eps=eps)
+    return script_overlap(boxes1, boxes2, 2, aligned, eps)
 
 
 def complete_box_iou(
-    boxes1: Tensor, boxes2: Tensor, *, aligned: bool = False, eps: float = 1e-7
+    boxes1: Tensor, boxes2: Tensor, aligned: bool = False, eps: float = 1e-7
 ) -> Tensor:
     """Complete IoU of ``"xyxy"`` boxes: DIoU with an aspect-ratio penalty, in ``(-2, 1]``.
 
@@ -332,6 +342,10 @@ def complete_box_iou(
     the paper and in ``torchvision.ops.complete_box_iou``, which it equals for valid boxes
     up to torchvision's ``eps``. A box with ``h == 0`` gets the angle π/2 and a finite
     gradient (torchvision divides by zero there), a point box gets 0.
+
+    Scriptable with ``torch.jit.script``: the scripted function runs a plain whole-tensor form
+    of the same formulas (values equal up to rounding; gradients by autograd, not clamped for
+    half boxes; no check that needs a host read; see `visionblocks.ops._boxes_script`).
 
     Args:
         boxes1 (Tensor[..., N, 4]): First set, ``(x1, y1, x2, y2)``.
@@ -366,4 +380,6 @@ def complete_box_iou(
         >>> complete_box_iou(a, b)
         tensor([[0.2564, 0.4468]])
     """
-    return overlap(boxes1, boxes2, "ciou", aligned=aligned, eps=eps)
+    if not torch.jit.is_scripting():
+        return overlap(boxes1, boxes2, "ciou", aligned=aligned, eps=eps)
+    return script_overlap(boxes1, boxes2, 3, aligned, eps)

@@ -49,7 +49,6 @@ gradients (``2**60`` for finite values, float32).
 from __future__ import annotations
 
 import math
-from typing import Literal
 
 import torch
 from torch import Tensor
@@ -64,12 +63,11 @@ from visionblocks._check import (
 from visionblocks._dispatch import resolve_impl, run_fused
 from visionblocks._reduce import check_reduction, compute_dtype, reduce_loss
 from visionblocks.ops._box_iou import cast_clamped, scale_shift
+from visionblocks.ops._boxes_script import script_iou_loss
 from visionblocks.ops._iou_core import eps_tensor
 from visionblocks.ops._iou_loss_torch import CIOU, DIOU, GIOU, AlignedIoUFunction
 
 __all__ = ["complete_box_iou_loss", "distance_box_iou_loss", "generalized_box_iou_loss"]
-
-Reduction = Literal["none", "mean", "sum"]
 
 
 def check_eps(eps: float) -> float:
@@ -135,9 +133,8 @@ def _box_iou_loss(
 def generalized_box_iou_loss(
     pred: Tensor,
     target: Tensor,
-    reduction: Reduction = "none",
+    reduction: str = "none",
     eps: float = 1e-7,
-    *,
     impl: str = "auto",
 ) -> Tensor:
     """Generalized IoU loss: ``1 - IoU`` plus the empty share of the smallest enclosing box.
@@ -147,6 +144,10 @@ def generalized_box_iou_loss(
     ``C``). Equals torchvision's ``generalized_box_iou_loss`` (values and gradients, for
     ``pred`` and ``target``) up to its ``eps``; degenerate boxes: see the module notes.
     Gradients are analytic (no double backward).
+
+    Scriptable with ``torch.jit.script``: the scripted function runs a plain whole-tensor form
+    of the same formula (``impl`` ``"auto"`` or ``"torch"``; values equal up to rounding,
+    gradients by autograd, no value checks; see `visionblocks.ops._boxes_script`).
 
     Args:
         pred (Tensor[..., 4]): Predicted boxes, xyxy, floating point.
@@ -185,15 +186,16 @@ def generalized_box_iou_loss(
         Rezatofighi et al., "Generalized Intersection over Union: A Metric and a Loss for
         Bounding Box Regression", CVPR 2019. https://arxiv.org/abs/1902.09630
     """
-    return _box_iou_loss("generalized_box_iou_loss", GIOU, pred, target, reduction, eps, impl)
+    if not torch.jit.is_scripting():
+        return _box_iou_loss("generalized_box_iou_loss", GIOU, pred, target, reduction, eps, impl)
+    return script_iou_loss(pred, target, 1, reduction, eps, impl)
 
 
 def distance_box_iou_loss(
     pred: Tensor,
     target: Tensor,
-    reduction: Reduction = "none",
+    reduction: str = "none",
     eps: float = 1e-7,
-    *,
     impl: str = "auto",
 ) -> Tensor:
     """Distance IoU loss: ``1 - IoU`` plus the normalised squared distance of the centres.
@@ -203,6 +205,10 @@ def distance_box_iou_loss(
     ``c^2``). Equals torchvision's ``distance_box_iou_loss`` (values and gradients, for
     ``pred`` and ``target``) up to its ``eps``; degenerate boxes: see the module notes.
     Gradients are analytic (no double backward).
+
+    Scriptable with ``torch.jit.script``: the scripted function runs a plain whole-tensor form
+    of the same formula (``impl`` ``"auto"`` or ``"torch"``; values equal up to rounding,
+    gradients by autograd, no value checks; see `visionblocks.ops._boxes_script`).
 
     Args:
         pred (Tensor[..., 4]): Predicted boxes, xyxy, floating point.
@@ -236,15 +242,16 @@ def distance_box_iou_loss(
         Zheng et al., "Distance-IoU Loss: Faster and Better Learning for Bounding Box
         Regression", AAAI 2020. https://arxiv.org/abs/1911.08287
     """
-    return _box_iou_loss("distance_box_iou_loss", DIOU, pred, target, reduction, eps, impl)
+    if not torch.jit.is_scripting():
+        return _box_iou_loss("distance_box_iou_loss", DIOU, pred, target, reduction, eps, impl)
+    return script_iou_loss(pred, target, 2, reduction, eps, impl)
 
 
 def complete_box_iou_loss(
     pred: Tensor,
     target: Tensor,
-    reduction: Reduction = "none",
+    reduction: str = "none",
     eps: float = 1e-7,
-    *,
     impl: str = "auto",
 ) -> Tensor:
     """Complete IoU loss: the DIoU loss plus an aspect-ratio consistency term.
@@ -255,6 +262,10 @@ def complete_box_iou_loss(
     ``complete_box_iou_loss`` (values and gradients, for ``pred`` and ``target``) up to its
     ``eps``. Degenerate boxes, where torchvision gives NaN: see the module notes. Gradients
     are analytic (no double backward).
+
+    Scriptable with ``torch.jit.script``: the scripted function runs a plain whole-tensor form
+    of the same formula (``impl`` ``"auto"`` or ``"torch"``; values equal up to rounding,
+    gradients by autograd, no value checks; see `visionblocks.ops._boxes_script`).
 
     Args:
         pred (Tensor[..., 4]): Predicted boxes, xyxy, floating point.
@@ -291,4 +302,6 @@ def complete_box_iou_loss(
         Zheng et al., "Distance-IoU Loss: Faster and Better Learning for Bounding Box
         Regression", AAAI 2020. https://arxiv.org/abs/1911.08287
     """
-    return _box_iou_loss("complete_box_iou_loss", CIOU, pred, target, reduction, eps, impl)
+    if not torch.jit.is_scripting():
+        return _box_iou_loss("complete_box_iou_loss", CIOU, pred, target, reduction, eps, impl)
+    return script_iou_loss(pred, target, 3, reduction, eps, impl)
