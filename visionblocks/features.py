@@ -7,7 +7,9 @@ computes them: forward hooks on the requested modules capture their outputs whil
 is right for models that are not a chain of children (skip connections, reused modules,
 functional ops in ``forward``), and on chain-like models (ResNets, ``nn.Sequential``) it gives
 what torchvision's ``IntermediateLayerGetter`` gives: same outputs, same keys, same
-parameters and state-dict keys. The model is not modified.
+parameters and state-dict keys. The model is not modified. Under ``torch.export``,
+``torch.compile``, ``torch.jit.trace`` and ``torch.fx`` the getter runs a ``torch.fx`` trace
+of the model truncated at the requested outputs instead (no hooks, no early stop).
 
 `feature_info` measures the channels and stride of features with a dry run.
 """
@@ -31,6 +33,13 @@ from visionblocks._features_capture import (
     resolve_modules,
     select_into,
     sync,
+)
+from visionblocks._features_export import (
+    TracedPaths,
+    dynamo_export,
+    non_strict_export,
+    trace_modes,
+    tracing,
 )
 from visionblocks.nn._limits import MAX_CHANNELS, MAX_SIDE
 
@@ -90,6 +99,20 @@ class IntermediateLayerGetter(MirrorChildren, nn.Module):
     nothing after the last requested output (in execution order) is computed. The hooks exist
     only during the call; ``model`` itself is never modified and stays usable.
 
+    **Capture paths.** Eager calls use the hooks. Under ``torch.export.export`` (strict and
+    non-strict, and so ``torch.onnx.export(..., dynamo=True)``), ``torch.compile``,
+    ``torch.jit.trace`` and ``torch.fx`` tracing, the getter instead calls a plain function
+    made at construction: ``model.forward`` traced by ``torch.fx`` (once per mode, every
+    module in eval, then in training mode) with the requested modules as leaves, its output
+    replaced by their first calls' outputs and the rest dead-code eliminated. It runs the
+    model's current modules and tensors (nothing is copied: ``state_dict()``, ``.to()`` and
+    replaced children act on it too) and gives the eager outputs; an exported program holds
+    exactly the getter's parameters, and the batch size and image size can be dynamic where
+    the model allows it. Python control flow in ``forward`` is fixed at construction, as in
+    any ``torch.fx`` trace. For a model ``torch.fx`` cannot trace, non-strict export runs the
+    hooks without the early stop (the tail is dead code in the exported graph), strict export
+    raises (use ``strict=False``), and the other tracers use the eager path.
+
     **Parameters, buffers and state dict.** At construction a dry run of ``model`` (in eval
     mode, the modes and ``requires_grad`` flags restored afterwards) on ``example_input``, or on
     zeros of shape ``(1, *input_size)``, finds the modules that run before the stop and the
@@ -114,10 +137,9 @@ class IntermediateLayerGetter(MirrorChildren, nn.Module):
 
     **Threads and parallelism.** The hooks act only for the thread that calls the getter:
     the model (or another getter on it) can run in other threads at the same time.
-    ``DistributedDataParallel``, ``torch.compile`` and ``torch.jit.trace`` work;
-    ``nn.DataParallel`` raises (its replicas would all run the original model), and
-    ``torch.export`` is not supported (the early stop is an exception raised from a hook):
-    export the model with torchvision's ``create_feature_extractor`` instead.
+    ``DistributedDataParallel``, ``torch.compile`` (``fullgraph=True`` too), ``torch.export``
+    and ``torch.jit.trace`` work (see *Capture paths*); ``nn.DataParallel`` raises (its
+    replicas would all run the original model).
 
     **Conventions.** A module that runs several times in one forward (a reused activation, a
     shared block) gives the output of its *first* call, as ``torch.fx`` names the first call of
@@ -199,15 +221,34 @@ class IntermediateLayerGetter(MirrorChildren, nn.Module):
         object.__setattr__(self, "_targets", targets)
         object.__setattr__(self, "_links", selection.links)
         object.__setattr__(self, "_hidden", selection.hidden)
+        object.__setattr__(self, "_traced", TracedPaths(trace_modes(model, targets, list(layers))))
 
     def forward(self, *args: Any, **kwargs: Any) -> OrderedDict[str, Any]:
-        captured, _ = capture(self._model, self._targets, args, kwargs)
+        if tracing():  # torch.export / compile / jit.trace / fx: no hooks, no early stop
+            names = list(self.return_layers)
+            traced = self._traced.get(self._model, self._targets, names)
+            if traced is not None:
+                values = traced(self._model, *args, **kwargs)
+                return OrderedDict(zip(self.return_layers.values(), values, strict=True))
+            if dynamo_export():
+                raise RuntimeError(
+                    f"torch.fx cannot trace {type(self._model).__name__}, so "
+                    "IntermediateLayerGetter cannot be exported with strict=True; use "
+                    "torch.export.export(..., strict=False)"
+                )
+        stop = not non_strict_export()  # the tail is dead code in a non-strict export
+        captured, _ = capture(self._model, self._targets, args, kwargs, stop=stop)
         missing = [name for name in self.return_layers if name not in captured]
         if missing:
             raise RuntimeError(
                 f"return_layers {missing} did not run in {type(self._model).__name__}.forward"
             )
         return OrderedDict((out, captured[name]) for name, out in self.return_layers.items())
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        super().__setstate__(state)
+        if self._traced.fns is None:  # unpickled: trace again, so strict export works at once
+            self._traced.get(self._model, self._targets, list(self.return_layers))
 
     def train(self, mode: bool = True) -> IntermediateLayerGetter:
         super().train(mode)

@@ -57,6 +57,13 @@ class Backbone(MirrorChildren, nn.Module):
     ``feature_info`` is measured at construction by one dry run on zeros of shape
     ``(1, *input_size)`` (eval mode, no grad).
 
+    **Export.** ``torch.export.export`` (strict and non-strict, dynamic batch and image size
+    where the model allows it), ``torch.onnx.export(..., dynamo=True)``, ``torch.compile``
+    and ``torch.jit.trace`` work and give the eager outputs. A getter body captures its
+    outputs with forward hooks in eager calls and with a ``torch.fx`` trace of the model,
+    truncated at the outputs, when traced or exported (see
+    `visionblocks.features.IntermediateLayerGetter`); a timm body is called as it is in both.
+
     Training options (they survive every ``.train()`` / ``.eval()`` call):
 
     - ``frozen_parameters``: set to ``requires_grad=False``; every module whose own
