@@ -6,6 +6,7 @@ checked by running it (``make demo``), not here: these runs are a few steps long
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
@@ -32,9 +33,24 @@ def test_demo_writes_metrics_and_figures(tmp_path, capsys):
             assert png.size[0] > 300 and png.size[1] > 200
     printed = capsys.readouterr().out
     assert "visionblocks demo: 3 steps on cpu x 1" in printed and "AP50" in printed
+    # model.pt holds the config with the trained weights: the deploy tools rebuild it.
+    import torch
+
+    from visionblocks.deploy import load_for_export
+
+    if importlib.util.find_spec("onnxruntime") and importlib.util.find_spec("onnxscript"):
+        assert (out / "model.onnx").is_file() and "checked in onnxruntime" in printed
+        diff = float(printed.split("max difference from eager", 1)[1].split()[0])
+        assert diff < 1e-4
+    saved = torch.load(out / "model.pt", weights_only=True)
+    rebuilt = load_for_export(out / "model.pt").state_dict()
+    assert rebuilt.keys() == saved["model"].keys()
+    assert all(torch.equal(rebuilt[k], v) for k, v in saved["model"].items())
     annotations = out / "data" / "train" / "annotations.json"
     first = annotations.stat().st_mtime_ns
-    assert main(["demo", "--steps", "1", "--out", str(out), "--seed", "1"]) == 0
+    (out / "model.onnx").unlink(missing_ok=True)
+    assert main(["demo", "--steps", "1", "--out", str(out), "--seed", "1", "--no-export"]) == 0
+    assert not (out / "model.onnx").exists()
     assert annotations.stat().st_mtime_ns == first  # the same data is reused, not rewritten
 
 
@@ -58,7 +74,8 @@ def test_demo_errors(tmp_path, capsys, monkeypatch):
 def test_torchrun_two_processes(tmp_path):
     torchrun = shutil.which("torchrun", path=os.path.dirname(sys.executable)) or "torchrun"
     command = [torchrun, "--standalone", "--nproc_per_node", "2", "-m", "visionblocks",
-               "demo", "--distributed", "--steps", "3", "--out", str(tmp_path)]  # fmt: skip
+               "demo", "--distributed", "--steps", "3", "--out", str(tmp_path),
+               "--no-export"]  # fmt: skip
     done = subprocess.run(command, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     metrics = json.loads((tmp_path / "metrics.json").read_text())

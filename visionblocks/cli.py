@@ -133,11 +133,42 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     try:
         run_demo(
             steps=args.steps, out=args.out, device=args.device, distributed=args.distributed,
-            seed=args.seed,
+            seed=args.seed, export=args.export,
         )  # fmt: skip
     except (RuntimeError, ValueError, OSError) as exc:
         print(f"visionblocks demo: {exc}", file=sys.stderr)
         return 1
+    return 0
+
+
+def _cmd_export(args: argparse.Namespace) -> int:
+    import torch
+
+    from visionblocks.deploy import (
+        ExportError,
+        export_kwargs,
+        export_model,
+        load_for_export,
+        max_stride,
+    )
+
+    try:
+        model = load_for_export(args.source, args.weights)
+        channels = len(getattr(model, "pixel_mean", (0, 0, 0)))
+        h, w = args.image_size
+        example = torch.rand(args.batch, channels, h, w) * 255
+        result = export_model(
+            model, example, args.out, args.format, dynamic_hw=not args.static,
+            stride=max_stride(model), kwargs=export_kwargs(model),
+        )  # fmt: skip
+    except (ExportError, ImportError, RuntimeError, ValueError, TypeError, OSError) as exc:
+        print(f"visionblocks export: {exc}", file=sys.stderr)
+        return 1
+    dynamic = "batch" if args.static else "batch, height and width"
+    print(f"wrote {result.path} ({result.format}, {result.size_bytes / 2**20:.2f} MiB; "
+          f"dynamic {dynamic})")  # fmt: skip
+    print(f"checked against eager on a {args.batch}x{channels}x{h}x{w} input: "
+          f"{result.outputs} output tensors, max abs difference {result.max_abs_diff:.3g}")  # fmt: skip
     return 0
 
 
@@ -166,13 +197,16 @@ def build_parser() -> argparse.ArgumentParser:
     p_demo.add_argument("--steps", type=int, default=DEFAULT_STEPS, metavar="N",
                         help=f"training steps of 16 images (default {DEFAULT_STEPS})")  # fmt: skip
     p_demo.add_argument("--out", default="demo-out", metavar="DIR",
-                        help="output folder: metrics.json, predictions.png, loss.png and the "
-                        "synthetic data (default demo-out)")  # fmt: skip
+                        help="output folder: metrics.json, model.pt, model.onnx, predictions.png, "
+                        "loss.png and the synthetic data (default demo-out)")  # fmt: skip
     p_demo.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
                         help="auto: CUDA when available (default)")  # fmt: skip
     p_demo.add_argument("--distributed", action="store_true",
                         help="train with DDP under torchrun (gloo on CPU, nccl on CUDA)")  # fmt: skip
     p_demo.add_argument("--seed", type=int, default=0, metavar="S", help="seed (default 0)")
+    p_demo.add_argument("--no-export", dest="export", action="store_false",
+                        help="do not write model.onnx (by default it is written and checked "
+                        "in onnxruntime when onnx, onnxscript and onnxruntime are installed)")  # fmt: skip
     p_demo.set_defaults(func=_cmd_demo)
 
     p_list = sub.add_parser("list", help="list registered names, or the triton kernel report")
@@ -235,6 +269,33 @@ def build_parser() -> argparse.ArgumentParser:
                          help="with --fix, keep annotations whose only problem is their "
                          "segmentation or area, without it (as invalid='keep')")  # fmt: skip
     p_check.set_defaults(func=_cmd_check_coco)
+
+    p_export = sub.add_parser(
+        "export",
+        help="export a model to ONNX or a torch.export program and check it against eager",
+        description="Build the model of a JSON config (a MODELS.build config, or "
+        '{"model": config, "weights": path}) or of a checkpoint holding its config, load the '
+        "weights with load_partial, export it (dynamic batch, height and width) and run the "
+        "written file once against the eager model.",
+    )
+    p_export.add_argument("source", metavar="CONFIG_OR_CHECKPOINT",
+                          help="a .json config, or a torch.save checkpoint with 'config' and "
+                          "'model' entries")  # fmt: skip
+    p_export.add_argument("--format", choices=["onnx", "pt2"], default="onnx",
+                          help="onnx (checked with onnxruntime) or pt2 (torch.export.save); "
+                          "default: onnx")  # fmt: skip
+    p_export.add_argument("--out", required=True, metavar="FILE", help="the file to write")
+    p_export.add_argument("--image-size", nargs=2, type=int, default=(256, 256),
+                          metavar=("H", "W"),
+                          help="size of the example input, multiples of the model's largest "
+                          "stride (default: 256 256)")  # fmt: skip
+    p_export.add_argument("--batch", type=int, default=2,
+                          help="batch of the example input (default: 2)")  # fmt: skip
+    p_export.add_argument("--weights", metavar="FILE", default=None,
+                          help="a checkpoint to load instead of the one the source names")  # fmt: skip
+    p_export.add_argument("--static", action="store_true",
+                          help="fixed height and width (only the batch size stays dynamic)")  # fmt: skip
+    p_export.set_defaults(func=_cmd_export)
 
     from visionblocks.bench import add_arguments as add_bench_arguments
 

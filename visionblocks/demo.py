@@ -13,7 +13,8 @@ progress bar and the summary show the training speed in steps/s.
 
 Outputs in ``out``: ``metrics.json`` (``AP``, ``AP50``, ``AP75``, ``steps``, ``seconds``,
 ``steps_per_second`` (training), ``world_size`` and the rest of the COCO numbers),
-``predictions.png`` and ``loss.png``.
+``model.pt`` (``{"config": DEMO_MODEL, "model": state dict}``: `visionblocks.deploy`
+rebuilds it), ``predictions.png`` and ``loss.png``.
 """
 
 from __future__ import annotations
@@ -252,6 +253,26 @@ def _predict(model: Any, loader: Any, device: torch.device) -> dict[int, dict[st
     return predictions
 
 
+def _export_onnx(model: Any, images: torch.Tensor, out: Path) -> None:
+    """Write ``out/model.onnx`` (the padded detection form, float 0-255 input) and check it
+    in onnxruntime on ``images``."""
+    from visionblocks.deploy import export_kwargs, export_model, max_stride
+
+    try:
+        import onnxruntime  # noqa: F401
+        import onnxscript  # noqa: F401
+    except ImportError:
+        _log("model.onnx skipped: pip install onnx onnxscript onnxruntime to export it")
+        return
+    model = model.to("cpu")
+    result = export_model(
+        model, images.cpu(), out / "model.onnx", "onnx", stride=max_stride(model),
+        kwargs=export_kwargs(model),
+    )  # fmt: skip
+    _log(f"wrote {result.path} ({result.size_bytes / 2**20:.1f} MiB), checked in onnxruntime: "
+         f"max difference from eager {result.max_abs_diff:.2g}")  # fmt: skip
+
+
 def run_demo(
     *,
     steps: int = DEFAULT_STEPS,
@@ -259,6 +280,7 @@ def run_demo(
     device: str = "auto",
     distributed: bool = False,
     seed: int = 0,
+    export: bool = True,
 ) -> dict[str, Any]:
     """Train and evaluate the reference detector on synthetic COCO; write the outputs.
 
@@ -268,6 +290,10 @@ def run_demo(
         device: ``"auto"`` (CUDA when available), ``"cpu"`` or ``"cuda"``.
         distributed: Join the ``torchrun`` process group and train with DDP.
         seed: Seed of the data and of the training.
+        export: Also write ``model.onnx`` (`visionblocks.deploy.export_model`: the
+            detector's padded output form, dynamic batch and image size) and check it
+            against the eager model in onnxruntime; skipped, with a message, when ``onnx``,
+            ``onnxscript`` or ``onnxruntime`` is not installed.
 
     Returns:
         dict[str, Any]: What ``metrics.json`` holds (the same on every rank).
@@ -279,10 +305,10 @@ def run_demo(
     Examples:
         >>> import tempfile
         >>> folder = tempfile.TemporaryDirectory()
-        >>> metrics = run_demo(steps=2, out=folder.name, device="cpu")  # doctest: +ELLIPSIS
+        >>> metrics = run_demo(steps=2, out=folder.name, device="cpu", export=False)  # doctest: +ELLIPSIS
         visionblocks demo: 2 steps on cpu x 1, 315,675 parameters
         trained 2 steps in ... s: ... steps/s
-        AP ...  AP50 ...  AP75 ...; wrote .../metrics.json, predictions.png, loss.png
+        AP ...  AP50 ...  AP75 ...; wrote .../metrics.json, model.pt, predictions.png, loss.png
         >>> sorted(k for k in metrics if k != "stats")
         ['AP', 'AP50', 'AP75', 'device', 'seconds', 'steps', 'steps_per_second', 'world_size']
         >>> folder.cleanup()
@@ -292,6 +318,7 @@ def run_demo(
     check_type("seed", seed, int)
     check_range("seed", seed, 0)
     check_type("distributed", distributed, bool)
+    check_type("export", export, bool)
     check_type("out", out, (str, os.PathLike))
     check_choice("device", device, ("auto", "cpu", "cuda"))
     start = time.perf_counter()
@@ -304,7 +331,7 @@ def run_demo(
     if distributed:
         _init_distributed(device)
     try:
-        return _run(steps, Path(out), _resolve_device(device), seed, start)
+        return _run(steps, Path(out), _resolve_device(device), seed, start, export)
     finally:
         if distributed:
             import torch.distributed as dist
@@ -312,16 +339,18 @@ def run_demo(
             dist.destroy_process_group()
 
 
-def _run(steps: int, out: Path, device: torch.device, seed: int, start: float) -> dict[str, Any]:
+def _run(
+    steps: int, out: Path, device: torch.device, seed: int, start: float, export: bool
+) -> dict[str, Any]:
     threads = torch.get_num_threads()  # the training may change it: put back at the end
     try:
-        return _run_threads(steps, out, device, seed, start)
+        return _run_threads(steps, out, device, seed, start, export)
     finally:
         torch.set_num_threads(threads)
 
 
 def _run_threads(
-    steps: int, out: Path, device: torch.device, seed: int, start: float
+    steps: int, out: Path, device: torch.device, seed: int, start: float, export: bool
 ) -> dict[str, Any]:
     from torch.nn.parallel import DistributedDataParallel
 
@@ -365,11 +394,20 @@ def _run_threads(
         shown.update(part)
     if dist_utils.is_main_process():
         (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
+        # With its config, so that `visionblocks export demo-out/model.pt` rebuilds it.
+        torch.save({"config": DEMO_MODEL, "model": detector.state_dict()}, out / "model.pt")
         first = range(len(shown_ids))
         plot_predictions([val[i][0] for i in first], [shown[i] for i in shown_ids],
                          [val[i][1] for i in first], val.classes, out / "predictions.png")  # fmt: skip
         plot_losses({k: v for k, v in history.items() if k != "loss"} | {"loss": history["loss"]},
                     out / "loss.png")  # fmt: skip
         _log(f"AP {stats['AP']:.3f}  AP50 {stats['AP50']:.3f}  AP75 {stats['AP75']:.3f}  "
-             f"({metrics['seconds']} s); wrote {out}/metrics.json, predictions.png, loss.png")  # fmt: skip
+             f"({metrics['seconds']} s); wrote {out}/metrics.json, model.pt, predictions.png, "
+             "loss.png")  # fmt: skip
+        if export:  # two validation images: the batch, height and width stay dynamic
+            images = torch.stack([val[i][0].as_subclass(torch.Tensor) for i in range(2)])
+            # Float input, with noise below one grey level: the flat synthetic backgrounds
+            # give locations with exactly equal scores, which NMS may order either way.
+            noise = torch.rand(images.shape, generator=torch.Generator().manual_seed(0))
+            _export_onnx(detector, images.float() + noise, out)
     return metrics

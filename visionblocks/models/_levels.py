@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import torch
 from torch import Tensor, nn
 
 from visionblocks._check import check_image_batch, check_int, is_tracing
@@ -65,11 +66,14 @@ def check_levels(
 
 
 def check_size(name: str, size: Any) -> tuple[int, int]:
-    """An ``(H, W)`` pair of ints in ``[1, MAX_SIDE]`` (16,384)."""
+    """An ``(H, W)`` pair of ints in ``[1, MAX_SIDE]`` (16,384); symbolic sizes pass under
+    ``torch.export`` (checking them would specialise them)."""
     if isinstance(size, (str, bytes)) or not isinstance(size, Sequence):
         raise TypeError(f"{name} must be a pair of ints (H, W), got {type(size).__name__}")
     if len(size) != 2:
         raise ValueError(f"{name} must be a pair of ints (H, W), got {size!r}")
+    if torch.compiler.is_exporting() and any(isinstance(v, torch.SymInt) for v in size):
+        return (size[0], size[1])
     return (
         check_int(f"{name}[0]", size[0], 1, MAX_SIDE),
         check_int(f"{name}[1]", size[1], 1, MAX_SIDE),

@@ -44,12 +44,21 @@ def _check_image_sizes(image_sizes: Any, batch: Tensor) -> list[tuple[int, int]]
     return sizes
 
 
+def _sizes_tensor(sizes: list[tuple[int, int]] | None, batch: Tensor) -> Tensor:
+    """``(B, 2)`` int64 ``(H, W)`` of every image; ``None``: the batch's size (symbolic)."""
+    if sizes is not None:
+        return torch.tensor(sizes, dtype=torch.long, device=batch.device)
+    h, w = batch.shape[-2:]
+    size = torch.stack([torch.full((), h), torch.full((), w)]).to(batch.device)
+    return size.expand(batch.shape[0], 2)
+
+
 def _check_image(name: str, image: Any, dims: int, device: torch.device) -> Tensor:
     if not isinstance(image, Tensor):
         raise TypeError(f"{name} must be a tensor, got {type(image).__name__}")
     if not (image.is_floating_point() or image.dtype == torch.uint8):
         raise TypeError(f"{name} must be uint8 or floating point (0-255 values), got {image.dtype}")
-    if image.dim() != dims or min(image.shape[-2:], default=0) < 1:
+    if image.dim() != dims or any(side < 1 for side in image.shape[-2:]):  # no min(): symbolic
         shape = "(B, C, H, W)" if dims == 4 else "(C, H, W)"
         hint = (
             " (one image? add the batch dimension: images.unsqueeze(0))" if image.dim() == 3 else ""
@@ -100,9 +109,12 @@ def normalize_images(
     _check_stats(mean, std)
     if isinstance(images, Tensor):
         batch = _check_image("images", images, 4, mean.device)
-        if image_sizes is None:
-            image_sizes = [tuple(images.shape[-2:])] * images.shape[0]
-        sizes = _check_image_sizes(image_sizes, batch)
+        if image_sizes is None and torch.compiler.is_exporting():
+            sizes = None  # the whole batch: a list would fix the (symbolic) batch size
+        elif image_sizes is None:
+            sizes = [(images.shape[-2], images.shape[-1])] * images.shape[0]
+        else:
+            sizes = _check_image_sizes(image_sizes, batch)
     elif isinstance(images, (list, tuple)) and images:
         for i, image in enumerate(images):
             _check_image(f"images[{i}]", image, 3, mean.device)
@@ -125,7 +137,8 @@ def normalize_images(
             f"images have {batch.shape[1]} channels, but the model normalises {mean.numel()} "
             f"(mean / pixel_mean has {mean.numel()} values)"
         )
-    batch = batch.as_subclass(Tensor)
+    if not torch.compiler.is_exporting():  # as_subclass of an export input becomes a constant
+        batch = batch.as_subclass(Tensor)
     checking = value_checks_enabled() and not torch.compiler.is_compiling()
     if checking and batch.is_floating_point() and not bool(torch.isfinite(batch).all()):
         raise ValueError("images must be finite (0-255 values), got NaN or inf pixels")
@@ -227,8 +240,18 @@ class Detector(ComposedModel):
     `visionblocks.value_checks_enabled` (the default; they cost one pass over the targets
     and one host synchronisation per step).
 
-    The eval path ends in data-dependent NMS: ``torch.compile`` works, ``torch.jit``
-    tracing and ``torch.export`` do not.
+    ``forward(images, padded=True)`` (eval mode) gives the export form instead of the list:
+    ``{"boxes" (B, K, 4), "scores" (B, K), "labels" (B, K), "num_detections" (B,)}``,
+    ``K`` the head's ``max_detections``, rows past ``num_detections[b]`` padding (labels
+    -1; `visionblocks.models.postprocess.postprocess_padded`, one NMS for the batch).
+
+    Export (eval mode, a ``(B, 3, H, W)`` tensor batch): ``torch.export.export`` strict and
+    non-strict, post-processing included (NMS sizes are unbacked symbols). With
+    ``padded=True``, batch size and ``H``, ``W`` (multiples of the largest stride) may be
+    dynamic (``torch.export.Dim``); the list form needs a static batch size.
+    ``torch.onnx.export(model, (x,), kwargs={"padded": True}, dynamo=True)`` exports the
+    padded form (NMS becomes ONNX ``NonMaxSuppression``); its four outputs are the dict's
+    values in that order. ``torch.jit`` tracing does not work (data-dependent NMS).
 
     Args:
         backbone: Returns a dict of feature maps (a `visionblocks.backbones.Backbone`).
@@ -268,11 +291,17 @@ class Detector(ComposedModel):
         images: Tensor | Sequence[Tensor],
         targets: Sequence[Mapping[str, Tensor]] | None = None,
         image_sizes: Sequence[tuple[int, int]] | None = None,
+        *,
+        padded: bool = False,
     ) -> dict[str, Tensor] | list[dict[str, Tensor]]:
         if self.training and targets is None:
             raise ValueError(
                 "the detector is in training mode and needs targets for its losses; call "
                 "model.eval() for detections"
+            )
+        if padded and not callable(getattr(self.head, "predict_padded", None)):
+            raise TypeError(
+                f"padded=True needs a head with predict_padded(), got {type(self.head).__name__}"
             )
         batch, sizes = normalize_images(images, self.pixel_mean, self.pixel_std, image_sizes)
         if self.training:  # checked before the forward: a mistake fails fast
@@ -288,7 +317,11 @@ class Detector(ComposedModel):
             losses = self.head.loss(outputs, checked)
             losses["loss"] = sum(losses.values())
             return losses
-        return self.head.predict(outputs, sizes)
+        if padded:
+            return self.head.predict_padded(outputs, _sizes_tensor(sizes, batch))
+        return self.head.predict(
+            outputs, sizes if sizes is not None else _sizes_tensor(sizes, batch)
+        )
 
 
 @MODELS.register(name="detector")

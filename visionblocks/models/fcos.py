@@ -18,7 +18,11 @@ from visionblocks.losses.focal import sigmoid_focal_loss
 from visionblocks.models._fcos_targets import centerness_target, grid_locations, match_batch
 from visionblocks.models._levels import check_levels, check_size
 from visionblocks.models._targets import prepare_targets
-from visionblocks.models.postprocess import decode_ltrb, postprocess_detections
+from visionblocks.models.postprocess import (
+    decode_ltrb,
+    postprocess_detections,
+    postprocess_padded,
+)
 from visionblocks.nn._limits import MAX_CHANNELS, MAX_REPEATS, MAX_STRIDE, check_channels
 from visionblocks.nn.conv import ConvNormAct
 from visionblocks.nn.layers import NormSpec, make_norm
@@ -231,7 +235,10 @@ class FCOSHead(nn.Module):
             distances = F.relu(self.scales[i] * regression[:, :4]) * self.strides[i]
             out["boxes"].append(distances.flatten(2).transpose(1, 2))
             out["centerness"].append(regression[:, 4].flatten(1))
-            out["sizes"].append((int(x.shape[-2]), int(x.shape[-1])))
+            if torch.compiler.is_exporting():  # symbolic sizes: int() would specialise them
+                out["sizes"].append((x.shape[-2], x.shape[-1]))
+            else:
+                out["sizes"].append((int(x.shape[-2]), int(x.shape[-1])))
         return out
 
     def _locations(self, outputs: Outputs, device: torch.device) -> tuple[Tensor, Tensor]:
@@ -303,9 +310,22 @@ class FCOSHead(nn.Module):
             outputs: What `forward` returned.
             image_sizes: ``(H, W)`` of every image (before padding).
 
+        Under ``torch.export`` the detections come from `predict_padded`, cut to each
+        image's ``num_detections`` (data-dependent sizes; the batch size must be static).
+
         Raises:
             TypeError, ValueError: Not one ``(H, W)`` pair of positive ints per image.
         """
+        if torch.compiler.is_exporting():
+            padded = self.predict_padded(outputs, image_sizes)
+            results = []
+            for b, count in enumerate(padded["num_detections"].unbind(0)):
+                n = count.item()
+                torch._check(n >= 0)
+                torch._check(n <= self.inference["max_detections"])
+                keys = ("boxes", "scores", "labels")
+                results.append({k: padded[k][b].narrow(0, 0, n) for k in keys})
+            return results
         batch = outputs["cls_logits"][0].shape[0]
         if isinstance(image_sizes, (str, bytes)) or not isinstance(image_sizes, Sequence):
             raise TypeError(f"image_sizes must be a list of (H, W) pairs, got {image_sizes!r}")
@@ -324,6 +344,46 @@ class FCOSHead(nn.Module):
                 boxes.append(decode_ltrb(level_points, outputs["boxes"][level][b].float()))
             results.append(postprocess_detections(scores, boxes, tuple(size), **self.inference))
         return results
+
+    @torch.no_grad()
+    def predict_padded(
+        self, outputs: Outputs, image_sizes: Tensor | Sequence[tuple[int, int]] | None = None
+    ) -> dict[str, Tensor]:
+        """Detections of the whole batch, padded: the export form of `predict`.
+
+        One vectorised pass (`visionblocks.models.postprocess.postprocess_padded`): no loop
+        over images, so ``torch.export`` with a dynamic batch size and ``torch.onnx.export``
+        trace it.
+
+        Args:
+            outputs: What `forward` returned.
+            image_sizes: ``(H, W)`` of every image (a ``(B, 2)`` tensor or a list of pairs);
+                ``None``: the whole padded size of the levels (stride times the finest
+                level's size).
+
+        Returns:
+            dict[str, Tensor]: ``boxes (B, K, 4)`` XYXY, ``scores (B, K)``, ``labels (B, K)``
+            (``-1`` for padding) and ``num_detections (B,)``, ``K = max_detections``.
+        """
+        cls_logits = outputs["cls_logits"]
+        batch, device = cls_logits[0].shape[0], cls_logits[0].device
+        if image_sizes is None:
+            h, w = outputs["sizes"][0]
+            size = torch.stack(
+                [torch.full((), h * self.strides[0]), torch.full((), w * self.strides[0])]
+            )
+            image_sizes = size.to(device).expand(batch, 2)
+        elif not isinstance(image_sizes, Tensor):
+            image_sizes = torch.tensor([list(s) for s in image_sizes], device=device)
+        scores, boxes = [], []
+        for level, (size, stride) in enumerate(zip(outputs["sizes"], self.strides)):
+            points, _ = grid_locations([size], [stride], device)
+            cls = torch.sigmoid(cls_logits[level].float())
+            ctr = torch.sigmoid(outputs["centerness"][level].float())
+            scores.append(torch.sqrt(cls * ctr[..., None]))
+            distances = outputs["boxes"][level].float()
+            boxes.append(decode_ltrb(points.expand(distances.shape[0], -1, -1), distances))
+        return postprocess_padded(scores, boxes, image_sizes, **self.inference)
 
     def extra_repr(self) -> str:
         return f"num_classes={self.num_classes}, strides={self.strides}"

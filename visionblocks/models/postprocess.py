@@ -12,7 +12,7 @@ from visionblocks._check import check_device, check_floating, check_int, check_n
 from visionblocks._value_checks import value_checks_enabled
 from visionblocks.models._levels import check_size
 
-__all__ = ["decode_ltrb", "postprocess_detections"]
+__all__ = ["decode_ltrb", "postprocess_detections", "postprocess_padded"]
 
 
 def decode_ltrb(points: Tensor, distances: Tensor) -> Tensor:
@@ -171,3 +171,91 @@ def _check_levels(scores: Any, boxes: Any) -> None:
                 f"outputs, not logits), got values in [{scores[level].min().item()}, "
                 f"{scores[level].max().item()}]"
             )
+
+
+def postprocess_padded(
+    scores: Sequence[Tensor],
+    boxes: Sequence[Tensor],
+    image_sizes: Tensor,
+    *,
+    score_thresh: float = 0.05,
+    topk_candidates: int = 1000,
+    nms_thresh: float = 0.6,
+    max_detections: int = 100,
+) -> dict[str, Tensor]:
+    """`postprocess_detections` of a whole batch at once, padded to ``max_detections``.
+
+    The export form of the post-processing: no Python loop over images and no host
+    synchronisation, so ``torch.export`` (dynamic batch and image size) and
+    ``torch.onnx.export(..., dynamo=True)`` trace it. Per level, the ``topk_candidates``
+    best (location, class) pairs of each image; the pairs above ``score_thresh`` of the whole
+    batch (``nonzero``: a data-dependent size) are clipped to their image, and one
+    ``torchvision.ops.nms`` with boxes offset per (image, class) (the coordinate trick of
+    ``batched_nms``; clipping bounds the offset by the largest image side) keeps the
+    detections; the ``max_detections`` best of each image are scattered into the output.
+    The same detections as `postprocess_detections`, image by image (ties in score may
+    order differently).
+
+    Args:
+        scores (Sequence[Tensor[B, A_l, C]]): Class scores in ``[0, 1]`` per level.
+        boxes (Sequence[Tensor[B, A_l, 4]]): XYXY boxes of the locations per level.
+        image_sizes (Tensor[B, 2]): ``(H, W)`` of every image, to clip to.
+        score_thresh, topk_candidates, nms_thresh, max_detections: As
+            `postprocess_detections`.
+
+    Returns:
+        dict[str, Tensor]: ``boxes (Tensor[B, K, 4])``, ``scores (Tensor[B, K])``,
+        ``labels (Tensor[B, K])`` int64 and ``num_detections (Tensor[B])`` int64, with
+        ``K = max_detections``: the first ``num_detections[b]`` rows of image ``b``, sorted
+        by decreasing score, are its detections; the rest is padding (boxes and scores 0,
+        labels -1).
+
+    Examples:
+        >>> scores = [torch.tensor([[[0.9, 0.1], [0.8, 0.0]]])]
+        >>> boxes = [torch.tensor([[[0.0, 0.0, 10.0, 10.0], [1.0, 1.0, 11.0, 11.0]]])]
+        >>> out = postprocess_padded(scores, boxes, torch.tensor([[8, 8]]), max_detections=3)
+        >>> out["scores"], out["labels"], out["num_detections"]
+        (tensor([[0.9000, 0.1000, 0.0000]]), tensor([[ 0,  1, -1]]), tensor([2]))
+    """
+    from torchvision.ops import nms
+
+    check_number("score_thresh", score_thresh, 0.0, 1.0)
+    check_number("nms_thresh", nms_thresh, 0.0, 1.0)
+    check_int("topk_candidates", topk_candidates, 1)
+    check_int("max_detections", max_detections, 1)
+    batch, num_classes = scores[0].shape[0], scores[0].shape[-1]
+    cand_scores, cand_boxes, cand_labels = [], [], []
+    for level_scores, level_boxes in zip(scores, boxes):
+        flat = level_scores.flatten(1)
+        k = torch.sym_min(topk_candidates, flat.shape[1])
+        values, index = flat.topk(k, dim=1)
+        cand_scores.append(values)
+        cand_labels.append(index % num_classes)
+        rows = (index // num_classes).unsqueeze(-1).expand(-1, -1, 4)
+        cand_boxes.append(level_boxes.gather(1, rows))
+    all_scores, all_labels = torch.cat(cand_scores, 1), torch.cat(cand_labels, 1)
+    sizes = image_sizes.to(device=all_scores.device, dtype=torch.float32)
+    bound = sizes.flip(-1).repeat(1, 2)[:, None, :]  # (W, H, W, H) per image
+    all_boxes = torch.cat(cand_boxes, 1).float().clamp(min=0.0).minimum(bound)
+    image, slot = torch.nonzero(all_scores > score_thresh, as_tuple=True)
+    kept_scores, kept_labels = all_scores[image, slot], all_labels[image, slot]
+    kept_boxes = all_boxes[image, slot]
+    group = (image * num_classes + kept_labels).to(kept_boxes.dtype)
+    offset = group[:, None] * (all_boxes.max() + 1.0)  # boxes of two groups never overlap
+    keep = nms(kept_boxes + offset, kept_scores.float(), nms_thresh)  # by decreasing score
+    image = image[keep]
+    one_hot = image[:, None] == torch.arange(batch, device=image.device)[None, :]
+    rank = (one_hot.cumsum(0) * one_hot).sum(1) - 1  # rank of a detection in its image
+    rank = rank.clamp(max=max_detections)  # beyond max_detections: the dropped last slot
+    out_boxes = kept_boxes.new_zeros((batch, max_detections + 1, 4))
+    out_scores = kept_scores.new_zeros((batch, max_detections + 1))
+    out_labels = kept_labels.new_full((batch, max_detections + 1), -1)
+    out_boxes = out_boxes.index_put((image, rank), kept_boxes[keep])
+    out_scores = out_scores.index_put((image, rank), kept_scores[keep])
+    out_labels = out_labels.index_put((image, rank), kept_labels[keep])
+    return {
+        "boxes": out_boxes[:, :max_detections],
+        "scores": out_scores[:, :max_detections],
+        "labels": out_labels[:, :max_detections],
+        "num_detections": one_hot.sum(0).clamp(max=max_detections),
+    }

@@ -240,6 +240,10 @@ class Segmenter(ComposedModel):
     gives label maps. Images are a ``(B, 3, H, W)`` tensor in ``[0, 255]``, normalised inside
     the model as in `visionblocks.models.Detector`.
 
+    Export (eval mode): ``torch.export.export`` (strict and non-strict) and
+    ``torch.onnx.export(..., dynamo=True)`` of ``forward`` (logits), batch size and ``H``,
+    ``W`` (multiples of the largest stride) dynamic.
+
     ``targets`` must be an integer tensor of the images' batch size, height and width, on
     their device; with value checks on (`visionblocks.value_checks_enabled`), every label
     is in ``[0, num_classes)`` or the head's ``ignore_index``.

@@ -24,6 +24,7 @@ from visionblocks._check import (
     check_type,
     is_tracing,
 )
+from visionblocks.nn._export_paths import local_filter_plain
 from visionblocks.nn._limits import MAX_CHANNELS, MAX_KERNEL_SIZE, MAX_WINDOW
 from visionblocks.ops.local import check_window, local_filter
 from visionblocks.registry import LAYERS
@@ -142,6 +143,8 @@ class Involution2d(nn.Module):
         """Involve ``x (B, C, H, W)`` with its own kernels."""
         if not is_tracing(x):  # reading self.span.weight would show in a torch.fx graph
             check_image_batch("x", x, self.channels, weight=self.span.weight)
+        if torch.compiler.is_exporting():  # the threaded op does not trace
+            return local_filter_plain(x, self.kernels(x), self.kernel_size, stride=self.stride)
         return local_filter(x, self.kernels(x), self.kernel_size, stride=self.stride)
 
     def extra_repr(self) -> str:
@@ -236,6 +239,8 @@ class LocalFilter2d(nn.Module):
                 _check_kernels(kernels, x, self.groups * self.kernel_size**2)
         if kernels is None:
             kernels = self.predict_kernels(x)
+        if torch.compiler.is_exporting():  # the threaded op does not trace
+            return local_filter_plain(x, kernels, self.kernel_size, self.dilation)
         return local_filter(x, kernels, self.kernel_size, self.dilation)
 
     def extra_repr(self) -> str:

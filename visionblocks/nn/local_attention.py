@@ -8,9 +8,11 @@ materialises the ``k*k``-times unfolded keys or values.
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor, nn
 
 from visionblocks._check import check_image_batch, check_int, check_type, is_tracing
+from visionblocks.nn._export_paths import local_attention_plain
 from visionblocks.nn._limits import MAX_CHANNELS, MAX_KERNEL_SIZE, MAX_WINDOW
 from visionblocks.ops.local_attention import local_attention2d
 from visionblocks.registry import LAYERS
@@ -96,7 +98,10 @@ class LocalAttention2d(nn.Module):
         if not is_tracing(x):  # reading self.qkv.weight would show in a torch.fx graph
             check_image_batch("x", x, self.channels, weight=self.qkv.weight)
         q, k, v = self.qkv(x).chunk(3, dim=1)
-        out = local_attention2d(q, k, v, self.kernel_size, self.dilation, self.num_heads)
+        if torch.compiler.is_exporting():  # the threaded op does not trace
+            out = local_attention_plain(q, k, v, self.kernel_size, self.dilation, self.num_heads)
+        else:
+            out = local_attention2d(q, k, v, self.kernel_size, self.dilation, self.num_heads)
         return self.proj(out)
 
     def extra_repr(self) -> str:

@@ -1,0 +1,384 @@
+"""Export a model to a deployable file and check the file against the eager model.
+
+`export_model` writes a ``torch.export`` program (``.pt2``, `torch.export.save`) or an ONNX
+file (``torch.onnx.export(..., dynamo=True)``), with a dynamic batch size and, optionally,
+dynamic image height and width (multiples of the model's largest stride). It then runs the
+written file once on the example input (`torch.export.load` for ``.pt2``, onnxruntime on the
+CPU for ONNX) and reports the largest absolute difference from the eager output, and the
+file's size. When the export fails, it finds the innermost submodule whose own export fails
+and names it (`ExportError`), so the message says which part of the model to change.
+
+``visionblocks export CONFIG_OR_CHECKPOINT --format onnx|pt2 --out FILE`` is the command-line
+form (`load_for_export` builds the model and loads its weights).
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from torch.utils import _pytree as pytree
+
+from visionblocks._check import check_choice, check_type
+
+__all__ = [
+    "FORMATS",
+    "ExportError",
+    "ExportResult",
+    "export_kwargs",
+    "export_model",
+    "load_for_export",
+    "max_stride",
+]
+
+FORMATS: tuple[str, ...] = ("onnx", "pt2")
+"""The file formats `export_model` writes."""
+
+
+class ExportError(RuntimeError):
+    """An export failed; ``module_path`` names the innermost submodule whose export fails
+    (``""``: the model's own forward), ``module_type`` its class name."""
+
+    def __init__(self, message: str, module_path: str, module_type: str) -> None:
+        super().__init__(message)
+        self.module_path, self.module_type = module_path, module_type
+
+
+@dataclass
+class ExportResult:
+    """What `export_model` wrote and how the file compares with the eager model.
+
+    Attributes:
+        path: The written file.
+        format: ``"onnx"`` or ``"pt2"``.
+        size_bytes: Its size.
+        max_abs_diff: Largest absolute difference between the file's outputs and the eager
+            outputs on the example input (over every output tensor; integer outputs too).
+            Padded detections are compared in one order (score, then label, then box), so
+            detections with tied scores that NMS left in another order still compare equal.
+        outputs: Number of output tensors compared.
+    """
+
+    path: Path
+    format: str
+    size_bytes: int
+    max_abs_diff: float
+    outputs: int
+
+
+def _dynamic_shapes(
+    model: nn.Module, example: Tensor, kwargs: Mapping[str, Any], dynamic_hw: bool, stride: int
+) -> dict[str, Any]:
+    # torch.export specialises a size of 1 (and a multiple 1 of the stride) to a constant
+    if example.dim() < 3 or example.shape[0] < 2:
+        raise ValueError(
+            f"a dynamic batch size needs an example batch of at least 2 images, got shape "
+            f"{tuple(example.shape)}"
+        )
+    dims: dict[int, Any] = {0: torch.export.Dim("batch", min=1, max=1024)}
+    if dynamic_hw:
+        h, w = example.shape[-2:]
+        if h % stride or w % stride or min(h, w) < 2 * stride:
+            raise ValueError(
+                f"dynamic height and width need an example whose size is a multiple of the "
+                f"stride {stride}, at least {2 * stride}, got {h}x{w} (pass dynamic_hw=False "
+                "for a fixed size)"
+            )
+        dims[example.dim() - 2] = stride * torch.export.Dim("h_blocks", min=1, max=4096 // stride)
+        dims[example.dim() - 1] = stride * torch.export.Dim("w_blocks", min=1, max=4096 // stride)
+    first = next(iter(inspect.signature(model.forward).parameters))
+    return {first: dims} | {name: None for name in kwargs}
+
+
+def _leaves(value: Any) -> list[Tensor]:
+    return [v for v in pytree.tree_leaves(value) if isinstance(v, Tensor)]
+
+
+_DETECTIONS = ("boxes", "scores", "labels", "num_detections")
+
+
+def _canonical(leaves: Sequence[Any], structure: Any) -> list[Tensor]:
+    """Padded detections (`visionblocks.models.Detector` with ``padded=True``) in one order
+    on both sides: by score (to 1e-4), then label, then box, so detections whose scores tie
+    compare equal whichever order NMS left them in. Any other output is returned as is."""
+    tensors = [torch.as_tensor(v) for v in leaves]
+    if not (isinstance(structure, Mapping) and tuple(structure) == _DETECTIONS):
+        return tensors
+    boxes, scores, labels, count = tensors
+    if boxes.dim() != 3:
+        return tensors
+    order = torch.arange(scores.shape[1]).expand_as(scores).clone()
+    keys = [boxes[..., 3], boxes[..., 2], boxes[..., 1], boxes[..., 0], labels.double(),
+            -(scores.double() * 1e4).round()]  # fmt: skip
+    for key in keys:  # least significant first; stable sorts keep the earlier keys' order
+        index = torch.sort(torch.gather(key, 1, order), dim=1, stable=True).indices
+        order = torch.gather(order, 1, index)
+    return [
+        torch.gather(boxes, 1, order.unsqueeze(-1).expand_as(boxes)),
+        torch.gather(scores, 1, order),
+        torch.gather(labels, 1, order),
+        count,
+    ]
+
+
+def _max_diff(ours: Sequence[Any], expected: Sequence[Tensor]) -> float:
+    if len(ours) != len(expected):
+        raise RuntimeError(
+            f"the exported file returns {len(ours)} tensors, the eager model {len(expected)}"
+        )
+    worst = 0.0
+    for i, (a, b) in enumerate(zip(ours, expected, strict=True)):
+        a = torch.as_tensor(a)
+        if tuple(a.shape) != tuple(b.shape):
+            raise RuntimeError(
+                f"output {i}: the exported file gives shape {tuple(a.shape)}, the eager model "
+                f"{tuple(b.shape)}"
+            )
+        if a.numel():
+            diff = (a.double() - b.detach().cpu().double()).abs().max().item()
+            worst = max(worst, diff)
+    return worst
+
+
+def _record_inputs(
+    model: nn.Module, args: tuple[Any, ...], kwargs: Mapping[str, Any]
+) -> dict[str, tuple[Any, Any]]:
+    """The first ``(args, kwargs)`` each submodule is called with in ``model(*args)``."""
+    seen: dict[str, tuple[Any, Any]] = {}
+    handles = []
+    for name, module in model.named_modules():
+        if not name:
+            continue
+
+        def hook(mod: nn.Module, a: Any, kw: Any, name: str = name) -> None:
+            seen.setdefault(name, (a, kw))
+
+        handles.append(module.register_forward_pre_hook(hook, with_kwargs=True))
+    try:
+        with torch.no_grad():
+            model(*args, **kwargs)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return seen
+
+
+def _exports(module: nn.Module, args: Any, kwargs: Any) -> BaseException | None:
+    try:
+        torch.export.export(module, tuple(args), dict(kwargs), strict=False)
+    except Exception as err:  # the failure is the answer
+        return err
+    return None
+
+
+def _locate(
+    model: nn.Module, args: tuple[Any, ...], kwargs: Mapping[str, Any], error: BaseException
+) -> ExportError:
+    """The innermost submodule whose own export fails, as an `ExportError`."""
+    try:
+        inputs = _record_inputs(model, args, kwargs)
+    except Exception:  # the eager model fails too: report the export error as it is
+        inputs = {}
+    path, module, cause = "", model, error
+    while True:
+        for name, child in module.named_children():
+            full = f"{path}.{name}" if path else name
+            if full not in inputs:
+                continue  # did not run
+            failure = _exports(child, *inputs[full])
+            if failure is not None:
+                path, module, cause = full, child, failure
+                break
+        else:
+            break
+    where = (
+        f"module '{path}' ({type(module).__name__})"
+        if path
+        else (f"the forward of {type(module).__name__} itself (no submodule fails on its own)")
+    )
+    first = (str(cause).strip().splitlines() or [""])[0][:300].rstrip(".")
+    return ExportError(
+        f"export failed in {where}: {type(cause).__name__}: {first}. Replace that module by "
+        "an exportable one or keep it out of the exported part (export the submodules before "
+        "it); if the failure is about dynamic sizes, export a fixed image size "
+        "(dynamic_hw=False, or --static on the command line)",
+        path,
+        type(module).__name__,
+    )
+
+
+def export_model(
+    model: nn.Module,
+    example: Tensor,
+    path: str | os.PathLike[str],
+    format: str = "onnx",
+    *,
+    dynamic_hw: bool = True,
+    stride: int = 32,
+    kwargs: Mapping[str, Any] | None = None,
+) -> ExportResult:
+    """Export ``model`` (in eval mode) for ``example`` and check the file against eager.
+
+    The batch size is dynamic; with ``dynamic_hw`` the height and width are too (multiples
+    of ``stride``). Give an example of at least 2 images and, with ``dynamic_hw``, of a size
+    that is a multiple of ``stride``, at least twice it: ``torch.export`` would fix a size of
+    1 (or one stride) as a constant. The model is put in eval mode (and put back afterwards).
+
+    Args:
+        model: The module; called as ``model(example)``.
+        example (Tensor[B, C, H, W]): An input the model accepts.
+        path: The file to write (parent folders are created).
+        format: ``"onnx"`` (``torch.onnx.export(dynamo=True)``, checked with onnxruntime on
+            the CPU) or ``"pt2"`` (`torch.export.save`, checked with `torch.export.load`).
+        dynamic_hw: Make height and width dynamic as well as the batch size.
+        stride: The largest stride of the model: dynamic sizes are multiples of it.
+        kwargs: Keyword arguments of every call (exported as constants), e.g.
+            ``{"padded": True}`` for the export form of a `visionblocks.models.Detector`
+            (`export_kwargs` gives them).
+
+    Returns:
+        ExportResult: The file, its size and the largest difference from eager.
+
+    Raises:
+        TypeError: ``model`` not a module or ``example`` not a tensor.
+        ValueError: An unknown ``format``, a batch of one image, or (with ``dynamic_hw``) a
+            size that is not a multiple of ``stride`` or is below twice it.
+        ExportError: The export failed; the message names the innermost submodule whose
+            export fails and says what to do.
+        ImportError: ``format="onnx"`` without ``onnx``, ``onnxscript`` or ``onnxruntime``.
+
+    Examples:
+        >>> import tempfile, torch
+        >>> from visionblocks.nn import ConvNormAct
+        >>> block = ConvNormAct(3, 8, 3)
+        >>> with tempfile.TemporaryDirectory() as tmp:
+        ...     result = export_model(block, torch.rand(2, 3, 64, 64), f"{tmp}/block.pt2", "pt2")
+        >>> result.max_abs_diff < 1e-5, result.outputs
+        (True, 1)
+    """
+    check_type("model", model, nn.Module)
+    check_type("example", example, Tensor)
+    check_choice("format", format, FORMATS)
+    kwargs = dict(kwargs or {})
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            eager = model(example, **kwargs)
+        expected = _canonical(_leaves(eager), eager)
+        shapes = _dynamic_shapes(model, example, kwargs, dynamic_hw, stride)
+        try:
+            if format == "pt2":
+                program = torch.export.export(model, (example,), kwargs, dynamic_shapes=shapes)
+            else:
+                program = torch.onnx.export(
+                    model, (example,), kwargs=kwargs, dynamo=True, dynamic_shapes=shapes,
+                    verbose=False,
+                )  # fmt: skip
+        except Exception as err:
+            raise _locate(model, (example,), kwargs, err) from err
+        if format == "pt2":
+            torch.export.save(program, str(path))
+            loaded = torch.export.load(str(path)).module()
+            with torch.no_grad():
+                got = _leaves(loaded(example, **kwargs))
+        else:
+            program.save(str(path))
+            got = _run_onnx(path, example)
+    finally:
+        model.train(was_training)
+    diff = _max_diff(_canonical(got, eager), expected)
+    return ExportResult(path, format, path.stat().st_size, diff, len(got))
+
+
+def _run_onnx(path: Path, example: Tensor) -> list[Any]:
+    import onnxruntime
+
+    session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    name = session.get_inputs()[0].name
+    return session.run(None, {name: example.detach().cpu().numpy()})
+
+
+def export_kwargs(model: nn.Module) -> dict[str, Any]:
+    """The keyword arguments that select ``model``'s export form: ``{"padded": True}`` when
+    its ``forward`` takes ``padded`` (a `visionblocks.models.Detector`: fixed-size outputs
+    instead of a list of per-image dicts), else none.
+
+    Examples:
+        >>> export_kwargs(torch.nn.Identity())
+        {}
+    """
+    params = inspect.signature(model.forward).parameters
+    return {"padded": True} if "padded" in params else {}
+
+
+def max_stride(model: nn.Module, default: int = 32) -> int:
+    """The largest stride of ``model``'s outputs: the largest of ``model.head.strides`` (a
+    `visionblocks.models.Detector`), else of ``model.strides``, else ``default``.
+
+    Examples:
+        >>> max_stride(torch.nn.Identity())
+        32
+    """
+    for owner in (getattr(model, "head", None), model):
+        strides = getattr(owner, "strides", None)
+        if isinstance(strides, Sequence) and strides and all(isinstance(s, int) for s in strides):
+            return max(strides)
+    return default
+
+
+def load_for_export(
+    source: str | os.PathLike[str], weights: str | os.PathLike[str] | None = None
+) -> nn.Module:
+    """Build the model a config or checkpoint file describes, with its weights loaded.
+
+    ``source`` is either a JSON config (a ``MODELS.build`` config, or ``{"model": config,
+    "weights": path}`` with the weights' path relative to the config file), or a checkpoint
+    (a ``torch.save`` dict) holding the config under ``"config"`` and the state dict under
+    ``"model"`` or ``"state_dict"``. ``weights`` (a checkpoint path) overrides the weights the
+    source names. Weights load with `visionblocks.weights.load_partial` (every parameter of
+    the model must load).
+
+    Raises:
+        FileNotFoundError: A file that does not exist.
+        ValueError: A config that is not a JSON object, or a checkpoint without a config.
+    """
+    from visionblocks.registry import MODELS
+    from visionblocks.weights import load_partial
+
+    source = Path(source)
+    if not source.is_file():
+        raise FileNotFoundError(f"no such config or checkpoint file: '{source}'")
+    state: Any = None
+    if source.suffix.lower() == ".json":
+        cfg = json.loads(source.read_text(encoding="utf-8"))
+        if not isinstance(cfg, Mapping):
+            raise ValueError(f"{source}: a config must be a JSON object, got {type(cfg).__name__}")
+        if "model" in cfg and isinstance(cfg["model"], Mapping):
+            if cfg.get("weights") and weights is None:
+                weights = source.parent / str(cfg["weights"])
+            cfg = cfg["model"]
+    else:
+        checkpoint = torch.load(source, map_location="cpu", weights_only=True)
+        cfg = checkpoint.get("config") if isinstance(checkpoint, Mapping) else None
+        if not isinstance(cfg, Mapping):
+            raise ValueError(
+                f"{source}: a checkpoint to export must hold the model's config under "
+                "'config' (a dict for MODELS.build); or pass a JSON config and --weights"
+            )
+        state = checkpoint.get("model", checkpoint.get("state_dict"))
+    model = MODELS.build(dict(cfg))
+    if weights is not None:
+        load_partial(model, weights, require="*")
+    elif state is not None:
+        load_partial(model, state, require="*")
+    return model.eval()
