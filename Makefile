@@ -31,7 +31,7 @@ test: lint $(STAMP)
 	$(MAKE) docs-build
 
 # Train the reference detector on synthetic COCO and evaluate it (a few minutes on a CPU);
-# writes demo-out/metrics.json, predictions.png and loss.png.
+# writes demo-out/metrics.json, model.pt, model.onnx, predictions.png and loss.png.
 demo: $(STAMP)
 	$(PY) -m visionblocks demo --out demo-out
 

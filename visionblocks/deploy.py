@@ -16,8 +16,11 @@ from __future__ import annotations
 
 import inspect
 import json
+import logging
 import os
-from collections.abc import Mapping, Sequence
+import warnings
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,7 +29,7 @@ import torch
 from torch import Tensor, nn
 from torch.utils import _pytree as pytree
 
-from visionblocks._check import check_choice, check_type
+from visionblocks._check import check_choice, check_device, check_type
 
 __all__ = [
     "FORMATS",
@@ -248,8 +251,9 @@ def export_model(
 
     Raises:
         TypeError: ``model`` not a module or ``example`` not a tensor.
-        ValueError: An unknown ``format``, a batch of one image, or (with ``dynamic_hw``) a
-            size that is not a multiple of ``stride`` or is below twice it.
+        ValueError: An unknown ``format``, an example that is not a ``(B, C, H, W)`` uint8 or
+            floating-point batch, a batch of one image, a ``stride`` below 1, or (with
+            ``dynamic_hw``) a size that is not a multiple of ``stride`` or is below twice it.
         ExportError: The export failed; the message names the innermost submodule whose
             export fails and says what to do.
         ImportError: ``format="onnx"`` without ``onnx``, ``onnxscript`` or ``onnxruntime``.
@@ -265,7 +269,23 @@ def export_model(
     """
     check_type("model", model, nn.Module)
     check_type("example", example, Tensor)
+    check_type("path", path, (str, os.PathLike))
     check_choice("format", format, FORMATS)
+    if example.dim() != 4 or not (example.is_floating_point() or example.dtype == torch.uint8):
+        raise ValueError(
+            f"example must be a (B, C, H, W) uint8 or floating-point batch, got shape "
+            f"{tuple(example.shape)} and dtype {example.dtype}"
+        )
+    weight = next(iter(model.parameters()), None)
+    if weight is not None:
+        check_device("example", example, weight.device, "the model's parameters")
+    check_type("dynamic_hw", dynamic_hw, bool)
+    if not isinstance(stride, int) or isinstance(stride, bool) or stride < 1:
+        raise ValueError(f"stride must be an int >= 1, got {stride!r}")
+    if kwargs is not None and not isinstance(kwargs, Mapping):
+        raise TypeError(
+            f"kwargs must be a mapping of keyword arguments, got {type(kwargs).__name__}"
+        )
     kwargs = dict(kwargs or {})
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -277,13 +297,14 @@ def export_model(
         expected = _canonical(_leaves(eager), eager)
         shapes = _dynamic_shapes(model, example, kwargs, dynamic_hw, stride)
         try:
-            if format == "pt2":
-                program = torch.export.export(model, (example,), kwargs, dynamic_shapes=shapes)
-            else:
-                program = torch.onnx.export(
-                    model, (example,), kwargs=kwargs, dynamo=True, dynamic_shapes=shapes,
-                    verbose=False,
-                )  # fmt: skip
+            with _quiet_exporters():
+                if format == "pt2":
+                    program = torch.export.export(model, (example,), kwargs, dynamic_shapes=shapes)
+                else:
+                    program = torch.onnx.export(
+                        model, (example,), kwargs=kwargs, dynamo=True, dynamic_shapes=shapes,
+                        verbose=False,
+                    )  # fmt: skip
         except Exception as err:
             raise _locate(model, (example,), kwargs, err) from err
         if format == "pt2":
@@ -298,6 +319,23 @@ def export_model(
         model.train(was_training)
     diff = _max_diff(_canonical(got, eager), expected)
     return ExportResult(path, format, path.stat().st_size, diff, len(got))
+
+
+@contextmanager
+def _quiet_exporters() -> Iterator[None]:
+    """Silence the exporters' notes to their own developers (deprecations inside
+    torchvision's NMS registration, onnx_ir's attribute-type defaults, axis renaming); errors
+    and every other warning still show."""
+    notes = logging.getLogger("onnx_ir")
+    level = notes.level
+    notes.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*create_unbacked_symint.*")
+            warnings.filterwarnings("ignore", message=".*different number of inputs than the")
+            yield
+    finally:
+        notes.setLevel(level)
 
 
 def _run_onnx(path: Path, example: Tensor) -> list[Any]:
@@ -317,6 +355,7 @@ def export_kwargs(model: nn.Module) -> dict[str, Any]:
         >>> export_kwargs(torch.nn.Identity())
         {}
     """
+    check_type("model", model, nn.Module)
     params = inspect.signature(model.forward).parameters
     return {"padded": True} if "padded" in params else {}
 
@@ -329,6 +368,7 @@ def max_stride(model: nn.Module, default: int = 32) -> int:
         >>> max_stride(torch.nn.Identity())
         32
     """
+    check_type("model", model, nn.Module)
     for owner in (getattr(model, "head", None), model):
         strides = getattr(owner, "strides", None)
         if isinstance(strides, Sequence) and strides and all(isinstance(s, int) for s in strides):
@@ -348,16 +388,36 @@ def load_for_export(
     source names. Weights load with `visionblocks.weights.load_partial` (every parameter of
     the model must load).
 
+    Returns:
+        nn.Module: The model, in eval mode.
+
     Raises:
+        TypeError: ``source`` or ``weights`` not a path.
         FileNotFoundError: A file that does not exist.
         ValueError: A config that is not a JSON object, or a checkpoint without a config.
+
+    Examples:
+        >>> import json, tempfile
+        >>> cfg = {"type": "detector", "backbone": {"type": "vb_tiny", "out_indices": [1, 2, 3]},
+        ...        "neck": {"type": "fpn", "out_channels": 16},
+        ...        "head": {"type": "fcos", "num_classes": 3, "num_convs": 1}}
+        >>> with tempfile.TemporaryDirectory() as tmp:
+        ...     _ = Path(tmp, "cfg.json").write_text(json.dumps(cfg))
+        ...     model = load_for_export(Path(tmp, "cfg.json"))
+        >>> type(model).__name__, model.training
+        ('Detector', False)
     """
     from visionblocks.registry import MODELS
     from visionblocks.weights import load_partial
 
+    check_type("source", source, (str, os.PathLike))
+    if weights is not None:
+        check_type("weights", weights, (str, os.PathLike))
     source = Path(source)
     if not source.is_file():
-        raise FileNotFoundError(f"no such config or checkpoint file: '{source}'")
+        raise FileNotFoundError(f"source: no such config or checkpoint file: '{source}'")
+    if weights is not None and not Path(weights).is_file():
+        raise FileNotFoundError(f"weights: no such checkpoint file: '{weights}'")
     state: Any = None
     if source.suffix.lower() == ".json":
         cfg = json.loads(source.read_text(encoding="utf-8"))

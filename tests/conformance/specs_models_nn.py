@@ -10,6 +10,9 @@ spec tables are kept one spec per few lines (``fmt: off``): they are data.
 
 from __future__ import annotations
 
+import json
+import os
+import tempfile
 from typing import Any
 
 import torch
@@ -25,6 +28,14 @@ from visionblocks.backbones import (
     torchvision_backbone,
     vb_tiny,
 )
+from visionblocks.deploy import (
+    ExportError,
+    ExportResult,
+    export_kwargs,
+    export_model,
+    load_for_export,
+    max_stride,
+)
 from visionblocks.features import IntermediateLayerGetter, feature_info
 from visionblocks.models import (
     FPN,
@@ -38,6 +49,7 @@ from visionblocks.models import (
     postprocess_detections,
 )
 from visionblocks.models.detector import normalize_images, training_targets
+from visionblocks.models.postprocess import postprocess_padded
 from visionblocks.nn import (
     ChannelShuffle,
     ConvNormAct,
@@ -444,6 +456,67 @@ BACKBONE_SPECS: list[Spec] = [
 ]
 # fmt: on
 
-SPECS: list[Spec] = [*NN_SPECS, *MODEL_SPECS, *BACKBONE_SPECS]
 
-EXEMPT: dict[object, str] = {}  # every public callable of these packages has a spec
+def _padded() -> tuple[Any, dict[str, Any]]:
+    s0, b0 = _level_scores()[1].values()
+    return postprocess_padded, {
+        "scores": [s0[None], s0[None, :2]],
+        "boxes": [b0[None], b0[None, :2]],
+        "image_sizes": torch.tensor([[32, 32]]),
+        "score_thresh": 0.05,
+        "topk_candidates": 100,
+        "nms_thresh": 0.6,
+        "max_detections": 10,
+    }
+
+
+def _detector_config(tmp: str) -> str:
+    path = os.path.join(tmp, "detector.json")
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(
+            {
+                "type": "detector",
+                "backbone": {"type": "vb_tiny", "out_indices": [1, 2, 3]},
+                "neck": {"type": "fpn", "out_channels": 16},
+                "head": {"type": "fcos", "num_classes": 3, "num_convs": 1},
+            },
+            f,
+        )
+    return path
+
+
+# fmt: off
+DEPLOY_SPECS: list[Spec] = [
+    Spec(postprocess_padded, _padded,
+         args=[Arg("scores", "sequence"), Arg("boxes", "sequence"),
+               Arg("image_sizes", "int_tensor", accept={"negative"}),
+               Arg("score_thresh", "float"), Arg("nms_thresh", "float"),
+               *_ints("topk_candidates", "max_detections")]),
+    Spec(export_model, lambda: (export_model, {
+            "model": nn.Sequential(ConvNormAct(3, 4, 3)).eval(),
+            "example": torch.rand(2, 3, 64, 64),
+            "path": os.path.join(tempfile.mkdtemp(), "m.pt2"),
+            "format": "pt2", "dynamic_hw": True, "stride": 32}),
+         args=[Arg("model", "module"),
+               # NaN/inf pixels export like any others: an accepted mutation runs an export
+               Arg("example", "tensor", skip={"nan", "inf"}),
+               Arg("path", "path", skip={"missing"}),  # the file to write
+               Arg("format", "choice"), *_bools("dynamic_hw"),
+               Arg("stride", "int", skip={"huge"})]),
+    Spec(load_for_export, lambda: (load_for_export, {
+            "source": _detector_config(tempfile.mkdtemp()), "weights": None}),
+         args=[Arg("source", "path"), Arg("weights", "path", optional=True)],
+         errors=(FileNotFoundError,)),
+    Spec(max_stride, lambda: (max_stride, {"model": nn.Conv2d(3, 3, 1)}),
+         args=[Arg("model", "module")]),
+    Spec(export_kwargs, lambda: (export_kwargs, {"model": nn.Conv2d(3, 3, 1)}),
+         args=[Arg("model", "module")]),
+]
+# fmt: on
+
+SPECS: list[Spec] = [*NN_SPECS, *MODEL_SPECS, *BACKBONE_SPECS, *DEPLOY_SPECS]
+
+EXEMPT: dict[object, str] = {
+    ExportError: "an exception that export_model raises; users do not build it",
+    ExportResult: "the record export_model returns; users do not build it",
+}

@@ -136,8 +136,9 @@ def postprocess_detections(
     return {"boxes": out_boxes[keep], "scores": out_scores[keep], "labels": out_labels[keep]}
 
 
-def _check_levels(scores: Any, boxes: Any) -> None:
-    """Per level: ``scores[l]`` a ``(A_l, C)`` and ``boxes[l]`` an ``(A_l, 4)`` float tensor."""
+def _check_levels(scores: Any, boxes: Any, batched: bool = False) -> None:
+    """Per level: ``scores[l]`` a ``(A_l, C)`` and ``boxes[l]`` an ``(A_l, 4)`` float tensor
+    (``batched``: ``(B, A_l, C)`` and ``(B, A_l, 4)``, one ``B`` for every level)."""
     for name, value in (("scores", scores), ("boxes", boxes)):
         if not isinstance(value, (list, tuple)):
             raise TypeError(
@@ -150,15 +151,23 @@ def _check_levels(scores: Any, boxes: Any) -> None:
     for level, (s, b) in enumerate(zip(scores, boxes)):
         check_floating(f"scores[{level}]", s)
         check_floating(f"boxes[{level}]", b)
-        if s.dim() != 2 or b.dim() != 2 or b.shape[1] != 4 or s.shape[0] != b.shape[0]:
+        dims, lead = (3, "B, A") if batched else (2, "A")
+        if (
+            s.dim() != dims
+            or b.dim() != dims
+            or b.shape[-1] != 4
+            or s.shape[:-1] != b.shape[:-1]
+            or s.shape[:-2] != scores[0].shape[:-2]
+        ):
             raise ValueError(
-                f"scores[{level}] must be (A, C) and boxes[{level}] (A, 4) with the same A, "
-                f"got {tuple(s.shape)} and {tuple(b.shape)}"
+                f"scores[{level}] must be ({lead}, C) and boxes[{level}] ({lead}, 4) with the "
+                f"same {lead}{' (B: the batch of every level)' if batched else ''}, got "
+                f"{tuple(s.shape)} and {tuple(b.shape)}"
             )
-        if s.shape[1] != scores[0].shape[1]:
+        if s.shape[-1] != scores[0].shape[-1]:
             raise ValueError(
-                f"every level must score the same classes: scores[0] has {scores[0].shape[1]}, "
-                f"scores[{level}] has {s.shape[1]}"
+                f"every level must score the same classes: scores[0] has "
+                f"{scores[0].shape[-1]}, scores[{level}] has {s.shape[-1]}"
             )
         check_device(f"scores[{level}]", s, scores[0].device, "scores[0]")
         check_device(f"boxes[{level}]", b, scores[0].device, "scores[0]")
@@ -171,6 +180,10 @@ def _check_levels(scores: Any, boxes: Any) -> None:
                 f"outputs, not logits), got values in [{scores[level].min().item()}, "
                 f"{scores[level].max().item()}]"
             )
+
+
+_MAX_PADDED = 100_000
+"""Largest ``max_detections`` of `postprocess_padded` (its outputs have that many rows)."""
 
 
 def postprocess_padded(
@@ -199,7 +212,7 @@ def postprocess_padded(
     Args:
         scores (Sequence[Tensor[B, A_l, C]]): Class scores in ``[0, 1]`` per level.
         boxes (Sequence[Tensor[B, A_l, 4]]): XYXY boxes of the locations per level.
-        image_sizes (Tensor[B, 2]): ``(H, W)`` of every image, to clip to.
+        image_sizes (Tensor[B, 2]): ``(H, W)`` of every image, to clip to (integers).
         score_thresh, topk_candidates, nms_thresh, max_detections: As
             `postprocess_detections`.
 
@@ -210,6 +223,11 @@ def postprocess_padded(
         by decreasing score, are its detections; the rest is padding (boxes and scores 0,
         labels -1).
 
+    Raises:
+        TypeError, ValueError: As `postprocess_detections`, for batched levels; an
+            ``image_sizes`` that is not a ``(B, 2)`` integer tensor on the scores' device;
+            ``max_detections`` above 100,000.
+
     Examples:
         >>> scores = [torch.tensor([[[0.9, 0.1], [0.8, 0.0]]])]
         >>> boxes = [torch.tensor([[[0.0, 0.0, 10.0, 10.0], [1.0, 1.0, 11.0, 11.0]]])]
@@ -219,10 +237,28 @@ def postprocess_padded(
     """
     from torchvision.ops import nms
 
+    _check_levels(scores, boxes, batched=True)
+    if not isinstance(image_sizes, Tensor):
+        raise TypeError(
+            f"image_sizes must be a (B, 2) tensor of (H, W), got {type(image_sizes).__name__}"
+        )
+    if image_sizes.dim() != 2 or image_sizes.shape != (scores[0].shape[0], 2):
+        raise ValueError(
+            f"image_sizes must be (B, 2) with B = {scores[0].shape[0]} (the batch of scores), "
+            f"got {tuple(image_sizes.shape)}"
+        )
+    if (
+        image_sizes.is_floating_point()
+        or image_sizes.is_complex()
+        or image_sizes.dtype == torch.bool
+    ):
+        raise TypeError(f"image_sizes must be an integer tensor, got {image_sizes.dtype}")
+    check_device("image_sizes", image_sizes, scores[0].device, "scores[0]")
     check_number("score_thresh", score_thresh, 0.0, 1.0)
     check_number("nms_thresh", nms_thresh, 0.0, 1.0)
     check_int("topk_candidates", topk_candidates, 1)
-    check_int("max_detections", max_detections, 1)
+    # every image gets max_detections rows: bounded so that a typo cannot allocate terabytes
+    check_int("max_detections", max_detections, 1, _MAX_PADDED)
     batch, num_classes = scores[0].shape[0], scores[0].shape[-1]
     cand_scores, cand_boxes, cand_labels = [], [], []
     for level_scores, level_boxes in zip(scores, boxes):
