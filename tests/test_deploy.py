@@ -129,3 +129,19 @@ def test_command_exports_a_detector_and_prints_the_check(tmp_path, capsys, fmt):
 def test_command_reports_errors(tmp_path, capsys):
     assert main(["export", str(tmp_path / "nope.json"), "--out", str(tmp_path / "x.onnx")]) == 1
     assert "no such config or checkpoint file" in capsys.readouterr().err
+
+
+def test_tied_detections_in_another_order_compare_equal():
+    from visionblocks.deploy import _detections_diff
+
+    boxes = torch.tensor([[[0.0, 0, 4, 4], [10, 10, 20, 20], [5, 5, 9, 9], [0, 0, 0, 0]]])
+    scores = torch.tensor([[0.9, 0.5, 0.5, 0.0]])
+    labels = torch.tensor([[1, 2, 2, -1]])
+    count = torch.tensor([3])
+    eager = [boxes, scores, labels, count]
+    swapped = [boxes[:, [0, 2, 1, 3]], scores[:, [0, 2, 1, 3]], labels, count]
+    assert _detections_diff(swapped, eager) == 0.0  # the tie at 0.5, in the other order
+    moved = [boxes + torch.tensor([0.0, 0, 0, 0.5]), scores, labels, count]
+    assert _detections_diff(moved, eager) == 0.5
+    relabelled = [boxes, scores, torch.tensor([[1, 2, 0, -1]]), count]
+    assert _detections_diff(relabelled, eager) == float("inf")
