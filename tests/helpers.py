@@ -98,3 +98,19 @@ class MaliciousPickle:
 
     def __reduce__(self):
         return (write_marker, (self.path,))
+
+
+def team_fixture(library):
+    """A fixture, parametrised over both ways a `visionblocks._native.NativeLibrary` runs
+    its parts: on torch's OpenMP team, then on `visionblocks._parallel`'s threads (skipped
+    when the library cannot be built)."""
+
+    @pytest.fixture(params=[True, False], ids=["openmp-team", "python-threads"])
+    def team(request):
+        if library.reason():
+            pytest.skip(library.reason())
+        library.use_team(request.param)
+        yield request.param
+        library.use_team(True)
+
+    return team

@@ -23,7 +23,8 @@ from typing import Any
 
 import torch
 from torch import fx, nn
-from torch.fx._symbolic_trace import is_fx_symbolic_tracing
+
+from visionblocks._recording import recording
 
 __all__: list[str] = []
 
@@ -31,9 +32,8 @@ TracedForward = Callable[..., tuple[Any, ...]]
 """``forward(model, *args, **kwargs)``: the requested outputs, in ``return_layers`` order."""
 
 
-def tracing() -> bool:
-    """True under ``torch.export``, ``torch.compile``, ``torch.jit.trace`` or ``torch.fx``."""
-    return bool(torch.compiler.is_compiling() or torch.jit.is_tracing() or is_fx_symbolic_tracing())
+tracing = recording
+"""True under ``torch.export``, ``torch.compile``, ``torch.jit.trace`` or ``torch.fx``."""
 
 
 def non_strict_export() -> bool:

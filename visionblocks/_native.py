@@ -46,6 +46,8 @@ import torch
 from torch import Tensor
 from torch.autograd import forward_ad
 
+from visionblocks._recording import recording
+
 __all__ = ["ENV_DISABLE", "NativeLibrary", "plain", "team_address"]
 
 ENV_DISABLE = "VISIONBLOCKS_DISABLE_NATIVE"
@@ -259,7 +261,7 @@ def plain(tensors: Sequence[Tensor | None], *, grad_ok: bool = False) -> bool:
     """Whether a C kernel may read and write these tensors through ``data_ptr``: real CPU
     storage, and no tracing, compiling or forward-mode dual to honour (none of them would see
     the kernel's work); unless ``grad_ok``, no tensor needs a gradient either."""
-    if torch.jit.is_tracing() or torch.compiler.is_compiling():
+    if recording():
         return False
     for t in tensors:
         if t is None:

@@ -28,6 +28,8 @@ from typing import TypeVar
 
 import torch
 
+from visionblocks._recording import recording
+
 __all__ = ["in_pool", "parallel_for", "parts", "workspace"]
 
 T = TypeVar("T")
@@ -98,15 +100,6 @@ def in_pool() -> bool:
     return getattr(_state, "in_pool", False)
 
 
-def _recording() -> bool:
-    """Whether torch is recording the calling thread's ops (``torch.jit.trace``,
-    ``torch.compile`` / ``torch.export``, ``torch.fx`` symbolic tracing): ops run in other
-    threads would be missing from the recorded graph."""
-    from torch.fx._symbolic_trace import is_fx_tracing
-
-    return torch.jit.is_tracing() or torch.compiler.is_compiling() or is_fx_tracing()
-
-
 def parallel_for(fn: Callable[[int, int], T], n: int, grain: int) -> list[T]:
     """Call ``fn(start, stop)`` on every part of ``range(n)`` (see `parts`), in parallel.
 
@@ -133,7 +126,7 @@ def parallel_for(fn: Callable[[int, int], T], n: int, grain: int) -> list[T]:
         >>> [float(s) for s in sums], out[-1].item()
         ([12.0, 30.0, 48.0], 18.0)
     """
-    if _recording():  # every part in this thread; a traced size is fixed, as tracing does
+    if recording():  # every part in this thread; a traced size is fixed, as tracing does
         n, grain = int(n), int(grain)
         return [fn(a, b) for a, b in parts(n, grain)]
     ranges = parts(n, grain)

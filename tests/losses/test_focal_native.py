@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tests.helpers import team_fixture
 from tests.reference import focal as ref
 from visionblocks.losses import _focal_native, sigmoid_focal_loss
 
@@ -109,12 +110,7 @@ def test_extreme_and_non_finite_logits(native):
     assert nan[0, 0].isnan() and nan[0, 1].isfinite()
 
 
-@pytest.fixture(params=[True, False], ids=["openmp-team", "python-threads"])
-def team(request, native):
-    """Parts on torch's OpenMP team, then on `visionblocks._parallel`'s threads."""
-    _focal_native.LIBRARY.use_team(request.param)
-    yield request.param
-    _focal_native.LIBRARY.use_team(True)
+team = team_fixture(_focal_native.LIBRARY)
 
 
 def test_sum_does_not_depend_on_the_thread_count(team):

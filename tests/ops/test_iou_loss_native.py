@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.helpers import assert_close
+from tests.helpers import assert_close, team_fixture
 from tests.ops.test_iou_loss import LOSSES, loss_and_grads, random_pairs, reference
 from visionblocks.ops import _iou_loss_native, _iou_loss_torch
 from visionblocks.ops._iou_core import eps_tensor
@@ -205,12 +205,7 @@ def test_summed_and_per_pair_calls_agree(name, native):
     assert all(torch.equal(s, p[7:]) for s, p in zip(shifted, per_pair, strict=True))
 
 
-@pytest.fixture(params=[True, False], ids=["openmp-team", "python-threads"])
-def team(request, native):
-    """Parts on torch's OpenMP team, then on `visionblocks._parallel`'s threads."""
-    _iou_loss_native.LIBRARY.use_team(request.param)
-    yield request.param
-    _iou_loss_native.LIBRARY.use_team(True)
+team = team_fixture(_iou_loss_native.LIBRARY)
 
 
 @pytest.mark.parametrize("name", sorted(KINDS))

@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tests.helpers import team_fixture
 from tests.reference import warp as reference
 from visionblocks import _native
 from visionblocks.ops import _warp_native, _warp_sampling
@@ -109,12 +110,7 @@ def test_nan_and_inf_spread_as_in_the_reference(native):
     assert (out.double()[finite] - expected[finite]).abs().max() < 2e-6
 
 
-@pytest.fixture(params=[True, False], ids=["openmp-team", "python-threads"])
-def team(request, native):
-    """Parts on torch's OpenMP team, then on `visionblocks._parallel`'s threads."""
-    _warp_native.LIBRARY.use_team(request.param)
-    yield request.param
-    _warp_native.LIBRARY.use_team(True)
+team = team_fixture(_warp_native.LIBRARY)
 
 
 def test_same_result_with_one_or_two_threads_and_any_layout(team):
