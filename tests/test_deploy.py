@@ -132,7 +132,7 @@ def test_command_reports_errors(tmp_path, capsys):
 
 
 def test_tied_detections_in_another_order_compare_equal():
-    from visionblocks.deploy import _detections_diff
+    from visionblocks._deploy_check import detections_diff
 
     boxes = torch.tensor([[[0.0, 0, 4, 4], [10, 10, 20, 20], [5, 5, 9, 9], [0, 0, 0, 0]]])
     scores = torch.tensor([[0.9, 0.5, 0.5, 0.0]])
@@ -140,8 +140,8 @@ def test_tied_detections_in_another_order_compare_equal():
     count = torch.tensor([3])
     eager = [boxes, scores, labels, count]
     swapped = [boxes[:, [0, 2, 1, 3]], scores[:, [0, 2, 1, 3]], labels, count]
-    assert _detections_diff(swapped, eager) == 0.0  # the tie at 0.5, in the other order
+    assert detections_diff(swapped, eager) == 0.0  # the tie at 0.5, in the other order
     moved = [boxes + torch.tensor([0.0, 0, 0, 0.5]), scores, labels, count]
-    assert _detections_diff(moved, eager) == 0.5
+    assert detections_diff(moved, eager) == 0.5
     relabelled = [boxes, scores, torch.tensor([[1, 2, 0, -1]]), count]
-    assert _detections_diff(relabelled, eager) == float("inf")
+    assert detections_diff(relabelled, eager) == float("inf")
