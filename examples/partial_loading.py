@@ -15,8 +15,8 @@ from pathlib import Path
 import torch
 import torchvision
 
-from visionblocks._inspect import describe_state_dict
 from visionblocks.backbones import build_backbone
+from visionblocks.cli._inspect import describe_state_dict
 from visionblocks.weights import LoadError, load_partial, read_state_dict
 
 

@@ -16,7 +16,7 @@ if not torch.cuda.is_available():
 import pytest
 
 from visionblocks import kernels
-from visionblocks._dispatch import set_impl
+from visionblocks._core.dispatch import set_impl
 
 torch.set_num_threads(min(2, torch.get_num_threads()))
 

@@ -101,8 +101,8 @@ class MaliciousPickle:
 
 
 def team_fixture(library):
-    """A fixture, parametrised over both ways a `visionblocks._native.NativeLibrary` runs
-    its parts: on torch's OpenMP team, then on `visionblocks._parallel`'s threads (skipped
+    """A fixture, parametrised over both ways a `visionblocks._core.native.NativeLibrary` runs
+    its parts: on torch's OpenMP team, then on `visionblocks._core.parallel`'s threads (skipped
     when the library cannot be built)."""
 
     @pytest.fixture(params=[True, False], ids=["openmp-team", "python-threads"])

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from visionblocks._check import (
+from visionblocks._core.checks import (
     check_choice,
     check_floating,
     check_last_dim,

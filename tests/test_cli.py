@@ -76,7 +76,8 @@ def _row(kernel, target, ok, regs=40, spills=0):
 def test_list_kernels_compile_prints_the_table_and_fails_on_a_bad_row(ok, capsys, monkeypatch):
     pytest.importorskip("triton")
     rows = [_row("k1", "sm_75", True), _row("k1", "sm_90", ok, 255, 0 if ok else 8)]
-    monkeypatch.setattr("visionblocks.kernels._compile.compile_all", lambda: rows)
+    monkeypatch.setattr("visionblocks.kernels._compile.compile_all", lambda specs: rows)
+    monkeypatch.setattr("visionblocks.cli._kernel_specs.launched_specializations", lambda: [])
     assert main(["list", "kernels", "--compile", "--all"]) == (0 if ok else 1)
     out, err = capsys.readouterr()
     assert "| k1 | sm_90 | 1 | " + ("1 | 255 | 0 | 0 |" if ok else "0 | 255 | 8 | 0 |") in out

@@ -87,7 +87,7 @@ def _tune(step_seconds, steps=800, others=None):
     keep busy: none unless ``others(step)`` says); the total time and the thread count per step."""
     import torch
 
-    from visionblocks._demo_threads import ThreadTuner
+    from visionblocks.cli._demo_threads import ThreadTuner
 
     before = torch.get_num_threads()
     step = 0
@@ -133,7 +133,7 @@ def test_the_thread_tuner_does_not_try_more_threads_while_others_keep_the_cores_
 
 
 def test_others_meter_reads_the_machine():
-    from visionblocks._demo_threads import OthersMeter
+    from visionblocks.cli._demo_threads import OthersMeter
 
     cores = OthersMeter()()
     if cores is None:
@@ -144,7 +144,7 @@ def test_others_meter_reads_the_machine():
 def test_the_thread_tuner_leaves_threads_alone_when_told():
     import torch
 
-    from visionblocks._demo_threads import ThreadTuner
+    from visionblocks.cli._demo_threads import ThreadTuner
 
     before = torch.get_num_threads()
     tuner = ThreadTuner(before + 1, tune=False)

@@ -132,7 +132,7 @@ def test_command_reports_errors(tmp_path, capsys):
 
 
 def test_tied_detections_in_another_order_compare_equal():
-    from visionblocks._deploy_check import detections_diff
+    from visionblocks.deploy._check import detections_diff
 
     boxes = torch.tensor([[[0.0, 0, 4, 4], [10, 10, 20, 20], [5, 5, 9, 9], [0, 0, 0, 0]]])
     scores = torch.tensor([[0.9, 0.5, 0.5, 0.0]])

@@ -8,8 +8,11 @@ import pytest
 import torch
 
 import visionblocks
-from visionblocks import _dispatch, kernels
-from visionblocks._dispatch import get_impl, resolve_impl, set_impl, use_impl
+from visionblocks import kernels
+from visionblocks._core import dispatch as _dispatch
+from visionblocks._core.dispatch import get_impl, set_impl, use_impl
+from visionblocks.kernels import _dispatch as _routing
+from visionblocks.kernels._dispatch import resolve_impl
 
 
 @pytest.fixture
@@ -116,7 +119,7 @@ def test_auto_picks_triton_for_cuda_tensors(fake_kernel, monkeypatch):
     # An older GPU than the kernels are compiled for: auto runs torch, forcing explains.
     monkeypatch.setattr(_support, "_capability", lambda index: (7, 0))
     assert resolve_impl("auto", fake_kernel, FakeCuda()) == "torch"
-    monkeypatch.setattr("visionblocks._dispatch._capability", lambda device: (7, 0))
+    monkeypatch.setattr("visionblocks.kernels._dispatch._capability", lambda device: (7, 0))
     with pytest.raises(
         RuntimeError, match="need compute capability 7.5 or newer; this GPU has 7.0"
     ):
@@ -153,7 +156,7 @@ def test_dispatch_module_does_not_import_triton():
     import ast
     import inspect
 
-    for module in (_dispatch, visionblocks):
+    for module in (_dispatch, _routing, visionblocks):
         tree = ast.parse(inspect.getsource(module))
         names = {
             alias.name.split(".")[0]

@@ -1,4 +1,4 @@
-"""Parts of C kernels on torch's OpenMP team (`visionblocks._native`, ``_native_team.h``).
+"""Parts of C kernels on torch's OpenMP team (`visionblocks._core.native`, ``_native_team.h``).
 
 Every part must run exactly once, on two threads when two are allowed, both on the team and
 on the Python-thread fallback, and a failed part must raise.
@@ -12,8 +12,8 @@ import sys
 import pytest
 import torch
 
-from visionblocks import _native
-from visionblocks._native import NativeLibrary, team_address
+from visionblocks._core import native as _native
+from visionblocks._core.native import NativeLibrary, team_address
 
 _SOURCE = r"""
 #include <pthread.h>

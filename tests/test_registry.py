@@ -9,7 +9,7 @@ from importlib import metadata
 
 import pytest
 
-from visionblocks import registry as registry_mod
+from visionblocks._core import plugins as plugins_mod
 from visionblocks.registry import (
     BACKBONES,
     DATASETS,
@@ -193,8 +193,8 @@ class _FakeEntryPoint:
 def plugin_env(monkeypatch):
     """Fake entry points and a fresh 'plugins not yet loaded' state."""
     eps: list = []
-    monkeypatch.setattr(registry_mod, "_entry_points", lambda group: list(eps))
-    monkeypatch.setattr(registry_mod, "_plugins_loaded", False)
+    monkeypatch.setattr(plugins_mod, "_entry_points", lambda group: list(eps))
+    monkeypatch.setattr(plugins_mod, "_plugins_loaded", False)
     return eps
 
 
@@ -262,7 +262,7 @@ def test_real_entry_point_machinery(tmp_path, monkeypatch):
         "    LAYERS.register(dict, name='vb_demo_plugin_layer', force=True)\n"
     )
     monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setattr(registry_mod, "_plugins_loaded", False)
+    monkeypatch.setattr(plugins_mod, "_plugins_loaded", False)
     names = [ep.name for ep in metadata.entry_points(group="visionblocks.plugins")]
     assert "demo" in names
     assert "vb_demo_plugin_layer" in LAYERS

@@ -15,8 +15,8 @@ from safetensors.torch import save_file
 from torch import nn
 
 from tests.helpers import MaliciousPickle
-from visionblocks._weights_io import FilePages, read_checkpoint
 from visionblocks.weights import LoadError, LoadReport, load_partial, read_state_dict
+from visionblocks.weights._io import FilePages, read_checkpoint
 
 
 @pytest.fixture(scope="module")

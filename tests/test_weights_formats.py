@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from tests.weights_fixtures import FIXTURES, TinyNet, trained, write_detectron2, write_timm
-from visionblocks._weights_io import read_checkpoint
 from visionblocks.weights import load_partial, read_state_dict
+from visionblocks.weights._io import read_checkpoint
 
 
 def _expected_state() -> dict[str, torch.Tensor]:

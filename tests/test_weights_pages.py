@@ -10,8 +10,8 @@ import pytest
 import torch
 from torch import nn
 
-from visionblocks._weights_pages import FilePages
 from visionblocks.weights import load_partial, read_state_dict
+from visionblocks.weights._pages import FilePages
 
 linux = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="procfs / preadv")
 

@@ -7,8 +7,8 @@ import torch
 from torch import nn
 
 from tests.weights_fixtures import TinyNet
-from visionblocks._weights_prefix import find_prefix_change
 from visionblocks.weights import LoadError, load_partial
+from visionblocks.weights._prefix import find_prefix_change
 
 
 def _state(prefix: str = "") -> dict[str, torch.Tensor]:

@@ -18,11 +18,11 @@ import torch
 from torch import nn
 
 from tests.weights_fixtures.malicious import PAYLOADS, Call, main_class_with_setstate, raw_pickles
-from visionblocks._weights_io import FilePages, read_checkpoint
-from visionblocks._weights_rebuild import Placeholder
-from visionblocks._weights_safe_read import read_torch_zip
-from visionblocks._weights_unpickle import SafeUnpickler
 from visionblocks.weights import load_partial, read_state_dict
+from visionblocks.weights._io import FilePages, read_checkpoint
+from visionblocks.weights._rebuild import Placeholder
+from visionblocks.weights._safe_read import read_torch_zip
+from visionblocks.weights._unpickle import SafeUnpickler
 
 # The placeholder each payload must leave (os.system is posix.system on Linux).
 EXPECTED = {

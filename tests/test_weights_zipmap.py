@@ -13,9 +13,9 @@ import pytest
 import torch
 from torch import nn
 
-from visionblocks._weights_io import read_checkpoint, source_state
-from visionblocks._weights_zipmap import Unsupported, _StorageType, _TensorArgs, read_mapped_zip
 from visionblocks.weights import load_partial
+from visionblocks.weights._io import read_checkpoint, source_state
+from visionblocks.weights._zipmap import Unsupported, _StorageType, _TensorArgs, read_mapped_zip
 
 linux = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="procfs / preadv")
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from visionblocks._dispatch import get_impl, set_impl, use_impl
-from visionblocks._value_checks import set_value_checks, value_checks, value_checks_enabled
+from visionblocks._core.dispatch import get_impl, set_impl, use_impl
+from visionblocks._core.values import set_value_checks, value_checks, value_checks_enabled
 
 __version__ = "0.1.0"
 

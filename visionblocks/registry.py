@@ -33,14 +33,25 @@ broken plugin gives a ``RuntimeWarning`` naming it; it never crashes visionblock
 
 from __future__ import annotations
 
-import difflib
-import fnmatch
-import importlib
-import threading
-import warnings
-from collections.abc import Iterable, Iterator, Mapping
-from importlib import metadata
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any
+
+from visionblocks._core.plugins import PLUGIN_GROUP, load_plugins
+from visionblocks._core.registry import (
+    BACKBONES,
+    DATASETS,
+    HEADS,
+    INITIALIZERS,
+    LAYERS,
+    LOSSES,
+    MODELS,
+    NECKS,
+    REGISTRIES,
+    Registry,
+    get_registry,
+)
+
+if TYPE_CHECKING:
+    from visionblocks.backbones import build_backbone
 
 __all__ = [
     "BACKBONES",
@@ -54,349 +65,21 @@ __all__ = [
     "PLUGIN_GROUP",
     "REGISTRIES",
     "Registry",
+    "build_backbone",
     "get_registry",
     "load_plugins",
 ]
 
-PLUGIN_GROUP = "visionblocks.plugins"
-"""Entry-point group scanned for third-party plugins."""
 
-T = TypeVar("T")
+def __getattr__(name: str) -> Any:
+    # `build_backbone` lives with the backbones (a layer above the registry core); importing
+    # it on first use keeps `import visionblocks.registry` free of torchvision and timm.
+    if name == "build_backbone":
+        from visionblocks.backbones import build_backbone
 
-_plugin_lock = threading.RLock()
-_plugins_loaded = False
-
-
-def _entry_points(group: str) -> list[metadata.EntryPoint]:
-    return list(metadata.entry_points(group=group))
+        return build_backbone
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def load_plugins(*, force: bool = False) -> list[str]:
-    """Load every entry point of the ``visionblocks.plugins`` group (once per process).
-
-    Args:
-        force: Load again even if plugins were already loaded.
-
-    Returns:
-        list[str]: Names of the entry points that loaded successfully on this call.
-
-    Examples:
-        >>> names = load_plugins()  # usually called for you by the registries
-        >>> isinstance(names, list)
-        True
-    """
-    global _plugins_loaded
-    if not isinstance(force, bool):
-        raise TypeError(f"force must be bool, got {type(force).__name__} ({force!r})")
-    with _plugin_lock:
-        if _plugins_loaded and not force:
-            return []
-        # Set first: a plugin that looks names up while loading must not recurse.
-        _plugins_loaded = True
-        loaded = []
-        for ep in _entry_points(PLUGIN_GROUP):
-            try:
-                target = ep.load()
-                if callable(target):
-                    target()
-            except Exception as exc:
-                warnings.warn(
-                    f"visionblocks plugin {ep.name!r} ({ep.value}) failed to load and was "
-                    f"skipped: {type(exc).__name__}: {exc}",
-                    RuntimeWarning,
-                    stacklevel=3,
-                )
-            else:
-                loaded.append(ep.name)
-        return loaded
-
-
-class Registry:
-    """A named mapping from strings to builders, usable as a decorator or a call.
-
-    Args:
-        name: What the registry holds, used in messages (``"losses"``).
-        modules: visionblocks modules whose import fills this registry; imported on the first
-            miss, listing or iteration.
-        description: One line saying what a builder must return (shown by ``visionblocks list``).
-
-    Examples:
-        >>> MODELS = Registry("models")
-        >>> @MODELS.register(aliases=("tiny",))
-        ... def tiny_net(width=8):
-        ...     return {"width": width}
-        >>> MODELS.build({"type": "tiny", "width": 4})
-        {'width': 4}
-        >>> MODELS.build("tiny_net", width=2)
-        {'width': 2}
-        >>> MODELS.list("tiny*")
-        ['tiny_net']
-        >>> MODELS.get("tiny_nett")
-        Traceback (most recent call last):
-        ...
-        KeyError: "'tiny_nett' is not in the models registry. Did you mean: 'tiny_net'..."
-    """
-
-    def __init__(self, name: str, *, modules: Iterable[str] = (), description: str = "") -> None:
-        if not isinstance(name, str) or not name:
-            raise TypeError(f"Registry name must be a non-empty str, got {name!r}")
-        if not isinstance(description, str):
-            raise TypeError(f"description must be a str, got {type(description).__name__}")
-        if isinstance(modules, (str, bytes)) or not isinstance(modules, Iterable):
-            raise TypeError(
-                "modules must be an iterable of module names (a list or tuple of str), got "
-                f"{type(modules).__name__} ({modules!r})"
-            )
-        self._modules = tuple(modules)
-        if not all(isinstance(m, str) for m in self._modules):
-            raise TypeError(f"modules must hold module names (str), got {self._modules!r}")
-        self.name = name
-        self.description = description
-        self._modules_loaded = False
-        self._entries: dict[str, Any] = {}
-        self._aliases: dict[str, str] = {}
-
-    # ------------------------------------------------------------------ registration
-    def register(
-        self,
-        obj: T | None = None,
-        *,
-        name: str | None = None,
-        aliases: Iterable[str] = (),
-        force: bool = False,
-    ) -> Any:
-        """Register ``obj`` under ``name`` (default ``obj.__name__``) and ``aliases``.
-
-        Use as ``@REG.register``, ``@REG.register(name=..., aliases=...)`` or
-        ``REG.register(obj, name=...)``.
-
-        Args:
-            obj: The builder. When omitted, a decorator is returned.
-            name: Registered name; defaults to ``obj.__name__``.
-            aliases: Other names that resolve to the same builder.
-            force: Replace existing entries with the same names instead of raising.
-
-        Returns:
-            The object itself (so decorated classes and functions are unchanged), or a
-            decorator when ``obj`` is omitted.
-
-        Raises:
-            KeyError: If a name or alias is taken and ``force`` is False.
-            TypeError: If a name is not a non-empty string or ``obj`` is not callable.
-        """
-        aliases = (aliases,) if isinstance(aliases, str) else tuple(aliases)
-
-        def _do_register(target: T) -> T:
-            self._add(target, name, aliases, force)
-            return target
-
-        if obj is None:
-            return _do_register
-        return _do_register(obj)
-
-    def _add(self, obj: Any, name: str | None, aliases: tuple[str, ...], force: bool) -> None:
-        if not callable(obj):
-            raise TypeError(
-                f"only callables can be registered in the {self.name} registry, "
-                f"got {type(obj).__name__}"
-            )
-        key = name if name is not None else getattr(obj, "__name__", None)
-        names = (key, *aliases)
-        for n in names:
-            if not isinstance(n, str) or not n:
-                raise TypeError(f"registry names must be non-empty strings, got {n!r}")
-        if len(set(names)) != len(names):
-            raise KeyError(f"duplicate names in one registration: {names}")
-        if not force:
-            for n in names:
-                if n in self._entries or n in self._aliases:
-                    owner = self._aliases.get(n, n)
-                    raise KeyError(
-                        f"{n!r} is already registered in the {self.name} registry "
-                        f"(by {self._describe(self._entries[owner])}); "
-                        "pass force=True to replace it"
-                    )
-        for n in names:
-            self._remove(n)
-        self._entries[key] = obj
-        for alias in aliases:
-            self._aliases[alias] = key
-
-    def _remove(self, n: str) -> None:
-        if n in self._aliases:
-            del self._aliases[n]
-        if n in self._entries:
-            del self._entries[n]
-            for alias in [a for a, target in self._aliases.items() if target == n]:
-                del self._aliases[alias]
-
-    @staticmethod
-    def _describe(obj: Any) -> str:
-        module = getattr(obj, "__module__", "?")
-        qualname = getattr(obj, "__qualname__", type(obj).__name__)
-        return f"{module}.{qualname}"
-
-    # ------------------------------------------------------------------ lookup
-    def _ensure_loaded(self) -> None:
-        if not self._modules_loaded:
-            self._modules_loaded = True
-            for module in self._modules:
-                importlib.import_module(module)
-        load_plugins()
-
-    def _resolve(self, name: str) -> str | None:
-        if name in self._entries:
-            return name
-        return self._aliases.get(name)
-
-    def get(self, name: str) -> Any:
-        """Return the builder registered as ``name`` (or an alias of it).
-
-        Raises:
-            TypeError: If ``name`` is not a string.
-            KeyError: If the name is unknown; the message lists the closest matches.
-        """
-        if not isinstance(name, str):
-            raise TypeError(
-                f"{self.name} registry keys are strings, got {type(name).__name__} ({name!r})"
-            )
-        key = self._resolve(name)
-        if key is None:
-            self._ensure_loaded()
-            key = self._resolve(name)
-        if key is None:
-            raise KeyError(self._missing_message(name))
-        return self._entries[key]
-
-    def _missing_message(self, name: str) -> str:
-        candidates = [*self._entries, *self._aliases]
-        lowered = {c.lower(): c for c in candidates}
-        close = difflib.get_close_matches(name.lower(), list(lowered), n=3, cutoff=0.6)
-        close = [lowered[c] for c in close]
-        hint = f" Did you mean: {', '.join(repr(c) for c in close)}?" if close else ""
-        names = sorted(self._entries)
-        if len(names) <= 12:
-            known = f"registered: {', '.join(names) or 'nothing yet'}"
-        else:
-            known = f"{len(names)} names registered; see .list() or `visionblocks list`"
-        return f"{name!r} is not in the {self.name} registry.{hint} ({known})"
-
-    def build(self, name_or_cfg: str | Mapping[str, Any], /, *args: Any, **kwargs: Any) -> Any:
-        """Build an object from a name or a config dict.
-
-        Args:
-            name_or_cfg: A registered name, or a dict with a ``"type"`` key (a registered name
-                or a callable) plus keyword arguments for the builder.
-            *args: Positional arguments for the builder.
-            **kwargs: Keyword arguments; they override entries of the config dict.
-
-        Returns:
-            Whatever the builder returns.
-
-        Raises:
-            KeyError: Unknown name, or a config dict without ``"type"``.
-            TypeError: ``name_or_cfg`` is neither a string nor a mapping.
-        """
-        if isinstance(name_or_cfg, str):
-            builder, params = self.get(name_or_cfg), {}
-        elif isinstance(name_or_cfg, Mapping):
-            params = dict(name_or_cfg)
-            if "type" not in params:
-                raise KeyError(
-                    f"a {self.name} config needs a 'type' key naming the builder, "
-                    f"got keys {sorted(params)}"
-                )
-            kind = params.pop("type")
-            if isinstance(kind, str):
-                builder = self.get(kind)
-            elif callable(kind):
-                builder = kind
-            else:
-                raise TypeError(
-                    f"config 'type' must be a registered name or a callable, got {kind!r}"
-                )
-        else:
-            raise TypeError(
-                f"build() takes a registered name or a config dict, "
-                f"got {type(name_or_cfg).__name__}"
-            )
-        params.update(kwargs)
-        return builder(*args, **params)
-
-    def list(self, pattern: str = "*") -> list[str]:
-        """Sorted registered names (aliases excluded) that match an fnmatch ``pattern``."""
-        self._ensure_loaded()
-        return sorted(n for n in self._entries if fnmatch.fnmatchcase(n, pattern))
-
-    def aliases(self, name: str) -> list[str]:
-        """Sorted aliases of the registered name ``name``."""
-        key = self._resolve(name)
-        return sorted(a for a, target in self._aliases.items() if target == key)
-
-    def __contains__(self, name: object) -> bool:
-        if not isinstance(name, str):
-            return False
-        if self._resolve(name) is None:
-            self._ensure_loaded()
-        return self._resolve(name) is not None
-
-    def __len__(self) -> int:
-        self._ensure_loaded()
-        return len(self._entries)
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self.list())
-
-    def __repr__(self) -> str:
-        return f"Registry(name={self.name!r}, entries={len(self._entries)})"
-
-
-BACKBONES = Registry("backbones", modules=("visionblocks.backbones",),
-                     description="nn.Module returning OrderedDict[str, Tensor], with .feature_info")  # fmt: skip
-"""Backbones: ``build_backbone(name, ...)`` builds from here."""
-NECKS = Registry("necks", modules=("visionblocks.models",),
-                 description="nn.Module mapping a feature dict to a feature dict")  # fmt: skip
-"""Necks (e.g. FPN)."""
-HEADS = Registry("heads", modules=("visionblocks.models",),
-                 description="nn.Module turning features into predictions and losses")  # fmt: skip
-"""Detection and segmentation heads."""
-LOSSES = Registry("losses", modules=("visionblocks.losses",), description="nn.Module loss")
-"""Loss modules (``focal``, ``softmax_focal``, ``bce``, ``ce``, ``giou``, ``diou``, ``ciou``)."""
-LAYERS = Registry("layers", modules=("visionblocks.nn",), description="nn.Module building block")
-"""Building blocks (convolutions, local ops)."""
-INITIALIZERS = Registry("initializers", modules=("visionblocks.init",),
-                        description="fn(module, **params) initialising in place")  # fmt: skip
-"""Weight initializers used by ``init_weights`` rules."""
-DATASETS = Registry(
-    "datasets", modules=("visionblocks.data",), description="map-style torch Dataset"
-)
-"""Datasets (COCO wrappers)."""
-MODELS = Registry("models", modules=("visionblocks.models",),
-                  description="whole model (backbone + neck + head) built from a config dict")  # fmt: skip
-"""Complete models: the reference ``detector`` and ``segmenter``."""
-
-REGISTRIES: dict[str, Registry] = {
-    r.name: r for r in (BACKBONES, NECKS, HEADS, LOSSES, LAYERS, INITIALIZERS, DATASETS, MODELS)
-}
-"""The global registries by name."""
-
-
-def get_registry(name: str) -> Registry:
-    """Return the global registry called ``name`` (``"losses"``, ``"backbones"``, ...).
-
-    Raises:
-        KeyError: For an unknown registry name, listing the valid ones.
-
-    Examples:
-        >>> get_registry("losses").name
-        'losses'
-    """
-    if not isinstance(name, str):
-        raise TypeError(f"registry name must be a str, got {type(name).__name__} ({name!r})")
-    if name not in REGISTRIES:
-        close = difflib.get_close_matches(name, list(REGISTRIES), n=1)
-        hint = f" Did you mean {close[0]!r}?" if close else ""
-        raise KeyError(
-            f"unknown registry {name!r}.{hint} Valid registries: {', '.join(sorted(REGISTRIES))}"
-        )
-    return REGISTRIES[name]
+def __dir__() -> list[str]:
+    return sorted(__all__)

@@ -17,6 +17,7 @@ from tests.conformance.framework import Arg, Spec
 from visionblocks import distributed, kernels
 from visionblocks import registry as reg
 from visionblocks.cli import build_parser, main
+from visionblocks.cli.demo import run_demo
 from visionblocks.data import (
     CocoCheck,
     CocoDetection,
@@ -34,7 +35,6 @@ from visionblocks.data import (
     prefetch_to_device,
 )
 from visionblocks.data.coco import CocoBase
-from visionblocks.demo import run_demo
 from visionblocks.weights import LoadError, LoadReport, load_partial, read_state_dict
 
 _TEMP = tempfile.TemporaryDirectory(prefix="vb-conformance-")  # removed at interpreter exit

@@ -1,7 +1,7 @@
 """Every kernel specialisation the library can launch, compiled for real GPUs (no GPU needed).
 
 Triton's own compiler and ``ptxas`` (shipped in the triton wheel) compile each specialisation
-recorded from the launchers (`visionblocks.kernels._specs`) for ``sm_75``, ``sm_80`` and
+recorded from the launchers (`visionblocks.cli._kernel_specs`) for ``sm_75``, ``sm_80`` and
 ``sm_90``: a cubin must come out, with no spill stores and shared memory within the target.
 About three minutes on two cores on a fresh machine (triton caches the results).
 """
@@ -25,6 +25,7 @@ if not kernels.triton_available():
         allow_module_level=True,
     )
 
+from visionblocks.cli._kernel_specs import launched_specializations
 from visionblocks.kernels._compile import TARGETS, compile_all, format_table, summarize
 from visionblocks.kernels._support import capability_reason
 
@@ -39,7 +40,7 @@ _DTYPES = {
 
 @pytest.fixture(scope="module")
 def rows() -> list[dict]:
-    return compile_all(jobs=os.cpu_count())
+    return compile_all(launched_specializations(), jobs=os.cpu_count())
 
 
 def _launched_kernels() -> set[str]:

@@ -8,7 +8,7 @@ import torch
 from tests.conftest import _NO_TRITON
 from tests.helpers import assert_close
 from visionblocks import kernels
-from visionblocks._dispatch import resolve_impl
+from visionblocks.kernels._dispatch import resolve_impl
 from visionblocks.ops.iou_loss import (
     complete_box_iou_loss,
     distance_box_iou_loss,

@@ -13,8 +13,8 @@ import torch
 
 from tests.helpers import assert_close
 from visionblocks import kernels
-from visionblocks._dispatch import resolve_impl, run_fused
 from visionblocks.kernels import _fallback, _launch
+from visionblocks.kernels._dispatch import resolve_impl, run_fused
 from visionblocks.kernels._launch import (
     GRID_LIMITS,
     KernelFailure,

@@ -11,7 +11,7 @@ import torch
 
 from tests.helpers import team_fixture
 from tests.reference import warp as reference
-from visionblocks import _native
+from visionblocks._core import native as _native
 from visionblocks.ops import _warp_native, _warp_sampling
 from visionblocks.ops.warp import affine_matrix, warp_affine
 

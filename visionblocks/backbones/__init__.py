@@ -13,12 +13,12 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from visionblocks._check import check_type
+from visionblocks._core.checks import check_type
+from visionblocks._core.registry import BACKBONES
 from visionblocks.backbones._timm import TIMM_PREFIX, timm_backbone
 from visionblocks.backbones._tv import TORCHVISION_STAGES, torchvision_backbone
 from visionblocks.backbones.base import Backbone, backbone_from_model
 from visionblocks.backbones.tiny import TinyNet, vb_tiny
-from visionblocks.registry import BACKBONES
 
 __all__ = [
     "TORCHVISION_STAGES",

@@ -15,9 +15,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from visionblocks._check import check_int, check_type
-from visionblocks._weights_adapt import adapt_input_conv_weight
+from visionblocks._core.checks import check_int, check_type
 from visionblocks.nn._limits import MAX_CHANNELS
+from visionblocks.weights._adapt import adapt_input_conv_weight
 
 __all__ = [
     "check_in_channels",

@@ -18,8 +18,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from visionblocks._check import check_type
-from visionblocks._weights_io import unwrap_state_dict
+from visionblocks._core.checks import check_type
+from visionblocks._core.registry import BACKBONES
 from visionblocks.backbones._options import (
     normalize_frozen_stages,
     normalize_out_indices,
@@ -32,8 +32,8 @@ from visionblocks.backbones.base import (
     stage_name,
 )
 from visionblocks.features import feature_info
-from visionblocks.registry import BACKBONES
 from visionblocks.weights import read_state_dict
+from visionblocks.weights._io import unwrap_state_dict
 
 __all__ = ["TIMM_PREFIX", "check_model_name", "timm_backbone"]
 

@@ -17,8 +17,7 @@ from typing import Any
 from torch import Tensor, nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from visionblocks._check import check_image_batch, check_int, check_type
-from visionblocks._features_capture import MirrorChildren
+from visionblocks._core.checks import check_image_batch, check_int, check_type
 from visionblocks.backbones._options import (
     check_in_channels,
     check_names,
@@ -32,6 +31,7 @@ from visionblocks.backbones._options import (
 )
 from visionblocks.backbones._pretrained import load_pretrained
 from visionblocks.features import IntermediateLayerGetter, check_input_size, feature_info
+from visionblocks.features._capture import MirrorChildren
 from visionblocks.nn._limits import MAX_SIDE
 from visionblocks.weights import LoadReport
 

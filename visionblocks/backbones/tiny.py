@@ -14,12 +14,12 @@ from typing import Any
 
 from torch import Tensor, nn
 
-from visionblocks._check import check_type
+from visionblocks._core.checks import check_type
+from visionblocks._core.registry import BACKBONES
 from visionblocks.backbones.base import Backbone, backbone_from_model
 from visionblocks.nn._limits import MAX_CHANNELS, MAX_REPEATS
 from visionblocks.nn.conv import ConvNormAct, DepthwiseSeparableConv2d
 from visionblocks.nn.layers import ActSpec, NormSpec
-from visionblocks.registry import BACKBONES
 
 __all__ = ["TinyNet", "vb_tiny"]
 

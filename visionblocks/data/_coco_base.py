@@ -14,7 +14,7 @@ import torch
 from torch import Tensor
 from torch.utils.data import Dataset
 
-from visionblocks._check import check_choice, check_type
+from visionblocks._core.checks import check_choice, check_type
 from visionblocks.data._coco_checks import INVALID_REASONS
 from visionblocks.data._coco_index import (
     CleanStats,

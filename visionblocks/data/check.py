@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from visionblocks._check import check_type
+from visionblocks._core.checks import check_type
 from visionblocks.data._coco_checks import INVALID_REASONS, REPAIRABLE, annotation_problem
 from visionblocks.data._coco_index import (
     check_min_box_size,

@@ -15,7 +15,8 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
-from visionblocks._check import check_choice, check_type
+from visionblocks._core.checks import check_choice, check_type
+from visionblocks._core.registry import DATASETS
 from visionblocks.data._coco_base import CocoBase
 from visionblocks.data._coco_index import (
     ImageEntry,
@@ -28,7 +29,6 @@ from visionblocks.data._coco_targets import (
     instance_fields,
     split_crowd,
 )
-from visionblocks.registry import DATASETS
 
 __all__ = ["INSTANCE_KEYS", "CocoBase", "CocoDetection", "instance_fields"]
 

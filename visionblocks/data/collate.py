@@ -21,7 +21,7 @@ import torch
 from torch import Tensor
 from torch.utils.data import get_worker_info
 
-from visionblocks._check import check_type
+from visionblocks._core.checks import check_type
 from visionblocks.data.prefetch import move_to_device
 
 __all__ = ["DetectionBatch", "collate_detection"]

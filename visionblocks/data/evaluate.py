@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 import torch
 
-from visionblocks._check import check_choice, check_range, check_type
+from visionblocks._core.checks import check_choice, check_range, check_type
 from visionblocks.data._coco_results import as_int, ids_text, to_results
 from visionblocks.distributed import all_gather_object, get_rank, get_world_size
 

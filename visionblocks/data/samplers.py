@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from torch.utils.data import ConcatDataset, Sampler, Subset
 
-from visionblocks._check import check_type
+from visionblocks._core.checks import check_type
 
 __all__ = ["GroupedBatchSampler", "aspect_ratio_groups"]
 

@@ -10,11 +10,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from visionblocks._check import check_type
+from visionblocks._core.checks import check_type
+from visionblocks._core.registry import DATASETS
 from visionblocks.data._coco_index import InvalidPolicy
 from visionblocks.data._coco_io import segmentation_masks
 from visionblocks.data.coco import CocoBase
-from visionblocks.registry import DATASETS
 
 __all__ = ["CocoSegmentation"]
 

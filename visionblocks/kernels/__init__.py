@@ -1,7 +1,7 @@
 """Triton kernels and their autograd glue.
 
 This package is the only place that imports ``triton``; everything else reaches kernels
-through `visionblocks._dispatch`. Kernel modules are imported lazily, so importing
+through `visionblocks._core.dispatch`. Kernel modules are imported lazily, so importing
 visionblocks never imports triton.
 """
 
@@ -120,7 +120,7 @@ def available() -> dict[str, Any]:
     """
     import torch
 
-    from visionblocks._dispatch import get_impl
+    from visionblocks._core.dispatch import get_impl
 
     version, reason = _probe_triton()
     cuda = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None

@@ -3,7 +3,7 @@
 Triton's interpreter (how the tests run kernels on CPU) accepts programs that the GPU
 compiler rejects and knows nothing of registers or shared memory. Triton's own compiler
 runs without a GPU, though: `compile_all` compiles each specialisation found by
-`visionblocks.kernels._specs` with ``triton.compile(ASTSource(...), target=GPUTarget(...))``
+`visionblocks.cli._kernel_specs` with ``triton.compile(ASTSource(...), target=GPUTarget(...))``
 for ``sm_75``, ``sm_80`` and ``sm_90`` (which also assembles a cubin with ``ptxas``), then
 runs ``ptxas -v`` on the PTX for the register count, spill stores and loads and stack
 frame, and takes the shared memory from triton's metadata.
@@ -28,7 +28,7 @@ import time
 from collections import defaultdict
 from typing import Any
 
-__all__ = ["TARGETS", "compile_all", "main", "summarize"]
+__all__ = ["TARGETS", "compile_all", "format_table", "summarize"]
 
 TARGETS: dict[str, tuple[int, int]] = {
     "sm_75": (75, 64 * 1024),
@@ -130,7 +130,7 @@ def _worker() -> None:
 
 
 def compile_all(
-    specs: list[dict] | None = None,
+    specs: list[dict],
     targets: tuple[str, ...] = tuple(TARGETS),
     jobs: int | None = None,
     python: str | None = None,
@@ -138,8 +138,9 @@ def compile_all(
     """Compile specialisations for targets in ``jobs`` worker processes.
 
     Args:
-        specs: Rows of `visionblocks.kernels._specs.launched_specializations` (default:
-            collect them now).
+        specs: Rows of `visionblocks.cli._kernel_specs.launched_specializations` (the
+            specialisations the launchers reach; collected a layer above the kernels, since
+            collecting them runs the ops).
         targets: Keys of `TARGETS`.
         jobs: Worker processes (default: the CPU count).
         python: The interpreter for the workers (default: this one).
@@ -153,13 +154,9 @@ def compile_all(
         ValueError: For an unknown target.
         RuntimeError: If a worker process crashes.
     """
-    from visionblocks.kernels._specs import launched_specializations
-
     unknown = [t for t in targets if t not in TARGETS]
     if unknown:
         raise ValueError(f"unknown targets {unknown}; known: {sorted(TARGETS)}")
-    if specs is None:
-        specs = launched_specializations(python)
     work = [(spec, target) for spec in specs for target in targets]
     jobs = max(1, min(jobs or os.cpu_count() or 1, len(work) or 1))
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
@@ -223,27 +220,3 @@ def format_table(summary: list[dict]) -> str:
         for r in summary
     ]
     return "\n".join(lines)
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m visionblocks.kernels._compile [--json FILE]``: compile and print the table."""
-    import argparse
-
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--targets", default=",".join(TARGETS))
-    parser.add_argument("--jobs", type=int, default=None)
-    parser.add_argument("--json", default=None, help="also write every row to this file")
-    args = parser.parse_args(argv)
-    rows = compile_all(targets=tuple(args.targets.split(",")), jobs=args.jobs)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(rows, f, indent=1)
-    print(format_table(summarize(rows)))
-    failed = [r for r in rows if not r["ok"]]
-    for row in failed:
-        print(f"FAILED {row['target']} {row['kernel']}: {row['error']}", file=sys.stderr)
-    return 1 if failed else 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

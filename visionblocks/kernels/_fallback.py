@@ -1,6 +1,6 @@
 """After a kernel failure: one warning per op and device, and the torch path from then on.
 
-`visionblocks._dispatch.run_fused` handles a `KernelFailure` raised in forward; the kernels'
+`visionblocks._core.dispatch.run_fused` handles a `KernelFailure` raised in forward; the kernels'
 autograd Functions call `reference_grads` for one raised in backward. Both record the failure
 here, so `visionblocks.kernels._support.unsupported_reason` routes later calls of the op on
 that device to the torch path.

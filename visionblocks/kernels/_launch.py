@@ -12,7 +12,7 @@ Every kernel of this package is launched through `launch`, which
   values, ``num_warps``) while `record_launches` is active: `visionblocks.kernels._compile`
   compiles exactly the recorded specialisations for real GPU targets;
 - turns any error of triton's compiler, loader or launcher into a `KernelFailure` naming
-  the op and the kernel, which `visionblocks._dispatch` (forward) and
+  the op and the kernel, which `visionblocks._core.dispatch` (forward) and
   `visionblocks.kernels._fallback` (backward) turn into a one-time warning and the torch
   path (unless ``impl="triton"`` was forced).
 
@@ -255,7 +255,7 @@ def record_launches(execute: bool = True) -> Iterator[set[Spec]]:
 
     Args:
         execute: False for a dry run: launches are checked and recorded but not run (their
-            outputs hold garbage), which is how `visionblocks.kernels._specs` enumerates the
+            outputs hold garbage), which is how `visionblocks.cli._kernel_specs` enumerates the
             specialisations of the whole op matrix in seconds.
 
     Examples:

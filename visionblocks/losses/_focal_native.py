@@ -8,9 +8,9 @@ pass per element with vectorisable exp and log1p polynomials, and releases the G
 part.
 
 How: the rows are cut into parts of about ``_PART`` elements that run on torch's own OpenMP
-team, one parallel region per call (`visionblocks._native.NativeLibrary.run_parts`; parts
+team, one parallel region per call (`visionblocks._core.native.NativeLibrary.run_parts`; parts
 depend only on the shape, so a summed loss adds per-part sums in part order and is independent
-of the thread count); the kernel is built by `visionblocks._native.NativeLibrary`.
+of the thread count); the kernel is built by `visionblocks._core.native.NativeLibrary`.
 
 Used for float32 CPU logits without a weight, float32 targets of the same shape or integer
 class indices, and ``gamma`` a multiple of 1/2 in ``[0, 7.5]``; `sweep` returns ``None``
@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from visionblocks._native import NativeLibrary, plain
+from visionblocks._core.native import NativeLibrary, plain
 
 __all__ = ["LIBRARY", "sweep"]
 

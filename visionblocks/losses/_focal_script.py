@@ -36,7 +36,7 @@ def focal_terms(x: Tensor, t: Tensor, alpha: float | None, gamma: float) -> Tens
 
 
 def _divide(loss: Tensor, normalizer: float | Tensor) -> Tensor:
-    """``loss / normalizer``, as `visionblocks._reduce.reduce_loss` divides."""
+    """``loss / normalizer``, as `visionblocks._core.reduce.reduce_loss` divides."""
     if isinstance(normalizer, Tensor):
         if normalizer.numel() != 1:
             raise ValueError("normalizer must be a number or a one-element tensor")
@@ -74,7 +74,7 @@ def script_focal(
         raise ValueError("gamma must be a finite number >= 0")
     cdt = inputs.dtype
     if cdt != torch.float32 and cdt != torch.float64:
-        cdt = torch.float32  # visionblocks._reduce.compute_dtype
+        cdt = torch.float32  # visionblocks._core.reduce.compute_dtype
     x = inputs.to(cdt)
     keep: Tensor | None = None
     if targets.is_floating_point() or targets.dtype == torch.bool:

@@ -29,10 +29,10 @@ Float32 CPU calls without a weight (and ``gamma`` a multiple of 1/2) run the sam
 in one C loop instead (`visionblocks.losses._focal_native`); what follows is the sweep for
 every other case, and the fallback when no C compiler is available.
 
-Speed on CPU: the rows are cut into parts that `visionblocks._parallel.parallel_for` spreads
+Speed on CPU: the rows are cut into parts that `visionblocks._core.parallel.parallel_for` spreads
 over threads running torch with one intra-op thread each (one fork/join per call, so a busy
 neighbour delays one part instead of every op); each part runs its ops on chunks of about
-``_CHUNK`` elements held in per-thread `visionblocks._parallel.workspace` buffers
+``_CHUNK`` elements held in per-thread `visionblocks._core.parallel.workspace` buffers
 (cache-resident, allocated once). Summed losses add per-part sums in part order, so results do
 not depend on the thread count. On GPUs the sweep is one chunk of whole-tensor ops.
 """
@@ -44,8 +44,8 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-from visionblocks._parallel import parallel_for, workspace
-from visionblocks._reduce import compute_dtype
+from visionblocks._core.parallel import parallel_for, workspace
+from visionblocks._core.reduce import compute_dtype
 from visionblocks.losses import _focal_native
 
 __all__ = ["SigmoidFocalFunction"]

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from visionblocks._check import (
+from visionblocks._core.checks import (
     check_finite,
     check_floating,
     check_range,
@@ -17,8 +17,13 @@ from visionblocks._check import (
     check_tensor,
     check_type,
 )
-from visionblocks._reduce import check_reduction, check_target_range, compute_dtype, reduce_loss
-from visionblocks.registry import LOSSES
+from visionblocks._core.reduce import (
+    check_reduction,
+    check_target_range,
+    compute_dtype,
+    reduce_loss,
+)
+from visionblocks._core.registry import LOSSES
 
 __all__ = ["BCEWithLogitsLoss", "binary_cross_entropy_with_logits"]
 
@@ -88,7 +93,7 @@ def binary_cross_entropy_with_logits(
     pass over the targets; see `visionblocks.set_value_checks`).
 
     Dtype policy: float16/bfloat16 inputs are computed in float32; ``"none"`` returns the
-    inputs' dtype, ``"sum"``/``"mean"`` return float32 (see `visionblocks._reduce`).
+    inputs' dtype, ``"sum"``/``"mean"`` return float32 (see `visionblocks._core.reduce`).
 
     Args:
         inputs (Tensor[...]): Logits, any shape.

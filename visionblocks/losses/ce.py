@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from visionblocks._check import (
+from visionblocks._core.checks import (
     check_floating,
     check_range,
     check_same_device,
@@ -23,8 +23,8 @@ from visionblocks._check import (
     check_type,
     reads_values,
 )
-from visionblocks._reduce import check_reduction, check_target_range, compute_dtype
-from visionblocks.registry import LOSSES
+from visionblocks._core.reduce import check_reduction, check_target_range, compute_dtype
+from visionblocks._core.registry import LOSSES
 
 __all__ = ["CrossEntropyLoss", "cross_entropy"]
 
@@ -241,7 +241,7 @@ def cross_entropy(
     is given.
 
     Dtype policy: float16/bfloat16 logits are computed in float32; ``"none"`` returns the
-    logits' dtype, ``"sum"``/``"mean"`` return float32 (see `visionblocks._reduce`).
+    logits' dtype, ``"sum"``/``"mean"`` return float32 (see `visionblocks._core.reduce`).
 
     Args:
         logits (Tensor[N, C, ...]): Unnormalised scores; class dimension 1 (or ``Tensor[C]``).

@@ -14,7 +14,7 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
-from visionblocks._check import (
+from visionblocks._core.checks import (
     check_choice,
     check_floating,
     check_range,
@@ -22,17 +22,18 @@ from visionblocks._check import (
     check_tensor,
     check_type,
 )
-from visionblocks._dispatch import IMPLS, resolve_impl, run_fused
-from visionblocks._reduce import (
+from visionblocks._core.dispatch import IMPLS
+from visionblocks._core.reduce import (
     check_normalizer,
     check_reduction,
     check_target_range,
     compute_dtype,
     reduce_loss,
 )
+from visionblocks._core.registry import LOSSES
+from visionblocks.kernels._dispatch import resolve_impl, run_fused
 from visionblocks.losses._focal_script import focal_terms, script_focal
 from visionblocks.losses._focal_torch import SigmoidFocalFunction
-from visionblocks.registry import LOSSES
 
 __all__ = ["FocalLoss", "sigmoid_focal_loss"]
 
@@ -167,7 +168,7 @@ def sigmoid_focal_loss(
     ``"mean"`` divides the summed loss by the number of non-ignored elements (``weight`` does
     not change that count, as in ``F.binary_cross_entropy_with_logits``). ``normalizer``
     replaces that denominator and also divides ``"sum"`` and ``"none"`` (e.g. the number of
-    positive anchors), following `visionblocks._reduce.reduce_loss`. It must be positive and
+    positive anchors), following `visionblocks._core.reduce.reduce_loss`. It must be positive and
     finite, whatever its type (Python or NumPy number, one-element tensor).
 
     Value checks (see `visionblocks.set_value_checks`; on by default): float targets must be

@@ -11,16 +11,16 @@ from typing import Literal
 
 from torch import Tensor, nn
 
-from visionblocks._check import check_choice, check_type
-from visionblocks._dispatch import IMPLS
-from visionblocks._reduce import check_reduction
+from visionblocks._core.checks import check_choice, check_type
+from visionblocks._core.dispatch import IMPLS
+from visionblocks._core.reduce import check_reduction
+from visionblocks._core.registry import LOSSES
 from visionblocks.ops.iou_loss import (
     check_eps,
     complete_box_iou_loss,
     distance_box_iou_loss,
     generalized_box_iou_loss,
 )
-from visionblocks.registry import LOSSES
 
 __all__ = ["CIoULoss", "DIoULoss", "GIoULoss"]
 

@@ -9,9 +9,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from visionblocks._check import check_choice, check_range, check_type
-from visionblocks._dispatch import IMPLS, resolve_impl
-from visionblocks._reduce import compute_dtype
+from visionblocks._core.checks import check_choice, check_range, check_type
+from visionblocks._core.dispatch import IMPLS
+from visionblocks._core.reduce import compute_dtype
+from visionblocks._core.registry import LOSSES
+from visionblocks.kernels._dispatch import resolve_impl
 from visionblocks.losses.ce import (
     _check_class_weight,
     _check_devices,
@@ -20,7 +22,6 @@ from visionblocks.losses.ce import (
     _check_target_range,
     _reduce_class_loss,
 )
-from visionblocks.registry import LOSSES
 
 __all__ = ["SoftmaxFocalLoss", "softmax_focal_loss"]
 

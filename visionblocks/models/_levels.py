@@ -8,7 +8,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from visionblocks._check import check_image_batch, check_int, is_tracing
+from visionblocks._core.checks import check_image_batch, check_int, is_tracing
 from visionblocks.nn._limits import MAX_SIDE
 
 __all__ = ["check_levels", "check_size"]

@@ -17,8 +17,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from visionblocks._check import check_device
-from visionblocks._value_checks import value_checks_enabled
+from visionblocks._core.checks import check_device
+from visionblocks._core.values import value_checks_enabled
 
 __all__ = ["CheckedTargets", "prepare_targets"]
 

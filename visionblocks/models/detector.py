@@ -8,11 +8,11 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from visionblocks._check import check_device, check_floating, check_int
-from visionblocks._value_checks import value_checks_enabled
+from visionblocks._core.checks import check_device, check_floating, check_int
+from visionblocks._core.registry import MODELS
+from visionblocks._core.values import value_checks_enabled
 from visionblocks.models._compose import ComposedModel, build_parts
 from visionblocks.models._targets import prepare_targets
-from visionblocks.registry import MODELS
 
 __all__ = ["Detector", "build_detector", "normalize_images", "training_targets"]
 

@@ -11,7 +11,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from visionblocks._check import check_int, check_number
+from visionblocks._core.checks import check_int, check_number
+from visionblocks._core.registry import HEADS
 from visionblocks.distributed import reduce_mean
 from visionblocks.init import bias_init_with_prob, normal_init
 from visionblocks.losses.focal import sigmoid_focal_loss
@@ -27,7 +28,6 @@ from visionblocks.nn._limits import MAX_CHANNELS, MAX_REPEATS, MAX_STRIDE, check
 from visionblocks.nn.conv import ConvNormAct
 from visionblocks.nn.layers import NormSpec, make_norm
 from visionblocks.ops.iou_loss import generalized_box_iou_loss
-from visionblocks.registry import HEADS
 
 __all__ = ["FCOSHead"]
 

@@ -11,13 +11,13 @@ from typing import Any
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from visionblocks._check import check_choice, check_int
+from visionblocks._core.checks import check_choice, check_int
+from visionblocks._core.registry import NECKS
 from visionblocks.init import c2_xavier_fill
 from visionblocks.models._levels import check_levels
 from visionblocks.nn._limits import MAX_CHANNELS, MAX_EXTRA_LEVELS, MAX_STRIDE, check_channels
 from visionblocks.nn.conv import ConvNormAct
 from visionblocks.nn.layers import NormSpec
-from visionblocks.registry import NECKS
 
 __all__ = ["FPN"]
 

@@ -8,8 +8,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from visionblocks._check import check_device, check_floating, check_int, check_number
-from visionblocks._value_checks import value_checks_enabled
+from visionblocks._core.checks import check_device, check_floating, check_int, check_number
+from visionblocks._core.values import value_checks_enabled
 from visionblocks.models._levels import check_size
 
 __all__ = ["decode_ltrb", "postprocess_detections", "postprocess_padded"]

@@ -12,14 +12,15 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from visionblocks._check import (
+from visionblocks._core.checks import (
     check_choice,
     check_device,
     check_int,
     check_number,
     check_type,
 )
-from visionblocks._value_checks import value_checks_enabled
+from visionblocks._core.registry import HEADS, MODELS
+from visionblocks._core.values import value_checks_enabled
 from visionblocks.init import kaiming_init, normal_init
 from visionblocks.losses.ce import cross_entropy
 from visionblocks.losses.softmax_focal import softmax_focal_loss
@@ -29,7 +30,6 @@ from visionblocks.models.detector import normalize_images
 from visionblocks.nn._limits import MAX_CHANNELS, MAX_STRIDE, check_channels
 from visionblocks.nn.conv import ConvNormAct
 from visionblocks.nn.layers import NormSpec
-from visionblocks.registry import HEADS, MODELS
 
 __all__ = ["FPNSegHead", "Segmenter", "build_segmenter"]
 

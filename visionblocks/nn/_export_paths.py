@@ -1,7 +1,7 @@
 """Plain-torch forms of the local ops for ``torch.export`` (private).
 
 `visionblocks.ops.local.local_filter` and `visionblocks.ops.local_attention.local_attention2d`
-run a blocked implementation whose parts go to a thread pool (`visionblocks._parallel`) and
+run a blocked implementation whose parts go to a thread pool (`visionblocks._core.parallel`) and
 write into preallocated outputs: export traces only the calling thread (the parts in pool
 threads are lost: non-strict export gives wrong outputs) and strict export cannot trace the
 pool at all. Under ``torch.compiler.is_exporting()`` the layers of `visionblocks.nn` call the

@@ -16,7 +16,7 @@ gigabytes or loop for hours before anything fails. The bounds are far above any 
 
 from __future__ import annotations
 
-from visionblocks._check import check_int
+from visionblocks._core.checks import check_int
 
 __all__ = [
     "MAX_CHANNELS",

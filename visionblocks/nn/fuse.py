@@ -32,7 +32,7 @@ import torch
 from torch import fx, nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from visionblocks._check import check_type
+from visionblocks._core.checks import check_type
 from visionblocks.nn.conv import ConvNormAct, DepthwiseConv2d
 
 __all__ = ["find_conv_bn_pairs", "fuse_conv_bn", "fuse_modules"]

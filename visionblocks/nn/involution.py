@@ -15,7 +15,7 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
-from visionblocks._check import (
+from visionblocks._core.checks import (
     check_choice,
     check_device,
     check_floating,
@@ -24,10 +24,10 @@ from visionblocks._check import (
     check_type,
     is_tracing,
 )
+from visionblocks._core.registry import LAYERS
 from visionblocks.nn._export_paths import local_filter_plain
 from visionblocks.nn._limits import MAX_CHANNELS, MAX_KERNEL_SIZE, MAX_WINDOW
 from visionblocks.ops.local import check_window, local_filter
-from visionblocks.registry import LAYERS
 
 __all__ = ["Involution2d", "LocalFilter2d"]
 

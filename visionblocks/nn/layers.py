@@ -17,7 +17,7 @@ from typing import TypeAlias
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from visionblocks._check import (
+from visionblocks._core.checks import (
     check_device,
     check_image_batch,
     check_int,

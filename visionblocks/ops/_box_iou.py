@@ -44,7 +44,7 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from visionblocks._check import (
+from visionblocks._core.checks import (
     check_finite,
     check_last_dim,
     check_range,

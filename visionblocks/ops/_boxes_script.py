@@ -221,7 +221,7 @@ def script_iou_loss(
     input_dtype = torch.promote_types(pred.dtype, target.dtype)
     cdt = input_dtype
     if cdt != torch.float32 and cdt != torch.float64:
-        cdt = torch.float32  # visionblocks._reduce.compute_dtype
+        cdt = torch.float32  # visionblocks._core.reduce.compute_dtype
     p, g = pred.to(cdt), target.to(cdt)
     scale = _power_of_two_scale([p, g])
     eps_t = _eps_tensor(eps, scale.square(), cdt)

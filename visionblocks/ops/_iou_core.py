@@ -52,7 +52,7 @@ from typing import Any, NamedTuple, TypeVar
 import torch
 from torch import Tensor
 
-from visionblocks._parallel import workspace
+from visionblocks._core.parallel import workspace
 
 __all__ = [
     "CIOU",

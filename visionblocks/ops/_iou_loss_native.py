@@ -5,9 +5,9 @@ pairs, each a pass over memory; on 1M pairs that stays near 4x torchvision. One 
 pair (``_iou_loss_kernel.c``, next to this file) reads the 8 coordinates once and writes the
 value and the gradients, with the formulas and the eps rule of `visionblocks.ops._iou_core`.
 
-How: `visionblocks._native.NativeLibrary` builds and loads it (``ctypes`` calls release the
+How: `visionblocks._core.native.NativeLibrary` builds and loads it (``ctypes`` calls release the
 GIL), and parts of ``grain`` pairs run on torch's own OpenMP team, one parallel region per call
-(`visionblocks._native.NativeLibrary.run_parts`). A summed call adds each part's values in double lanes of a fixed order, then the
+(`visionblocks._core.native.NativeLibrary.run_parts`). A summed call adds each part's values in double lanes of a fixed order, then the
 parts in part order: the sum depends on ``n`` and ``grain`` only, never on the thread count.
 
 Without a compiler, on Windows, or with ``VISIONBLOCKS_DISABLE_NATIVE=1``, `native_sweep`
@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from visionblocks._native import ENV_DISABLE, NativeLibrary, plain
+from visionblocks._core.native import ENV_DISABLE, NativeLibrary, plain
 
 __all__ = ["ENV_DISABLE", "LIBRARY", "native_sweep", "native_unavailable_reason"]
 
@@ -57,7 +57,7 @@ def native_sweep(
     """`visionblocks.ops._iou_loss_torch.aligned_sweep` in C, or ``None`` (use the torch path).
 
     Runs for float32 ``(N, 4)`` CPU boxes with storage and no trace, compile or forward-mode
-    dual to honour (`visionblocks._native.plain`), when the kernel is available. ``eps`` is
+    dual to honour (`visionblocks._core.native.plain`), when the kernel is available. ``eps`` is
     the 0-d tensor of the torch path; ``grain`` the pairs per part.
     """
     if (

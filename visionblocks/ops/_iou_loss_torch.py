@@ -11,16 +11,16 @@ No double backward.
 Speed on CPU: float32 pairs go to a C kernel (`visionblocks.ops._iou_loss_native`, built on
 first use; one loop per pair computes the value and the gradients in registers, 5-7x faster
 than the torch ops below on 1M pairs) when it is available and may read the tensors' memory
-(`visionblocks._native.plain`: no trace, compile, vmap or forward-mode dual). It splits the
+(`visionblocks._core.native.plain`: no trace, compile, vmap or forward-mode dual). It splits the
 pairs into the same parts, and its sums, too, do not depend on the thread count.
 
 Otherwise (float64, no C compiler, ``VISIONBLOCKS_DISABLE_NATIVE=1``, a trace) torch ops run:
-the pairs are cut into parts that `visionblocks._parallel.parallel_for` spreads over threads
+the pairs are cut into parts that `visionblocks._core.parallel.parallel_for` spreads over threads
 running torch with one intra-op thread each (one fork/join per call, so a busy neighbour
 delays one part, not every op). A part works on pieces of ``_PIECE`` pairs: it gathers their
 coordinates into planar rows (``x1``, ``y1``, ``x2``, ``y2`` of both boxes, one ``stack``),
 runs every op on contiguous piece-sized buffers carved from a per-thread
-`visionblocks._parallel.workspace` (allocated once, reused), and stores the gradient back with
+`visionblocks._core.parallel.workspace` (allocated once, reused), and stores the gradient back with
 one transposing multiply. Summed values add per-piece sums in part order, so they do not
 depend on the thread count. On GPUs the sweep runs whole-tensor ops on pieces of
 ``_CUDA_PIECE`` pairs.
@@ -32,7 +32,7 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-from visionblocks._parallel import parallel_for
+from visionblocks._core.parallel import parallel_for
 from visionblocks.ops import _iou_core
 from visionblocks.ops._iou_core import (
     CIOU,

@@ -11,9 +11,9 @@ an op is one torch op, per tap or per channel, on strided views of a segment. `G
   one segment per ``(plane, block)``;
 - smaller planes are grouped, consecutive planes forming one segment (one op covers them).
 
-`Grid.run` hands the segments to `visionblocks._parallel.parallel_for`: one fork and one
+`Grid.run` hands the segments to `visionblocks._core.parallel.parallel_for`: one fork and one
 join per call, each part's ops run serially with one intra-op thread, so a busy machine
-delays only the part a descheduled thread holds (see `visionblocks._parallel`). The
+delays only the part a descheduled thread holds (see `visionblocks._core.parallel`). The
 segments depend only on the shapes, never on the thread count, so results are bitwise
 reproducible. On CUDA the segments run one after the other (their ops are kernels queued
 on one stream; there is nothing to spread over threads).
@@ -33,7 +33,7 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import Tensor
 
-from visionblocks._parallel import parallel_for, parts, workspace
+from visionblocks._core.parallel import parallel_for, parts, workspace
 
 __all__ = ["Grid", "compute_dtype", "new_output", "scratch", "windows"]
 
@@ -61,7 +61,7 @@ def scratch(name: str, shape: Sequence[int], capacity: int, like: Tensor) -> Ten
     """A contiguous ``shape`` tensor (contents undefined) of ``like``'s dtype and device.
 
     On CPU it is the front of the calling thread's reusable buffer ``name`` of ``capacity``
-    elements (`visionblocks._parallel.workspace`; ``capacity`` is the largest ``shape`` of
+    elements (`visionblocks._core.parallel.workspace`; ``capacity`` is the largest ``shape`` of
     the call, so the last, shorter part of a call does not reallocate); elsewhere a new
     tensor.
 

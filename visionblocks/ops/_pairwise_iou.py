@@ -13,9 +13,9 @@ coefficients are then turned into gradients with `_iou_core.combine` (``O(N + M)
 ``.sum()`` upstream sends a broadcast gradient, whose single value multiplies the per-box
 result instead of every pair.
 
-Speed on CPU: rows are cut into parts that `visionblocks._parallel.parallel_for` spreads over
+Speed on CPU: rows are cut into parts that `visionblocks._core.parallel.parallel_for` spreads over
 threads running torch with one intra-op thread each; each piece's ops write into a per-thread
-`visionblocks._parallel.workspace` (allocated once, reused). Column sums are added per
+`visionblocks._core.parallel.workspace` (allocated once, reused). Column sums are added per
 part and then in part order, so results do not depend on the thread count. On GPUs the pieces
 are ``_CUDA_PIECE`` pairs of whole-tensor ops.
 """
@@ -28,7 +28,7 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-from visionblocks._parallel import parallel_for
+from visionblocks._core.parallel import parallel_for
 from visionblocks.ops import _iou_core
 from visionblocks.ops._iou_core import (
     Arena,

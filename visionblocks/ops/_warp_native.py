@@ -10,10 +10,10 @@ same ``grid_sample``.
 How: ``_warp_kernel.c`` (next to this file) plans each block of output rows once (the columns
 that can be nonzero and, for the pixels whose four neighbours are inside, their offset and
 fractions), reuses the plan for every channel and every image sharing the matrix, and writes the
-other columns as zeros. It is built and loaded by `visionblocks._native.NativeLibrary` (the
+other columns as zeros. It is built and loaded by `visionblocks._core.native.NativeLibrary` (the
 system C compiler, a private cache folder; ``ctypes`` calls release the GIL), and its row blocks
 run as parts on torch's own OpenMP team, one parallel region per call
-(`visionblocks._native.NativeLibrary.run_parts`).
+(`visionblocks._core.native.NativeLibrary.run_parts`).
 
 Without a compiler, on Windows, or with ``VISIONBLOCKS_DISABLE_NATIVE=1``, `warp_zeros`
 returns ``None`` and `warp_affine` uses ``grid_sample``; the results agree up to float32
@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from visionblocks._native import ENV_DISABLE, NativeLibrary, plain
+from visionblocks._core.native import ENV_DISABLE, NativeLibrary, plain
 
 __all__ = ["ENV_DISABLE", "LIBRARY", "native_unavailable_reason", "warp_zeros"]
 
@@ -53,7 +53,7 @@ def warp_zeros(img: Tensor, inv: Tensor, size: tuple[int, int]) -> Tensor | None
 
     ``inv`` is ``(1, 2, 3)`` (shared) or ``(B, 2, 3)``. Returns ``None`` (the caller falls
     back to ``grid_sample``) unless the kernel is available, ``img`` is a float32/float64 CPU
-    tensor with storage, nothing needs a gradient or a trace (`visionblocks._native.plain`), the matrices are finite
+    tensor with storage, nothing needs a gradient or a trace (`visionblocks._core.native.plain`), the matrices are finite
     and offsets fit in 32 bits.
     """
     b, c, h, w = img.shape

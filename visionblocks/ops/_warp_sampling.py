@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from visionblocks._check import (
+from visionblocks._core.checks import (
     check_choice,
     check_finite,
     check_floating,

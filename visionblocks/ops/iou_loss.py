@@ -29,7 +29,7 @@ as in torchvision: their enclosing box has zero area. ``eps = 0`` gives NaN for 
 degenerate pairs.
 
 Dtype policy: float16/bfloat16 are computed in float32; ``"none"`` returns the inputs'
-dtype, ``"sum"``/``"mean"`` return the compute dtype (`visionblocks._reduce`). Gradients of
+dtype, ``"sum"``/``"mean"`` return the compute dtype (`visionblocks._core.reduce`). Gradients of
 half inputs are computed in float32 and clamped to the half dtype's finite range (the ~1/eps
 gradients above stay finite). ``pred`` and ``target`` of different floating dtypes are
 promoted first. On CPU, ``"sum"`` and ``"mean"`` add partial sums in a fixed order: the
@@ -53,15 +53,15 @@ import math
 import torch
 from torch import Tensor
 
-from visionblocks._check import (
+from visionblocks._core.checks import (
     check_floating,
     check_last_dim,
     check_same_device,
     check_same_shape,
     reads_values,
 )
-from visionblocks._dispatch import resolve_impl, run_fused
-from visionblocks._reduce import check_reduction, compute_dtype, reduce_loss
+from visionblocks._core.reduce import check_reduction, compute_dtype, reduce_loss
+from visionblocks.kernels._dispatch import resolve_impl, run_fused
 from visionblocks.ops._box_iou import cast_clamped, scale_shift
 from visionblocks.ops._boxes_script import script_iou_loss
 from visionblocks.ops._iou_core import eps_tensor

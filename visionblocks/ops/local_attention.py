@@ -26,8 +26,8 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from visionblocks._check import check_floating, check_same_shape, check_type
-from visionblocks._dispatch import resolve_impl, run_fused
+from visionblocks._core.checks import check_floating, check_same_shape, check_type
+from visionblocks.kernels._dispatch import resolve_impl, run_fused
 from visionblocks.ops._local_attention_torch import LocalAttentionFunction
 from visionblocks.ops.local import effective_window
 

@@ -37,7 +37,7 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from visionblocks._check import (
+from visionblocks._core.checks import (
     check_allocation,
     check_choice,
     check_same_device,

@@ -24,8 +24,8 @@ from typing import Any, BinaryIO
 
 import torch
 
-from visionblocks._weights_rebuild import StorageType, TorchStorage
-from visionblocks._weights_unpickle import SafeUnpickler
+from visionblocks.weights._rebuild import StorageType, TorchStorage
+from visionblocks.weights._unpickle import SafeUnpickler
 
 __all__ = ["SafeRead", "read_pickle", "read_torch_zip"]
 

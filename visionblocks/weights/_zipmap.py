@@ -254,7 +254,7 @@ def read_mapped_zip(
     Tensors are views of ``mapping``, a private mapping of the whole file, as with
     ``torch.load(mmap=True)``. ``fd`` (with ``keep_fd``, on Linux; else None) is an open
     descriptor of the very file mapped, for
-    `visionblocks._weights_pages.FilePages.for_mapping`; the caller closes it.
+    `visionblocks.weights._pages.FilePages.for_mapping`; the caller closes it.
 
     Raises:
         Unsupported: The file needs ``torch.load`` (see the module doc).

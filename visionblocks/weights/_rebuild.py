@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 if TYPE_CHECKING:
-    from visionblocks._weights_unpickle import SafeUnpickler
+    from visionblocks.weights._unpickle import SafeUnpickler
 
 __all__ = [
     "CALL_BY_ID",

@@ -25,8 +25,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from visionblocks._check import check_choice, check_device, check_type
-from visionblocks._deploy_check import (
+from visionblocks._core.checks import check_choice, check_device, check_type
+from visionblocks.deploy._check import (
     DETECTIONS,
     detections_diff,
     leaves,
@@ -274,7 +274,7 @@ def load_for_export(
         >>> type(model).__name__, model.training
         ('Detector', False)
     """
-    from visionblocks.registry import MODELS
+    from visionblocks._core.registry import MODELS
     from visionblocks.weights import load_partial
 
     check_type("source", source, (str, os.PathLike))

@@ -25,7 +25,7 @@ import numbers
 import torch
 from torch import Tensor
 
-from visionblocks._check import check_choice, check_type, reads_values
+from visionblocks._core.checks import check_choice, check_type, reads_values
 
 __all__ = [
     "REDUCTIONS",

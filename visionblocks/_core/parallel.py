@@ -28,7 +28,7 @@ from typing import TypeVar
 
 import torch
 
-from visionblocks._recording import recording
+from visionblocks._core.recording import recording
 
 __all__ = ["in_pool", "parallel_for", "parts", "workspace"]
 

@@ -1,4 +1,4 @@
-"""Choosing the demo's CPU thread count while it trains (private; see `visionblocks.demo`)."""
+"""Choosing the demo's CPU thread count while it trains (private; see `visionblocks.cli.demo`)."""
 
 from __future__ import annotations
 

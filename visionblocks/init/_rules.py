@@ -11,8 +11,8 @@ from typing import Any
 
 from torch import nn
 
-from visionblocks._fans import has_weight
-from visionblocks.registry import Registry
+from visionblocks._core.registry import Registry
+from visionblocks.init._fans import has_weight
 
 __all__ = ["BLOCK_INITIALIZER", "apply_rules"]
 

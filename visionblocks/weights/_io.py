@@ -25,12 +25,12 @@ from typing import Any
 
 import torch
 
-from visionblocks._check import cuda_unusable
-from visionblocks._weights_formats import detect_layout
-from visionblocks._weights_pages import FilePages
-from visionblocks._weights_rebuild import Placeholder
-from visionblocks._weights_safe_read import SafeRead, read_pickle, read_torch_zip
-from visionblocks._weights_zipmap import Unsupported, read_mapped_zip
+from visionblocks._core.checks import cuda_unusable
+from visionblocks.weights._formats import detect_layout
+from visionblocks.weights._pages import FilePages
+from visionblocks.weights._rebuild import Placeholder
+from visionblocks.weights._safe_read import SafeRead, read_pickle, read_torch_zip
+from visionblocks.weights._zipmap import Unsupported, read_mapped_zip
 
 __all__ = [
     "CONTAINER_KEYS",
@@ -62,7 +62,7 @@ class ReadInfo:
             unpickler)"``, ``"torch (legacy, safe unpickler)"``, ``"pickle (safe unpickler)"``.
         layout: The framework layout told by the keys (``"Lightning checkpoint"``,
             ``"mmengine checkpoint"``, ``"detectron2 model zoo"``, ...; see
-            ``visionblocks._weights_formats``).
+            ``visionblocks.weights._formats``).
         containers: Keys descended into to reach the state dict (``["state_dict"]``).
         dropped: Top-level keys of the state dict's mapping that held no tensor.
         other_keys: Keys of the outer containers that were not descended into.

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from torch import fx, nn
 
-from visionblocks._recording import recording
+from visionblocks._core.recording import recording
 
 __all__: list[str] = []
 

@@ -24,8 +24,9 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
-from visionblocks._check import check_choice, check_range, check_type
-from visionblocks._fans import (
+from visionblocks._core.checks import check_choice, check_range, check_type
+from visionblocks._core.registry import INITIALIZERS
+from visionblocks.init._fans import (
     check_number,
     check_truncation,
     draw_zero_mean,
@@ -33,9 +34,8 @@ from visionblocks._fans import (
     module_fans,
     weight_of,
 )
-from visionblocks._init_residual import zero_init_last_norm
-from visionblocks._init_rules import apply_rules
-from visionblocks.registry import INITIALIZERS
+from visionblocks.init._residual import zero_init_last_norm
+from visionblocks.init._rules import apply_rules
 
 __all__ = [
     "bias_init_with_prob",

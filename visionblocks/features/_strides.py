@@ -10,7 +10,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from visionblocks._features_capture import capture, eval_mode, example_args
+from visionblocks.features._capture import capture, eval_mode, example_args
 
 __all__ = ["check_run", "measure", "stride"]
 

@@ -23,17 +23,17 @@ from typing import Any
 import torch
 from torch import nn
 
-from visionblocks._check import check_type, format_shape
-from visionblocks._weights_adapt import compile_rename, input_conv_key, map_keys
-from visionblocks._weights_guards import (
+from visionblocks._core.checks import check_type, format_shape
+from visionblocks.weights._adapt import compile_rename, input_conv_key, map_keys
+from visionblocks.weights._guards import (
     check_flags,
     check_min_loaded,
     failed_guard,
     require_patterns,
 )
-from visionblocks._weights_io import read_checkpoint, source_state
-from visionblocks._weights_pages import copy_tensors
-from visionblocks._weights_prefix import find_prefix_change
+from visionblocks.weights._io import read_checkpoint, source_state
+from visionblocks.weights._pages import copy_tensors
+from visionblocks.weights._prefix import find_prefix_change
 
 __all__ = ["LoadError", "LoadReport", "load_partial", "read_state_dict"]
 
@@ -279,7 +279,7 @@ def load_partial(
 
     Memory and speed: a zip-format torch file given as a path is memory-mapped (a plain
     state dict or training checkpoint is unpickled by pickle's C unpickler restricted to
-    three names, `visionblocks._weights_zipmap`; anything else by ``torch.load``); on Linux
+    three names, `visionblocks.weights._zipmap`; anything else by ``torch.load``); on Linux
     each tensor is read from the file straight into the model's (``os.preadv``, no page
     faults, over ``torch.get_num_threads()`` threads), and one that must be converted is
     copied from the mapping, whose pages are then handed back to the OS (``madvise``), so the

@@ -9,7 +9,7 @@ and recorded, not executed; the kernel tests run them). The signatures therefore
 the launchers themselves, not from a hand-kept list:
 `visionblocks.kernels._compile` compiles exactly these for real GPU targets.
 
-Run as ``python -m visionblocks.kernels._specs`` (it sets ``TRITON_INTERPRET=1`` before
+Run as ``python -m visionblocks.cli._kernel_specs`` (it sets ``TRITON_INTERPRET=1`` before
 triton is imported) to print the specialisations as JSON.
 """
 
@@ -163,7 +163,7 @@ def launched_specializations(python: str | None = None) -> list[dict]:
     env.pop("VISIONBLOCKS_DISABLE_TRITON", None)
     env.pop("VISIONBLOCKS_IMPL", None)
     proc = subprocess.run(
-        [python or sys.executable, "-m", "visionblocks.kernels._specs"],
+        [python or sys.executable, "-m", "visionblocks.cli._kernel_specs"],
         capture_output=True,
         text=True,
         env=env,

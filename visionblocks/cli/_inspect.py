@@ -11,8 +11,8 @@ from typing import TextIO
 import torch
 from torch import nn
 
-from visionblocks._weights_io import ReadInfo, read_checkpoint
 from visionblocks.weights import LoadReport
+from visionblocks.weights._io import ReadInfo, read_checkpoint
 
 __all__ = ["check_model_name", "describe_state_dict", "load_into_backbone", "run_inspect"]
 

@@ -324,7 +324,7 @@ def reads_values(*tensors: torch.Tensor | None) -> bool:
     nothing is being traced or compiled (a host read there would freeze one input's answer
     into the trace, or break the compiled graph).
     """
-    from visionblocks._value_checks import value_checks_enabled
+    from visionblocks._core.values import value_checks_enabled
 
     if not value_checks_enabled() or torch.jit.is_tracing() or torch.compiler.is_compiling():
         return False

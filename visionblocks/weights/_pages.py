@@ -11,7 +11,7 @@ that `load_partial` can
   (``madvise(MADV_DONTNEED)``, `FilePages.release`).
 
 Both only act on byte ranges that lie inside a private mapping of the file (checked in
-``/proc/self/maps``, or known from `visionblocks._weights_zipmap`, which made the mapping:
+``/proc/self/maps``, or known from `visionblocks.weights._zipmap`, which made the mapping:
 `FilePages.for_mapping`), so no other memory is ever touched; elsewhere (not Linux, no
 mapping) they do nothing and the caller copies as usual. `copy_tensors` gathers the reads
 and does them last, in pieces of a few MiB spread over threads (`FilePages.read`).
@@ -33,8 +33,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from visionblocks._parallel import parallel_for
-from visionblocks._weights_adapt import adapt_input_conv_weight
+from visionblocks._core.parallel import parallel_for
+from visionblocks.weights._adapt import adapt_input_conv_weight
 
 __all__ = ["FilePages", "copy_tensors"]
 
@@ -91,7 +91,7 @@ class FilePages:
         cls, path: str | os.PathLike[str], fd: int, mapping: torch.UntypedStorage
     ) -> FilePages:
         """The pages of ``mapping``, a private mapping of the whole file open as ``fd``, in
-        this machine's byte order (`visionblocks._weights_zipmap.read_mapped_zip` made
+        this machine's byte order (`visionblocks.weights._zipmap.read_mapped_zip` made
         both). Takes ``fd`` over (`close` closes it) and keeps ``mapping`` alive."""
         pages = cls.__new__(cls)
         pages._path = os.path.realpath(path)

@@ -32,11 +32,12 @@ def _compile_kernels(args: argparse.Namespace) -> int:
     if not triton_available():
         print(f"visionblocks list: cannot compile: {triton_unavailable_reason()}", file=sys.stderr)
         return 1
+    from visionblocks.cli._kernel_specs import launched_specializations
     from visionblocks.kernels._compile import compile_all, format_table, summarize
     from visionblocks.kernels._launch import Spec
 
     print("compiling every launched specialisation (cached by triton after the first run)...")
-    rows = compile_all()
+    rows = compile_all(launched_specializations())
     print(format_table(summarize(rows)))
     if args.all:
         print("\n| specialisation | target | ok | registers | spill stores | shared (B) |")
@@ -96,7 +97,7 @@ def _cmd_list(args: argparse.Namespace) -> int:
 
 
 def _cmd_inspect(args: argparse.Namespace) -> int:
-    from visionblocks._inspect import run_inspect
+    from visionblocks.cli._inspect import run_inspect
 
     return run_inspect(args.checkpoint, args.model)
 
@@ -128,7 +129,7 @@ def _cmd_check_coco(args: argparse.Namespace) -> int:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from visionblocks.demo import run_demo
+    from visionblocks.cli.demo import run_demo
 
     try:
         run_demo(
@@ -189,7 +190,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
-    from visionblocks.demo import DEFAULT_STEPS
+    from visionblocks.cli.demo import DEFAULT_STEPS
 
     p_demo = sub.add_parser(
         "demo", help="train and evaluate the reference detector on synthetic COCO"

@@ -5,7 +5,7 @@ implementation of ``pickle.Unpickler``) with every opcode that imports, calls or
 object replaced by a checked version:
 
 * ``GLOBAL``, ``STACK_GLOBAL``, ``INST`` and ``EXT*`` go through `SafeUnpickler.find_class`,
-  which never imports a module: a short allowlist (``visionblocks._weights_rebuild``) maps
+  which never imports a module: a short allowlist (``visionblocks.weights._rebuild``) maps
   exact names to objects of ours (plain containers, NumPy and torch rebuilders written
   there, dtypes, storage types), and every other name becomes an inert `Placeholder`.
 * ``REDUCE``, ``NEWOBJ``, ``NEWOBJ_EX``, ``INST`` and ``OBJ`` call only those allowlisted
@@ -30,7 +30,7 @@ import sys
 from collections.abc import Callable
 from typing import Any, ClassVar
 
-from visionblocks._weights_rebuild import (
+from visionblocks.weights._rebuild import (
     CALL_BY_ID,
     CONTAINER_TYPES,
     KEY_TYPES,

@@ -10,7 +10,7 @@ import fnmatch
 from collections.abc import Collection, Sequence
 from typing import TYPE_CHECKING, Any
 
-from visionblocks._check import check_range, check_type
+from visionblocks._core.checks import check_range, check_type
 
 if TYPE_CHECKING:
     from visionblocks.weights import LoadReport

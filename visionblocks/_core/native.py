@@ -21,7 +21,7 @@ torch's OpenMP threads keep spinning for milliseconds after each torch op; threa
 own would compete with them for the cores (measured on 2 cores: the 4M-element focal sweep
 took 9.8 ms right after a small torch op, 5.7 ms alone), while the team's threads simply take
 the parts. Where torch has no OpenMP runtime with the GNU entry points (`team_address` is ``None``), the parts go to
-`visionblocks._parallel.parallel_for`'s Python threads.
+`visionblocks._core.parallel.parallel_for`'s Python threads.
 
 Without a compiler, on Windows, or with ``VISIONBLOCKS_DISABLE_NATIVE=1``, ``functions``
 returns ``None`` and `NativeLibrary.reason` says why; every caller then runs its torch path.
@@ -46,7 +46,7 @@ import torch
 from torch import Tensor
 from torch.autograd import forward_ad
 
-from visionblocks._recording import recording
+from visionblocks._core.recording import recording
 
 __all__ = ["ENV_DISABLE", "NativeLibrary", "plain", "team_address"]
 
@@ -216,7 +216,7 @@ class NativeLibrary:
 
     def use_team(self, on: bool) -> None:
         """Run parts on torch's OpenMP team (``True``, the default where there is one) or on
-        `visionblocks._parallel`'s Python threads (``False``; tests use it for that path)."""
+        `visionblocks._core.parallel`'s Python threads (``False``; tests use it for that path)."""
         if self.functions() is not None and self.parallel:
             address = team_address() if on else None
             self.state["set_team"](address)
@@ -226,10 +226,10 @@ class NativeLibrary:
         """Run parts ``[0, parts)`` of the entry point ``fn(*args, start, stop, threads)``.
 
         On torch's OpenMP team (one parallel region of ``torch.get_num_threads()`` threads)
-        when the library has one, else over `visionblocks._parallel.parallel_for`'s threads,
+        when the library has one, else over `visionblocks._core.parallel.parallel_for`'s threads,
         one part per call. Raises `MemoryError` if a part ran out of memory for its scratch.
         """
-        from visionblocks._parallel import in_pool, parallel_for
+        from visionblocks._core.parallel import in_pool, parallel_for
 
         threads = 1 if in_pool() else torch.get_num_threads()
         team = self.state.get("team", True) and team_address() is not None

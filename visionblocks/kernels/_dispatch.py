@@ -1,122 +1,23 @@
-"""Choosing an implementation for ops that have a fused kernel.
+"""Routing one op call to its triton kernel or its torch path (`resolve_impl`, `run_fused`).
 
-Every such op takes ``impl: str = "auto"``:
-
-- ``"torch"``: the PyTorch reference (also the CPU path). Always available.
-- ``"triton"``: the fused Triton kernel. Needs triton; runs on CUDA tensors, or on CPU tensors
-  when ``TRITON_INTERPRET=1`` was set before triton was imported (how the tests check kernels).
-- ``"auto"``: the process default (see below); when that is also ``"auto"``, triton for CUDA
-  tensors when triton imports, the op has a kernel, the GPU's compute capability and the
-  dtypes are supported (`visionblocks.kernels._support`) and the kernel has not failed on
-  that device before; torch otherwise. If a kernel fails to compile, load or launch, the op
-  warns once, runs the torch path and stays on it for that device (`run_fused`).
-
-The process default is, by priority: `set_impl` / `use_impl`, then the environment
-variable ``VISIONBLOCKS_IMPL``, then ``"auto"``. ``VISIONBLOCKS_DISABLE_TRITON=1`` makes
-triton unavailable (everything runs on the torch path; forcing ``"triton"`` raises).
+The policy (``impl`` names, the process default, `visionblocks.use_impl`) lives in
+`visionblocks._core.dispatch`; this module adds what needs the kernels: whether an op has a
+kernel, whether triton and the device can run it, and the fallback when a kernel fails.
 """
 
 from __future__ import annotations
 
-import os
-import threading
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from typing import Any, Literal, TypeVar
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import torch
 
-from visionblocks._check import check_choice
+from visionblocks._core.dispatch import forced_triton, get_impl, validate_impl
 from visionblocks.kernels._support import capability_reason, unsupported_reason
 
 T = TypeVar("T")
 
-__all__ = ["IMPLS", "get_impl", "resolve_impl", "run_fused", "set_impl", "use_impl"]
-
-Impl = Literal["auto", "torch", "triton"]
-IMPLS: tuple[str, ...] = ("auto", "torch", "triton")
-ENV_IMPL = "VISIONBLOCKS_IMPL"
-
-_state = threading.local()
-_global_default: list[str | None] = [None]
-
-
-def _validate(name: object, what: str) -> str:
-    if not isinstance(name, str):
-        raise TypeError(f"{what} must be a str, one of {IMPLS}; got {type(name).__name__}")
-    check_choice(what, name, IMPLS)
-    return name
-
-
-def get_impl() -> str:
-    """The current default implementation name.
-
-    Returns:
-        str: ``"auto"``, ``"torch"`` or ``"triton"``.
-
-    Raises:
-        ValueError: If ``VISIONBLOCKS_IMPL`` holds an unknown name.
-
-    Examples:
-        >>> import visionblocks
-        >>> with visionblocks.use_impl("torch"):
-        ...     visionblocks.get_impl()
-        'torch'
-    """
-    local = getattr(_state, "stack", None)
-    if local:
-        return local[-1]
-    if _global_default[0] is not None:
-        return _global_default[0]
-    env = os.environ.get(ENV_IMPL, "").strip()
-    if env:
-        return _validate(env, ENV_IMPL)
-    return "auto"
-
-
-def set_impl(name: str | None) -> None:
-    """Set the process-wide default implementation (``None`` restores env/``"auto"``).
-
-    Args:
-        name: ``"auto"``, ``"torch"``, ``"triton"`` or ``None``.
-
-    Raises:
-        ValueError: For an unknown name, listing the valid ones.
-
-    Examples:
-        >>> import visionblocks
-        >>> visionblocks.set_impl("torch")
-        >>> visionblocks.get_impl()
-        'torch'
-        >>> visionblocks.set_impl(None)
-    """
-    _global_default[0] = None if name is None else _validate(name, "impl")
-
-
-@contextmanager
-def use_impl(name: str) -> Iterator[None]:
-    """Context manager setting the default implementation in this thread; restores on exit.
-
-    Args:
-        name: ``"auto"``, ``"torch"`` or ``"triton"``.
-
-    Raises:
-        ValueError: For an unknown name.
-
-    Examples:
-        >>> import visionblocks
-        >>> with visionblocks.use_impl("torch"):
-        ...     pass
-    """
-    _validate(name, "impl")
-    stack = getattr(_state, "stack", None)
-    if stack is None:
-        stack = _state.stack = []
-    stack.append(name)
-    try:
-        yield
-    finally:
-        stack.pop()
+__all__ = ["resolve_impl", "run_fused"]
 
 
 def resolve_impl(impl: str, op: str, *tensors: torch.Tensor) -> str:
@@ -145,7 +46,7 @@ def resolve_impl(impl: str, op: str, *tensors: torch.Tensor) -> str:
     """
     from visionblocks import kernels
 
-    _validate(impl, "impl")
+    validate_impl(impl)
     if impl == "auto":
         impl = get_impl()
     if impl == "torch":
@@ -184,10 +85,6 @@ def _capability(device: torch.device) -> tuple[int, int]:
     return torch.cuda.get_device_capability(device)
 
 
-def _forced(impl: str) -> bool:
-    return impl == "triton" or (impl == "auto" and get_impl() == "triton")
-
-
 def run_fused(op: str, impl: str, reference: Callable[..., T], *args: Any) -> T:
     """Run ``op``'s triton kernel on ``args``, falling back to ``reference`` if it fails.
 
@@ -213,7 +110,7 @@ def run_fused(op: str, impl: str, reference: Callable[..., T], *args: Any) -> T:
     from visionblocks.kernels._fallback import note_failure
     from visionblocks.kernels._launch import KernelFailure, LaunchLimitError
 
-    fallback = None if _forced(impl) else reference
+    fallback = None if forced_triton(impl) else reference
     try:
         return load_kernel(op)(*args, reference=fallback)
     except KernelFailure as exc:

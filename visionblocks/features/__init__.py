@@ -23,9 +23,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from visionblocks._check import check_type
-from visionblocks._feature_strides import check_run, measure, stride
-from visionblocks._features_capture import (
+from visionblocks._core.checks import check_type
+from visionblocks.features._capture import (
     MirrorChildren,
     capture,
     dry_run,
@@ -34,13 +33,14 @@ from visionblocks._features_capture import (
     select_into,
     sync,
 )
-from visionblocks._features_export import (
+from visionblocks.features._export import (
     TracedPaths,
     dynamo_export,
     non_strict_export,
     trace_modes,
     tracing,
 )
+from visionblocks.features._strides import check_run, measure, stride
 from visionblocks.nn._limits import MAX_CHANNELS, MAX_SIDE
 
 __all__ = ["IntermediateLayerGetter", "feature_info"]

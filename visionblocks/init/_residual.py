@@ -7,10 +7,10 @@ import sys
 
 from torch import nn
 
-from visionblocks._check import check_type
-from visionblocks._fans import zero_norm_weight
-from visionblocks._init_rules import BLOCK_INITIALIZER
-from visionblocks.registry import INITIALIZERS
+from visionblocks._core.checks import check_type
+from visionblocks._core.registry import INITIALIZERS
+from visionblocks.init._fans import zero_norm_weight
+from visionblocks.init._rules import BLOCK_INITIALIZER
 
 __all__ = ["zero_init_last_norm"]
 
