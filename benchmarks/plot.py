@@ -18,9 +18,14 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
-from visionblocks.bench import results_from_json
-
 HERE = Path(__file__).resolve().parent
+# Run as a script (from any folder), Python puts this file's folder on sys.path, not the
+# repository root that holds the `benchmarks` package: put the root first.
+if sys.path[:1] != [str(HERE.parent)]:
+    sys.path.insert(0, str(HERE.parent))
+
+from benchmarks.harness import results_from_json  # noqa: E402
+
 DEFAULT_JSON = HERE / "results.json"
 DEFAULT_PNG = HERE.parent / "docs" / "assets" / "benchmarks.png"
 

@@ -14,9 +14,14 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from visionblocks.bench import add_arguments, run_from_cli
-
 HERE = Path(__file__).resolve().parent
+# Run as a script (from any folder), Python puts this file's folder on sys.path, not the
+# repository root that holds the `benchmarks` package: put the root first.
+if sys.path[:1] != [str(HERE.parent)]:
+    sys.path.insert(0, str(HERE.parent))
+
+from benchmarks.harness import add_arguments, run_from_cli  # noqa: E402
+
 DEFAULT_JSON = HERE / "results.json"
 DEFAULT_MARKDOWN = HERE / "results.md"
 

@@ -3,14 +3,12 @@
 import pytest
 import torch
 
-from visionblocks._core.checks import (
-    check_choice,
+from visionblocks._core.checks import check_choice, check_range, check_type
+from visionblocks._core.tensor_checks import (
     check_floating,
     check_last_dim,
-    check_range,
     check_same_shape,
     check_tensor,
-    check_type,
 )
 
 

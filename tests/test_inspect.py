@@ -157,12 +157,28 @@ def test_inspect_a_checkpoint_of_another_architecture(tmp_path, capsys):
     [
         ("timm", "timm backbones are named 'timm/<model>'"),
         ("timm/no_such_net", "'no_such_net' is not a timm model"),
+        ("timm/resnet_18", "Did you mean: 'timm/resnet18'"),
+        ("timm/hf-hub:timm/resnet18.a1_in1k", "looks like a hub name"),
+        ("convnext_atto", "Did you mean: 'timm/convnext_atto'"),  # a timm model without timm/
     ],
 )
 def test_inspect_bad_timm_names_exit_2_before_reading(checkpoint, capsys, name, message):
     assert main(["inspect", str(checkpoint), "--model", name]) == 2
     captured = capsys.readouterr()
     assert captured.out == "" and message in captured.err
+
+
+def test_inspect_with_a_timm_backbone(tmp_path, capsys):
+    """``--model timm/<name>``: the full timm checkpoint loads into that feature model."""
+    import timm
+
+    path = tmp_path / "resnet10t.pth"
+    torch.save(timm.create_model("resnet10t", pretrained=False).state_dict(), path)
+    assert main(["inspect", str(path), "--model", "timm/resnet10t"]) == 0
+    out = capsys.readouterr().out
+    report = out.split("build_backbone('timm/resnet10t', pretrained=FILE) loads:\n")[1]
+    assert report.splitlines()[0].startswith("loaded ")
+    assert "0 missing, 0 mismatched, 2 unexpected" in report and "  fc.weight" in report
 
 
 def test_inspect_unknown_model_exits_2_before_reading(checkpoint, capsys):

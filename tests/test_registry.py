@@ -179,6 +179,116 @@ def test_global_registries():
         get_registry("loses")
 
 
+def _pixels(rest):
+    if not rest.isdigit():
+        raise KeyError(f"'px/{rest}' is not a number of pixels")
+    return lambda scale=1: int(rest) * scale
+
+
+def _suggest_pixels(name):
+    return ["px/" + name] if name.isdigit() else []
+
+
+def test_namespace_resolves_a_family_of_names():
+    reg = make_registry()
+    reg.add_namespace("px/", _pixels, suggest=_suggest_pixels)
+    assert reg.build("px/32") == 32
+    assert reg.build({"type": "px/8", "scale": 2}) == 16
+    assert reg.get("px/4")() == 4
+    assert "px/32" in reg and "px/big" not in reg and "px/" not in reg
+    assert reg.list() == ["Widget"] and len(reg) == 1 and list(reg) == ["Widget"]
+    with pytest.raises(KeyError, match="'px/big' is not a number of pixels"):
+        reg.get("px/big")
+    # a miss outside the namespace suggests the namespaced form, before registered names
+    with pytest.raises(KeyError) as info:
+        reg.get("32")
+    assert "Did you mean: 'px/32'?" in info.value.args[0]
+    assert "plus the names starting with 'px/'" in info.value.args[0]
+    with pytest.raises(KeyError, match="Did you mean: 'Widget'"):
+        reg.get("widgt")
+    # registered names win over the namespace
+    reg.register(lambda: "registered", name="px/1")
+    assert reg.build("px/1") == "registered"
+
+
+def test_namespace_errors_and_replacement():
+    reg = make_registry()
+    with pytest.raises(TypeError, match="non-empty str"):
+        reg.add_namespace("", _pixels)
+    with pytest.raises(TypeError, match="resolve must be callable"):
+        reg.add_namespace("px/", None)
+    with pytest.raises(TypeError, match="suggest must be callable"):
+        reg.add_namespace("px/", _pixels, suggest="no")
+    reg.add_namespace("px/", _pixels)
+    with pytest.raises(KeyError, match="already in the widgets registry"):
+        reg.add_namespace("px/", _pixels)
+
+    def malformed(rest):
+        raise ValueError("malformed")
+
+    reg.add_namespace("px/", malformed, force=True)
+    assert "px/1" not in reg  # ValueError: not in the registry
+    with pytest.raises(ValueError, match="malformed"):
+        reg.get("px/1")
+
+
+def test_backbones_take_timm_names():
+    """'timm/<model>' works wherever a backbone is named (issue 16)."""
+    from visionblocks.backbones import build_backbone
+
+    assert "timm/resnet18" in BACKBONES and "timm/resnet10t" in BACKBONES
+    assert "timm/nonexistent_model_xyz" not in BACKBONES
+    assert "timm/" not in BACKBONES and "timm/hf-hub:timm/resnet18.a1_in1k" not in BACKBONES
+    assert "timm/resnet18" not in BACKBONES.list() and "timm" in BACKBONES.list()
+    expected = build_backbone("timm/resnet10t", out_indices=(-2, -1)).feature_info
+    by_name = BACKBONES.build("timm/resnet10t", out_indices=(-2, -1))
+    by_cfg = BACKBONES.build({"type": "timm/resnet10t", "out_indices": (-2, -1)})
+    by_get = BACKBONES.get("timm/resnet10t")(out_indices=(-2, -1))
+    for backbone in (by_name, by_cfg, by_get):
+        assert type(backbone) is type(by_name) and backbone.feature_info == expected
+    assert list(by_cfg.state_dict()) == list(by_name.state_dict())
+
+
+def test_backbone_misses_suggest_the_timm_form():
+    with pytest.raises(KeyError) as info:
+        BACKBONES.get("convnext_atto")  # a timm model, not a registered name
+    assert "Did you mean: 'timm/convnext_atto'" in info.value.args[0]
+    with pytest.raises(KeyError) as info:
+        BACKBONES.get("convnext_tinny")  # the registered name, then the timm forms
+    assert "Did you mean: 'convnext_tiny', 'timm/convnext_tiny'" in info.value.args[0]
+    with pytest.raises(KeyError, match="Did you mean: 'resnet50'"):
+        BACKBONES.get("resnet_50")
+    with pytest.raises(KeyError) as info:
+        BACKBONES.get("timm/resnet_18")
+    message = info.value.args[0]
+    assert "'resnet_18' is not a timm model" in message
+    assert "Did you mean: 'timm/resnet18'" in message
+    with pytest.raises(KeyError, match="'nonexistent_model_xyz' is not a timm model"):
+        BACKBONES.build({"type": "timm/nonexistent_model_xyz"})
+    with pytest.raises(ValueError, match="looks like a hub name"):
+        BACKBONES.get("timm/hf-hub:timm/resnet18.a1_in1k")
+
+
+def test_other_registries_have_no_timm_namespace():
+    assert "timm/focal" not in LOSSES and "timm/resnet18" not in NECKS
+    with pytest.raises(KeyError) as info:
+        LOSSES.get("timm/focal")
+    assert "'timm/focal' is not in the losses registry" in info.value.args[0]
+    assert "timm" not in info.value.args[0].split("registry.")[1]  # no timm suggestion
+
+
+def test_build_backbone_from_the_registry_facade():
+    import visionblocks.backbones
+    import visionblocks.registry
+    from visionblocks.registry import build_backbone
+
+    assert build_backbone is visionblocks.backbones.build_backbone
+    assert visionblocks.registry.build_backbone is visionblocks.backbones.build_backbone
+    assert "build_backbone" in dir(visionblocks.registry)
+    with pytest.raises(AttributeError, match="no attribute 'no_such_name'"):
+        visionblocks.registry.no_such_name  # noqa: B018
+
+
 class _FakeEntryPoint:
     def __init__(self, name, value, target=None, error=None):
         self.name, self.value, self._target, self._error = name, value, target, error

@@ -21,6 +21,12 @@ Built-in entries are imported lazily: a registry knows which visionblocks module
 and imports them on its first miss, listing or iteration, so a name is never "missing" just
 because a module was not imported yet.
 
+Namespaces (`Registry.add_namespace`) resolve a family of names by prefix: ``BACKBONES``
+takes ``"timm/<model>"`` for any timm model (``BACKBONES.build("timm/resnet18")``,
+``{"type": "timm/resnet18"}`` in a model config, ``"timm/resnet18" in BACKBONES``), the same
+backbone as `build_backbone` (also importable from here). ``list()`` shows only registered
+names; a name missing from ``BACKBONES`` that is a timm model is suggested as ``timm/<name>``.
+
 Plugins: a third-party package exposes an entry point in the group ``visionblocks.plugins``;
 its target is a module (importing it registers things) or a callable taking no arguments
 (called once). Plugins load lazily, on the first lookup miss or listing of any registry. A

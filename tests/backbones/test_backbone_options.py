@@ -238,8 +238,14 @@ def test_missing_files_and_weight_enums_are_refused(no_network, tmp_path):
 def test_unknown_names_suggest_close_matches():
     with pytest.raises(KeyError, match="Did you mean: 'resnet50'"):
         build_backbone("resnet_50")
-    with pytest.raises(KeyError, match="'resnet_18' is not a timm model. Did you mean: 'resnet18'"):
+    with pytest.raises(
+        KeyError, match="'resnet_18' is not a timm model. Did you mean: 'timm/resnet18'"
+    ):
         build_backbone("timm/resnet_18")
+    with pytest.raises(KeyError, match="model_name='resnet_18' is not a timm model. .*'resnet18'"):
+        build_backbone("timm", model_name="resnet_18")  # named without timm/: suggested so
+    with pytest.raises(KeyError, match="Did you mean: 'timm/convnext_atto'"):
+        build_backbone("convnext_atto")  # a timm model named without timm/
 
 
 # ------------------------------------------------------------- frozen_stages and norm_eval

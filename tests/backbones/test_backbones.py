@@ -130,6 +130,15 @@ def test_builds_through_the_registry():
     assert [f["stride"] for f in backbone.feature_info] == [8, 16]
     backbone = BACKBONES.build({"type": "timm", "model_name": "resnet18", "out_indices": (-1,)})
     assert backbone.feature_info == [{"name": "stage3", "channels": 512, "stride": 32}]
+    # the timm/ namespace: any timm model by name, in configs too, as build_backbone builds it
+    assert "timm/resnet18" in BACKBONES and "timm/resnet_18" not in BACKBONES
+    for built in (
+        BACKBONES.build("timm/resnet18", out_indices=(-1,)),
+        BACKBONES.build({"type": "timm/resnet18", "out_indices": (-1,)}),
+        build_backbone("timm/resnet18", out_indices=(-1,)),
+    ):
+        assert built.feature_info == backbone.feature_info
+        assert list(built.state_dict()) == list(backbone.state_dict())
     assert BACKBONES.build("tiny").channels == [16, 32, 64, 128]
 
 
@@ -198,11 +207,11 @@ def test_forward_rejects_bad_images():
 def test_absurd_backbone_options_are_rejected():
     with pytest.raises(ValueError, match=r"in_channels must be in \[1, 65536\]"):
         build_backbone("vb_tiny", in_channels=10**9)
-    with pytest.raises(ValueError, match=r"widths must be 4 ints in \[1, 65536\]"):
+    with pytest.raises(ValueError, match=r"widths\[3\] must be in \[1, 65536\]"):
         build_backbone("vb_tiny", widths=(8, 8, 8, 10**9))
-    with pytest.raises(ValueError, match=r"depths must be 4 ints in \[1, 64\]"):
+    with pytest.raises(ValueError, match=r"depths\[3\] must be in \[1, 64\]"):
         build_backbone("vb_tiny", depths=(1, 1, 1, 10**9))
     with pytest.raises(TypeError, match="arch must be str"):
         visionblocks.backbones.torchvision_backbone(3)
-    with pytest.raises(KeyError, match="model_name='resnet_18' is not a timm model"):
+    with pytest.raises(KeyError, match="'timm/resnet_18' is not a backbone: 'resnet_18' is not"):
         build_backbone("timm/resnet_18")

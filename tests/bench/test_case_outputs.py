@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from visionblocks.bench import BenchCase, get_case, list_cases, same_outputs
-from visionblocks.bench.check import verify_outputs
+from benchmarks.harness import BenchCase, get_case, list_cases, same_outputs
+from benchmarks.harness.check import verify_outputs
 
 CPU_CASES_WITH_PEER = [
     name

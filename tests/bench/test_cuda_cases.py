@@ -7,7 +7,8 @@ import argparse
 import pytest
 import torch
 
-from visionblocks.bench import (
+from benchmarks.cases.cuda import PERFORMANCE_MODEL
+from benchmarks.harness import (
     BenchResult,
     add_arguments,
     format_table,
@@ -16,8 +17,7 @@ from visionblocks.bench import (
     run_cases,
     run_from_cli,
 )
-from visionblocks.bench.cases_cuda import PERFORMANCE_MODEL
-from visionblocks.bench.timing import TimingResult
+from benchmarks.harness.timing import TimingResult
 
 
 def test_every_cuda_case_has_a_performance_model_and_no_cpu_case_is_cuda():

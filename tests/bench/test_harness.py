@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from visionblocks.bench import (
+from benchmarks.harness import (
     CASES,
     BenchCase,
     format_table,
@@ -29,7 +29,7 @@ from visionblocks.bench import (
     select_cases,
     time_pair,
 )
-from visionblocks.bench.case import case_origins
+from benchmarks.harness.case import case_origins
 from visionblocks.cli import main
 
 MIB = 1024 * 1024
@@ -248,10 +248,10 @@ def test_failing_case_does_not_stop_the_run(registered):
 # ------------------------------------------------------------------ cases
 def test_weights_case_file_size_constant():
     """FILE_MIB, the basis of the load cases' memory target, is the real file's size."""
-    from visionblocks.bench import cases_weights
+    from benchmarks.cases import weights
 
-    path = cases_weights._checkpoint_path()
-    assert os.path.getsize(path) / MIB == pytest.approx(cases_weights.FILE_MIB, abs=0.05)
+    path = weights._checkpoint_path()
+    assert os.path.getsize(path) / MIB == pytest.approx(weights.FILE_MIB, abs=0.05)
 
 
 # ------------------------------------------------------------------ command line

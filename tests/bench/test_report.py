@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from visionblocks.bench import (
+from benchmarks.harness import (
     MEMORY_COLUMNS,
     SPEED_COLUMNS,
     BenchResult,

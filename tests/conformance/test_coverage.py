@@ -23,7 +23,7 @@ def public_objects() -> dict[int, tuple[str, object]]:
     modules = ["visionblocks"]
     for info in pkgutil.walk_packages(visionblocks.__path__, "visionblocks."):
         parts = info.name.split(".")[1:]
-        if any(p.startswith("_") for p in parts) or parts[0] in ("bench",):
+        if any(p.startswith("_") for p in parts):
             continue
         modules.append(info.name)
     for name in modules:

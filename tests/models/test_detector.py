@@ -54,6 +54,23 @@ def test_build_wires_channels_and_strides_and_leaves_the_config_alone():
     assert ready.head.num_classes == 5
 
 
+@pytest.mark.parametrize("backbone", ["timm/resnet10t", {"type": "timm/resnet10t"}])
+def test_a_timm_backbone_by_name_in_the_config(backbone):
+    """``timm/<model>`` names a backbone in a config as in ``build_backbone`` (issue 16)."""
+    head = CFG["head"]
+    if isinstance(backbone, dict):
+        backbone = {**backbone, "out_indices": [1, 2, 3]}
+    else:  # all four stages: four levels
+        head = {**head, "size_ranges": None}
+    model = MODELS.build({"type": "detector", **CFG, "backbone": backbone, "head": head})
+    assert isinstance(model, Detector) and model.head.strides[-3:] == [8, 16, 32]
+    image, target = image_and_target()
+    assert set(model(image[None], [target])) >= {"loss", "loss_cls"}
+    with torch.no_grad():
+        out = model.eval()(image[None])
+    assert len(out) == 1 and set(out[0]) == {"boxes", "scores", "labels"}
+
+
 def test_training_returns_losses_and_eval_returns_detections():
     torch.manual_seed(0)
     model = build_detector(CFG)

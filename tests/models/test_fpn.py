@@ -100,7 +100,7 @@ def test_norm_and_gradients_and_registry():
         ({"strides": [8, 16, 48]}, ValueError, "powers of two doubling"),
         ({"strides": [8, 32, 64]}, ValueError, "powers of two doubling"),
         ({"extra_from": "top"}, ValueError, "extra_from must be one of"),
-        ({"in_channels": 16}, TypeError, "in_channels must be a non-empty list"),
+        ({"in_channels": 16}, TypeError, "in_channels must be a list or tuple of ints"),
         ({"out_channels": 0}, ValueError, r"out_channels must be in \[1, "),
     ],
 )

@@ -36,6 +36,16 @@ def test_shapes_and_registry():
     assert HEADS.get("fpn_seg") is FPNSegHead
 
 
+def test_a_timm_backbone_by_name_in_the_config():
+    """``{"type": "timm/<model>"}`` in a config, as ``build_backbone`` takes it (issue 16)."""
+    model = MODELS.build({"type": "segmenter", **CFG, "backbone": {"type": "timm/resnet10t"}})
+    assert isinstance(model, Segmenter) and model.head.strides == [4, 8, 16, 32]
+    image, labels = scene()
+    with torch.no_grad():
+        assert model.eval()(image[None]).shape == (1, 3, 64, 64)
+    assert model.train()(image[None], labels[None])["loss"].isfinite()
+
+
 @pytest.mark.parametrize("size", [(64, 64), (50, 70)])
 def test_head_output_size_follows_the_input(size):
     head = FPNSegHead(8, 4, [4, 8, 16], channels=8)

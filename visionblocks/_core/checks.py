@@ -11,16 +11,16 @@ import math
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-import torch
-
 __all__ = [
     "check_choice",
-    "check_floating",
-    "check_last_dim",
+    "check_finite",
+    "check_int",
+    "check_number",
+    "check_positive_int",
+    "check_positive_ints",
     "check_range",
-    "check_same_shape",
-    "check_tensor",
     "check_type",
+    "format_shape",
 ]
 
 
@@ -97,83 +97,6 @@ def check_range(
         raise ValueError(f"{name} must be in {left}{lo}, {hi}{right}, got {value!r}")
 
 
-def check_tensor(name: str, value: Any) -> torch.Tensor:
-    """Raise ``TypeError`` unless ``value`` is a ``torch.Tensor``; return it.
-
-    Examples:
-        >>> import torch
-        >>> check_tensor("x", torch.zeros(1)).shape
-        torch.Size([1])
-    """
-    if not isinstance(value, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
-    return value
-
-
-def check_floating(name: str, value: Any) -> torch.Tensor:
-    """Raise ``TypeError`` unless ``value`` is a floating-point tensor; return it.
-
-    Examples:
-        >>> import torch
-        >>> check_floating("logits", torch.zeros(2, dtype=torch.long))
-        Traceback (most recent call last):
-        ...
-        TypeError: logits must be a floating-point tensor, got dtype torch.int64
-    """
-    check_tensor(name, value)
-    if not value.is_floating_point():
-        raise TypeError(f"{name} must be a floating-point tensor, got dtype {value.dtype}")
-    return value
-
-
-def check_same_shape(name_a: str, a: torch.Tensor, name_b: str, b: torch.Tensor) -> None:
-    """Raise ``ValueError`` unless two tensors have the same shape.
-
-    Examples:
-        >>> import torch
-        >>> check_same_shape("inputs", torch.zeros(2, 3), "targets", torch.zeros(2, 4))
-        Traceback (most recent call last):
-        ...
-        ValueError: inputs and targets must have the same shape, got (2, 3) and (2, 4)
-    """
-    if a.shape != b.shape:
-        raise ValueError(
-            f"{name_a} and {name_b} must have the same shape, "
-            f"got {tuple(a.shape)} and {tuple(b.shape)}"
-        )
-
-
-def check_last_dim(name: str, value: torch.Tensor, size: int, *, what: str = "") -> None:
-    """Raise ``ValueError`` unless ``value.shape[-1] == size`` (and ``value.dim() >= 1``).
-
-    Examples:
-        >>> import torch
-        >>> check_last_dim("boxes", torch.zeros(5, 3), 4, what="(x1, y1, x2, y2)")
-        Traceback (most recent call last):
-        ...
-        ValueError: boxes must have shape (..., 4) (x1, y1, x2, y2), got (5, 3)
-    """
-    if value.dim() == 0 or value.shape[-1] != size:
-        suffix = f" {what}" if what else ""
-        raise ValueError(f"{name} must have shape (..., {size}){suffix}, got {tuple(value.shape)}")
-
-
-def check_feature_map(name: str, value: Any, channels: int) -> torch.Tensor:
-    """Raise unless ``value`` is a ``(B, channels, H, W)`` floating-point tensor; return it.
-
-    Examples:
-        >>> import torch
-        >>> check_feature_map("x", torch.zeros(32, 9, 9), 32)
-        Traceback (most recent call last):
-        ...
-        ValueError: x must have shape (B, 32, H, W), got (32, 9, 9)
-    """
-    check_floating(name, value)
-    if value.dim() != 4 or value.shape[1] != channels:
-        raise ValueError(f"{name} must have shape (B, {channels}, H, W), got {tuple(value.shape)}")
-    return value
-
-
 def format_shape(shape: Sequence[int]) -> str:
     """Format a shape as a plain tuple string: ``(2, 3)``."""
     return str(tuple(int(s) for s in shape))
@@ -232,105 +155,6 @@ def check_number(
     return float(value)
 
 
-def is_tracing(*values: Any) -> bool:
-    """True under ``torch.jit.trace`` or when a value is a ``torch.fx`` proxy.
-
-    Checks of shapes and devices are skipped then: proxies have neither, and comparing traced
-    sizes would bake one input's shape into the trace.
-    """
-    return torch.jit.is_tracing() or any(isinstance(v, torch.fx.Proxy) for v in values)
-
-
-def check_device(name: str, value: torch.Tensor, device: torch.device, where: str) -> None:
-    """Raise ``ValueError`` unless ``value`` is on ``device`` (the device of ``where``).
-
-    Examples:
-        >>> import torch
-        >>> check_device("x", torch.zeros(1, device="meta"), torch.device("cpu"), "the weights")
-        Traceback (most recent call last):
-        ...
-        ValueError: x is on meta but the weights are on cpu; move one to the other's device
-    """
-    if value.device != device:
-        raise ValueError(
-            f"{name} is on {value.device} but {where} are on {device}; move one to the "
-            "other's device"
-        )
-
-
-def check_image_batch(
-    name: str, value: Any, channels: int | None = None, *, weight: torch.Tensor | None = None
-) -> torch.Tensor:
-    """Raise unless ``value`` is a floating ``(B, channels, H, W)`` tensor fit for ``weight``.
-
-    The input check of a module's ``forward``: a tensor (``TypeError``), floating point
-    (``TypeError``), 4-D with ``channels`` channels (``ValueError``; a 3-D input gets a hint
-    to add the batch dimension), on the device of ``weight`` (``ValueError``) and, outside
-    ``torch.autocast``, of its dtype (``TypeError``). Skipped while tracing (`is_tracing`).
-
-    Examples:
-        >>> import torch
-        >>> check_image_batch("x", torch.zeros(8, 5, 5), 8)
-        Traceback (most recent call last):
-        ...
-        ValueError: x must have shape (B, 8, H, W), got (8, 5, 5) (one image? add the batch dimension: x.unsqueeze(0))
-    """
-    if is_tracing(value):
-        return value
-    check_floating(name, value)
-    if value.dim() != 4 or (channels is not None and value.shape[1] != channels):
-        hint = f" (one image? add the batch dimension: {name}.unsqueeze(0))"
-        raise ValueError(
-            f"{name} must have shape (B, {'C' if channels is None else channels}, H, W), got "
-            f"{tuple(value.shape)}{hint if value.dim() == 3 else ''}"
-        )
-    if weight is not None:
-        check_device(name, value, weight.device, "the module's parameters")
-        if value.dtype != weight.dtype and not torch.is_autocast_enabled(value.device.type):
-            raise TypeError(
-                f"{name} has dtype {value.dtype} but the module's parameters have "
-                f"{weight.dtype}; cast one to the other (or run under torch.autocast)"
-            )
-    return value
-
-
-def check_same_device(**tensors: torch.Tensor | None) -> None:
-    """Raise ``ValueError`` unless every tensor given (``None`` skipped) is on one device.
-
-    The message names every argument with its device, so a stray CPU (or meta) tensor among
-    CUDA ones is easy to find.
-
-    Examples:
-        >>> import torch
-        >>> check_same_device(pred=torch.zeros(1), target=torch.zeros(1, device="meta"))
-        Traceback (most recent call last):
-        ...
-        ValueError: pred and target must be on the same device, got pred on cpu, target on meta
-    """
-    given = {k: v for k, v in tensors.items() if v is not None}
-    devices = {v.device for v in given.values()}
-    if len(devices) > 1:
-        names = list(given)
-        joined = ", ".join(names[:-1]) + " and " + names[-1]
-        where = ", ".join(f"{k} on {v.device}" for k, v in given.items())
-        raise ValueError(f"{joined} must be on the same device, got {where}")
-
-
-def reads_values(*tensors: torch.Tensor | None) -> bool:
-    """Whether a check that reads these tensors' values should run now.
-
-    True when `visionblocks.value_checks_enabled`, no tensor is on the meta device (meta
-    tensors have shapes but no values: shape inference passes them through unchecked), and
-    nothing is being traced or compiled (a host read there would freeze one input's answer
-    into the trace, or break the compiled graph).
-    """
-    from visionblocks._core.values import value_checks_enabled
-
-    if not value_checks_enabled() or torch.jit.is_tracing() or torch.compiler.is_compiling():
-        return False
-    return not any(t is not None and t.device.type == "meta" for t in tensors)
-
-
 def check_finite(name: str, value: float) -> float:
     """Raise ``ValueError`` unless the number ``value`` is finite (already type-checked).
 
@@ -347,46 +171,41 @@ def check_finite(name: str, value: float) -> float:
 
 #: Refuse to allocate more bytes than this (256 TiB): a size that large is a mistake (a stray
 #: 10**9), and asking the allocator for it only gives an unclear out-of-memory error.
-MAX_ALLOCATION_BYTES = 2**48
 
 
-def check_allocation(what: str, shape: Sequence[int], dtype: torch.dtype) -> None:
-    """Raise ``ValueError`` before allocating a tensor of ``shape`` no machine could hold.
+def check_positive_int(name: str, value: Any, high: int | None = None) -> int:
+    """Raise unless ``value`` is an int (not a bool) in ``[1, high]``; return it.
 
     Examples:
-        >>> import torch
-        >>> check_allocation("the windows", (1, 3, 10**9 * 10**9, 4, 4), torch.float32)
+        >>> check_positive_int("groups", 4)
+        4
+        >>> check_positive_int("groups", 0)
         Traceback (most recent call last):
         ...
-        ValueError: the windows would need a tensor of shape (1, 3, 1000000000000000000, 4, 4) (192000000000000000000 bytes); some size is absurdly large
+        ValueError: groups must be in [1, inf), got 0
     """
-    numel = math.prod(int(s) for s in shape)
-    size = numel * torch.empty((), dtype=dtype).element_size()
-    if size > MAX_ALLOCATION_BYTES:
-        raise ValueError(
-            f"{what} would need a tensor of shape {tuple(int(s) for s in shape)} ({size} bytes); "
-            "some size is absurdly large"
-        )
+    return check_int(name, value, 1, high)
 
 
-def cuda_unusable(name: str, device: torch.device) -> str | None:
-    """Why ``device`` (given as argument ``name``) cannot be used here, or None.
+def check_positive_ints(
+    name: str, values: Any, length: int | None = None, high: int | None = None
+) -> tuple[int, ...]:
+    """Raise unless ``values`` is a non-empty list or tuple of ints in ``[1, high]``.
 
-    A CPU device is always usable; a CUDA one needs CUDA and a visible device of its index.
+    ``length`` fixes the number of entries. Errors name the entry (``widths[2]``).
 
     Examples:
-        >>> import torch
-        >>> cuda_unusable("device", torch.device("cpu")) is None
-        True
+        >>> check_positive_ints("strides", [8, 16, 32])
+        (8, 16, 32)
+        >>> check_positive_ints("widths", (16, 0), length=2)
+        Traceback (most recent call last):
+        ...
+        ValueError: widths[1] must be in [1, inf), got 0
     """
-    if device.type != "cuda":
-        return None
-    if not torch.cuda.is_available():
-        return (
-            f"{name}={str(device)!r} asks for CUDA, but CUDA is not available "
-            f"(torch.cuda.is_available() is False); use {name}='cpu'"
-        )
-    count = torch.cuda.device_count()
-    if device.index is not None and device.index >= count:
-        return f"{name}={str(device)!r}, but only {count} CUDA device(s) are visible"
-    return None
+    if isinstance(values, (str, bytes)) or not isinstance(values, (list, tuple)):
+        raise TypeError(f"{name} must be a list or tuple of ints, got {values!r}")
+    if not values:
+        raise ValueError(f"{name} is empty; give at least one int")
+    if length is not None and len(values) != length:
+        raise ValueError(f"{name} must have {length} entries, got {len(values)}: {values!r}")
+    return tuple(check_positive_int(f"{name}[{i}]", v, high) for i, v in enumerate(values))

@@ -25,7 +25,8 @@ import numbers
 import torch
 from torch import Tensor
 
-from visionblocks._core.checks import check_choice, check_type, reads_values
+from visionblocks._core.checks import check_choice, check_type
+from visionblocks._core.tensor_checks import reads_values
 
 __all__ = [
     "REDUCTIONS",

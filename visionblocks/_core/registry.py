@@ -5,8 +5,8 @@ from __future__ import annotations
 import difflib
 import fnmatch
 import importlib
-from collections.abc import Iterable, Iterator, Mapping
-from typing import Any, TypeVar
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any, NamedTuple, TypeVar
 
 from visionblocks._core.plugins import load_plugins
 
@@ -27,8 +27,16 @@ __all__ = [
 ]
 
 
+class _Namespace(NamedTuple):
+    resolve: Callable[[str], Any]
+    suggest: Callable[[str], Sequence[str]] | None
+
+
 class Registry:
     """A named mapping from strings to builders, usable as a decorator or a call.
+
+    Besides its registered names, a registry may resolve a whole family of names by prefix
+    (`add_namespace`): ``BACKBONES`` builds ``"timm/<model>"`` for any timm model.
 
     Args:
         name: What the registry holds, used in messages (``"losses"``).
@@ -71,6 +79,7 @@ class Registry:
         self._modules_loaded = False
         self._entries: dict[str, Any] = {}
         self._aliases: dict[str, str] = {}
+        self._namespaces: dict[str, _Namespace] = {}
 
     # ------------------------------------------------------------------ registration
     def register(
@@ -146,6 +155,65 @@ class Registry:
             for alias in [a for a, target in self._aliases.items() if target == n]:
                 del self._aliases[alias]
 
+    def add_namespace(
+        self,
+        prefix: str,
+        resolve: Callable[[str], Any],
+        *,
+        suggest: Callable[[str], Sequence[str]] | None = None,
+        force: bool = False,
+    ) -> None:
+        """Resolve every name that starts with ``prefix`` with ``resolve`` (a family of names).
+
+        A name that is not registered but starts with ``prefix`` is looked up as
+        ``resolve(name[len(prefix):])``, which returns the builder, or raises ``KeyError``
+        (an unknown name; its message is the lookup's) or ``ValueError`` (a malformed name).
+        ``get``, ``build`` and ``in`` accept such names; ``list`` and iteration show only
+        registered names. Registered names take precedence over a namespace.
+
+        Args:
+            prefix: The names' common start, e.g. ``"timm/"``.
+            resolve: ``resolve(rest)`` returns the builder for ``prefix + rest``.
+            suggest: ``suggest(name)`` returns names of the namespace (with the prefix) close
+                to a missing unprefixed ``name``, for the "Did you mean" of a ``KeyError``.
+            force: Replace a namespace with the same prefix instead of raising.
+
+        Raises:
+            KeyError: ``prefix`` is taken and ``force`` is False.
+            TypeError: ``prefix`` is not a non-empty string, or ``resolve``/``suggest`` is not
+                callable.
+
+        Examples:
+            >>> SIZES = Registry("sizes")
+            >>> def pixels(rest):
+            ...     if not rest.isdigit():
+            ...         raise KeyError(f"'px/{rest}' is not a number of pixels")
+            ...     return lambda: int(rest)
+            >>> SIZES.add_namespace("px/", pixels)
+            >>> SIZES.build("px/32"), "px/32" in SIZES, "px/big" in SIZES, SIZES.list()
+            (32, True, False, [])
+        """
+        if not isinstance(prefix, str) or not prefix:
+            raise TypeError(f"namespace prefix must be a non-empty str, got {prefix!r}")
+        if not callable(resolve):
+            raise TypeError(f"resolve must be callable, got {type(resolve).__name__}")
+        if suggest is not None and not callable(suggest):
+            raise TypeError(f"suggest must be callable or None, got {type(suggest).__name__}")
+        if prefix in self._namespaces and not force:
+            raise KeyError(
+                f"namespace {prefix!r} is already in the {self.name} registry; "
+                "pass force=True to replace it"
+            )
+        self._namespaces[prefix] = _Namespace(resolve, suggest)
+
+    def _namespace(self, name: str) -> tuple[_Namespace, str] | None:
+        """The namespace ``name`` falls in (longest prefix) and the rest of the name."""
+        prefixes = [p for p in self._namespaces if name.startswith(p)]
+        if not prefixes:
+            return None
+        prefix = max(prefixes, key=len)
+        return self._namespaces[prefix], name[len(prefix) :]
+
     @staticmethod
     def _describe(obj: Any) -> str:
         module = getattr(obj, "__module__", "?")
@@ -168,9 +236,13 @@ class Registry:
     def get(self, name: str) -> Any:
         """Return the builder registered as ``name`` (or an alias of it).
 
+        Names in a namespace (`add_namespace`, e.g. ``"timm/resnet18"`` in ``BACKBONES``) are
+        resolved by it.
+
         Raises:
             TypeError: If ``name`` is not a string.
             KeyError: If the name is unknown; the message lists the closest matches.
+            ValueError: A namespace's resolver rejects a malformed name.
         """
         if not isinstance(name, str):
             raise TypeError(
@@ -180,21 +252,32 @@ class Registry:
         if key is None:
             self._ensure_loaded()
             key = self._resolve(name)
-        if key is None:
-            raise KeyError(self._missing_message(name))
-        return self._entries[key]
+        if key is not None:
+            return self._entries[key]
+        found = self._namespace(name)
+        if found is not None:
+            namespace, rest = found
+            return namespace.resolve(rest)
+        raise KeyError(self._missing_message(name))
 
     def _missing_message(self, name: str) -> str:
         candidates = [*self._entries, *self._aliases]
         lowered = {c.lower(): c for c in candidates}
         close = difflib.get_close_matches(name.lower(), list(lowered), n=3, cutoff=0.6)
         close = [lowered[c] for c in close]
+        # Namespaced names: an exact one ("timm/convnext_atto" for "convnext_atto") first.
+        spaced = [s for ns in self._namespaces.values() if ns.suggest for s in ns.suggest(name)]
+        exact = [s for s in spaced if any(s == prefix + name for prefix in self._namespaces)]
+        close = list(dict.fromkeys([*exact, *close, *spaced]))[:4]
         hint = f" Did you mean: {', '.join(repr(c) for c in close)}?" if close else ""
         names = sorted(self._entries)
         if len(names) <= 12:
             known = f"registered: {', '.join(names) or 'nothing yet'}"
         else:
             known = f"{len(names)} names registered; see .list() or `visionblocks list`"
+        if self._namespaces:
+            prefixes = " or ".join(repr(p) for p in sorted(self._namespaces))
+            known += f"; plus the names starting with {prefixes}"
         return f"{name!r} is not in the {self.name} registry.{hint} ({known})"
 
     def build(self, name_or_cfg: str | Mapping[str, Any], /, *args: Any, **kwargs: Any) -> Any:
@@ -240,7 +323,10 @@ class Registry:
         return builder(*args, **params)
 
     def list(self, pattern: str = "*") -> list[str]:
-        """Sorted registered names (aliases excluded) that match an fnmatch ``pattern``."""
+        """Sorted registered names (aliases excluded) that match an fnmatch ``pattern``.
+
+        Names resolved by a namespace (`add_namespace`) are not listed.
+        """
         self._ensure_loaded()
         return sorted(n for n in self._entries if fnmatch.fnmatchcase(n, pattern))
 
@@ -254,7 +340,17 @@ class Registry:
             return False
         if self._resolve(name) is None:
             self._ensure_loaded()
-        return self._resolve(name) is not None
+        if self._resolve(name) is not None:
+            return True
+        found = self._namespace(name)
+        if found is None:
+            return False
+        namespace, rest = found
+        try:
+            namespace.resolve(rest)
+        except (KeyError, ValueError):
+            return False
+        return True
 
     def __len__(self) -> int:
         self._ensure_loaded()

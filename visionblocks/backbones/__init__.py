@@ -1,7 +1,8 @@
 """Backbones by name: torchvision classifiers, any timm model, and a tiny test network.
 
 `build_backbone` builds a registered backbone (`visionblocks.registry.BACKBONES`) or, for
-names starting with ``timm/``, any timm model. Every backbone is a `Backbone`: its forward
+names starting with ``timm/``, any timm model (a namespace of ``BACKBONES``, so
+``BACKBONES.build`` and model configs take ``"timm/<model>"`` too). Every backbone is a `Backbone`: its forward
 returns ``OrderedDict[str, Tensor]`` (``stage0``, ``stage1``, ...) and ``feature_info`` lists
 each output's name, channels and stride, measured by a dry run when it is built. Nothing is
 ever downloaded: ``pretrained`` is a local file.
@@ -15,7 +16,7 @@ from typing import Any
 
 from visionblocks._core.checks import check_type
 from visionblocks._core.registry import BACKBONES
-from visionblocks.backbones._timm import TIMM_PREFIX, timm_backbone
+from visionblocks.backbones._timm import timm_backbone
 from visionblocks.backbones._tv import TORCHVISION_STAGES, torchvision_backbone
 from visionblocks.backbones.base import Backbone, backbone_from_model
 from visionblocks.backbones.tiny import TinyNet, vb_tiny
@@ -51,6 +52,9 @@ def build_backbone(
     4, 8, 16 and 32 (timm models: their levels of stride 4 or more); output ``stage{i}`` is
     stage ``i``.
 
+    ``build_backbone(name, **kw)`` is ``BACKBONES.build(name, **kw)``: a config's
+    ``{"type": "timm/resnet18"}`` builds the same backbone.
+
     Args:
         name: A registered name or ``"timm/<model>"``.
         pretrained: ``None``, or a local checkpoint file (``.pt``, ``.pth``, ``.bin``,
@@ -79,7 +83,8 @@ def build_backbone(
         and ``load_report`` (`visionblocks.weights.LoadReport` or ``None``).
 
     Raises:
-        KeyError: Unknown name; the message suggests close matches.
+        KeyError: Unknown name; the message suggests close matches (``'timm/<model>'`` for
+            a timm model name given without ``timm/``).
         LoadError: ``pretrained`` lacks a backbone tensor or has one of another shape (the
             exception's ``report`` says which).
         ValueError: ``out_indices`` out of range or repeated, ``frozen_stages`` out of range,
@@ -116,6 +121,6 @@ def build_backbone(
         frozen_stages=frozen_stages,
         norm_eval=norm_eval,
     )
-    if name.startswith(TIMM_PREFIX) or (name == "timm" and "model_name" not in kwargs):
-        return timm_backbone(name[len(TIMM_PREFIX) :], **options, **kwargs)
+    if name == "timm" and "model_name" not in kwargs:  # say how timm models are named
+        return timm_backbone("", **options, **kwargs)
     return BACKBONES.get(name)(**options, **kwargs)

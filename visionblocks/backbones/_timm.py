@@ -1,5 +1,9 @@
 """Any timm model as a backbone: ``build_backbone("timm/<name>")`` (nothing is downloaded).
 
+``"timm/<name>"`` is a namespace of `visionblocks.registry.BACKBONES`: ``BACKBONES.get``,
+``build``, ``in`` and model configs (``{"type": "timm/resnet18"}``) take it too, and a name
+missing from the registry that is a timm model gets ``'timm/<name>'`` as its suggestion.
+
 The model is created with ``timm.create_model(name, features_only=True, pretrained=False,
 in_chans=in_channels)``. Its feature levels are measured by a dry run; the backbone's stages
 are the levels with stride 4 or more (a stride-2 stem level is left out, so stage 0 is at
@@ -10,9 +14,10 @@ last level, the model is created again with timm's ``out_indices`` so its tail i
 from __future__ import annotations
 
 import difflib
+import functools
 import os
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -43,7 +48,12 @@ TIMM_PREFIX = "timm/"
 _RESERVED = ("features_only", "pretrained", "out_indices", "in_chans")
 
 
-def check_model_name(model_name: Any) -> str:
+def check_model_name(model_name: Any, *, prefix: str = "") -> str:
+    """Return ``model_name`` if it is a timm model, else raise (close matches suggested).
+
+    ``prefix`` (``"timm/"``) is how the caller named the model: the message quotes the name
+    and its suggestions with it.
+    """
     check_type("model_name", model_name, str)
     if not model_name:
         raise ValueError(
@@ -59,12 +69,40 @@ def check_model_name(model_name: Any) -> str:
     import timm
 
     if not timm.is_model(model_name):
-        close = difflib.get_close_matches(model_name, timm.list_models(), n=3, cutoff=0.6)
+        close = [prefix + c for c in _close_timm_names(model_name)]
         hint = f" Did you mean: {', '.join(repr(c) for c in close)}?" if close else ""
+        if not prefix:
+            raise KeyError(
+                f"model_name={model_name!r} is not a timm model.{hint} (see timm.list_models())"
+            )
         raise KeyError(
-            f"model_name={model_name!r} is not a timm model.{hint} (see timm.list_models())"
+            f"{prefix + model_name!r} is not a backbone: {model_name!r} is not a timm model."
+            f"{hint} ('{prefix}<name>' takes any name in timm.list_models())"
         )
     return model_name
+
+
+def _close_timm_names(name: str) -> list[str]:
+    import timm
+
+    return difflib.get_close_matches(name.lower(), timm.list_models(), n=3, cutoff=0.6)
+
+
+def _resolve_timm_name(model_name: str) -> Callable[..., Backbone]:
+    """The ``BACKBONES`` builder of ``"timm/<model_name>"`` (the ``timm/`` namespace)."""
+    check_model_name(model_name, prefix=TIMM_PREFIX)
+    return functools.partial(timm_backbone, model_name)
+
+
+def _suggest_timm_names(name: str) -> list[str]:
+    """``'timm/<name>'`` forms of the timm models close to ``name`` (exactly it when one is)."""
+    if not name or ":" in name or "/" in name:
+        return []
+    import timm
+
+    if timm.is_model(name):
+        return [TIMM_PREFIX + name]
+    return [TIMM_PREFIX + c for c in _close_timm_names(name)]
 
 
 def _dry_run_size(
@@ -152,7 +190,8 @@ def timm_backbone(
     """The timm model ``model_name`` (``features_only=True``, no download) as a backbone.
 
     Registered as ``"timm"`` (``BACKBONES.build({"type": "timm", "model_name": ...})``);
-    ``build_backbone("timm/<model_name>")`` calls it too.
+    ``"timm/<model_name>"`` (``build_backbone``, ``BACKBONES.build``, model configs) calls it
+    too.
 
     Stages are the model's feature levels with a measured stride of at least 4 (all levels
     if none has). Channels-last feature models (Swin) return ``(B, C, H, W)``
@@ -242,3 +281,6 @@ def timm_backbone(
         rules = _rename_rules(backbone.state_dict().keys(), state.keys())
         backbone.load_report = load_pretrained(backbone, state, what, rename=rules)
     return backbone
+
+
+BACKBONES.add_namespace(TIMM_PREFIX, _resolve_timm_name, suggest=_suggest_timm_names)

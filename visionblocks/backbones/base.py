@@ -17,7 +17,8 @@ from typing import Any
 from torch import Tensor, nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from visionblocks._core.checks import check_image_batch, check_int, check_type
+from visionblocks._core.checks import check_int, check_type
+from visionblocks._core.tensor_checks import check_image_batch
 from visionblocks.backbones._options import (
     check_in_channels,
     check_names,
@@ -30,8 +31,9 @@ from visionblocks.backbones._options import (
     replace_first_conv,
 )
 from visionblocks.backbones._pretrained import load_pretrained
-from visionblocks.features import IntermediateLayerGetter, check_input_size, feature_info
+from visionblocks.features import IntermediateLayerGetter, feature_info
 from visionblocks.features._capture import MirrorChildren
+from visionblocks.features.getter import check_input_size
 from visionblocks.nn._limits import MAX_SIDE
 from visionblocks.weights import LoadReport
 

@@ -14,7 +14,7 @@ from typing import Any
 
 from torch import Tensor, nn
 
-from visionblocks._core.checks import check_type
+from visionblocks._core.checks import check_positive_ints
 from visionblocks._core.registry import BACKBONES
 from visionblocks.backbones.base import Backbone, backbone_from_model
 from visionblocks.nn._limits import MAX_CHANNELS, MAX_REPEATS
@@ -25,15 +25,6 @@ __all__ = ["TinyNet", "vb_tiny"]
 
 TINY_STAGES = ("stage1", "stage2", "stage3", "stage4")
 """Module names of `TinyNet` whose outputs are the backbone's stages (strides 4 to 32)."""
-
-
-def _positive_ints(name: str, values: Sequence[int], length: int, high: int) -> tuple[int, ...]:
-    check_type(name, values, (tuple, list))
-    if len(values) != length or not all(
-        isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= high for v in values
-    ):
-        raise ValueError(f"{name} must be {length} ints in [1, {high}], got {values!r}")
-    return tuple(values)
 
 
 class TinyNet(nn.Module):
@@ -79,8 +70,8 @@ class TinyNet(nn.Module):
         act: ActSpec = "relu",
     ) -> None:
         super().__init__()
-        widths = _positive_ints("widths", widths, 4, MAX_CHANNELS)
-        depths = _positive_ints("depths", depths, 4, MAX_REPEATS)
+        widths = check_positive_ints("widths", widths, 4, MAX_CHANNELS)
+        depths = check_positive_ints("depths", depths, 4, MAX_REPEATS)
         self.stem = ConvNormAct(in_channels, widths[0], 3, stride=2, norm=norm, act=act)
         previous = widths[0]
         for index, (width, depth) in enumerate(zip(widths, depths), start=1):

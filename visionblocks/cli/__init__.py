@@ -11,7 +11,8 @@ Subcommands:
 - ``visionblocks check-coco ANN_FILE [--images DIR] [--fix OUT.json]``: list every problem
   of a COCO annotation file; exit status 0 when there is none (or all were fixed), else 1.
 - ``visionblocks bench [PATTERN ...] [--load quiet|busy|both]``: run the benchmark cases
-  (on a quiet machine, beside busy neighbour processes, or both) and print the tables.
+  (on a quiet machine, beside busy neighbour processes, or both) and print the tables. The
+  suite is in the repository, not the wheel: see `visionblocks.cli._bench`.
 """
 
 from __future__ import annotations
@@ -173,12 +174,6 @@ def _cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_bench(args: argparse.Namespace) -> int:
-    from visionblocks.bench import run_from_cli
-
-    return run_from_cli(args)
-
-
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``visionblocks`` command."""
     parser = argparse.ArgumentParser(
@@ -298,11 +293,9 @@ def build_parser() -> argparse.ArgumentParser:
                           help="fixed height and width (only the batch size stays dynamic)")  # fmt: skip
     p_export.set_defaults(func=_cmd_export)
 
-    from visionblocks.bench import add_arguments as add_bench_arguments
+    from visionblocks.cli._bench import add_bench_parser
 
-    p_bench = sub.add_parser("bench", help="run benchmarks against peer implementations")
-    add_bench_arguments(p_bench)
-    p_bench.set_defaults(func=_cmd_bench)
+    add_bench_parser(sub)  # the suite's options when it is found (from a clone)
     return parser
 
 

@@ -127,20 +127,21 @@ def describe_state_dict(
 
 
 def check_model_name(name: str) -> None:
-    """Raise ``KeyError`` (with close matches) unless `build_backbone` knows ``name``."""
-    from visionblocks.backbones import build_backbone  # noqa: F401  (fills BACKBONES)
-    from visionblocks.backbones._timm import TIMM_PREFIX
+    """Raise ``KeyError`` (with close matches) unless `build_backbone` knows ``name``.
+
+    ``name`` is a ``BACKBONES`` name, ``"timm/<model>"`` included; a malformed timm name
+    (a hub name, or ``"timm"``, which needs a ``model_name`` ``--model`` cannot give) is a
+    ``KeyError`` too.
+    """
+    from visionblocks.backbones._timm import check_model_name as check_timm_name
     from visionblocks.registry import BACKBONES
 
-    if name.startswith(TIMM_PREFIX) or name == "timm":
-        from visionblocks.backbones._timm import check_model_name as check_timm_name
-
-        try:
-            check_timm_name(name[len(TIMM_PREFIX) :])
-        except ValueError as exc:
-            raise KeyError(str(exc)) from None
-    else:
+    try:
+        if name == "timm":
+            check_timm_name("")  # raises: says how timm models are named
         BACKBONES.get(name)
+    except ValueError as exc:
+        raise KeyError(str(exc)) from None
 
 
 def load_into_backbone(name: str, state: Mapping[str, torch.Tensor]) -> tuple[LoadReport, bool]:

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from visionblocks._core.checks import check_tensor
+from visionblocks._core.tensor_checks import check_tensor
 
 __all__ = ["RESULT_KEYS", "as_int", "ids_text", "to_results"]
 

@@ -25,7 +25,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from visionblocks._core.checks import check_type, cuda_unusable
+from visionblocks._core.checks import check_type
+from visionblocks._core.tensor_checks import cuda_unusable
 
 __all__ = ["DevicePrefetcher", "move_to_device", "prefetch_to_device"]
 

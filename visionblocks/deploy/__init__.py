@@ -25,7 +25,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from visionblocks._core.checks import check_choice, check_device, check_type
+from visionblocks._core.checks import check_choice, check_type
+from visionblocks._core.tensor_checks import check_device
 from visionblocks.deploy._check import (
     DETECTIONS,
     detections_diff,

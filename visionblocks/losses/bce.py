@@ -8,15 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from visionblocks._core.checks import (
-    check_finite,
-    check_floating,
-    check_range,
-    check_same_device,
-    check_same_shape,
-    check_tensor,
-    check_type,
-)
+from visionblocks._core.checks import check_finite, check_range, check_type
 from visionblocks._core.reduce import (
     check_reduction,
     check_target_range,
@@ -24,6 +16,12 @@ from visionblocks._core.reduce import (
     reduce_loss,
 )
 from visionblocks._core.registry import LOSSES
+from visionblocks._core.tensor_checks import (
+    check_floating,
+    check_same_device,
+    check_same_shape,
+    check_tensor,
+)
 
 __all__ = ["BCEWithLogitsLoss", "binary_cross_entropy_with_logits"]
 

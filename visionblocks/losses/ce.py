@@ -15,16 +15,15 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from visionblocks._core.checks import (
-    check_floating,
-    check_range,
-    check_same_device,
-    check_tensor,
-    check_type,
-    reads_values,
-)
+from visionblocks._core.checks import check_range, check_type
 from visionblocks._core.reduce import check_reduction, check_target_range, compute_dtype
 from visionblocks._core.registry import LOSSES
+from visionblocks._core.tensor_checks import (
+    check_floating,
+    check_same_device,
+    check_tensor,
+    reads_values,
+)
 
 __all__ = ["CrossEntropyLoss", "cross_entropy"]
 

@@ -14,14 +14,7 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
-from visionblocks._core.checks import (
-    check_choice,
-    check_floating,
-    check_range,
-    check_same_device,
-    check_tensor,
-    check_type,
-)
+from visionblocks._core.checks import check_choice, check_range, check_type
 from visionblocks._core.dispatch import IMPLS
 from visionblocks._core.reduce import (
     check_normalizer,
@@ -31,6 +24,7 @@ from visionblocks._core.reduce import (
     reduce_loss,
 )
 from visionblocks._core.registry import LOSSES
+from visionblocks._core.tensor_checks import check_floating, check_same_device, check_tensor
 from visionblocks.kernels._dispatch import resolve_impl, run_fused
 from visionblocks.losses._focal_script import focal_terms, script_focal
 from visionblocks.losses._focal_torch import SigmoidFocalFunction

@@ -8,7 +8,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from visionblocks._core.checks import check_image_batch, check_int, is_tracing
+from visionblocks._core.checks import check_int
+from visionblocks._core.tensor_checks import check_image_batch, is_tracing
 from visionblocks.nn._limits import MAX_SIDE
 
 __all__ = ["check_levels", "check_size"]

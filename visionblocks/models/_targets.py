@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from visionblocks._core.checks import check_device
+from visionblocks._core.tensor_checks import check_device
 from visionblocks._core.values import value_checks_enabled
 
 __all__ = ["CheckedTargets", "prepare_targets"]

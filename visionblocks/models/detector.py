@@ -8,8 +8,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from visionblocks._core.checks import check_device, check_floating, check_int
+from visionblocks._core.checks import check_int
 from visionblocks._core.registry import MODELS
+from visionblocks._core.tensor_checks import check_device, check_floating
 from visionblocks._core.values import value_checks_enabled
 from visionblocks.models._compose import ComposedModel, build_parts
 from visionblocks.models._targets import prepare_targets

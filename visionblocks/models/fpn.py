@@ -11,7 +11,7 @@ from typing import Any
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from visionblocks._core.checks import check_choice, check_int
+from visionblocks._core.checks import check_choice, check_int, check_positive_ints
 from visionblocks._core.registry import NECKS
 from visionblocks.init import c2_xavier_fill
 from visionblocks.models._levels import check_levels
@@ -20,14 +20,6 @@ from visionblocks.nn.conv import ConvNormAct
 from visionblocks.nn.layers import NormSpec
 
 __all__ = ["FPN"]
-
-
-def _positive_ints(name: str, values: Any, high: int) -> list[int]:
-    if isinstance(values, (str, bytes)) or not isinstance(values, Sequence):
-        raise TypeError(f"{name} must be a non-empty list of ints, got {values!r}")
-    if not values:
-        raise ValueError(f"{name} is empty; give one entry per input level")
-    return [check_int(f"{name}[{i}]", v, 1, high) for i, v in enumerate(values)]
 
 
 def level_name(stride: int) -> str:
@@ -96,8 +88,8 @@ class FPN(nn.Module):
         norm: NormSpec = None,
     ) -> None:
         super().__init__()
-        in_channels = _positive_ints("in_channels", in_channels, MAX_CHANNELS)
-        strides = _positive_ints("strides", strides, MAX_STRIDE)
+        in_channels = list(check_positive_ints("in_channels", in_channels, high=MAX_CHANNELS))
+        strides = list(check_positive_ints("strides", strides, high=MAX_STRIDE))
         if len(in_channels) != len(strides):
             raise ValueError(
                 f"in_channels and strides must have the same length, got {len(in_channels)} "

@@ -8,7 +8,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from visionblocks._core.checks import check_device, check_floating, check_int, check_number
+from visionblocks._core.checks import check_int, check_number
+from visionblocks._core.tensor_checks import check_device, check_floating
 from visionblocks._core.values import value_checks_enabled
 from visionblocks.models._levels import check_size
 

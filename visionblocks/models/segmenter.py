@@ -12,14 +12,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from visionblocks._core.checks import (
-    check_choice,
-    check_device,
-    check_int,
-    check_number,
-    check_type,
-)
+from visionblocks._core.checks import check_choice, check_int, check_number, check_type
 from visionblocks._core.registry import HEADS, MODELS
+from visionblocks._core.tensor_checks import check_device
 from visionblocks._core.values import value_checks_enabled
 from visionblocks.init import kaiming_init, normal_init
 from visionblocks.losses.ce import cross_entropy

@@ -18,14 +18,9 @@ import torch
 import torch.fx
 from torch import Tensor, nn
 
-from visionblocks._core.checks import (
-    check_image_batch,
-    check_int,
-    check_tensor,
-    check_type,
-    is_tracing,
-)
+from visionblocks._core.checks import check_int, check_type
 from visionblocks._core.registry import LAYERS
+from visionblocks._core.tensor_checks import check_image_batch, check_tensor, is_tracing
 from visionblocks.nn._limits import MAX_CHANNELS, MAX_KERNEL_SIZE, check_conv_weights
 from visionblocks.nn.layers import ActSpec, NormSpec, make_activation, make_norm
 

@@ -15,25 +15,19 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
-from visionblocks._core.checks import (
-    check_choice,
+from visionblocks._core.checks import check_choice, check_int, check_positive_int, check_type
+from visionblocks._core.registry import LAYERS
+from visionblocks._core.tensor_checks import (
     check_device,
     check_floating,
     check_image_batch,
-    check_int,
-    check_type,
     is_tracing,
 )
-from visionblocks._core.registry import LAYERS
 from visionblocks.nn._export_paths import local_filter_plain
 from visionblocks.nn._limits import MAX_CHANNELS, MAX_KERNEL_SIZE, MAX_WINDOW
 from visionblocks.ops.local import check_window, local_filter
 
 __all__ = ["Involution2d", "LocalFilter2d"]
-
-
-def _check_positive_int(name: str, value: int) -> None:
-    check_int(name, value, 1, MAX_CHANNELS)
 
 
 def _check_sizes(kernel_size: int, dilation: int, stride: int = 1) -> None:
@@ -45,8 +39,8 @@ def _check_sizes(kernel_size: int, dilation: int, stride: int = 1) -> None:
 
 
 def _check_groups(channels: int, groups: int) -> None:
-    _check_positive_int("channels", channels)
-    _check_positive_int("groups", groups)
+    check_positive_int("channels", channels, MAX_CHANNELS)
+    check_positive_int("groups", groups, MAX_CHANNELS)
     if channels % groups:
         raise ValueError(f"groups must divide channels, got groups={groups}, channels={channels}")
 
@@ -118,7 +112,7 @@ class Involution2d(nn.Module):
         super().__init__()
         _check_sizes(kernel_size, 1, stride)
         _check_groups(channels, groups)
-        _check_positive_int("reduction", reduction)
+        check_positive_int("reduction", reduction, MAX_CHANNELS)
         if channels // reduction < 1:
             raise ValueError(
                 f"reduction must be <= channels (channels // reduction >= 1), "

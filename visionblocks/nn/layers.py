@@ -17,14 +17,8 @@ from typing import TypeAlias
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from visionblocks._core.checks import (
-    check_device,
-    check_image_batch,
-    check_int,
-    check_number,
-    check_type,
-    is_tracing,
-)
+from visionblocks._core.checks import check_number, check_positive_int, check_type
+from visionblocks._core.tensor_checks import check_device, check_image_batch, is_tracing
 from visionblocks.nn._limits import MAX_CHANNELS, check_channels
 
 __all__ = [
@@ -121,7 +115,7 @@ def group_norm_groups(num_channels: int, max_groups: int = 32) -> int:
         (32, 24, 1)
     """
     for name, value in (("num_channels", num_channels), ("max_groups", max_groups)):
-        _check_positive_int(name, value)
+        check_positive_int(name, value, MAX_CHANNELS)
     for groups in range(min(num_channels, max_groups), 0, -1):
         if num_channels % groups == 0:
             return groups
@@ -178,10 +172,6 @@ NORMS: dict[str, Callable[[int], nn.Module]] = {
 process group is initialised); ``gn`` is ``nn.GroupNorm`` with `group_norm_groups` groups;
 ``ln2d`` is `LayerNorm2d`. Default hyper-parameters (``eps``, ``momentum``) are torch's.
 """
-
-
-def _check_positive_int(name: str, value: int) -> None:
-    check_int(name, value, 1, MAX_CHANNELS)
 
 
 def _lookup(arg: str, kind: str, table: dict[str, Callable[..., nn.Module]], name: str) -> Callable:
@@ -296,7 +286,7 @@ def make_norm(norm: NormSpec, num_channels: int) -> nn.Module:
         ValueError: norm: unknown norm 'batchnorm'; choose one of 'bn', 'syncbn', 'gn', 'ln2d', None or pass a factory
     """
     _check_spec("norm", norm)
-    _check_positive_int("num_channels", num_channels)
+    check_positive_int("num_channels", num_channels, MAX_CHANNELS)
     if norm is None:
         return nn.Identity()
     if isinstance(norm, str):

@@ -44,14 +44,8 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from visionblocks._core.checks import (
-    check_finite,
-    check_last_dim,
-    check_range,
-    check_same_device,
-    check_tensor,
-    check_type,
-)
+from visionblocks._core.checks import check_finite, check_range, check_type
+from visionblocks._core.tensor_checks import check_last_dim, check_same_device, check_tensor
 from visionblocks.ops._iou_core import CIOU, DIOU, GIOU, IOU, eps_tensor
 from visionblocks.ops._iou_loss_torch import AlignedIoUFunction
 from visionblocks.ops._pairwise_iou import PairwiseIoUFunction

@@ -13,14 +13,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from visionblocks._core.checks import (
-    check_choice,
-    check_finite,
-    check_floating,
-    check_range,
-    check_type,
-    reads_values,
-)
+from visionblocks._core.checks import check_choice, check_finite, check_range, check_type
+from visionblocks._core.tensor_checks import check_floating, reads_values
 from visionblocks.ops._warp_native import warp_zeros
 
 __all__ = [

@@ -69,7 +69,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from visionblocks._core.checks import check_choice, check_last_dim, check_tensor, check_type
+from visionblocks._core.checks import check_choice, check_type
+from visionblocks._core.tensor_checks import check_last_dim, check_tensor
 from visionblocks.ops._box_iou import overlap
 from visionblocks.ops._boxes_script import (
     from_xyxy,

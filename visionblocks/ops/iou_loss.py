@@ -53,14 +53,14 @@ import math
 import torch
 from torch import Tensor
 
-from visionblocks._core.checks import (
+from visionblocks._core.reduce import check_reduction, compute_dtype, reduce_loss
+from visionblocks._core.tensor_checks import (
     check_floating,
     check_last_dim,
     check_same_device,
     check_same_shape,
     reads_values,
 )
-from visionblocks._core.reduce import check_reduction, compute_dtype, reduce_loss
 from visionblocks.kernels._dispatch import resolve_impl, run_fused
 from visionblocks.ops._box_iou import cast_clamped, scale_shift
 from visionblocks.ops._boxes_script import script_iou_loss

@@ -23,7 +23,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from visionblocks._core.checks import check_allocation, check_floating, check_tensor, check_type
+from visionblocks._core.checks import check_type
+from visionblocks._core.tensor_checks import check_allocation, check_floating, check_tensor
 from visionblocks.kernels._dispatch import resolve_impl, run_fused
 from visionblocks.ops._local_filter_torch import LocalFilterFunction
 

@@ -26,7 +26,8 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from visionblocks._core.checks import check_floating, check_same_shape, check_type
+from visionblocks._core.checks import check_type
+from visionblocks._core.tensor_checks import check_floating, check_same_shape
 from visionblocks.kernels._dispatch import resolve_impl, run_fused
 from visionblocks.ops._local_attention_torch import LocalAttentionFunction
 from visionblocks.ops.local import effective_window

@@ -37,13 +37,8 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from visionblocks._core.checks import (
-    check_allocation,
-    check_choice,
-    check_same_device,
-    check_tensor,
-    check_type,
-)
+from visionblocks._core.checks import check_choice, check_type
+from visionblocks._core.tensor_checks import check_allocation, check_same_device, check_tensor
 from visionblocks.ops._warp_sampling import (
     as_float,
     check_fill,

@@ -30,7 +30,7 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 
-from visionblocks._core.checks import check_last_dim, check_same_device, check_tensor
+from visionblocks._core.tensor_checks import check_last_dim, check_same_device, check_tensor
 from visionblocks.ops._warp_sampling import check_matrix, check_sample_options, check_size
 from visionblocks.ops.warp import warp_affine
 

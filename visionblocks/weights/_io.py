@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from visionblocks._core.checks import cuda_unusable
+from visionblocks._core.tensor_checks import cuda_unusable
 from visionblocks.weights._formats import detect_layout
 from visionblocks.weights._pages import FilePages
 from visionblocks.weights._rebuild import Placeholder

@@ -10,12 +10,12 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Literal
 
-from visionblocks.bench.busy import BusyNeighbours
-from visionblocks.bench.case import CASES, BenchCase, get_case, list_cases, select_cases
-from visionblocks.bench.memory import measure_memory
-from visionblocks.bench.report import BenchResult, results_to_json
-from visionblocks.bench.table import format_table
-from visionblocks.bench.timing import TimingResult, time_pair
+from benchmarks.harness.busy import BusyNeighbours
+from benchmarks.harness.case import CASES, BenchCase, get_case, list_cases, select_cases
+from benchmarks.harness.memory import measure_memory
+from benchmarks.harness.report import BenchResult, results_to_json
+from benchmarks.harness.table import format_table
+from benchmarks.harness.timing import TimingResult, time_pair
 
 __all__ = ["LOADS", "add_arguments", "copy_bandwidth", "run_cases", "run_from_cli"]
 
@@ -73,7 +73,7 @@ def run_cases(
     The run has up to two passes. The quiet pass (``load`` ``"quiet"`` or ``"both"``) times
     each case and measures its memory; with ``load="busy"`` it only measures memory, since
     memory is always measured quiet. The busy pass (``"busy"`` or ``"both"``) starts
-    ``neighbours`` `visionblocks.bench.busy.BusyNeighbours` once, times each case while they
+    ``neighbours`` `benchmarks.harness.busy.BusyNeighbours` once, times each case while they
     compute (restarting one that died) and kills them at the end, whatever happens.
 
     A case that fails is reported in its result (``error``, verdict ``"error"``; it is not
@@ -82,10 +82,10 @@ def run_cases(
 
     Args:
         patterns: fnmatch patterns over case names; ``None`` or empty runs every case.
-        repeats: Timed pairs per case and pass (see `visionblocks.bench.timing.time_pair`).
+        repeats: Timed pairs per case and pass (see `benchmarks.harness.timing.time_pair`).
         warmup: Untimed calls of each side before timing.
         memory: Measure peak memory (of cases with ``memory=True``), each side in a fresh
-            process (see `visionblocks.bench.memory.measure_memory`).
+            process (see `benchmarks.harness.memory.measure_memory`).
         load: ``"quiet"``, ``"busy"`` or ``"both"`` (see above).
         neighbours: Busy neighbour processes of the busy pass.
         device: Run the cases of this device (``"cpu"`` or ``"cuda"``); a pattern that
@@ -102,7 +102,7 @@ def run_cases(
 
     Examples:
         >>> import torch
-        >>> from visionblocks.bench import BenchCase, register_case
+        >>> from benchmarks.harness import BenchCase, register_case
         >>> _ = register_case(BenchCase("doc_mul", setup=lambda: torch.ones(4), ours=torch.square))
         >>> [r.verdict for r in run_cases(["doc_mul"], repeats=2, warmup=0, memory=False)]
         ['-']

@@ -23,8 +23,8 @@ from typing import Any
 
 import torch
 
-from visionblocks.bench.case import BenchCase, register_case
-from visionblocks.bench.check import same_outputs
+from benchmarks.harness.case import BenchCase, register_case
+from benchmarks.harness.check import same_outputs
 from visionblocks.ops.warp import affine_matrix, warp_affine
 
 __all__ = ["WARP_AFFINE_8X3X512", "WARP_AFFINE_8X3X512_PER_SAMPLE"]

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 if TYPE_CHECKING:
-    from visionblocks.bench.case import BenchCase
+    from benchmarks.harness.case import BenchCase
 
 __all__ = ["TimingResult", "num_threads", "time_pair"]
 
@@ -143,7 +143,7 @@ def time_pair(case: BenchCase, repeats: int = 20, warmup: int = 3) -> TimingResu
 
     Examples:
         >>> import torch
-        >>> from visionblocks.bench import BenchCase
+        >>> from benchmarks.harness import BenchCase
         >>> case = BenchCase("doc_sum", setup=lambda: torch.ones(16), ours=torch.sum)
         >>> result = time_pair(case, repeats=3, warmup=1)
         >>> len(result.ours_times_ms), result.speedup is None

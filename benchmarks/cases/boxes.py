@@ -15,8 +15,8 @@ from collections.abc import Callable
 
 import torch
 
-from visionblocks.bench.case import BenchCase, register_case
-from visionblocks.bench.check import same_outputs
+from benchmarks.harness.case import BenchCase, register_case
+from benchmarks.harness.check import same_outputs
 from visionblocks.ops import boxes as ours
 
 __all__ = [

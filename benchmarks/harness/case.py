@@ -2,8 +2,8 @@
 
 A case compares one of our functions (``ours``) with the same computation in a peer library
 (``peer``) on inputs that ``setup`` builds once. Cases live in `CASES`; the built-in ones
-are in ``visionblocks/bench/cases*.py`` and are imported the first time the registry is listed
-or misses a name.
+are in the ``benchmarks/cases/*.py`` modules (``benchmarks.cases.<topic>``), imported the first
+time the registry is listed or misses a name.
 """
 
 from __future__ import annotations
@@ -33,16 +33,15 @@ __all__ = [
 CASES = Registry(
     "benchmarks",
     modules=(
-        "visionblocks.bench.cases",
-        "visionblocks.bench.cases_focal",
-        "visionblocks.bench.cases_iou_loss",
-        "visionblocks.bench.cases_boxes",
-        "visionblocks.bench.cases_warp",
-        "visionblocks.bench.cases_local_filter",
-        "visionblocks.bench.cases_local_attention",
-        "visionblocks.bench.cases_weights",
-        "visionblocks.bench.cases_coco",
-        "visionblocks.bench.cases_cuda",
+        "benchmarks.cases.focal",
+        "benchmarks.cases.iou_loss",
+        "benchmarks.cases.boxes",
+        "benchmarks.cases.warp",
+        "benchmarks.cases.local_filter",
+        "benchmarks.cases.local_attention",
+        "benchmarks.cases.weights",
+        "benchmarks.cases.coco",
+        "benchmarks.cases.cuda",
     ),
     description="BenchCase, or a zero-argument callable returning one",
 )
@@ -81,7 +80,7 @@ class BenchCase:
             least this many times faster than the peer while busy neighbours run. Defaults
             to ``1.0`` ("no collapse"); ``None`` for no busy target. Ignored without a peer.
         check: ``check(ours_out, peer_out)`` raises ``AssertionError`` when the two sides'
-            results of one call disagree (`visionblocks.bench.check.same_outputs` builds
+            results of one call disagree (`benchmarks.harness.check.same_outputs` builds
             the usual one). Every case with a peer must have one: a test runs it.
         outputs: ``outputs(state)`` returns ``(ours_out, peer_out)`` for ``check`` when the
             timed calls return nothing comparable (a count, a load report); by default the

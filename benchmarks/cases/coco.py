@@ -23,8 +23,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from visionblocks.bench.case import BenchCase, register_case
-from visionblocks.bench.check import same_outputs
+from benchmarks.harness.case import BenchCase, register_case
+from benchmarks.harness.check import same_outputs
 
 __all__ = ["COCO_BUILD_INDEX", "COCO_LOAD_MASKS"]
 

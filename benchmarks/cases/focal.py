@@ -16,8 +16,8 @@ from typing import Any
 
 import torch
 
-from visionblocks.bench.case import BenchCase, register_case
-from visionblocks.bench.check import same_outputs
+from benchmarks.harness.case import BenchCase, register_case
+from benchmarks.harness.check import same_outputs
 
 __all__ = ["FOCAL_LOSS_4M", "FOCAL_LOSS_4M_INDEX"]
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from visionblocks.bench.memory import MemoryResult
-from visionblocks.bench.report import MIB, BenchResult
-from visionblocks.bench.timing import TimingResult
+from benchmarks.harness.memory import MemoryResult
+from benchmarks.harness.report import MIB, BenchResult
+from benchmarks.harness.timing import TimingResult
 
 __all__ = ["BANDWIDTH_COLUMNS", "MEMORY_COLUMNS", "SPEED_COLUMNS", "format_table"]
 
@@ -151,7 +151,7 @@ def format_table(results: Sequence[BenchResult]) -> str:
     is left out when none has.
 
     Examples:
-        >>> from visionblocks.bench.timing import TimingResult
+        >>> from benchmarks.harness.timing import TimingResult
         >>> result = BenchResult("add", peer_name="loop", min_speedup=2.0,
         ...                      min_busy_speedup=1.0,
         ...                      timing=TimingResult(0.5, 1.5, 3.0, 2.9, 3.1),

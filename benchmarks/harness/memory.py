@@ -1,6 +1,6 @@
 """Peak extra memory of one call, measured in a fresh process.
 
-Method (CPU): a fresh Python process (``python -m visionblocks.bench._worker``) finds the
+Method (CPU): a fresh Python process (``python -m benchmarks.harness._worker``) finds the
 case and runs ``setup``. It then **warms up**: one call of each side, ours and the peer's,
 whichever side is measured, so both libraries' modules are imported (peers import lazily,
 inside the case's functions), their one-time initialisation has run and one-time caches
@@ -47,10 +47,10 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
-from visionblocks.bench.timing import uses_cuda
+from benchmarks.harness.timing import uses_cuda
 
 if TYPE_CHECKING:
-    from visionblocks.bench.case import BenchCase
+    from benchmarks.harness.case import BenchCase
 
 __all__ = ["RESULT_PREFIX", "MemoryResult", "measure_here", "measure_memory"]
 
@@ -160,10 +160,22 @@ def measure_here(case: BenchCase, side: Side) -> MemoryResult:
     return MemoryResult(side, max(0, peak - baseline), baseline, method)
 
 
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+"""The folder holding the ``benchmarks`` package (a visionblocks checkout)."""
+
+
 def child_env() -> dict[str, str]:
-    """This process's environment, with ``PYTHONPATH`` set so a child imports what it can."""
+    """This process's environment, with ``PYTHONPATH`` set so a child imports what it can.
+
+    `REPO_ROOT` comes first, so ``python -m benchmarks.harness._worker`` (and ``_neighbour``)
+    finds the ``benchmarks`` package from any working directory.
+
+    Examples:
+        >>> child_env()["PYTHONPATH"].split(os.pathsep)[0] == REPO_ROOT
+        True
+    """
     # The child must import whatever this process can (a test module, a script's folder).
-    paths = [os.path.abspath(p) if p else os.getcwd() for p in sys.path]
+    paths = [REPO_ROOT] + [os.path.abspath(p) if p else os.getcwd() for p in sys.path]
     env = dict(os.environ)
     if env.get("PYTHONPATH"):
         paths.append(env["PYTHONPATH"])
@@ -184,7 +196,7 @@ def measure_memory(case: BenchCase | str, side: Side, *, timeout: float = 600.0)
     ``"module:attr"`` string. See the module docstring for the method and its limits.
 
     Args:
-        case: A case, or a string for `visionblocks.bench.case.resolve_case`
+        case: A case, or a string for `benchmarks.harness.case.resolve_case`
             (a registered name or ``"module:attr"``).
         side: ``"ours"`` or ``"peer"``.
         timeout: Seconds before the process is killed and an error is reported.
@@ -201,7 +213,7 @@ def measure_memory(case: BenchCase | str, side: Side, *, timeout: float = 600.0)
         >>> result.extra_bytes is None, "no_such_case" in result.error
         (True, True)
     """
-    from visionblocks.bench.case import BenchCase, case_origins
+    from benchmarks.harness.case import BenchCase, case_origins
 
     if side not in ("ours", "peer"):
         raise ValueError(f"side must be 'ours' or 'peer', got {side!r}")
@@ -211,7 +223,7 @@ def measure_memory(case: BenchCase | str, side: Side, *, timeout: float = 600.0)
         spec, imports = case, []
     else:
         raise TypeError(f"case must be a BenchCase or a str, got {type(case).__name__}")
-    cmd = [sys.executable, "-m", "visionblocks.bench._worker", spec, side]
+    cmd = [sys.executable, "-m", "benchmarks.harness._worker", spec, side]
     for origin in imports:
         cmd += ["--import", origin]
     try:

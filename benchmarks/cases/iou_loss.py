@@ -18,8 +18,8 @@ from typing import Any
 
 import torch
 
-from visionblocks.bench.case import BenchCase, register_case
-from visionblocks.bench.check import same_outputs
+from benchmarks.harness.case import BenchCase, register_case
+from benchmarks.harness.check import same_outputs
 
 __all__ = ["CIOU_LOSS_1M", "DIOU_LOSS_1M", "GIOU_LOSS_1M"]
 

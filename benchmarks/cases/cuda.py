@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from visionblocks.bench.case import BenchCase, register_case
+from benchmarks.harness.case import BenchCase, register_case
 
 __all__ = ["PERFORMANCE_MODEL"]
 

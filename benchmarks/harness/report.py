@@ -1,6 +1,6 @@
 """Benchmark results: what was measured for each case, its verdict, and the JSON form.
 
-`format_table` (in `visionblocks.bench.table`) prints them as Markdown.
+`format_table` (in `benchmarks.harness.table`) prints them as Markdown.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from visionblocks.bench.memory import MemoryResult
-from visionblocks.bench.timing import TimingResult
+from benchmarks.harness.memory import MemoryResult
+from benchmarks.harness.timing import TimingResult
 
 __all__ = ["JSON_SCHEMA", "BenchResult", "results_from_json", "results_to_json"]
 
@@ -47,7 +47,7 @@ class BenchResult:
             performance model), or ``None``; gives the achieved GB/s.
         copy_gbps: The device's measured copy bandwidth in GB/s (the practical ceiling),
             or ``None``.
-        busy_timing: Timings while busy neighbours ran (`visionblocks.bench.busy`), or
+        busy_timing: Timings while busy neighbours ran (`benchmarks.harness.busy`), or
             ``None`` when not run (``--load quiet``) or the case failed.
         min_busy_speedup: Speed target under load, or ``None`` (no target, or no peer).
         busy_load: What ran beside the case during ``busy_timing``, or ``None``.
@@ -142,7 +142,7 @@ class BenchResult:
         """``"ok"``, ``"MISSED"``, ``"error"`` or ``"-"`` (see the class docstring).
 
         Examples:
-            >>> from visionblocks.bench.timing import TimingResult
+            >>> from benchmarks.harness.timing import TimingResult
             >>> quiet, busy = TimingResult(1.0, 6.0, 6.0), TimingResult(4.0, 2.0, 0.5)
             >>> r = BenchResult("x", min_speedup=5.0, min_busy_speedup=1.0, timing=quiet)
             >>> r.verdict

@@ -2,15 +2,15 @@
 
 A `BenchCase` pairs ``ours`` with a ``peer`` on inputs built once by ``setup``, with
 optional targets (``min_speedup``, ``min_busy_speedup``, ``max_memory_ratio``) and a
-``check`` that both sides compute the same result (`visionblocks.bench.check`). `run_cases`
-times each pair interleaved (median of paired ratios, `visionblocks.bench.timing`), on a
+``check`` that both sides compute the same result (`benchmarks.harness.check`). `run_cases`
+times each pair interleaved (median of paired ratios, `benchmarks.harness.timing`), on a
 quiet machine and/or while busy neighbours compete for the cores
-(`visionblocks.bench.busy`), measures each side's peak extra memory in a fresh process
-(`visionblocks.bench.memory`) and returns `BenchResult` objects; `format_table` prints
-them as Markdown tables (`visionblocks.bench.table`). ``visionblocks bench`` (and
+(`benchmarks.harness.busy`), measures each side's peak extra memory in a fresh process
+(`benchmarks.harness.memory`) and returns `BenchResult` objects; `format_table` prints
+them as Markdown tables (`benchmarks.harness.table`). ``visionblocks bench`` (and
 ``benchmarks/run.py``) run it from the command line.
 
-Adding a case: put it in a ``visionblocks/bench/cases*.py`` module listed in
+Adding a case: put it in a ``benchmarks/cases/*.py`` module listed in
 `CASES`' modules, and call `register_case` at import time.
 
 Only the standard library and torch are imported here; cases import their peers themselves.
@@ -18,8 +18,8 @@ Only the standard library and torch are imported here; cases import their peers 
 
 from __future__ import annotations
 
-from visionblocks.bench.busy import BusyNeighbours
-from visionblocks.bench.case import (
+from benchmarks.harness.busy import BusyNeighbours
+from benchmarks.harness.case import (
     CASES,
     BenchCase,
     get_case,
@@ -28,12 +28,12 @@ from visionblocks.bench.case import (
     resolve_case,
     select_cases,
 )
-from visionblocks.bench.check import assert_same, same_outputs
-from visionblocks.bench.memory import MemoryResult, measure_memory
-from visionblocks.bench.report import BenchResult, results_from_json, results_to_json
-from visionblocks.bench.runner import LOADS, add_arguments, run_cases, run_from_cli
-from visionblocks.bench.table import MEMORY_COLUMNS, SPEED_COLUMNS, format_table
-from visionblocks.bench.timing import TimingResult, num_threads, time_pair
+from benchmarks.harness.check import assert_same, same_outputs
+from benchmarks.harness.memory import MemoryResult, measure_memory
+from benchmarks.harness.report import BenchResult, results_from_json, results_to_json
+from benchmarks.harness.runner import LOADS, add_arguments, run_cases, run_from_cli
+from benchmarks.harness.table import MEMORY_COLUMNS, SPEED_COLUMNS, format_table
+from benchmarks.harness.timing import TimingResult, num_threads, time_pair
 
 __all__ = [
     "CASES",

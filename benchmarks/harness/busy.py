@@ -4,7 +4,7 @@ A quiet-machine speed-up says little about a machine shared with experiments, an
 or busy DataLoader workers: a CPU path that opens hundreds of small OpenMP parallel regions
 per call waits, at each one, for a thread the kernel has descheduled. ``visionblocks bench
 --load busy`` therefore times every case while `BusyNeighbours` run: ``count`` processes
-(default 2), each ``python -m visionblocks.bench._neighbour`` multiplying 1024 x 1024 float32
+(default 2), each ``python -m benchmarks.harness._neighbour`` multiplying 1024 x 1024 float32
 matrices (``a @ a`` then ``tanh_``) in a loop with ``torch.set_num_threads(os.cpu_count())``.
 
 The neighbours start once per run; `BusyNeighbours.start` returns once each has printed its
@@ -22,8 +22,8 @@ import sys
 import threading
 from types import TracebackType
 
-from visionblocks.bench._neighbour import READY_LINE
-from visionblocks.bench.memory import child_env
+from benchmarks.harness._neighbour import READY_LINE
+from benchmarks.harness.memory import child_env
 
 __all__ = ["BusyNeighbours"]
 
@@ -82,7 +82,7 @@ class BusyNeighbours:
         return [p.pid for p in self._procs]
 
     def _spawn(self) -> subprocess.Popen[str]:
-        cmd = [sys.executable, "-m", "visionblocks.bench._neighbour"]
+        cmd = [sys.executable, "-m", "benchmarks.harness._neighbour"]
         cmd += ["--size", str(self.size), "--threads", str(self.threads)]
         return subprocess.Popen(
             cmd,

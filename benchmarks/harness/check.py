@@ -15,10 +15,10 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from visionblocks.bench.timing import num_threads
+from benchmarks.harness.timing import num_threads
 
 if TYPE_CHECKING:
-    from visionblocks.bench.case import BenchCase
+    from benchmarks.harness.case import BenchCase
 
 __all__ = ["assert_same", "same_outputs", "verify_outputs"]
 
@@ -131,7 +131,7 @@ def verify_outputs(case: BenchCase) -> None:
 
     Examples:
         >>> import torch
-        >>> from visionblocks.bench import BenchCase
+        >>> from benchmarks.harness import BenchCase
         >>> case = BenchCase("doc_neg", setup=lambda: torch.ones(3), ours=torch.neg,
         ...                  peer=lambda s: 0 - s, check=same_outputs())
         >>> verify_outputs(case)
@@ -141,7 +141,7 @@ def verify_outputs(case: BenchCase) -> None:
     if case.check is None:
         raise AssertionError(
             f"benchmark case {case.name!r} has no check hook: give it "
-            "check=same_outputs(rtol=..., atol=...) (visionblocks.bench.check), or a function "
+            "check=same_outputs(rtol=..., atol=...) (benchmarks.harness.check), or a function "
             "raising AssertionError, so its two sides are compared"
         )
     with num_threads(case.threads):

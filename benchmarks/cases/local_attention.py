@@ -23,8 +23,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from visionblocks.bench.case import BenchCase, register_case
-from visionblocks.bench.check import same_outputs
+from benchmarks.harness.case import BenchCase, register_case
+from benchmarks.harness.check import same_outputs
 
 __all__ = ["LOCAL_ATTENTION_FWD", "LOCAL_ATTENTION_FWD_BWD", "unfold_local_attention"]
 

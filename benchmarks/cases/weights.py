@@ -28,8 +28,8 @@ from typing import Any
 
 import torch
 
-from visionblocks.bench.case import BenchCase, register_case
-from visionblocks.bench.check import same_outputs
+from benchmarks.harness.case import BenchCase, register_case
+from benchmarks.harness.check import same_outputs
 
 __all__ = ["FILE_MIB", "LOAD_RESNET50_VS_TIMM", "LOAD_RESNET50_VS_TORCH"]
 

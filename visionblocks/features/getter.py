@@ -1,0 +1,259 @@
+"""`IntermediateLayerGetter`: the outputs of named submodules (see `visionblocks.features`)."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from visionblocks._core.checks import check_type
+from visionblocks.features._capture import (
+    MirrorChildren,
+    capture,
+    dry_run,
+    example_args,
+    resolve_modules,
+    select_into,
+    sync,
+)
+from visionblocks.features._export import (
+    TracedPaths,
+    dynamo_export,
+    non_strict_export,
+    trace_modes,
+    tracing,
+)
+from visionblocks.nn._limits import MAX_CHANNELS, MAX_SIDE
+
+__all__ = ["IntermediateLayerGetter"]
+
+_DEFAULT_INPUT_SIZE = (3, 224, 224)
+
+
+def _return_layers(return_layers: Any) -> dict[str, str]:
+    """Normalise ``return_layers`` to an ordered ``{module name: output name}`` dict."""
+    if isinstance(return_layers, Mapping):
+        pairs = list(return_layers.items())
+    elif isinstance(return_layers, (list, tuple)):
+        pairs = [(name, name) for name in return_layers]
+    else:
+        raise TypeError(
+            "return_layers must be a {name: out_name} dict or a list of names, got "
+            f"{type(return_layers).__name__}"
+        )
+    if not pairs:
+        raise ValueError("return_layers is empty; name at least one submodule")
+    for name, out in pairs:
+        for what, value in (("module name", name), ("output name", out)):
+            if not isinstance(value, (str, int)) or isinstance(value, bool):
+                raise TypeError(
+                    f"return_layers {what}s must be str, got {type(value).__name__} ({value!r})"
+                )
+    result = {str(name): str(out) for name, out in pairs}
+    if len(result) != len(pairs):
+        raise ValueError(f"return_layers names a module twice: {[n for n, _ in pairs]}")
+    outs = list(result.values())
+    if len(set(outs)) != len(outs):
+        raise ValueError(f"return_layers output names are not unique: {outs}")
+    return result
+
+
+def check_input_size(input_size: Any) -> tuple[int, int, int]:
+    """``(C, H, W)`` of a dry run: channels up to 65,536, sides up to 16,384."""
+    check_type("input_size", input_size, (tuple, list, torch.Size))
+    if len(input_size) != 3 or not all(
+        isinstance(s, int) and not isinstance(s, bool) and s > 0 for s in input_size
+    ):
+        raise ValueError(f"input_size must be 3 positive ints (C, H, W), got {input_size!r}")
+    if input_size[0] > MAX_CHANNELS or max(input_size[1:]) > MAX_SIDE:
+        raise ValueError(
+            f"input_size={tuple(input_size)!r} is too large for a dry run (at most "
+            f"{MAX_CHANNELS} channels and {MAX_SIDE} pixels a side)"
+        )
+    return (input_size[0], input_size[1], input_size[2])
+
+
+class IntermediateLayerGetter(MirrorChildren, nn.Module):
+    """Return the outputs of named submodules of a model, as its ``forward`` computes them.
+
+    Calling the getter runs ``model(*args, **kwargs)`` with forward hooks on the requested
+    modules and stops the forward as soon as every requested output has been captured, so
+    nothing after the last requested output (in execution order) is computed. The hooks exist
+    only during the call; ``model`` itself is never modified and stays usable.
+
+    **Capture paths.** Eager calls use the hooks. Under ``torch.export.export`` (strict and
+    non-strict, and so ``torch.onnx.export(..., dynamo=True)``), ``torch.compile``,
+    ``torch.jit.trace`` and ``torch.fx`` tracing, the getter instead calls a plain function
+    made at construction: ``model.forward`` traced by ``torch.fx`` (once per mode, every
+    module in eval, then in training mode) with the requested modules as leaves, its output
+    replaced by their first calls' outputs and the rest dead-code eliminated. It runs the
+    model's current modules and tensors (nothing is copied: ``state_dict()``, ``.to()`` and
+    replaced children act on it too) and gives the eager outputs; an exported program holds
+    exactly the getter's parameters, and the batch size and image size can be dynamic where
+    the model allows it. Python control flow in ``forward`` is fixed at construction, as in
+    any ``torch.fx`` trace. For a model ``torch.fx`` cannot trace, non-strict export runs the
+    hooks without the early stop (the tail is dead code in the exported graph), strict export
+    raises (use ``strict=False``), and the other tracers use the eager path.
+
+    **Parameters, buffers and state dict.** At construction a dry run of ``model`` (in eval
+    mode, the modes and ``requires_grad`` flags restored afterwards) on ``example_input``, or on
+    zeros of shape ``(1, *input_size)``, finds the modules that run before the stop and the
+    parameters the requested outputs depend on. The getter registers exactly those, under their
+    original names: ``parameters()`` holds no parameter that gets no gradient from the
+    outputs (so ``DistributedDataParallel`` needs no ``find_unused_parameters``), and
+    ``state_dict()`` keys are the model's own keys (``layer1.0.conv1.weight``), a subset of
+    ``model.state_dict()``. For top-level names of a chain-like model this is exactly what
+    torchvision's getter holds: the children up to the last requested one. A module of which
+    only a part runs (the container of a nested name) is registered as a ``[partial]`` stand-in
+    holding the parts that run. Frozen parameters (``requires_grad=False``) of modules that run
+    are kept, and so are the parameters of modules that run under ``torch.no_grad()`` in the
+    model's forward. Trainable parameters of modules that run with autograd on but reach no
+    requested output (a side branch computed before the stop, or one whose result the model
+    ``.detach()``-es) are not registered, but still follow ``.to()`` / ``.half()``.
+
+    The getter shares these modules with ``model``: ``.to()``, ``.train()`` / ``.eval()``,
+    ``load_state_dict`` and optimiser steps on the getter act on them (modules that never run
+    before the stop are left alone), and a child replaced in the getter's tree (by
+    ``nn.SyncBatchNorm.convert_sync_batchnorm``, say) is replaced in ``model`` too, so the
+    forward runs it.
+
+    **Threads and parallelism.** The hooks act only for the thread that calls the getter:
+    the model (or another getter on it) can run in other threads at the same time.
+    ``DistributedDataParallel``, ``torch.compile`` (``fullgraph=True`` too), ``torch.export``
+    and ``torch.jit.trace`` work (see *Capture paths*); ``nn.DataParallel`` raises (its
+    replicas would all run the original model).
+
+    **Conventions.** A module that runs several times in one forward (a reused activation, a
+    shared block) gives the output of its *first* call, as ``torch.fx`` names the first call of
+    a module after the module (the stop comes once every requested module ran once). A module
+    registered under several names can be requested under any of them. The set of modules is
+    fixed by the dry run: a model whose forward takes other branches for other inputs or in
+    training mode may run modules the getter does not hold (build torchvision's Inception with
+    ``aux_logits=False``, say); if a requested module does not run at all, the call raises.
+    Outputs are the tensors the modules returned: a later in-place op of the model (a
+    ``ReLU(inplace=True)`` after a requested norm) changes them, as with torchvision's getter.
+
+    Args:
+        model: Any ``nn.Module``; it is called with the getter's arguments.
+        return_layers: ``{module name: output name}`` or a list of module names (output name =
+            module name). Names are as in ``model.named_modules()``: top-level (``"layer1"``)
+            or dotted (``"layer4.1.conv2"``, ``"features.3"``).
+        example_input: Input for the construction dry run: one argument (a tensor, a list of
+            tensors, ...) or a tuple of positional arguments. Default: zeros of shape
+            ``(1, *input_size)`` on the model's device and dtype.
+        input_size: ``(C, H, W)`` of the default dry-run input, ``(3, 224, 224)`` if not given.
+            A small size (e.g. ``(3, 64, 64)``) makes construction cheaper where the model
+            allows it.
+
+    Shape:
+        - Input: whatever ``model`` takes, e.g. ``(B, C, H, W)``.
+        - Output: ``OrderedDict[str, Any]`` in ``return_layers`` order, mapping each output
+          name to that module's output (typically ``Tensor[B, C_i, H_i, W_i]``).
+
+    Raises:
+        TypeError: ``model`` is not an ``nn.Module`` or ``return_layers`` is neither a dict nor
+            a list of names.
+        ValueError: A name is not a submodule (the message lists close names), names or output
+            names repeat, both ``example_input`` and ``input_size`` are given, a requested
+            module does not run in the dry run, the dry run fails (the message says why;
+            pass an ``example_input`` or ``input_size`` the model accepts), or
+            ``input_size`` is too large (more than 65,536 channels or 16,384 pixels a side).
+        RuntimeError: At call time, a requested module did not run.
+
+    Examples:
+        >>> import torch, torchvision
+        >>> model = torchvision.models.resnet18(weights=None)
+        >>> getter = IntermediateLayerGetter(
+        ...     model, {"layer2": "p3", "layer4.1.conv2": "c5"}, input_size=(3, 64, 64)
+        ... )
+        >>> out = getter(torch.rand(2, 3, 128, 128))
+        >>> {name: tuple(t.shape) for name, t in out.items()}
+        {'p3': (2, 128, 16, 16), 'c5': (2, 512, 4, 4)}
+        >>> "fc.weight" in getter.state_dict(), "layer4.0.conv1.weight" in getter.state_dict()
+        (False, True)
+        >>> list(IntermediateLayerGetter(model, ["layer1"], input_size=(3, 64, 64)).state_dict())[:2]
+        ['conv1.weight', 'bn1.weight']
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        return_layers: Mapping[str, str] | Sequence[str],
+        *,
+        example_input: torch.Tensor | tuple[Any, ...] | None = None,
+        input_size: Sequence[int] | None = None,
+    ) -> None:
+        super().__init__()
+        check_type("model", model, nn.Module)
+        if isinstance(model, torch.jit.ScriptModule):
+            raise TypeError("IntermediateLayerGetter needs an eager module, not a ScriptModule")
+        layers = _return_layers(return_layers)
+        if example_input is not None and input_size is not None:
+            raise ValueError("give example_input or input_size, not both")
+        size = check_input_size(_DEFAULT_INPUT_SIZE if input_size is None else input_size)
+        targets = resolve_modules(model, layers, "return_layers")
+        run = dry_run(model, targets, example_args(model, example_input, size))
+        self.return_layers = layers
+        self.training = model.training
+        selection = select_into(self, model, run)  # children under the model's own names
+        # Not registered: the model (whose unused tail must stay out of parameters()), the
+        # requested modules, and the holder of parameters that run but reach no output.
+        object.__setattr__(self, "_model", model)
+        object.__setattr__(self, "_originals", (model,))  # replaced children mirror into it
+        object.__setattr__(self, "_targets", targets)
+        object.__setattr__(self, "_links", selection.links)
+        object.__setattr__(self, "_hidden", selection.hidden)
+        object.__setattr__(self, "_traced", TracedPaths(trace_modes(model, targets, list(layers))))
+
+    def forward(self, *args: Any, **kwargs: Any) -> OrderedDict[str, Any]:
+        if tracing():  # torch.export / compile / jit.trace / fx: no hooks, no early stop
+            names = list(self.return_layers)
+            traced = self._traced.get(self._model, self._targets, names)
+            if traced is not None:
+                values = traced(self._model, *args, **kwargs)
+                return OrderedDict(zip(self.return_layers.values(), values, strict=True))
+            if dynamo_export():
+                raise RuntimeError(
+                    f"torch.fx cannot trace {type(self._model).__name__}, so "
+                    "IntermediateLayerGetter cannot be exported with strict=True; use "
+                    "torch.export.export(..., strict=False)"
+                )
+        stop = not non_strict_export()  # the tail is dead code in a non-strict export
+        captured, _ = capture(self._model, self._targets, args, kwargs, stop=stop)
+        missing = [name for name in self.return_layers if name not in captured]
+        if missing:
+            raise RuntimeError(
+                f"return_layers {missing} did not run in {type(self._model).__name__}.forward"
+            )
+        return OrderedDict((out, captured[name]) for name, out in self.return_layers.items())
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        super().__setstate__(state)
+        if self._traced.fns is None:  # unpickled: trace again, so strict export works at once
+            self._traced.get(self._model, self._targets, list(self.return_layers))
+
+    def train(self, mode: bool = True) -> IntermediateLayerGetter:
+        super().train(mode)
+        for holder, orig in self._links:  # the partly-run originals behind the stand-ins
+            holder.training = mode
+            orig.training = mode
+        return self
+
+    def _apply(self, fn: Any, recurse: bool = True) -> IntermediateLayerGetter:
+        super()._apply(fn, recurse)
+        self._hidden._apply(fn, recurse)
+        sync(self._links)  # buffers (and overwritten parameters) back into the model
+        return self
+
+    def _replicate_for_data_parallel(self) -> IntermediateLayerGetter:
+        raise RuntimeError(
+            "IntermediateLayerGetter does not support nn.DataParallel: its forward runs the "
+            "original model, which DataParallel does not replicate. Use "
+            "torch.nn.parallel.DistributedDataParallel (one process per GPU) instead"
+        )
+
+    def extra_repr(self) -> str:
+        return f"return_layers={self.return_layers}"
