@@ -11,12 +11,12 @@ from typing import Any
 
 from visionblocks._core.dispatch import get_impl, set_impl, use_impl
 from visionblocks._core.values import set_value_checks, value_checks, value_checks_enabled
-
-__version__ = "0.1.0"
+from visionblocks._core.version import __version__
 
 _SUBMODULES = (
     "backbones",
     "data",
+    "deploy",
     "distributed",
     "features",
     "init",
@@ -49,4 +49,4 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    return sorted({*globals(), *_SUBMODULES})
+    return sorted({*__all__, *_SUBMODULES})

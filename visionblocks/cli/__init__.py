@@ -21,7 +21,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-import visionblocks
+from visionblocks._core.version import __version__
 from visionblocks.registry import REGISTRIES, get_registry
 
 __all__ = ["build_parser", "main"]
@@ -180,9 +180,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="visionblocks",
         description="PyTorch building blocks for detection and segmentation.",
     )
-    parser.add_argument(
-        "--version", action="version", version=f"visionblocks {visionblocks.__version__}"
-    )
+    parser.add_argument("--version", action="version", version=f"visionblocks {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     from visionblocks.cli.demo import DEFAULT_STEPS

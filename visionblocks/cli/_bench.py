@@ -24,14 +24,12 @@ from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 
-import visionblocks
-
 __all__ = ["ENV_VAR", "NOT_FOUND", "add_bench_parser", "find_suite", "load_harness"]
 
 ENV_VAR = "VISIONBLOCKS_BENCHMARKS"
 """Environment variable naming a checkout's ``benchmarks`` folder."""
 
-CLONE_SUITE = Path(visionblocks.__file__).resolve().parent.parent / "benchmarks"
+CLONE_SUITE = Path(__file__).resolve().parents[2] / "benchmarks"
 """Where the suite is when ``visionblocks`` is imported from a clone."""
 
 NOT_FOUND = (

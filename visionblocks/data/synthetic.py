@@ -27,8 +27,8 @@ import numpy as np
 from PIL import Image
 from tqdm.auto import tqdm
 
-from visionblocks import __version__
 from visionblocks._core.checks import check_choice, check_range, check_type
+from visionblocks._core.version import __version__
 from visionblocks.data._synthetic_draw import SYNTHETIC_CLASSES, render
 
 __all__ = ["SYNTHETIC_CLASSES", "make_synthetic_coco"]

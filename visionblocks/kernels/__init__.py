@@ -1,7 +1,7 @@
 """Triton kernels and their autograd glue.
 
 This package is the only place that imports ``triton``; everything else reaches kernels
-through `visionblocks._core.dispatch`. Kernel modules are imported lazily, so importing
+through `visionblocks.kernels._dispatch` (`resolve_impl`, `run_fused`). Kernel modules are imported lazily, so importing
 visionblocks never imports triton.
 """
 

@@ -19,6 +19,7 @@ from visionblocks.ops._warp_native import warp_zeros
 
 __all__ = [
     "as_float",
+    "check_batch",
     "check_fill",
     "check_matrix",
     "check_sample_options",
@@ -26,6 +27,7 @@ __all__ = [
     "compose_affine",
     "invert_checked",
     "normaliser",
+    "promoted_dtype",
     "warp_bilinear",
     "warp_nearest",
 ]
@@ -270,3 +272,21 @@ def warp_bilinear(
     if grid.shape[0] != b:
         grid = grid.expand(b, -1, -1, -1)  # a shared matrix: one grid, no copy
     return F.grid_sample(img, grid, mode="bilinear", padding_mode=padding_mode, align_corners=False)
+
+
+def promoted_dtype(x: Tensor, matrix: Tensor) -> torch.dtype:
+    dtype = torch.promote_types(x.dtype, matrix.dtype)
+    return dtype if dtype.is_floating_point else torch.get_default_dtype()
+
+
+def check_batch(name: str, x: Tensor, matrix: Tensor) -> None:
+    """``matrix``'s leading dims must broadcast with ``x``'s ``(..., N, k)`` leading dims."""
+    try:
+        torch.broadcast_shapes(x.shape[:-2], matrix.shape[:-2])
+    except RuntimeError:
+        raise ValueError(
+            f"matrix of shape {tuple(matrix.shape)} does not broadcast with {name} of shape "
+            f"{tuple(x.shape)}: the leading dims {tuple(matrix.shape[:-2])} and "
+            f"{tuple(x.shape[:-2])} must broadcast (e.g. (B, 2, 3) matrices with (B, N, "
+            f"{x.shape[-1]}) {name})"
+        ) from None

@@ -31,28 +31,16 @@ import torch
 from torch import Tensor
 
 from visionblocks._core.tensor_checks import check_last_dim, check_same_device, check_tensor
-from visionblocks.ops._warp_sampling import check_matrix, check_sample_options, check_size
+from visionblocks.ops._warp_sampling import (
+    check_batch,
+    check_matrix,
+    check_sample_options,
+    check_size,
+    promoted_dtype,
+)
 from visionblocks.ops.warp import warp_affine
 
 __all__ = ["warp_boxes", "warp_masks", "warp_points", "warp_sample"]
-
-
-def _promoted(x: Tensor, matrix: Tensor) -> torch.dtype:
-    dtype = torch.promote_types(x.dtype, matrix.dtype)
-    return dtype if dtype.is_floating_point else torch.get_default_dtype()
-
-
-def _check_batch(name: str, x: Tensor, matrix: Tensor) -> None:
-    """``matrix``'s leading dims must broadcast with ``x``'s ``(..., N, k)`` leading dims."""
-    try:
-        torch.broadcast_shapes(x.shape[:-2], matrix.shape[:-2])
-    except RuntimeError:
-        raise ValueError(
-            f"matrix of shape {tuple(matrix.shape)} does not broadcast with {name} of shape "
-            f"{tuple(x.shape)}: the leading dims {tuple(matrix.shape[:-2])} and "
-            f"{tuple(x.shape[:-2])} must broadcast (e.g. (B, 2, 3) matrices with (B, N, "
-            f"{x.shape[-1]}) {name})"
-        ) from None
 
 
 def warp_points(points: Tensor, matrix: Tensor) -> Tensor:
@@ -92,8 +80,8 @@ def warp_points(points: Tensor, matrix: Tensor) -> Tensor:
     check_last_dim("points", points, 2, what="(x, y)")
     if points.dim() < 2:
         raise ValueError(f"points must have shape (..., N, 2), got {tuple(points.shape)}")
-    _check_batch("points", points, matrix)
-    dtype = _promoted(points, matrix)
+    check_batch("points", points, matrix)
+    dtype = promoted_dtype(points, matrix)
     points, matrix = points.to(dtype), matrix.to(dtype)
     return points @ matrix[..., :2].transpose(-1, -2) + matrix[..., 2].unsqueeze(-2)
 
@@ -150,9 +138,9 @@ def warp_boxes(boxes: Tensor, matrix: Tensor, size: Sequence[int] | None = None)
     check_last_dim("boxes", boxes, 4, what="(x1, y1, x2, y2)")
     if boxes.dim() < 2:
         raise ValueError(f"boxes must have shape (..., N, 4), got {tuple(boxes.shape)}")
-    _check_batch("boxes", boxes, matrix)
+    check_batch("boxes", boxes, matrix)
     out_size = None if size is None else check_size("size", size)
-    dtype = _promoted(boxes, matrix)
+    dtype = promoted_dtype(boxes, matrix)
     boxes, matrix = boxes.to(dtype), matrix.to(dtype)
     # (..., 1) coefficients broadcast against (..., N) coordinates.
     a, b, c, d, e, f = (v.unsqueeze(-1) for v in matrix.flatten(-2).unbind(-1))

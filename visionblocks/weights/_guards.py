@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from visionblocks._core.checks import check_range, check_type
 
 if TYPE_CHECKING:
-    from visionblocks.weights import LoadReport
+    from visionblocks.weights.report import LoadReport
 
 __all__ = ["check_flags", "check_min_loaded", "failed_guard", "require_patterns"]
 

@@ -1,0 +1,5 @@
+"""The package version (one place: the root package, the CLI and the data files read it)."""
+
+__all__ = ["__version__"]
+
+__version__ = "0.1.0"

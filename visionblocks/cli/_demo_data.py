@@ -1,0 +1,76 @@
+"""The demo's data: synthetic COCO splits (written once) and their loaders (see `visionblocks.cli.demo`)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader, DistributedSampler, RandomSampler
+
+from visionblocks import distributed as dist_utils
+from visionblocks._core.version import __version__
+
+__all__ = ["BATCH_SIZE", "IMAGE_SIZE", "NUM_CLASSES", "demo_data", "demo_loaders"]
+
+IMAGE_SIZE = (128, 128)
+NUM_CLASSES = 3
+TRAIN_IMAGES, VAL_IMAGES = 512, 64
+BATCH_SIZE = 16  # the global batch: split over the ranks
+
+_DATA = {"image_size": IMAGE_SIZE, "num_classes": NUM_CLASSES, "max_objects": 4,
+         "object_size": (0.15, 0.45)}  # fmt: skip
+
+
+def _split(root: Path, split: str, num_images: int, seed: int) -> Path:
+    """The split's annotation file, written unless the same data is already there."""
+    from visionblocks.data import make_synthetic_coco
+
+    ann = root / split / "annotations.json"
+    wanted = {"num_images": num_images, "seed": seed, **_DATA}
+    if ann.is_file():
+        try:
+            data = json.loads(ann.read_text())
+            found = data["info"]["parameters"]
+            same = data["info"].get("version") == __version__ and all(
+                found.get(k) == (list(v) if isinstance(v, tuple) else v) for k, v in wanted.items()
+            )
+            images = (root / split / "images" / i["file_name"] for i in data["images"])
+            if same and all(path.is_file() for path in images):
+                return ann
+        except (KeyError, ValueError, TypeError):
+            pass
+    return make_synthetic_coco(root / split, seed=seed, num_images=num_images, **_DATA)
+
+
+def demo_data(out: Path, seed: int) -> tuple[Path, Path]:
+    """Train and val annotation files (rank 0 writes them, the others wait)."""
+    if dist_utils.is_main_process():
+        _split(out / "data", "train", TRAIN_IMAGES, seed)
+        _split(out / "data", "val", VAL_IMAGES, seed + 1)
+    dist_utils.barrier()
+    return out / "data" / "train" / "annotations.json", out / "data" / "val" / "annotations.json"
+
+
+def demo_loaders(train_ann: Path, val_ann: Path, seed: int) -> tuple[Any, Any, Any]:
+    from torchvision.transforms import v2
+
+    from visionblocks.data import CocoDetection, collate_detection
+
+    train = CocoDetection(train_ann.parent / "images", train_ann,
+                          transforms=v2.RandomHorizontalFlip())  # fmt: skip
+    val = CocoDetection(val_ann.parent / "images", val_ann)
+    world = dist_utils.get_world_size()
+    if BATCH_SIZE % world:
+        raise ValueError(f"the batch of {BATCH_SIZE} does not split over {world} ranks")
+    generator = torch.Generator().manual_seed(seed)
+    if world > 1:
+        sampler: Any = DistributedSampler(train, shuffle=True, seed=seed, drop_last=True)
+        val_sampler: Any = DistributedSampler(val, shuffle=False)
+    else:
+        sampler, val_sampler = RandomSampler(train, generator=generator), None
+    train_loader = DataLoader(train, batch_size=BATCH_SIZE // world, sampler=sampler,
+                              collate_fn=collate_detection, drop_last=True)  # fmt: skip
+    val_loader = DataLoader(val, batch_size=16, sampler=val_sampler, collate_fn=collate_detection)
+    return train_loader, val_loader, val
