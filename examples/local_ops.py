@@ -2,7 +2,7 @@
 
     python examples/local_ops.py
 
-1. `local_filter` and `local_attention2d` give what the plain ``F.unfold`` implementation
+1. `local_filter2d` and `local_attention2d` give what the plain ``F.unfold`` implementation
    gives (the unfold view is `sliding_windows`), with and without the Triton kernels where
    they can run.
 2. Their time and peak memory against the unfold implementation on a feature map.
@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from visionblocks.nn import ConvNormAct, Involution2d, LocalAttention2d
-from visionblocks.ops.local import local_filter, sliding_windows
+from visionblocks.ops.local import local_filter2d, sliding_windows
 from visionblocks.ops.local_attention import local_attention2d
 
 QUICK = os.environ.get("VISIONBLOCKS_QUICK") == "1"
@@ -64,8 +64,8 @@ def main() -> None:
     q, key, v = (torch.randn(b, c, size, size) for _ in range(3))
 
     print("== 1. the same numbers as the unfold implementation")
-    diff = (local_filter(x, kernels, k) - unfold_filter(x, kernels, k)).abs().max().item()
-    print(f"local_filter       max |difference| {diff:.2e}")
+    diff = (local_filter2d(x, kernels, k) - unfold_filter(x, kernels, k)).abs().max().item()
+    print(f"local_filter2d     max |difference| {diff:.2e}")
     heads = 8 if c >= 8 else 1
     diff = (
         (local_attention2d(q, key, v, k, num_heads=heads) - unfold_attention(q, key, v, k, heads))
@@ -78,7 +78,8 @@ def main() -> None:
 
     print(f"\n== 2. time against unfold (B={b}, C={c}, {size}x{size}, k={k}, forward)")
     for name, ours, theirs, args in (
-        ("local_filter", lambda *a: local_filter(*a, k), lambda *a: unfold_filter(*a, k), (x, kernels)),
+        ("local_filter2d", lambda *a: local_filter2d(*a, k), lambda *a: unfold_filter(*a, k),
+         (x, kernels)),
         ("local_attention2d", lambda *a: local_attention2d(*a, k, num_heads=heads),
          lambda *a: unfold_attention(*a, k, heads), (q, key, v)),
     ):  # fmt: skip

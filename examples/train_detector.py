@@ -21,7 +21,7 @@ from torch.utils.data import DataLoader, RandomSampler
 from torchvision.transforms import v2
 
 from visionblocks.data import (
-    CocoDetection,
+    CocoInstances,
     GroupedBatchSampler,
     aspect_ratio_groups,
     coco_evaluate,
@@ -62,8 +62,8 @@ def main() -> None:
             v2.SanitizeBoundingBoxes(labels_getter=instance_fields),
         ]
     )
-    train = CocoDetection(out / "train" / "images", train_ann, transforms=augment)
-    val = CocoDetection(out / "val" / "images", val_ann)
+    train = CocoInstances(out / "train" / "images", train_ann, transforms=augment)
+    val = CocoInstances(out / "val" / "images", val_ann)
     sampler = GroupedBatchSampler(RandomSampler(train), aspect_ratio_groups(train), batch_size=16)
     loader = DataLoader(train, batch_sampler=sampler, collate_fn=collate_detection)
 

@@ -21,7 +21,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import torch
 
-from visionblocks.data import CocoDetection, make_synthetic_coco
+from visionblocks.data import CocoInstances, make_synthetic_coco
 from visionblocks.ops.warp import affine_matrix
 from visionblocks.ops.warp_targets import warp_sample
 
@@ -69,7 +69,7 @@ def main() -> None:
     args = parser.parse_args()
     out = Path(args.out)
     ann = make_synthetic_coco(out / "data", num_images=4, image_size=(160, 200), seed=2)
-    dataset = CocoDetection(out / "data" / "images", ann, with_masks=True)
+    dataset = CocoInstances(out / "data" / "images", ann, with_masks=True)
     image, target = dataset[0]
     generator = torch.Generator().manual_seed(0)
 

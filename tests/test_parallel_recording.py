@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from visionblocks.ops.boxes import generalized_box_iou
-from visionblocks.ops.local import local_filter
+from visionblocks.ops.local import local_filter2d
 from visionblocks.ops.local_attention import local_attention2d
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::FutureWarning")
@@ -25,7 +25,7 @@ class _Attention(nn.Module):
 
 class _Filter(nn.Module):
     def forward(self, x, kernels):
-        return local_filter(x, kernels, 3, impl="torch")
+        return local_filter2d(x, kernels, 3, impl="torch")
 
 
 class _GIoU(nn.Module):

@@ -20,6 +20,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from visionblocks._core.namespace import public_dir
+
 __all__ = [
     "all_gather_object",
     "barrier",
@@ -29,6 +31,7 @@ __all__ = [
     "is_main_process",
     "reduce_mean",
 ]
+__dir__ = public_dir(__name__, __all__)
 
 
 def is_dist_initialized() -> bool:

@@ -4,7 +4,7 @@ The data is synthetic (`visionblocks.data.make_synthetic_coco`): 64 JPEG images 
 320 x 416 with 1 to 6 shapes each, written once to ``<tempdir>/visionblocks-bench/coco``.
 One call reads every item (image, boxes, labels, masks) in order, single-threaded:
 
-- ours: ``CocoDetection(..., with_masks=True)[i]``: ``tv_tensors.Image``, XYXY
+- ours: ``CocoInstances(..., with_masks=True)[i]``: ``tv_tensors.Image``, XYXY
   ``BoundingBoxes``, contiguous labels, ``Mask`` ``(N, H, W)``;
 - peer: ``wrap_dataset_for_transforms_v2(torchvision.datasets.CocoDetection(...),
   target_keys={"boxes", "labels", "masks", "image_id"})[i]`` with the PIL image turned into
@@ -52,7 +52,7 @@ def _data() -> tuple[str, str]:
 def _setup() -> dict[str, Any]:
     import torchvision
 
-    from visionblocks.data.coco import CocoDetection
+    from visionblocks.data.coco import CocoInstances
 
     images, ann = _data()
     with contextlib.redirect_stdout(io.StringIO()):  # pycocotools prints while indexing
@@ -60,7 +60,7 @@ def _setup() -> dict[str, Any]:
     peer = torchvision.datasets.wrap_dataset_for_transforms_v2(
         peer, target_keys={"boxes", "labels", "masks", "image_id"}
     )
-    return {"ours": CocoDetection(images, ann, with_masks=True), "peer": peer}
+    return {"ours": CocoInstances(images, ann, with_masks=True), "peer": peer}
 
 
 def _ours(state: dict[str, Any]) -> int:
@@ -176,9 +176,9 @@ def _index_data() -> tuple[str, str]:
 
 
 def _build_ours(state: tuple[str, str]) -> int:
-    from visionblocks.data.coco import CocoDetection
+    from visionblocks.data.coco import CocoInstances
 
-    return len(CocoDetection(*state))
+    return len(CocoInstances(*state))
 
 
 def _build_torchvision(state: tuple[str, str]) -> int:

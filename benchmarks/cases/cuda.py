@@ -108,10 +108,10 @@ def _local_setup(kernel_channels: int) -> list[torch.Tensor]:
 
 def _local_filter(impl: str):
     def run(state: list[torch.Tensor]) -> tuple[torch.Tensor, ...]:
-        from visionblocks.ops.local import local_filter
+        from visionblocks.ops.local import local_filter2d
 
         x, kernels, grad_out = state
-        out = local_filter(x, kernels, _K, impl=impl)
+        out = local_filter2d(x, kernels, _K, impl=impl)
         return torch.autograd.grad(out, (x, kernels), grad_out.detach())
 
     return run
@@ -169,7 +169,7 @@ _case(
     ours=_local_filter("triton"),
     peer=_local_filter("torch"),
     peer_name="torch path",
-    description=f"local_filter x {_B}x{_C}x{_H}x{_W} float32, k={_K}, G={_G} on CUDA, fwd+bwd",
+    description=f"local_filter2d x {_B}x{_C}x{_H}x{_W} float32, k={_K}, G={_G} on CUDA, fwd+bwd",
     min_speedup=1.0,
 )
 _case(

@@ -1,4 +1,4 @@
-"""Benchmark cases: `local_filter` against the plain ``F.unfold`` implementation (CPU, 2 threads).
+"""Benchmark cases: `local_filter2d` against the plain ``F.unfold`` implementation (CPU, 2 threads).
 
 An involution-sized layer: ``x`` 2 x 64 x 128 x 128 float32, 7 x 7 windows, ``G = 16``
 kernel groups of 4 channels (`visionblocks.nn.involution.Involution2d`'s defaults),
@@ -58,9 +58,9 @@ def _small_fwd_bwd() -> dict[str, Any]:
 
 
 def _ours(state: dict[str, Any]) -> torch.Tensor:
-    from visionblocks.ops.local import local_filter
+    from visionblocks.ops.local import local_filter2d
 
-    return local_filter(state["x"], state["kernels"], _K, impl="torch")
+    return local_filter2d(state["x"], state["kernels"], _K, impl="torch")
 
 
 def _unfold(state: dict[str, Any]) -> torch.Tensor:
@@ -93,7 +93,7 @@ LOCAL_FILTER_FWD = register_case(
         ours=_ours,
         peer=_unfold,
         peer_name="F.unfold",
-        description=f"local_filter {_SIZES}, forward, 2 threads",
+        description=f"local_filter2d {_SIZES}, forward, 2 threads",
         min_speedup=5.0,
         max_memory_ratio=0.25,
         check=same_outputs(rtol=1e-4, atol=1e-5),
@@ -108,7 +108,7 @@ LOCAL_FILTER_FWD_BWD = register_case(
         ours=_ours_fwd_bwd,
         peer=_unfold_fwd_bwd,
         peer_name="F.unfold",
-        description=f"local_filter {_SIZES}, forward + grads of x and kernels, 2 threads",
+        description=f"local_filter2d {_SIZES}, forward + grads of x and kernels, 2 threads",
         min_speedup=10.0,
         max_memory_ratio=0.25,
         check=same_outputs(rtol=1e-4, atol=1e-5),

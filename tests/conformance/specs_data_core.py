@@ -20,7 +20,7 @@ from visionblocks.cli import build_parser, main
 from visionblocks.cli.demo import run_demo
 from visionblocks.data import (
     CocoCheck,
-    CocoDetection,
+    CocoInstances,
     CocoSegmentation,
     DetectionBatch,
     DevicePrefetcher,
@@ -53,8 +53,8 @@ def _coco() -> tuple[Path, Path]:
     return folder / "images", Path(ann)
 
 
-def _dataset() -> CocoDetection:
-    return CocoDetection(*_coco())
+def _dataset() -> CocoInstances:
+    return CocoInstances(*_coco())
 
 
 def _item() -> tuple[Any, Any]:
@@ -78,7 +78,7 @@ def _coco_args() -> list[Arg]:
 
 def _detection() -> tuple[Any, dict[str, Any]]:
     root, ann = _coco()
-    return CocoDetection, {
+    return CocoInstances, {
         "root": root,
         "ann_file": ann,
         "transforms": None,
@@ -185,7 +185,7 @@ def _quiet_demo(**kwargs: Any) -> Any:
 
 SPECS: list[Spec] = [
     Spec(
-        CocoDetection,
+        CocoInstances,
         _detection,
         args=[
             *_coco_args(),
@@ -451,7 +451,7 @@ SPECS: list[Spec] = [
 ]
 
 EXEMPT: dict[object, str] = {
-    CocoBase: "the shared base of CocoDetection and CocoSegmentation, not meant to be built "
+    CocoBase: "the shared base of CocoInstances and CocoSegmentation, not meant to be built "
     "on its own; its arguments are theirs (spec'd there)",
     CocoCheck: "the result object check_coco returns (a dataclass of findings), not built by "
     "users; check_coco is spec'd",

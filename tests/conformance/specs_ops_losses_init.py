@@ -149,7 +149,11 @@ BOX_SPECS: list[Spec] = [
     ),
     *(
         spec
-        for cls in (losses.GIoULoss, losses.DIoULoss, losses.CIoULoss)
+        for cls in (
+            losses.GeneralizedBoxIoULoss,
+            losses.DistanceBoxIoULoss,
+            losses.CompleteBoxIoULoss,
+        )
         for spec in _box_loss_module_specs(cls)
     ),
 ]
@@ -357,9 +361,9 @@ LOCAL_SPECS: list[Spec] = [
         equivalences=_ALL,
     ),
     Spec(
-        ops.local_filter,
+        ops.local_filter2d,
         _call(
-            ops.local_filter,
+            ops.local_filter2d,
             x=_x,
             kernels=lambda: (
                 torch.arange(2 * 18 * 5 * 5, dtype=torch.float32).view(2, 18, 5, 5) % 7 / 8
@@ -439,6 +443,8 @@ LOSS_SPECS: list[Spec] = [
             inputs=_logits,
             targets=_binary,
             weight=lambda: torch.tensor([[1.0, 0.5, 2.0], [1.0, 1.0, 0.5]]),
+            size_average=None,
+            reduce=None,
             pos_weight=lambda: torch.tensor([1.0, 2.0, 0.5]),
             label_smoothing=0.1,
             ignore_index=None,
@@ -447,9 +453,12 @@ LOSS_SPECS: list[Spec] = [
         args=[
             Arg("inputs", "tensor"),
             Arg("targets", "tensor", accept={"dtype"}),  # integer (0/1) targets are converted
-            Arg("weight", "tensor", optional=True),
+            # integer weights multiply, as in PyTorch
+            Arg("weight", "tensor", optional=True, accept={"dtype"}),
+            Arg("size_average", "bool", optional=True),  # PyTorch's deprecated arguments
+            Arg("reduce", "bool", optional=True),
             # pos_weight (C,) broadcasts: as (1, C) too, or as one scalar
-            Arg("pos_weight", "tensor", optional=True, accept={"rank_up", "rank_down"}),
+            Arg("pos_weight", "tensor", optional=True, accept={"rank_up", "rank_down", "dtype"}),
             Arg("label_smoothing", "float"),
             _signed("ignore_index", optional=True),  # -1 marks ignored targets
             Arg("reduction", "choice"),
@@ -483,9 +492,17 @@ LOSS_SPECS: list[Spec] = [
         ),
         args=[
             # Buffers: their shape is checked against the inputs in forward; they may live on
-            # any device (meta included: built on meta, then .to_empty()).
-            Arg("weight", "tensor", optional=True, accept={"rank_up", "rank_down", "meta"}),
-            Arg("pos_weight", "tensor", optional=True, accept={"rank_up", "rank_down", "meta"}),
+            # any device (meta included: built on meta, then .to_empty()); integer weights
+            # multiply, as in PyTorch.
+            Arg(
+                "weight", "tensor", optional=True, accept={"rank_up", "rank_down", "meta", "dtype"}
+            ),
+            Arg(
+                "pos_weight",
+                "tensor",
+                optional=True,
+                accept={"rank_up", "rank_down", "meta", "dtype"},
+            ),
             Arg("label_smoothing", "float"),
             _signed("ignore_index", optional=True),
             Arg("reduction", "choice"),
@@ -558,9 +575,14 @@ LOSS_SPECS: list[Spec] = [
         label="class indices, tensor normalizer",
     ),
     Spec(
-        losses.FocalLoss,
+        losses.SigmoidFocalLoss,
         _call(
-            losses.FocalLoss, alpha=0.25, gamma=2.0, reduction="mean", ignore_index=-1, impl="auto"
+            losses.SigmoidFocalLoss,
+            alpha=0.25,
+            gamma=2.0,
+            reduction="mean",
+            ignore_index=-1,
+            impl="auto",
         ),
         args=[
             Arg("alpha", "float", optional=True, accept=_SIGNED),
@@ -571,8 +593,8 @@ LOSS_SPECS: list[Spec] = [
         ],
     ),
     Spec(
-        losses.FocalLoss,
-        _forward(losses.FocalLoss, {"reduction": "none"}, **_FOCAL_FORWARD),
+        losses.SigmoidFocalLoss,
+        _forward(losses.SigmoidFocalLoss, {"reduction": "none"}, **_FOCAL_FORWARD),
         args=[
             Arg("inputs", "tensor"),
             Arg("targets", "tensor"),
@@ -650,7 +672,9 @@ LOSS_SPECS: list[Spec] = [
             logits=_seg_logits,
             target=_seg_target,
             weight=lambda: torch.tensor([1.0, 2.0, 0.5]),
+            size_average=None,
             ignore_index=-100,
+            reduce=None,
             label_smoothing=0.1,
             reduction="none",
             top_k=0.5,
@@ -659,6 +683,8 @@ LOSS_SPECS: list[Spec] = [
             Arg("logits", "tensor"),
             Arg("target", "int_tensor"),
             Arg("weight", "tensor", optional=True),
+            Arg("size_average", "bool", optional=True),  # PyTorch's deprecated arguments
+            Arg("reduce", "bool", optional=True),
             Arg("ignore_index", "int", accept={"negative"}),
             Arg("label_smoothing", "float"),
             Arg("reduction", "choice"),

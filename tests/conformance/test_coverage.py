@@ -23,8 +23,8 @@ def public_objects() -> dict[int, tuple[str, object]]:
     modules = ["visionblocks"]
     for info in pkgutil.walk_packages(visionblocks.__path__, "visionblocks."):
         parts = info.name.split(".")[1:]
-        if any(p.startswith("_") for p in parts):
-            continue
+        if any(p.startswith("_") for p in parts) or info.name == "visionblocks.demo":
+            continue  # private, or the deprecated shim of visionblocks.cli.demo
         modules.append(info.name)
     for name in modules:
         module = importlib.import_module(name)

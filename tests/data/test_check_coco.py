@@ -12,7 +12,7 @@ import torch
 
 from tests.data.test_coco_field import EXPECTED, FIELD, IMAGES
 from visionblocks.cli import main
-from visionblocks.data import CocoDetection
+from visionblocks.data import CocoInstances
 from visionblocks.data.check import check_coco
 
 
@@ -22,7 +22,7 @@ def test_the_linter_reports_what_the_dataset_drops(name, masks):
     report = check_coco(FIELD / name, masks=masks)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        dataset = CocoDetection(IMAGES, FIELD / name, with_masks=masks)
+        dataset = CocoInstances(IMAGES, FIELD / name, with_masks=masks)
     assert report.invalid == dataset.dropped
     assert report.ok == (not dataset.dropped) and not report.file_problems
     assert report.counts["annotations"] == len(
@@ -65,10 +65,10 @@ def test_cli_exit_codes_and_fix(tmp_path, capsys):
     assert source.read_bytes() == before  # the input is never modified
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # the cleaned copy loads without a warning
-        fixed = CocoDetection(IMAGES, out)
+        fixed = CocoInstances(IMAGES, out)
         assert main(["check-coco", str(out)]) == 0
         warnings.simplefilter("ignore")
-        original = CocoDetection(IMAGES, source)
+        original = CocoInstances(IMAGES, source)
     assert fixed.ids == original.ids
     for index in range(len(fixed)):
         a, b = fixed[index][1], original[index][1]

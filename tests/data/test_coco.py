@@ -1,4 +1,4 @@
-"""CocoDetection against pycocotools and torchvision's wrapped CocoDetection; crowd, empty
+"""CocoInstances against pycocotools and torchvision's wrapped CocoDetection; crowd, empty
 and degenerate annotations; transforms v2; bad input; pickling and DataLoader workers."""
 
 from __future__ import annotations
@@ -20,17 +20,17 @@ from torchvision.transforms import v2
 
 from tests.data.coco_fixtures import H, W
 from visionblocks.data._coco_checks import REPAIRABLE as INVALID_REPAIRABLE
-from visionblocks.data.coco import CocoDetection
+from visionblocks.data.coco import CocoInstances
 from visionblocks.registry import DATASETS
 
 
-def make(coco_dir, **kwargs) -> CocoDetection:
+def make(coco_dir, **kwargs) -> CocoInstances:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the fixture's degenerate box
-        return CocoDetection(*coco_dir, **kwargs)
+        return CocoInstances(*coco_dir, **kwargs)
 
 
-def by_id(dataset: CocoDetection, image_id: int):
+def by_id(dataset: CocoInstances, image_id: int):
     return dataset[dataset.ids.index(image_id)]
 
 
@@ -100,7 +100,7 @@ def test_sixteen_bit_png_is_scaled_to_eight_bits(tmp_path):
     ann = tmp_path / "a.json"
     ann.write_text(json.dumps({"images": [{"id": 1, "file_name": "deep.png", "height": 40,
                                            "width": 60}], "annotations": [], "categories": []}))  # fmt: skip
-    image, _ = CocoDetection(tmp_path / "images", ann)[0]
+    image, _ = CocoInstances(tmp_path / "images", ann)[0]
     assert image.dtype == torch.uint8
     assert torch.equal(image[0], torch.from_numpy((values >> 8).astype(np.uint8)))
 
@@ -158,7 +158,7 @@ def test_empty_images_give_typed_empty_targets(coco_dir):
 
 def test_degenerate_boxes_are_dropped_and_reported_once(coco_dir):
     with pytest.warns(UserWarning, match=r"dropped 1 of 9 annotation\(s\).*degenerate_box: id 40"):
-        dataset = CocoDetection(*coco_dir)
+        dataset = CocoInstances(*coco_dir)
     assert dataset.num_degenerate == 1 and dataset.dropped == {"degenerate_box": [40]}
     with warnings.catch_warnings():
         warnings.simplefilter("error", UserWarning)
@@ -254,12 +254,12 @@ def _minimal(**changes) -> dict:
 def test_file_names_leaving_the_root_are_refused(tmp_path, name):
     ann = _write(tmp_path, _minimal(images=[{"id": 1, "file_name": name, "height": 4, "width": 4}]))
     with pytest.raises(ValueError, match=r"image 1 has file_name .*leads out of the image root"):
-        CocoDetection(tmp_path / "images", ann)
+        CocoInstances(tmp_path / "images", ann)
 
 
 def test_missing_image_names_file_and_id(tmp_path):
     ann = _write(tmp_path, _minimal())
-    dataset = CocoDetection(tmp_path / "images", ann)
+    dataset = CocoInstances(tmp_path / "images", ann)
     with pytest.raises(FileNotFoundError, match=r"image id 1 not found: '.*images/a\.png'"):
         dataset[0]
 
@@ -268,7 +268,7 @@ def test_image_of_another_size_than_the_file_says(tmp_path):
     ann = _write(tmp_path, _minimal())
     Image.fromarray(np.zeros((5, 4, 3), np.uint8)).save(tmp_path / "images" / "a.png")
     with pytest.raises(ValueError, match=r"is 5 x 4, but the annotation file says 4 x 4"):
-        CocoDetection(tmp_path / "images", ann)[0]
+        CocoInstances(tmp_path / "images", ann)[0]
 
 
 def test_broken_annotation_files_are_named(tmp_path):
@@ -276,13 +276,13 @@ def test_broken_annotation_files_are_named(tmp_path):
     broken = tmp_path / "broken.json"
     broken.write_text('{"images": [')
     with pytest.raises(ValueError, match=r"'.*broken\.json' is not valid JSON"):
-        CocoDetection(tmp_path / "images", broken)
+        CocoInstances(tmp_path / "images", broken)
     broken.write_text("[1, 2]")
     with pytest.raises(ValueError, match=r"broken\.json' holds a list"):
-        CocoDetection(tmp_path / "images", broken)
+        CocoInstances(tmp_path / "images", broken)
     broken.write_text('{"images": []}')
     with pytest.raises(ValueError, match="has no 'annotations' / 'categories' list"):
-        CocoDetection(tmp_path / "images", broken)
+        CocoInstances(tmp_path / "images", broken)
 
 
 @pytest.mark.parametrize(
@@ -304,20 +304,20 @@ def test_broken_annotation_files_are_named(tmp_path):
 )
 def test_inconsistent_annotation_files_raise_at_construction(tmp_path, changes, match):
     with pytest.raises(ValueError, match=match):
-        CocoDetection(tmp_path / "images", _write(tmp_path, _minimal(**changes)))
+        CocoInstances(tmp_path / "images", _write(tmp_path, _minimal(**changes)))
 
 
 def test_argument_errors(tmp_path, coco_dir):
     with pytest.raises(FileNotFoundError, match="image root is not a directory"):
-        CocoDetection(tmp_path / "nope", coco_dir[1])
+        CocoInstances(tmp_path / "nope", coco_dir[1])
     with pytest.raises(FileNotFoundError, match="annotation file not found"):
-        CocoDetection(coco_dir[0], tmp_path / "nope.json")
+        CocoInstances(coco_dir[0], tmp_path / "nope.json")
     with pytest.raises(ValueError, match="crowd must be one of 'keep', 'drop', 'ignore'"):
-        CocoDetection(*coco_dir, crowd="skip")
+        CocoInstances(*coco_dir, crowd="skip")
     with pytest.raises(TypeError, match="with_masks must be bool"):
-        CocoDetection(*coco_dir, with_masks=1)
+        CocoInstances(*coco_dir, with_masks=1)
     with pytest.raises(TypeError, match="transforms must be callable"):
-        CocoDetection(*coco_dir, transforms="flip")
+        CocoInstances(*coco_dir, transforms="flip")
     dataset = make(coco_dir)
     with pytest.raises(IndexError, match="index 6 is out of range for a dataset of 6 images"):
         dataset[6]
@@ -351,11 +351,12 @@ def test_dataloader_with_workers_gives_the_same_items(coco_dir):
 
 
 def test_registered_as_a_dataset(coco_dir):
-    assert DATASETS.get("coco_detection") is CocoDetection and DATASETS.get("coco") is CocoDetection
+    for name in ("coco_detection", "coco", "coco_instances"):
+        assert DATASETS.get(name) is CocoInstances
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         built = DATASETS.build({"type": "coco", "root": coco_dir[0], "ann_file": coco_dir[1]})
-    assert isinstance(built, CocoDetection) and len(built) == 6
+    assert isinstance(built, CocoInstances) and len(built) == 6
     assert "images=6, classes=3" in repr(built)
 
 
@@ -380,7 +381,7 @@ def test_crops_and_sanitize_keep_every_instance_field_aligned(crowded, crowd):
     from visionblocks.data import instance_fields
 
     torch.manual_seed(0)
-    dataset = CocoDetection(
+    dataset = CocoInstances(
         *crowded, with_masks=True, crowd=crowd, transforms=_crop_pipeline(instance_fields)
     )
     removed = 0
@@ -398,8 +399,8 @@ def test_crops_and_sanitize_keep_every_instance_field_aligned(crowded, crowd):
 
 
 def test_ignore_boxes_follow_the_geometric_transforms(crowded):
-    plain = CocoDetection(*crowded, crowd="ignore")
-    flipped = CocoDetection(*crowded, crowd="ignore", transforms=v2.RandomHorizontalFlip(p=1.0))
+    plain = CocoInstances(*crowded, crowd="ignore")
+    flipped = CocoInstances(*crowded, crowd="ignore", transforms=v2.RandomHorizontalFlip(p=1.0))
     for index in range(len(plain)):
         expected = plain[index][1]["ignore_boxes"]
         got = flipped[index][1]["ignore_boxes"]
@@ -408,7 +409,7 @@ def test_ignore_boxes_follow_the_geometric_transforms(crowded):
 
 
 def test_default_sanitize_getter_gives_a_clear_error(crowded):
-    dataset = CocoDetection(*crowded, transforms=_crop_pipeline("default"))
+    dataset = CocoInstances(*crowded, transforms=_crop_pipeline("default"))
     torch.manual_seed(1)
     with pytest.raises(ValueError, match=r"labels_getter=visionblocks\.data\.instance_fields"):
         for index in range(len(dataset)):
@@ -477,13 +478,13 @@ def test_invalid_annotations_follow_the_policy(tmp_path, annotation, reason, mat
     ann = {"id": 1, "image_id": 1, "category_id": 1, "bbox": [0, 0, 2, 2], **annotation}
     path = _write(tmp_path, _minimal(annotations=[ann]))
     with pytest.raises(ValueError, match=match):
-        CocoDetection(tmp_path / "images", path, invalid="raise")
+        CocoInstances(tmp_path / "images", path, invalid="raise")
     with pytest.warns(UserWarning, match=rf"dropped 1 of 1 annotation\(s\).*{reason}: id 1"):
-        dropped = CocoDetection(tmp_path / "images", path)
+        dropped = CocoInstances(tmp_path / "images", path)
     assert dropped.dropped == {reason: [1]} and dropped.coco.getAnnIds() == []
     assert dropped._entries[0].boxes.shape == (0, 4)
     with pytest.warns(UserWarning):
-        kept = CocoDetection(tmp_path / "images", path, invalid="keep")
+        kept = CocoInstances(tmp_path / "images", path, invalid="keep")
     if reason in INVALID_REPAIRABLE:  # the box is sound: kept, without the bad parts
         assert kept.kept_invalid == {reason: [1]} and kept.dropped == {}
         ann = kept.coco.loadAnns(1)[0]
@@ -515,7 +516,7 @@ def test_malformed_files_raise_whatever_the_policy(tmp_path, changes, match):
     path = _write(tmp_path, _minimal(**changes))
     for invalid in ("drop", "keep", "raise"):
         with pytest.raises(ValueError, match=match):
-            CocoDetection(tmp_path / "images", path, invalid=invalid)
+            CocoInstances(tmp_path / "images", path, invalid=invalid)
 
 
 @pytest.mark.parametrize(
@@ -534,7 +535,7 @@ def test_malformed_files_raise_whatever_the_policy(tmp_path, changes, match):
 )
 def test_id_types_and_file_names(tmp_path, changes, match):
     with pytest.raises(ValueError, match=match):
-        CocoDetection(tmp_path / "images", _write(tmp_path, _minimal(annotations=[], **changes)))
+        CocoInstances(tmp_path / "images", _write(tmp_path, _minimal(annotations=[], **changes)))
 
 
 def test_two_point_polygons_are_dropped_or_refused(tmp_path):
@@ -548,9 +549,9 @@ def test_two_point_polygons_are_dropped_or_refused(tmp_path):
     }
     path = _write(tmp_path, _minimal(annotations=[ann]))
     with pytest.raises(ValueError, match="at least 3 points"):
-        CocoDetection(tmp_path / "images", path, invalid="raise")
+        CocoInstances(tmp_path / "images", path, invalid="raise")
     with pytest.warns(UserWarning, match="short_polygon"):
-        assert CocoDetection(tmp_path / "images", path).dropped == {"short_polygon": [1]}
+        assert CocoInstances(tmp_path / "images", path).dropped == {"short_polygon": [1]}
 
 
 def test_transforms_must_return_image_and_target(coco_dir):

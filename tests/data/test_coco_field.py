@@ -20,7 +20,7 @@ from PIL import Image
 from pycocotools import mask as mask_utils
 from torchvision import tv_tensors
 
-from visionblocks.data import CocoDetection, CocoSegmentation, coco_evaluate
+from visionblocks.data import CocoInstances, CocoSegmentation, coco_evaluate
 
 FIELD = Path(__file__).resolve().parents[1] / "fixtures" / "field"
 IMAGES = FIELD / "images"
@@ -36,10 +36,10 @@ EXPECTED = {
 }
 
 
-def load(name: str, **kwargs) -> CocoDetection:
+def load(name: str, **kwargs) -> CocoInstances:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return CocoDetection(IMAGES, FIELD / name, **kwargs)
+        return CocoInstances(IMAGES, FIELD / name, **kwargs)
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED))
@@ -47,7 +47,7 @@ def test_each_export_loads_dropping_exactly_its_invalid_annotations(name):
     _, dropped, served = EXPECTED[name]
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
-        dataset = CocoDetection(IMAGES, FIELD / name)
+        dataset = CocoInstances(IMAGES, FIELD / name)
     ours = [w for w in seen if "dropped" in str(w.message)]
     assert len(ours) == (1 if dropped else 0)  # one warning per dataset, none when clean
     if dropped:
@@ -75,7 +75,7 @@ def test_raise_names_the_first_invalid_annotation(name):
     _, dropped, _ = EXPECTED[name]
     first = min(i for ids in dropped.values() for i in ids)
     with pytest.raises(ValueError, match=rf"{name}': annotation {first}\b"):
-        CocoDetection(IMAGES, FIELD / name, invalid="raise")
+        CocoInstances(IMAGES, FIELD / name, invalid="raise")
 
 
 def test_the_issue_examples_two_point_polygon_and_zero_height_box():
@@ -116,11 +116,11 @@ def test_min_box_size_drops_small_boxes():
     dataset = load("roboflow.json", min_box_size=1)
     assert dataset.dropped == {"box_outside_image": [1], "small_box": [2]}
     with pytest.raises(ValueError, match="min_box_size must be a finite number >= 0"):
-        CocoDetection(IMAGES, FIELD / "roboflow.json", min_box_size=-1)
+        CocoInstances(IMAGES, FIELD / "roboflow.json", min_box_size=-1)
     with pytest.raises(TypeError, match="min_box_size"):
-        CocoDetection(IMAGES, FIELD / "roboflow.json", min_box_size="1")
+        CocoInstances(IMAGES, FIELD / "roboflow.json", min_box_size="1")
     with pytest.raises(ValueError, match="invalid must be one of 'drop', 'raise', 'keep'"):
-        CocoDetection(IMAGES, FIELD / "roboflow.json", invalid="skip")
+        CocoInstances(IMAGES, FIELD / "roboflow.json", invalid="skip")
 
 
 def test_segmentation_dataset_uses_the_same_policy():
@@ -149,7 +149,7 @@ def test_odd_images_become_three_channel_uint8(name, decoder, tmp_path, monkeypa
     ann = tmp_path / "ann.json"
     image_entry = {"id": 1, "file_name": name, "height": 48, "width": 64}
     ann.write_text(json.dumps({"images": [image_entry], "annotations": [], "categories": []}))
-    image, _ = CocoDetection(IMAGES, ann)[0]
+    image, _ = CocoInstances(IMAGES, ann)[0]
     assert image.shape == (3, 48, 64) and image.dtype == torch.uint8
     with Image.open(IMAGES / name) as pil:
         expected = np.asarray(pil.convert("RGB")).transpose(2, 0, 1)
@@ -169,7 +169,7 @@ def test_sixteen_bit_png_keeps_the_high_byte(decoder, tmp_path, monkeypatch):
     ann = tmp_path / "ann.json"
     entry = {"id": 1, "file_name": "deep16.png", "height": 48, "width": 64}
     ann.write_text(json.dumps({"images": [entry], "annotations": [], "categories": []}))
-    image, _ = CocoDetection(IMAGES, ann)[0]
+    image, _ = CocoInstances(IMAGES, ann)[0]
     with Image.open(IMAGES / "deep16.png") as pil:
         high = (np.asarray(pil, dtype=np.int64) >> 8).astype(np.uint8)
     assert image.dtype == torch.uint8
@@ -187,11 +187,11 @@ def test_exif_rotated_image_is_a_clear_error_naming_the_file():
 def test_missing_image_file_names_it_when_read(tmp_path):
     shutil.copytree(IMAGES, tmp_path / "images")
     (tmp_path / "images" / "rgb.jpg").unlink()
-    dataset = CocoDetection(tmp_path / "images", FIELD / "lvis.json")  # rgb.jpg not used: fine
+    dataset = CocoInstances(tmp_path / "images", FIELD / "lvis.json")  # rgb.jpg not used: fine
     assert len(dataset) == 2
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        broken = CocoDetection(tmp_path / "images", FIELD / "roboflow.json")
+        broken = CocoInstances(tmp_path / "images", FIELD / "roboflow.json")
     with pytest.raises(FileNotFoundError, match=r"image id 0 not found: '.*rgb\.jpg'"):
         broken[0]
 
@@ -226,7 +226,7 @@ def test_thousands_of_categories(tmp_path):
     ann.write_text(
         json.dumps({"images": [image], "annotations": annotations, "categories": categories})
     )
-    dataset = CocoDetection(IMAGES, ann)
+    dataset = CocoInstances(IMAGES, ann)
     assert len(dataset.classes) == 5000
     _, target = dataset[0]
     expected = [(a["category_id"] - 1) // 3 for a in annotations]

@@ -1,4 +1,4 @@
-"""The NumPy RLE decoder of CocoDetection's masks gives pycocotools' bytes, or hands over."""
+"""The NumPy RLE decoder of CocoInstances' masks gives pycocotools' bytes, or hands over."""
 
 from __future__ import annotations
 

@@ -517,14 +517,14 @@ def test_subset_of_a_plain_dataset_raises():
         coco_evaluate([], torch.utils.data.Subset(list(range(4)), [0, 1]))
 
 
-# ------------------------------------------------------------------------------ with CocoDetection
+# ------------------------------------------------------------------------------ with CocoInstances
 
 
 def test_with_coco_detection(tmp_path):
     coco_module = pytest.importorskip("visionblocks.data.coco")
     synthetic = pytest.importorskip("visionblocks.data.synthetic")
     ann = synthetic.make_synthetic_coco(tmp_path, num_images=3, image_size=(64, 80), num_classes=3)
-    dataset = coco_module.CocoDetection(tmp_path / "images", ann, with_masks=True)
+    dataset = coco_module.CocoInstances(tmp_path / "images", ann, with_masks=True)
     outputs = {}
     for _, target in (dataset[i] for i in range(len(dataset))):
         keep = target["iscrowd"] == 0

@@ -111,13 +111,13 @@ def test_real_coco_dataset(tmp_path):
     import torchvision  # here, not at the top: the spawned ranks import this module
 
     from tests.data.coco_fixtures import write_dataset
-    from visionblocks.data.coco import CocoDetection
+    from visionblocks.data.coco import CocoInstances
 
     ann = write_dataset(tmp_path)
     with pytest.warns(
         UserWarning, match="dropped 1 of 9 annotation"
     ):  # the fixture's degenerate box
-        ours = CocoDetection(tmp_path / "images", ann)
+        ours = CocoInstances(tmp_path / "images", ann)
     theirs = torchvision.datasets.CocoDetection(str(tmp_path / "images"), str(ann))
     decoded = [(img.shape[-2], img.shape[-1]) for img, _ in ours]
     expected = _reference_groups(decoded, 0)

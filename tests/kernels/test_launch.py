@@ -234,7 +234,7 @@ def test_a_failing_backward_kernel_falls_back_to_the_torch_gradient(monkeypatch)
 def test_every_op_falls_back_when_its_kernel_fails(op, monkeypatch):
     from visionblocks.kernels import iou, local_attention, local_filter
     from visionblocks.ops.iou_loss import generalized_box_iou_loss
-    from visionblocks.ops.local import local_filter as lf
+    from visionblocks.ops.local import local_filter2d as lf
     from visionblocks.ops.local_attention import local_attention2d
 
     module, names, op_module = {

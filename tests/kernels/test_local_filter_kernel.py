@@ -1,4 +1,4 @@
-"""Triton local_filter kernels against the torch path: forward and backward, odd sizes."""
+"""Triton local_filter2d kernels against the torch path: forward and backward, odd sizes."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import torch
 from tests.conftest import _NO_TRITON
 from tests.helpers import assert_close
 from visionblocks import kernels
-from visionblocks.ops.local import local_filter
+from visionblocks.ops.local import local_filter2d
 
 RUNNABLE = kernels.triton_available() and (torch.cuda.is_available() or kernels.interpret_mode())
 pytestmark = pytest.mark.skipif(not RUNNABLE, reason=_NO_TRITON)
@@ -30,7 +30,7 @@ def make(b, c, h, w, k, g, s, dtype, device):
 def run(x, ker, go, k, d, s, impl):
     x = x.clone().requires_grad_(True)
     ker = ker.clone().requires_grad_(True)
-    out = local_filter(x, ker, k, d, stride=s, impl=impl)
+    out = local_filter2d(x, ker, k, d, stride=s, impl=impl)
     return (out, *torch.autograd.grad(out, (x, ker), go))
 
 
@@ -76,16 +76,16 @@ def test_kernel_non_contiguous_and_one_grad(device):
     x, ker, _ = make(1, 4, 6, 7, 3, 2, 1, torch.float32, device)
     x_nc = x.transpose(2, 3).contiguous().transpose(2, 3)
     ker_nc = ker.to(memory_format=torch.channels_last).requires_grad_(True)
-    out = local_filter(x_nc, ker_nc, 3, impl="triton")
-    assert_close(out, local_filter(x, ker, 3, impl="torch"))
+    out = local_filter2d(x_nc, ker_nc, 3, impl="triton")
+    assert_close(out, local_filter2d(x, ker, 3, impl="torch"))
     (gk,) = torch.autograd.grad(out.sum(), ker_nc)
-    assert_close(gk, torch.autograd.grad(local_filter(x, ker.requires_grad_(), 3).sum(), ker)[0])
+    assert_close(gk, torch.autograd.grad(local_filter2d(x, ker.requires_grad_(), 3).sum(), ker)[0])
 
 
 def test_kernel_empty(device):
     x = torch.randn(0, 4, 5, 5, device=device, requires_grad=True)
     ker = torch.randn(0, 18, 5, 5, device=device, requires_grad=True)
-    out = local_filter(x, ker, 3, impl="triton")
+    out = local_filter2d(x, ker, 3, impl="triton")
     assert out.shape == (0, 4, 5, 5)
     gx, gk = torch.autograd.grad(out.sum(), (x, ker))
     assert gx.shape == x.shape and gk.shape == ker.shape

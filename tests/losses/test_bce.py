@@ -97,10 +97,12 @@ def test_ignore_compares_targets_before_smoothing():
 
 
 # ------------------------------------------------------------------------------ edge cases
-@pytest.mark.parametrize("ignore_index", [None, -1])
-def test_empty_mean_is_connected_zero(ignore_index):
+@pytest.mark.parametrize("extras", [{"ignore_index": -1}, {"label_smoothing": 0.1}])
+def test_empty_mean_with_extras_is_connected_zero(extras):
     inputs = torch.randn(0, 4, requires_grad=True)
-    loss = bce(inputs, torch.zeros(0, 4), ignore_index=ignore_index)
+    # Without extras: NaN, as PyTorch (tests/losses/test_torch_parity.py).
+    assert bce(inputs, torch.zeros(0, 4)).isnan()
+    loss = bce(inputs, torch.zeros(0, 4), **extras)
     assert loss.item() == 0.0 and loss.requires_grad
     loss.backward()
     assert inputs.grad.shape == (0, 4)
@@ -116,16 +118,20 @@ def test_all_ignored_mean_is_zero_not_nan():
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_dtype_policy(dtype):
+def test_dtypes_are_torchs(dtype):
     inputs = torch.randn(4, 8).to(dtype)
     targets = torch.randint(0, 2, (4, 8)).to(dtype)
-    assert bce(inputs, targets, reduction="none").dtype == dtype
-    assert bce(inputs, targets).dtype == torch.float32
-    assert bce(inputs, targets, reduction="sum").dtype == torch.float32
-    # Computed from the same (rounded) values in float32.
+    # PyTorch returns the targets' dtype for every reduction; the extras keep it.
+    for extras in ({}, {"label_smoothing": 0.1}, {"ignore_index": 1.0}):
+        assert bce(inputs, targets, reduction="none", **extras).dtype == dtype
+        assert bce(inputs, targets, **extras).dtype == dtype
+        assert bce(inputs, targets, reduction="sum", **extras).dtype == dtype
+    assert bce(inputs, targets.float()).dtype == torch.float32
+    assert bce(inputs, targets.long()).dtype == dtype  # integer targets: the inputs' dtype
     pos_weight = torch.rand(8)
     expected = bce(inputs.float(), targets.float(), pos_weight=pos_weight, label_smoothing=0.1)
-    assert_close(bce(inputs, targets, pos_weight=pos_weight, label_smoothing=0.1), expected)
+    actual = bce(inputs, targets, pos_weight=pos_weight, label_smoothing=0.1)
+    assert_close(actual, expected, check_dtype=False)
 
 
 def test_extreme_logits_are_finite():
@@ -155,7 +161,7 @@ def test_gradcheck():
 # ----------------------------------------------------------------------- module / registry
 def test_module_matches_function_and_registry():
     weight, pos_weight = torch.rand(5), torch.rand(5)
-    module = BCEWithLogitsLoss(weight, pos_weight, label_smoothing=0.1, ignore_index=-1)
+    module = BCEWithLogitsLoss(weight, pos_weight=pos_weight, label_smoothing=0.1, ignore_index=-1)
     inputs, targets = torch.randn(3, 5), torch.randint(-1, 2, (3, 5)).float()
     expected = bce(
         inputs, targets, weight=weight, pos_weight=pos_weight, label_smoothing=0.1, ignore_index=-1
@@ -177,7 +183,7 @@ def test_module_matches_function_and_registry():
         ({"weight": torch.ones(4)}, ValueError, r"weight must broadcast.*\(2, 3\).*\(4,\)"),
         ({"weight": torch.ones(5, 2, 3)}, ValueError, "weight must broadcast"),
         ({"pos_weight": torch.ones(2)}, ValueError, "pos_weight must broadcast"),
-        ({"pos_weight": torch.ones(3).long()}, TypeError, "pos_weight.*floating"),
+        ({"pos_weight": torch.ones(3) * 1j}, TypeError, "pos_weight must be a real tensor"),
         ({"label_smoothing": 1.0}, ValueError, r"label_smoothing must be in \[0.0, 1.0\)"),
         ({"ignore_index": "255"}, TypeError, "ignore_index"),
         ({"reduction": "mean_valid"}, ValueError, "'mean_valid'"),
@@ -193,7 +199,9 @@ def test_module_validates_eagerly():
     with pytest.raises(ValueError, match="label_smoothing"):
         BCEWithLogitsLoss(label_smoothing=2.0)
     with pytest.raises(TypeError, match="weight"):
-        BCEWithLogitsLoss(weight=torch.ones(3).long())
+        BCEWithLogitsLoss(weight=torch.ones(3) * 1j)
+    with pytest.raises(TypeError, match="size_average must be None or a bool"):
+        BCEWithLogitsLoss(None, torch.ones(3))  # pos_weight is the 5th argument, as in torch
 
 
 # ------------------------------------------------------------ target values (issue 19)

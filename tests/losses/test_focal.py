@@ -1,4 +1,4 @@
-"""sigmoid_focal_loss / FocalLoss: torchvision oracle, class-index targets, ignore, weight,
+"""sigmoid_focal_loss / SigmoidFocalLoss: torchvision oracle, class-index targets, ignore, weight,
 normalizer, dtype policy, numerics, validation. Kernel-vs-torch checks: tests/kernels."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from torchvision.ops import sigmoid_focal_loss as tv_focal
 import visionblocks
 from tests.helpers import assert_close, gradcheck
 from visionblocks.losses import _focal_torch
-from visionblocks.losses.focal import FocalLoss, sigmoid_focal_loss
+from visionblocks.losses.focal import SigmoidFocalLoss, sigmoid_focal_loss
 from visionblocks.registry import LOSSES
 
 REDUCTIONS = ("none", "mean", "sum")
@@ -291,15 +291,18 @@ def test_bool_targets_and_target_gradients():
 
 
 def test_module_matches_function_and_registry():
-    assert LOSSES.get("focal") is FocalLoss
+    assert LOSSES.get("focal") is SigmoidFocalLoss
+    assert LOSSES.get("sigmoid_focal") is SigmoidFocalLoss
     module = LOSSES.build({"type": "focal", "alpha": 0.5, "gamma": 1.0, "ignore_index": -1})
-    assert repr(module) == "FocalLoss(alpha=0.5, gamma=1.0, reduction='mean', ignore_index=-1)"
+    assert (
+        repr(module) == "SigmoidFocalLoss(alpha=0.5, gamma=1.0, reduction='mean', ignore_index=-1)"
+    )
     x, labels, weight = torch.randn(6, 4), torch.tensor([0, 1, -1, 4, 2, 3]), torch.rand(6, 1)
     expected = sigmoid_focal_loss(
         x, labels, 0.5, 1.0, "mean", weight=weight, ignore_index=-1, normalizer=3.0
     )
     assert_close(module(x, labels, weight=weight, normalizer=3.0), expected)
-    assert FocalLoss(reduction="none")(x, labels).shape == (6, 4)
+    assert SigmoidFocalLoss(reduction="none")(x, labels).shape == (6, 4)
 
 
 @pytest.mark.parametrize(
@@ -333,9 +336,9 @@ def test_bad_inputs(kwargs, error, match):
 
 def test_module_validates_options():
     with pytest.raises(ValueError, match="1.5"):
-        FocalLoss(alpha=1.5)
+        SigmoidFocalLoss(alpha=1.5)
     with pytest.raises(ValueError, match="reduction"):
-        FocalLoss(reduction="avg")
+        SigmoidFocalLoss(reduction="avg")
 
 
 # --------------------------------------------------- values, normalizers, devices (issue 19)

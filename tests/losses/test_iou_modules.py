@@ -1,4 +1,5 @@
-"""GIoULoss / DIoULoss / CIoULoss modules: agree with the functions, registry, repr, errors."""
+"""GeneralizedBoxIoULoss / DistanceBoxIoULoss / CompleteBoxIoULoss: agree with the functions,
+registry, repr, errors."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import pytest
 import torch
 
 from tests.helpers import assert_close
-from visionblocks.losses.iou import CIoULoss, DIoULoss, GIoULoss
+from visionblocks.losses.iou import CompleteBoxIoULoss, DistanceBoxIoULoss, GeneralizedBoxIoULoss
 from visionblocks.ops.iou_loss import (
     complete_box_iou_loss,
     distance_box_iou_loss,
@@ -15,9 +16,9 @@ from visionblocks.ops.iou_loss import (
 from visionblocks.registry import LOSSES
 
 MODULES = [
-    ("giou", GIoULoss, generalized_box_iou_loss),
-    ("diou", DIoULoss, distance_box_iou_loss),
-    ("ciou", CIoULoss, complete_box_iou_loss),
+    ("giou", GeneralizedBoxIoULoss, generalized_box_iou_loss),
+    ("diou", DistanceBoxIoULoss, distance_box_iou_loss),
+    ("ciou", CompleteBoxIoULoss, complete_box_iou_loss),
 ]
 
 
@@ -44,6 +45,8 @@ def test_module_equals_function(name, cls, fn, reduction, impl):
 def test_registry_entries_and_build(name, cls, fn):
     assert name in LOSSES
     assert LOSSES.get(name) is cls
+    assert LOSSES.get(fn.__name__.removesuffix("_loss")) is cls  # generalized_box_iou, ...
+    assert cls.__name__.lower() == fn.__name__.replace("_", "")  # the function's stem
     built = LOSSES.build({"type": name, "reduction": "sum"})
     assert isinstance(built, cls) and built.reduction == "sum"
     assert cls().reduction == "mean"  # torch loss-module default
@@ -72,4 +75,4 @@ def test_bad_options(kwargs, error, match):
 
 def test_forward_validates_inputs():
     with pytest.raises(ValueError, match="must have the same shape"):
-        GIoULoss()(boxes(3), boxes(4))
+        GeneralizedBoxIoULoss()(boxes(3), boxes(4))

@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 from tests.helpers import assert_close
 from visionblocks.nn.involution import Involution2d, LocalFilter2d
-from visionblocks.ops.local import local_filter
+from visionblocks.ops.local import local_filter2d
 from visionblocks.registry import LAYERS
 
 
@@ -48,23 +48,23 @@ def test_local_filter2d_module_matches_functional():
     layer = LocalFilter2d(8, kernel_size=3, dilation=2, groups=2).double()
     x = torch.randn(2, 8, 7, 6, dtype=torch.float64)
     predicted = layer.predictor(x).view(2, 2, 9, 7, 6).softmax(2).view(2, 18, 7, 6)
-    assert_close(layer(x), local_filter(x, predicted, 3, 2))
+    assert_close(layer(x), local_filter2d(x, predicted, 3, 2))
     assert_close(
         layer.predict_kernels(x).view(2, 2, 9, 7, 6).sum(2),
         torch.ones(2, 2, 7, 6, dtype=torch.float64),
     )
     given = torch.randn(2, 18, 7, 6, dtype=torch.float64)
-    assert_close(layer(x, given), local_filter(x, given, 3, 2))
+    assert_close(layer(x, given), local_filter2d(x, given, 3, 2))
 
 
 def test_local_filter2d_raw_and_parameter_free():
     raw = LocalFilter2d(4, kernel_size=5, groups=4, normalize="none").double()
     x = torch.randn(1, 4, 6, 6, dtype=torch.float64)
-    assert_close(raw(x), local_filter(x, raw.predictor(x), 5))
+    assert_close(raw(x), local_filter2d(x, raw.predictor(x), 5))
     fixed = LocalFilter2d(4, predict=False)
     assert list(fixed.parameters()) == []
     kernels = torch.randn(1, 9, 6, 6)
-    assert_close(fixed(x.float(), kernels), local_filter(x.float(), kernels, 3))
+    assert_close(fixed(x.float(), kernels), local_filter2d(x.float(), kernels, 3))
     with pytest.raises(ValueError, match="no predictor"):
         fixed(x.float())
     assert "predict=False" in repr(fixed)

@@ -1,4 +1,4 @@
-"""sliding_windows and local_filter (torch path): references, gradients, geometry, errors."""
+"""sliding_windows and local_filter2d (torch path): references, gradients, geometry, errors."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import visionblocks.ops._local_filter_torch as torch_path
 from tests.helpers import assert_close, gradcheck
 from tests.reference.local_ops import local_filter as reference
 from visionblocks.ops._local_parts import new_output
-from visionblocks.ops.local import local_filter, sliding_windows
+from visionblocks.ops.local import local_filter2d, sliding_windows
 
 
 def naive_loop(x, kernels, k, d=1, s=1):
@@ -73,21 +73,21 @@ def test_sliding_windows_integer_and_gradient():
 )
 def test_matches_reference(shape, k, d, g):
     x, kernels = inputs(*shape, k, g)
-    assert_close(local_filter(x, kernels, k, d), reference(x, kernels, k, d))
+    assert_close(local_filter2d(x, kernels, k, d), reference(x, kernels, k, d))
 
 
 @pytest.mark.parametrize(("k", "d", "s", "g"), [(3, 1, 1, 2), (3, 2, 2, 1), (5, 1, 3, 4)])
 def test_matches_naive_loop(k, d, s, g):
     x, kernels = inputs(1, 4, 5, 6, k, g, s)
     expected = naive_loop(x, kernels, k, d, s)
-    assert_close(local_filter(x, kernels, k, d, stride=s), expected)
+    assert_close(local_filter2d(x, kernels, k, d, stride=s), expected)
     assert_close(reference(x, kernels, k, d, s), expected)
 
 
 @pytest.mark.parametrize(("h", "w", "s"), [(7, 9, 2), (8, 8, 2), (13, 5, 3)])
 def test_stride_matches_reference(h, w, s):
     x, kernels = inputs(2, 4, h, w, 3, 2, s)
-    out = local_filter(x, kernels, 3, stride=s)
+    out = local_filter2d(x, kernels, 3, stride=s)
     assert out.shape == (2, 4, -(-h // s), -(-w // s))
     assert_close(out, reference(x, kernels, 3, 1, s))
 
@@ -105,16 +105,16 @@ def test_stride_matches_reference(h, w, s):
 )
 def test_random_geometry_matches_reference(b, cg, g, h, w, k, d, s):
     x, kernels = inputs(b, cg * g, h, w, k, g, s)
-    assert_close(local_filter(x, kernels, k, d, stride=s), reference(x, kernels, k, d, s))
+    assert_close(local_filter2d(x, kernels, k, d, stride=s), reference(x, kernels, k, d, s))
 
 
 def test_groups_share_kernels():
     x, kernels = inputs(1, 6, 5, 5, 3, 2)
-    out = local_filter(x, kernels, 3)
+    out = local_filter2d(x, kernels, 3)
     # channels 0..2 use group 0, 3..5 group 1: filtering one channel alone gives the same
     for c in range(6):
         g = c // 3
-        alone = local_filter(x[:, c : c + 1], kernels[:, g * 9 : (g + 1) * 9], 3)
+        alone = local_filter2d(x[:, c : c + 1], kernels[:, g * 9 : (g + 1) * 9], 3)
         assert_close(out[:, c : c + 1], alone)
 
 
@@ -122,7 +122,7 @@ def test_identity_kernel():
     x = torch.randn(2, 4, 6, 7)
     kernels = torch.zeros(2, 2 * 25, 6, 7)
     kernels[:, 12] = kernels[:, 25 + 12] = 1.0  # the centre tap of both groups
-    torch.testing.assert_close(local_filter(x, kernels, 5, 2), x)
+    torch.testing.assert_close(local_filter2d(x, kernels, 5, 2), x)
 
 
 def test_tiled_sweep_matches(monkeypatch):
@@ -132,7 +132,7 @@ def test_tiled_sweep_matches(monkeypatch):
 
     def run():
         xx, kk = x.clone().requires_grad_(), kernels.clone().requires_grad_()
-        out = local_filter(xx, kk, 3, 2, stride=2)
+        out = local_filter2d(xx, kk, 3, 2, stride=2)
         return (out, *torch.autograd.grad(out, (xx, kk), go))
 
     expected = run()
@@ -150,7 +150,7 @@ def test_row_blocks_float32_match_reference(monkeypatch, s, d):
     x.requires_grad_(True)
     kernels.requires_grad_(True)
     go = torch.randn(2, 8, -(-29 // s), -(-33 // s))
-    out = local_filter(x, kernels, 5, d, stride=s)
+    out = local_filter2d(x, kernels, 5, d, stride=s)
     ref = reference(x, kernels, 5, d, s)
     assert_close(out, ref.float(), scale=4.0)
     for got, want in zip(
@@ -169,7 +169,7 @@ def test_threads_do_not_change_the_result(monkeypatch):
 
     def run():
         xx, kk = x.clone().requires_grad_(), kernels.clone().requires_grad_()
-        out = local_filter(xx, kk, 7)
+        out = local_filter2d(xx, kk, 7)
         return (out, *torch.autograd.grad(out, (xx, kk), go))
 
     before = torch.get_num_threads()
@@ -198,7 +198,7 @@ def test_large_results_are_ordinary_tensors(monkeypatch, switch):
 @pytest.mark.parametrize(("k", "d", "s", "g"), [(3, 1, 1, 1), (3, 2, 1, 4), (5, 1, 2, 2)])
 def test_gradcheck(k, d, s, g):
     x, kernels = inputs(2, 4, 5, 4, k, g, s)
-    assert gradcheck(lambda a, b: local_filter(a, b, k, d, stride=s), [x, kernels])
+    assert gradcheck(lambda a, b: local_filter2d(a, b, k, d, stride=s), [x, kernels])
 
 
 def test_gradients_match_reference_autograd():
@@ -206,7 +206,7 @@ def test_gradients_match_reference_autograd():
     x.requires_grad_(True)
     kernels.requires_grad_(True)
     go = torch.randn(2, 6, 9, 8, dtype=torch.float64)
-    ours = torch.autograd.grad(local_filter(x, kernels, 5, 2), (x, kernels), go)
+    ours = torch.autograd.grad(local_filter2d(x, kernels, 5, 2), (x, kernels), go)
     ref = torch.autograd.grad(reference(x, kernels, 5, 2), (x, kernels), go)
     for a, e in zip(ours, ref, strict=True):
         assert_close(a, e)
@@ -215,7 +215,7 @@ def test_gradients_match_reference_autograd():
 def test_gradient_of_one_input_only():
     x, kernels = inputs(1, 2, 4, 4, 3, 1)
     kernels.requires_grad_(True)
-    (grad,) = torch.autograd.grad(local_filter(x, kernels, 3).sum(), kernels)
+    (grad,) = torch.autograd.grad(local_filter2d(x, kernels, 3).sum(), kernels)
     expected = sliding_windows(x, 3).sum(1)
     assert_close(grad, expected)
 
@@ -225,7 +225,7 @@ def test_gradient_of_one_input_only():
 def test_half_precision_dtype_and_accuracy(dtype):
     x, kernels = inputs(1, 4, 6, 6, 3, 2)
     x16, k16 = x.to(dtype).requires_grad_(), kernels.to(dtype).requires_grad_()
-    out = local_filter(x16, k16, 3)
+    out = local_filter2d(x16, k16, 3)
     assert out.dtype == dtype
     expected = reference(x16, k16, 3)
     assert_close(out.double(), expected, dtype=dtype, scale=2.0)
@@ -235,7 +235,7 @@ def test_half_precision_dtype_and_accuracy(dtype):
 
 def test_mixed_dtypes_promote():
     x, kernels = inputs(1, 2, 4, 4, 3, 1)
-    out = local_filter(x.float(), kernels, 3)
+    out = local_filter2d(x.float(), kernels, 3)
     assert out.dtype == torch.float64
 
 
@@ -246,15 +246,15 @@ def test_non_contiguous_inputs():
     x_sl = torch.cat([x, x], 1)[:, ::2]  # strided channel slice
     assert not x_nc.is_contiguous() and not k_nc.is_contiguous()
     expected = reference(x, kernels, 3)
-    assert_close(local_filter(x_nc, k_nc, 3), expected)
-    assert_close(local_filter(x_sl, kernels, 3), reference(x_sl.contiguous(), kernels, 3))
+    assert_close(local_filter2d(x_nc, k_nc, 3), expected)
+    assert_close(local_filter2d(x_sl, kernels, 3), reference(x_sl.contiguous(), kernels, 3))
 
 
 @pytest.mark.parametrize("shape", [(0, 4, 5, 5), (2, 4, 0, 5)])
 def test_empty(shape):
     x = torch.randn(shape, requires_grad=True)
     kernels = torch.randn(shape[0], 18, *shape[2:], requires_grad=True)
-    out = local_filter(x, kernels, 3)
+    out = local_filter2d(x, kernels, 3)
     assert out.shape == shape
     gx, gk = torch.autograd.grad(out.sum(), (x, kernels))
     assert gx.shape == x.shape and gk.shape == kernels.shape
@@ -263,7 +263,7 @@ def test_empty(shape):
 def test_zero_channels():
     x = torch.randn(1, 0, 3, 3, requires_grad=True)
     kernels = torch.randn(1, 9, 3, 3, requires_grad=True)
-    out = local_filter(x, kernels, 3)
+    out = local_filter2d(x, kernels, 3)
     assert out.shape == (1, 0, 3, 3)
     (gk,) = torch.autograd.grad(out.sum(), kernels)
     assert torch.equal(gk, torch.zeros_like(kernels))
@@ -280,41 +280,41 @@ def test_sliding_windows_empty_inputs():
 def test_bad_inputs():
     x, kernels = torch.randn(1, 4, 5, 5), torch.randn(1, 18, 5, 5)
     with pytest.raises(ValueError, match="kernel_size must be odd"):
-        local_filter(x, torch.randn(1, 32, 5, 5), 4)
+        local_filter2d(x, torch.randn(1, 32, 5, 5), 4)
     with pytest.raises(ValueError, match="kernel_size must be odd"):
         sliding_windows(x, 2)
     with pytest.raises(ValueError, match="kernel_size must be >= 1"):
-        local_filter(x, kernels, 0)
+        local_filter2d(x, kernels, 0)
     with pytest.raises(ValueError, match="dilation must be >= 1"):
-        local_filter(x, kernels, 3, 0)
+        local_filter2d(x, kernels, 3, 0)
     with pytest.raises(ValueError, match="stride must be >= 1"):
-        local_filter(x, kernels, 3, stride=0)
+        local_filter2d(x, kernels, 3, stride=0)
     with pytest.raises(TypeError, match="kernel_size must be int"):
-        local_filter(x, kernels, 3.0)
+        local_filter2d(x, kernels, 3.0)
     with pytest.raises(TypeError, match="dilation must be int, got bool"):
-        local_filter(x, kernels, 3, True)
+        local_filter2d(x, kernels, 3, True)
     with pytest.raises(ValueError, match="G dividing C = 4"):
-        local_filter(x, torch.randn(1, 27, 5, 5), 3)  # G = 3 does not divide 4
+        local_filter2d(x, torch.randn(1, 27, 5, 5), 3)  # G = 3 does not divide 4
     with pytest.raises(ValueError, match="G dividing C = 4"):
-        local_filter(x, torch.randn(1, 10, 5, 5), 3)  # not a multiple of 9
+        local_filter2d(x, torch.randn(1, 10, 5, 5), 3)  # not a multiple of 9
     with pytest.raises(ValueError, match=r"kernels must have shape \(1, G\*9, 5, 5\)"):
-        local_filter(x, torch.randn(1, 18, 5, 4), 3)
+        local_filter2d(x, torch.randn(1, 18, 5, 4), 3)
     with pytest.raises(ValueError, match=r"kernels must have shape \(1, G\*9, 3, 3\)"):
-        local_filter(x, kernels, 3, stride=2)
+        local_filter2d(x, kernels, 3, stride=2)
     with pytest.raises(ValueError, match=r"kernels must have shape"):
-        local_filter(x, torch.randn(2, 18, 5, 5), 3)
+        local_filter2d(x, torch.randn(2, 18, 5, 5), 3)
     with pytest.raises(ValueError, match=r"x must have shape \(B, C, H, W\)"):
-        local_filter(x[0], kernels, 3)
+        local_filter2d(x[0], kernels, 3)
     with pytest.raises(ValueError, match=r"kernels must have shape \(B, C, H, W\)"):
-        local_filter(x, kernels[0], 3)
+        local_filter2d(x, kernels[0], 3)
     with pytest.raises(TypeError, match="x must be a floating-point tensor"):
-        local_filter(x.long(), kernels, 3)
+        local_filter2d(x.long(), kernels, 3)
     with pytest.raises(TypeError, match="kernels must be a floating-point tensor"):
-        local_filter(x, kernels.int(), 3)
+        local_filter2d(x, kernels.int(), 3)
     with pytest.raises(TypeError, match="x must be a torch.Tensor"):
         sliding_windows(x.numpy(), 3)
     with pytest.raises(ValueError, match="impl must be one of"):
-        local_filter(x, kernels, 3, impl="cuda")
+        local_filter2d(x, kernels, 3, impl="cuda")
 
 
 def test_absurd_sizes_are_rejected_or_equivalent_before_allocating():
@@ -322,8 +322,8 @@ def test_absurd_sizes_are_rejected_or_equivalent_before_allocating():
     # A dilation past the image reads only zeros off-centre: the same as dilation max(H, W).
     assert torch.equal(sliding_windows(x, 3, dilation=10**9), sliding_windows(x, 3, dilation=5))
     kernels = torch.randn(1, 9, 5, 4)
-    assert torch.equal(local_filter(x, kernels, 3, 10**9), local_filter(x, kernels, 3, 5))
+    assert torch.equal(local_filter2d(x, kernels, 3, 10**9), local_filter2d(x, kernels, 3, 5))
     with pytest.raises(ValueError, match="the windows would need a tensor of shape"):
         sliding_windows(x, 10**9 + 1)
     with pytest.raises(ValueError, match="kernels must have G\\*k\\*k channels"):
-        local_filter(x, kernels, 10**9 + 1)
+        local_filter2d(x, kernels, 10**9 + 1)

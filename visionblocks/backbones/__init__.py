@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from visionblocks._core.checks import check_type
+from visionblocks._core.namespace import public_dir
 from visionblocks._core.registry import BACKBONES
 from visionblocks.backbones._timm import timm_backbone
 from visionblocks.backbones._tv import TORCHVISION_STAGES, torchvision_backbone
@@ -31,6 +32,7 @@ __all__ = [
     "torchvision_backbone",
     "vb_tiny",
 ]
+__dir__ = public_dir(__name__, __all__)
 
 
 def build_backbone(

@@ -18,6 +18,7 @@ from torch import Tensor, nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from visionblocks._core.checks import check_int, check_type
+from visionblocks._core.namespace import public_dir
 from visionblocks._core.tensor_checks import check_image_batch
 from visionblocks.backbones._options import (
     check_in_channels,
@@ -38,6 +39,7 @@ from visionblocks.nn._limits import MAX_SIDE
 from visionblocks.weights import LoadReport
 
 __all__ = ["Backbone", "backbone_from_model"]
+__dir__ = public_dir(__name__, __all__)
 
 DRY_RUN_SIZE = 64
 """Height and width of the dry-run input that measures strides (a multiple of 32)."""

@@ -15,6 +15,7 @@ from typing import Any
 from torch import Tensor, nn
 
 from visionblocks._core.checks import check_positive_ints
+from visionblocks._core.namespace import public_dir
 from visionblocks._core.registry import BACKBONES
 from visionblocks.backbones.base import Backbone, backbone_from_model
 from visionblocks.nn._limits import MAX_CHANNELS, MAX_REPEATS
@@ -22,6 +23,7 @@ from visionblocks.nn.conv import ConvNormAct, DepthwiseSeparableConv2d
 from visionblocks.nn.layers import ActSpec, NormSpec
 
 __all__ = ["TinyNet", "vb_tiny"]
+__dir__ = public_dir(__name__, __all__)
 
 TINY_STAGES = ("stage1", "stage2", "stage3", "stage4")
 """Module names of `TinyNet` whose outputs are the backbone's stages (strides 4 to 32)."""

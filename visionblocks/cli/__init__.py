@@ -21,10 +21,12 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+from visionblocks._core.namespace import public_dir
 from visionblocks._core.version import __version__
 from visionblocks.registry import REGISTRIES, get_registry
 
 __all__ = ["build_parser", "main"]
+__dir__ = public_dir(__name__, __all__)
 
 
 def _compile_kernels(args: argparse.Namespace) -> int:
@@ -242,7 +244,7 @@ def build_parser() -> argparse.ArgumentParser:
     p_check = sub.add_parser(
         "check-coco",
         help="list every problem of a COCO annotation file; --fix writes a cleaned copy",
-        description="Check a COCO annotation file as visionblocks.data.CocoDetection does, "
+        description="Check a COCO annotation file as visionblocks.data.CocoInstances does, "
         "listing every problem with counts and example ids. Exit status: 0 when the dataset "
         "loads every annotation (or --fix wrote a cleaned copy), 1 otherwise.",
     )
@@ -255,7 +257,7 @@ def build_parser() -> argparse.ArgumentParser:
                          "images with missing or mismatched files) left out, boxes clipped, "
                          "area/iscrowd filled; the checked file is never modified")  # fmt: skip
     p_check.add_argument("--masks", action="store_true",
-                         help="check as CocoDetection(with_masks=True): an annotation without "
+                         help="check as CocoInstances(with_masks=True): an annotation without "
                          "a segmentation is invalid")  # fmt: skip
     p_check.add_argument("--min-box-size", type=float, default=0.0, metavar="S",
                          help="as the dataset's min_box_size (default 0)")  # fmt: skip

@@ -56,11 +56,11 @@ def demo_data(out: Path, seed: int) -> tuple[Path, Path]:
 def demo_loaders(train_ann: Path, val_ann: Path, seed: int) -> tuple[Any, Any, Any]:
     from torchvision.transforms import v2
 
-    from visionblocks.data import CocoDetection, collate_detection
+    from visionblocks.data import CocoInstances, collate_detection
 
-    train = CocoDetection(train_ann.parent / "images", train_ann,
+    train = CocoInstances(train_ann.parent / "images", train_ann,
                           transforms=v2.RandomHorizontalFlip())  # fmt: skip
-    val = CocoDetection(val_ann.parent / "images", val_ann)
+    val = CocoInstances(val_ann.parent / "images", val_ann)
     world = dist_utils.get_world_size()
     if BATCH_SIZE % world:
         raise ValueError(f"the batch of {BATCH_SIZE} does not split over {world} ranks")

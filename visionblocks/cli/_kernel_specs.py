@@ -93,7 +93,7 @@ def _cases_iou(torch) -> Iterator[Callable[[], None]]:
 
 
 def _cases_local_filter(torch) -> Iterator[Callable[[], None]]:
-    from visionblocks.ops.local import local_filter
+    from visionblocks.ops.local import local_filter2d
 
     geometries = ((1, 1, 1), (3, 1, 1), (3, 2, 2), (5, 1, 2))  # (k, dilation, stride)
     groups = ((4, 4), (3, 1), (8, 2), (20, 1))  # (channels, groups): 1, 3, 4, 20 per group
@@ -104,7 +104,7 @@ def _cases_local_filter(torch) -> Iterator[Callable[[], None]]:
         def case(dt=dt, k=k, d=d, s=s, c=c, g=g, gx=gx, gk=gk):
             x = torch.randn(1, c, 4, 5, dtype=dt, requires_grad=gx)
             ker = torch.randn(1, g * k * k, -(-4 // s), -(-5 // s), dtype=dt, requires_grad=gk)
-            local_filter(x, ker, k, d, stride=s, impl="triton").sum().backward()
+            local_filter2d(x, ker, k, d, stride=s, impl="triton").sum().backward()
 
         yield case
 

@@ -1,7 +1,7 @@
 """``visionblocks demo``: train the reference detector on synthetic COCO and evaluate it.
 
 The demo shows the library doing its job end to end, offline, in a few minutes on a laptop
-CPU: `make_synthetic_coco` writes train and val splits (once), `CocoDetection` and
+CPU: `make_synthetic_coco` writes train and val splits (once), `CocoInstances` and
 `collate_detection` feed a `Detector` built from the registries (``vb_tiny`` backbone,
 `FPN` neck, `FCOSHead`), AdamW trains it with a linear warm-up and a cosine decay (AMP on
 CUDA), and `coco_evaluate` scores the val split. Under ``torchrun`` with ``--distributed``
@@ -32,9 +32,11 @@ import torch
 
 from visionblocks import distributed as dist_utils
 from visionblocks._core.checks import check_choice, check_range, check_type
+from visionblocks._core.namespace import public_dir
 from visionblocks.cli._demo_data import NUM_CLASSES, demo_data, demo_loaders
 
 __all__ = ["DEFAULT_STEPS", "DEMO_MODEL", "run_demo"]
+__dir__ = public_dir(__name__, __all__)
 
 DEFAULT_STEPS = 800
 """Training steps of the default demo: AP50 about 0.9 (0.896 and 0.899 with seeds 0 and 1;

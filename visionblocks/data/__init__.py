@@ -1,7 +1,8 @@
 """COCO data: dataset wrappers, batching, sampling, evaluation and a synthetic COCO generator.
 
-- `CocoDetection`, `CocoSegmentation`: COCO annotations as ``tv_tensors`` (registered in
-  ``DATASETS`` as ``coco_detection`` / ``coco`` and ``coco_segmentation``);
+- `CocoInstances`, `CocoSegmentation`: COCO annotations as ``tv_tensors`` (registered in
+  ``DATASETS`` as ``coco_detection`` / ``coco`` / ``coco_instances`` and
+  ``coco_segmentation``);
   `instance_fields` keeps their per-instance rows aligned in ``SanitizeBoundingBoxes``.
 - `check_coco` / `CocoCheck`: every problem of an annotation file from the field (what
   ``visionblocks check-coco`` prints), and a cleaned copy; `INVALID_REASONS` names them.
@@ -11,11 +12,17 @@
 - `prefetch_to_device`, `move_to_device`: host-to-device copies, overlapped on CUDA.
 - `coco_evaluate`: the twelve COCO numbers of model outputs, gathered across ranks.
 - `make_synthetic_coco`: the built-in default data, written as a real COCO dataset.
+
+``CocoDetection`` is a deprecated alias of `CocoInstances` (removed in 0.3).
 """
 
+from typing import Any
+
+from visionblocks._core.deprecation import deprecated_attribute
+from visionblocks._core.namespace import public_dir
 from visionblocks.data._coco_checks import INVALID_REASONS
 from visionblocks.data.check import CocoCheck, check_coco
-from visionblocks.data.coco import CocoDetection, instance_fields
+from visionblocks.data.coco import CocoInstances, instance_fields
 from visionblocks.data.collate import DetectionBatch, collate_detection
 from visionblocks.data.evaluate import COCO_STAT_NAMES, coco_evaluate
 from visionblocks.data.prefetch import DevicePrefetcher, move_to_device, prefetch_to_device
@@ -28,7 +35,7 @@ __all__ = [
     "INVALID_REASONS",
     "SYNTHETIC_CLASSES",
     "CocoCheck",
-    "CocoDetection",
+    "CocoInstances",
     "CocoSegmentation",
     "DetectionBatch",
     "DevicePrefetcher",
@@ -42,3 +49,10 @@ __all__ = [
     "move_to_device",
     "prefetch_to_device",
 ]
+__dir__ = public_dir(__name__, __all__)
+
+_DEPRECATED = {"CocoDetection": ("CocoInstances", "0.3")}
+
+
+def __getattr__(name: str) -> Any:
+    return deprecated_attribute(__name__, globals(), _DEPRECATED, name)

@@ -33,7 +33,7 @@ __all__ = ["CocoBase"]
 
 
 class CocoBase(Dataset):
-    """The parts shared by `CocoDetection` and `visionblocks.data.CocoSegmentation`.
+    """The parts shared by `CocoInstances` and `visionblocks.data.CocoSegmentation`.
 
     Reads and checks the annotation file, builds the per-image index, maps category ids to
     labels and decodes images. Not meant to be used on its own.
@@ -151,10 +151,10 @@ class CocoBase(Dataset):
 
         Examples:
             >>> import tempfile
-            >>> from visionblocks.data import CocoDetection, make_synthetic_coco
+            >>> from visionblocks.data import CocoInstances, make_synthetic_coco
             >>> folder = tempfile.TemporaryDirectory()
             >>> ann = make_synthetic_coco(folder.name, num_images=2, image_size=(48, 64))
-            >>> CocoDetection(f"{folder.name}/images", ann).get_height_and_width(0)
+            >>> CocoInstances(f"{folder.name}/images", ann).get_height_and_width(0)
             (48, 64)
             >>> folder.cleanup()
         """

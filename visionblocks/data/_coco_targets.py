@@ -1,4 +1,4 @@
-"""Per-instance rows of a `CocoDetection` target through transforms (private; see
+"""Per-instance rows of a `CocoInstances` target through transforms (private; see
 `visionblocks.data.coco`): the ``SanitizeBoundingBoxes`` getter, the alignment check, and
 moving crowd rows to ``ignore_boxes``."""
 
@@ -11,12 +11,12 @@ from torch import Tensor
 __all__ = ["INSTANCE_KEYS", "check_instances", "instance_fields", "split_crowd"]
 
 INSTANCE_KEYS = ("labels", "iscrowd", "area")
-"""Per-instance tensors of a `CocoDetection` target besides ``boxes`` and ``masks``."""
+"""Per-instance tensors of a `CocoInstances` target besides ``boxes`` and ``masks``."""
 
 
 def instance_fields(*inputs: Any) -> tuple[Tensor, ...]:
     """``labels_getter`` for ``torchvision.transforms.v2.SanitizeBoundingBoxes``: every
-    per-instance tensor of a `CocoDetection` target (``labels``, ``iscrowd``, ``area``).
+    per-instance tensor of a `CocoInstances` target (``labels``, ``iscrowd``, ``area``).
 
     torchvision's default getter filters only ``labels`` when boxes are removed, which
     would leave ``iscrowd`` and ``area`` longer than ``boxes`` (the dataset raises then).

@@ -1,7 +1,7 @@
 """A linter for COCO annotation files from the field: `check_coco` and `CocoCheck`.
 
 ``visionblocks check-coco ANN_FILE [--images DIR] [--fix OUT.json]`` is the command-line
-face of it. It applies exactly the checks `visionblocks.data.CocoDetection` applies at
+face of it. It applies exactly the checks `visionblocks.data.CocoInstances` applies at
 construction, but lists every problem instead of stopping at the first, and can write a
 cleaned copy that the dataset then loads without a warning.
 """
@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from visionblocks._core.checks import check_type
+from visionblocks._core.namespace import public_dir
 from visionblocks.data._coco_checks import INVALID_REASONS, REPAIRABLE, annotation_problem
 from visionblocks.data._coco_index import (
     check_min_box_size,
@@ -32,6 +33,7 @@ from visionblocks.data._coco_index import (
 from visionblocks.data._coco_io import size_mismatch
 
 __all__ = ["IMAGE_PROBLEMS", "NOTES", "CocoCheck", "check_coco"]
+__dir__ = public_dir(__name__, __all__)
 
 IMAGE_PROBLEMS: dict[str, str] = {
     "missing_file": "image file not found under the images folder",
@@ -206,7 +208,7 @@ def check_coco(
     keep_repairable: bool = False,
     progress: bool | None = None,
 ) -> CocoCheck:
-    """Every problem of a COCO annotation file, as `visionblocks.data.CocoDetection` sees them.
+    """Every problem of a COCO annotation file, as `visionblocks.data.CocoInstances` sees them.
 
     Nothing is raised for a bad file: file problems, invalid annotations (by reason, with
     ids and example messages), image-file problems (with ``images``) and what the dataset
@@ -217,7 +219,7 @@ def check_coco(
         ann_file: The COCO annotation JSON.
         images: The images folder (the dataset's ``root``): check that each image exists,
             can be read and has the file's size (only the headers are read).
-        masks: Check as ``CocoDetection(with_masks=True)``: an annotation without a
+        masks: Check as ``CocoInstances(with_masks=True)``: an annotation without a
             segmentation is invalid.
         min_box_size: As the dataset's ``min_box_size``.
         keep_repairable: ``fixed()`` keeps annotations with only a bad segmentation or area

@@ -1,9 +1,13 @@
-"""COCO detection data as model-ready ``tv_tensors``: `CocoDetection`.
+"""COCO instance annotations as model-ready ``tv_tensors``: `CocoInstances`.
 
 Built on pycocotools and torchvision. An item is ``(image, target)``: a
 ``tv_tensors.Image`` (``uint8``, RGB, ``(3, H, W)``) and a dict of typed tensors, so a
 ``torchvision.transforms.v2`` pipeline transforms image, boxes and masks together, and an
 image without annotations still gives correctly shaped empty tensors.
+
+``CocoDetection`` is a deprecated alias of `CocoInstances` (removed in 0.3): torchvision's
+``torchvision.datasets.CocoDetection`` returns a PIL image and the raw annotation dicts, so
+the same name here would promise that behaviour.
 """
 
 from __future__ import annotations
@@ -16,6 +20,8 @@ import numpy as np
 import torch
 
 from visionblocks._core.checks import check_choice, check_type
+from visionblocks._core.deprecation import deprecated_attribute
+from visionblocks._core.namespace import public_dir
 from visionblocks._core.registry import DATASETS
 from visionblocks.data._coco_base import CocoBase
 from visionblocks.data._coco_index import (
@@ -30,14 +36,20 @@ from visionblocks.data._coco_targets import (
     split_crowd,
 )
 
-__all__ = ["INSTANCE_KEYS", "CocoBase", "CocoDetection", "instance_fields"]
+__all__ = ["INSTANCE_KEYS", "CocoBase", "CocoInstances", "instance_fields"]
+__dir__ = public_dir(__name__, __all__)
 
 CrowdPolicy = Literal["keep", "drop", "ignore"]
 
 
-@DATASETS.register(name="coco_detection", aliases=("coco",))
-class CocoDetection(CocoBase):
+@DATASETS.register(name="coco_detection", aliases=("coco", "coco_instances"))
+class CocoInstances(CocoBase):
     """COCO instance annotations as ``(tv_tensors.Image, target)`` pairs.
+
+    Registered in ``DATASETS`` as ``"coco_detection"`` (aliases ``"coco"``,
+    ``"coco_instances"``). Unlike torchvision's ``CocoDetection`` (a PIL image and the list of
+    raw annotation dicts), items are model-ready ``tv_tensors``; ``CocoDetection`` is a
+    deprecated alias of this class (removed in 0.3).
 
     ``target`` holds:
 
@@ -147,7 +159,7 @@ class CocoDetection(CocoBase):
         >>> from visionblocks.data import make_synthetic_coco
         >>> folder = tempfile.TemporaryDirectory()
         >>> ann = make_synthetic_coco(folder.name, num_images=4, image_size=(64, 96), seed=1)
-        >>> dataset = CocoDetection(f"{folder.name}/images", ann, with_masks=True)
+        >>> dataset = CocoInstances(f"{folder.name}/images", ann, with_masks=True)
         >>> image, target = dataset[0]
         >>> image.shape, image.dtype, dataset.classes
         (torch.Size([3, 64, 96]), torch.uint8, ['circle', 'square', 'triangle'])
@@ -246,3 +258,10 @@ class CocoDetection(CocoBase):
             f"root='{self.root}', ann_file='{self.ann_file}', with_masks={self.with_masks}, "
             f"crowd={self.crowd!r}, remove_empty={self.remove_empty})"
         )
+
+
+_DEPRECATED = {"CocoDetection": ("CocoInstances", "0.3")}
+
+
+def __getattr__(name: str) -> Any:
+    return deprecated_attribute(__name__, globals(), _DEPRECATED, name)

@@ -22,9 +22,11 @@ from torch import Tensor
 from torch.utils.data import get_worker_info
 
 from visionblocks._core.checks import check_type
+from visionblocks._core.namespace import public_dir
 from visionblocks.data.prefetch import move_to_device
 
 __all__ = ["DetectionBatch", "collate_detection"]
+__dir__ = public_dir(__name__, __all__)
 
 
 class DetectionBatch(NamedTuple):

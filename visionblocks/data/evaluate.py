@@ -17,10 +17,12 @@ from typing import Any, Literal
 import torch
 
 from visionblocks._core.checks import check_choice, check_range, check_type
+from visionblocks._core.namespace import public_dir
 from visionblocks.data._coco_results import as_int, ids_text, to_results
 from visionblocks.distributed import all_gather_object, get_rank, get_world_size
 
 __all__ = ["COCO_STAT_NAMES", "coco_evaluate"]
+__dir__ = public_dir(__name__, __all__)
 
 COCO_STAT_NAMES: tuple[str, ...] = (
     *("AP", "AP50", "AP75", "APs", "APm", "APl"),
@@ -253,7 +255,7 @@ def coco_evaluate(
         coco_gt: The ground truth: a ``pycocotools.coco.COCO`` (or ``faster_coco_eval.COCO``),
             a path to a COCO annotation JSON, a COCO-format dict, or a dataset with ``.coco``
             and ``.label_to_category_id`` (``.ids`` gives its images) such as
-            ``CocoDetection``, or a ``torch.utils.data.Subset`` of one. A dataset is evaluated
+            `visionblocks.data.CocoInstances`, or a ``torch.utils.data.Subset`` of one. A dataset is evaluated
             on the images it keeps (after ``remove_empty`` and the like), a Subset on its
             indices' images; pass ``dataset.coco`` for every image of the annotation file.
         iou_type: ``"bbox"`` (boxes) or ``"segm"`` (masks).

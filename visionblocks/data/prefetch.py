@@ -26,9 +26,11 @@ import torch
 from torch import Tensor
 
 from visionblocks._core.checks import check_type
+from visionblocks._core.namespace import public_dir
 from visionblocks._core.tensor_checks import cuda_unusable
 
 __all__ = ["DevicePrefetcher", "move_to_device", "prefetch_to_device"]
+__dir__ = public_dir(__name__, __all__)
 
 
 def _map_tensors(data: Any, fn: Callable[[Tensor], Tensor]) -> Any:

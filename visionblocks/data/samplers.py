@@ -26,8 +26,10 @@ import torch
 from torch.utils.data import ConcatDataset, Sampler, Subset
 
 from visionblocks._core.checks import check_type
+from visionblocks._core.namespace import public_dir
 
 __all__ = ["GroupedBatchSampler", "aspect_ratio_groups"]
+__dir__ = public_dir(__name__, __all__)
 
 
 def _size_from_metadata(dataset: Any, index: int) -> tuple[tuple[int, int] | None, Any]:
@@ -70,7 +72,7 @@ def aspect_ratio_groups(dataset: Any, bins_per_octave: int = 0) -> list[int]:
     """Group id of every image of ``dataset`` by aspect ratio, read from the metadata.
 
     The size of image ``i`` comes from ``dataset.get_height_and_width(i)`` (as
-    `visionblocks.data.coco.CocoDetection` and torchvision's detection references provide),
+    `visionblocks.data.coco.CocoInstances` and torchvision's detection references provide),
     or from ``dataset.coco`` / ``dataset.ids`` (torchvision's ``CocoDetection``); nothing is
     decoded. ``Subset`` and ``ConcatDataset`` are looked through, nested at will. For a
     dataset without such metadata the sizes are read from ``dataset[i][0]`` with a warning:

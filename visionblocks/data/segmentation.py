@@ -11,12 +11,14 @@ import numpy as np
 import torch
 
 from visionblocks._core.checks import check_type
+from visionblocks._core.namespace import public_dir
 from visionblocks._core.registry import DATASETS
 from visionblocks.data._coco_index import InvalidPolicy
 from visionblocks.data._coco_io import segmentation_masks
 from visionblocks.data.coco import CocoBase
 
 __all__ = ["CocoSegmentation"]
+__dir__ = public_dir(__name__, __all__)
 
 
 @DATASETS.register(name="coco_segmentation")
@@ -36,7 +38,7 @@ class CocoSegmentation(CocoBase):
     Segmentations may be polygons, multi-polygons, or compressed or uncompressed RLE. Images
     without annotations are all background (``remove_empty`` drops them). Invalid
     annotations (``invalid``, ``dropped``, ``kept_invalid``, ``min_box_size``), image
-    decoding, file-name checks and pickling are those of `visionblocks.data.CocoDetection`;
+    decoding, file-name checks and pickling are those of `visionblocks.data.CocoInstances`;
     an annotation without a segmentation is not invalid here (its box is painted
     ``ignore_index``), and ``invalid="keep"`` treats an invalid segmentation the same way.
 
@@ -58,7 +60,7 @@ class CocoSegmentation(CocoBase):
         label_to_category_id (dict[int, int]): Label -> category id.
 
     Raises:
-        FileNotFoundError, ValueError, TypeError: As `visionblocks.data.CocoDetection`;
+        FileNotFoundError, ValueError, TypeError: As `visionblocks.data.CocoInstances`;
             also a ValueError for an ``ignore_index`` inside ``0..K``.
 
     Examples:

@@ -28,10 +28,12 @@ from PIL import Image
 from tqdm.auto import tqdm
 
 from visionblocks._core.checks import check_choice, check_range, check_type
+from visionblocks._core.namespace import public_dir
 from visionblocks._core.version import __version__
 from visionblocks.data._synthetic_draw import SYNTHETIC_CLASSES, render
 
 __all__ = ["SYNTHETIC_CLASSES", "make_synthetic_coco"]
+__dir__ = public_dir(__name__, __all__)
 
 _JPEG_QUALITY = 95
 _MIN_SIDE = 16  # smallest image side accepted

@@ -26,6 +26,7 @@ import torch
 from torch import Tensor, nn
 
 from visionblocks._core.checks import check_choice, check_type
+from visionblocks._core.namespace import public_dir
 from visionblocks._core.tensor_checks import check_device
 from visionblocks.deploy._check import (
     DETECTIONS,
@@ -46,6 +47,7 @@ __all__ = [
     "load_for_export",
     "max_stride",
 ]
+__dir__ = public_dir(__name__, __all__)
 
 FORMATS: tuple[str, ...] = ("onnx", "pt2")
 """The file formats `export_model` writes."""

@@ -14,7 +14,9 @@ of the model truncated at the requested outputs instead (no hooks, no early stop
 `feature_info` measures the channels and stride of features with a dry run.
 """
 
+from visionblocks._core.namespace import public_dir
 from visionblocks.features.getter import IntermediateLayerGetter
 from visionblocks.features.info import feature_info
 
 __all__ = ["IntermediateLayerGetter", "feature_info"]
+__dir__ = public_dir(__name__, __all__)

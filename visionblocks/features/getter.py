@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import ItemsView, Iterator, KeysView, Mapping, Sequence, ValuesView
 from typing import Any
 
 import torch
 from torch import nn
 
 from visionblocks._core.checks import check_type
+from visionblocks._core.namespace import public_dir
 from visionblocks.features._capture import (
     MirrorChildren,
     capture,
@@ -29,6 +30,7 @@ from visionblocks.features._export import (
 from visionblocks.nn._limits import MAX_CHANNELS, MAX_SIDE
 
 __all__ = ["IntermediateLayerGetter"]
+__dir__ = public_dir(__name__, __all__)
 
 _DEFAULT_INPUT_SIZE = (3, 224, 224)
 
@@ -136,6 +138,30 @@ class IntermediateLayerGetter(MirrorChildren, nn.Module):
     Outputs are the tensors the modules returned: a later in-place op of the model (a
     ``ReLU(inplace=True)`` after a requested norm) changes them, as with torchvision's getter.
 
+    **Differences from torchvision's** ``torchvision.models._utils.IntermediateLayerGetter``.
+    On chain-like models (ResNets, ``nn.Sequential``) and top-level names, the outputs (values
+    and keys), ``named_children()``, ``named_parameters()``, ``state_dict()`` keys (a state
+    dict of either loads into the other), the ``return_layers`` attribute, the positional
+    ``(model, return_layers)`` constructor and the ``ValueError`` for a missing name (its
+    message starts with torchvision's "return_layers are not present in model") are
+    torchvision's. The differences:
+
+    - It is not an ``nn.ModuleDict`` (``isinstance(getter, nn.ModuleDict)`` is False; its
+      children are a selection of the model's, kept in sync with it, so ModuleDict's mutating
+      methods ``update``/``pop``/``clear``/``getter[name] = m`` are not offered). Read access
+      is the same: ``getter["layer1"]``, ``len(getter)``, iteration, ``in``, ``keys()``,
+      ``items()``, ``values()``.
+    - Outputs come in ``return_layers`` order; torchvision's come in the model's child order.
+      The two agree whenever ``return_layers`` lists the layers in model order.
+    - It runs ``model.forward``, so functional code between children (a ``torch.flatten``,
+      a skip connection) takes part; torchvision chains the children and skips it. Children
+      that do not run before the last requested output are not held (torchvision holds every
+      child up to the last requested one, and runs it).
+    - A list of names, nested names (``"layer4.1.conv2"``) and any forward arguments are
+      accepted; an empty ``return_layers`` raises ``ValueError`` (torchvision returns ``{}``).
+    - The getter's own ``training`` flag starts as the model's (torchvision's starts True; the
+      shared children keep their own flags in both).
+
     Args:
         model: Any ``nn.Module``; it is called with the getter's arguments.
         return_layers: ``{module name: output name}`` or a list of module names (output name =
@@ -194,7 +220,10 @@ class IntermediateLayerGetter(MirrorChildren, nn.Module):
         if example_input is not None and input_size is not None:
             raise ValueError("give example_input or input_size, not both")
         size = check_input_size(_DEFAULT_INPUT_SIZE if input_size is None else input_size)
-        targets = resolve_modules(model, layers, "return_layers")
+        try:
+            targets = resolve_modules(model, layers, "return_layers")
+        except ValueError as exc:  # torchvision's message first, for code that matches it
+            raise ValueError(f"return_layers are not present in model: {exc}") from None
         run = dry_run(model, targets, example_args(model, example_input, size))
         self.return_layers = layers
         self.training = model.training
@@ -257,3 +286,28 @@ class IntermediateLayerGetter(MirrorChildren, nn.Module):
 
     def extra_repr(self) -> str:
         return f"return_layers={self.return_layers}"
+
+    # Read access as torchvision's getter (an nn.ModuleDict of the kept children).
+    def __getitem__(self, name: str) -> nn.Module:
+        return self._modules[name]  # type: ignore[return-value]
+
+    def __len__(self) -> int:
+        return len(self._modules)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._modules)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._modules
+
+    def keys(self) -> KeysView[str]:
+        """Names of the children, as ``nn.ModuleDict.keys``."""
+        return self._modules.keys()
+
+    def items(self) -> ItemsView[str, nn.Module]:
+        """``(name, child)`` pairs, as ``nn.ModuleDict.items``."""
+        return self._modules.items()  # type: ignore[return-value]
+
+    def values(self) -> ValuesView[nn.Module]:
+        """The children, as ``nn.ModuleDict.values``."""
+        return self._modules.values()  # type: ignore[return-value]

@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from visionblocks._core.checks import check_type
+from visionblocks._core.namespace import public_dir
 from visionblocks.features._capture import (
     resolve_modules,
 )
@@ -16,6 +17,7 @@ from visionblocks.features._strides import check_run, measure, stride
 from visionblocks.features.getter import check_input_size
 
 __all__ = ["feature_info"]
+__dir__ = public_dir(__name__, __all__)
 
 _DEFAULT_INPUT_SIZE = (3, 224, 224)
 

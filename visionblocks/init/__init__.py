@@ -15,6 +15,7 @@ The initializers are registered in `visionblocks.registry.INITIALIZERS` as ``kai
 ``xavier``, ``normal``, ``trunc_normal``, ``constant``, ``c2_msra`` and ``c2_xavier``.
 """
 
+from visionblocks._core.namespace import public_dir
 from visionblocks.init._residual import zero_init_last_norm
 from visionblocks.init.initializers import (
     bias_init_with_prob,
@@ -42,3 +43,4 @@ __all__ = [
     "xavier_init",
     "zero_init_last_norm",
 ]
+__dir__ = public_dir(__name__, __all__)

@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from visionblocks._core.checks import check_choice, check_range, check_type
+from visionblocks._core.namespace import public_dir
 from visionblocks._core.registry import INITIALIZERS
 from visionblocks.init._fans import (
     check_number,
@@ -30,6 +31,7 @@ __all__ = [
     "trunc_normal_init",
     "xavier_init",
 ]
+__dir__ = public_dir(__name__, __all__)
 
 _NONLINEARITIES = (
     *("linear", "sigmoid", "tanh", "relu", "leaky_relu", "selu"),

@@ -8,10 +8,12 @@ from typing import Any
 from torch import nn
 
 from visionblocks._core.checks import check_type
+from visionblocks._core.namespace import public_dir
 from visionblocks._core.registry import INITIALIZERS
 from visionblocks.init._rules import apply_rules
 
 __all__ = ["init_weights"]
+__dir__ = public_dir(__name__, __all__)
 
 
 def init_weights(
@@ -64,6 +66,7 @@ def init_weights(
 
     Examples:
         >>> from torch import nn
+        >>> from visionblocks.init import bias_init_with_prob
         >>> model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.ReLU(), nn.Conv2d(8, 2, 1))
         >>> report = init_weights(model, [
         ...     {"type": "kaiming", "layer": "Conv2d", "mode": "fan_out"},

@@ -12,6 +12,8 @@ import importlib
 import os
 from typing import Any
 
+from visionblocks._core.namespace import public_dir
+
 __all__ = [
     "KERNEL_OPS",
     "available",
@@ -21,6 +23,7 @@ __all__ = [
     "triton_available",
     "triton_unavailable_reason",
 ]
+__dir__ = public_dir(__name__, __all__)
 
 ENV_DISABLE = "VISIONBLOCKS_DISABLE_TRITON"
 

@@ -52,10 +52,12 @@ import triton.language as tl
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
+from visionblocks._core.namespace import public_dir
 from visionblocks.kernels._fallback import reference_grads
 from visionblocks.kernels._launch import KernelFailure, jit, launch, prepare
 
 __all__ = ["sigmoid_focal_loss_triton"]
+__dir__ = public_dir(__name__, __all__)
 
 _NUM_WARPS = 8
 _BLOCKS = {torch.float64: 512}  # elements per program: 4 per thread, 2 for float64 (registers)

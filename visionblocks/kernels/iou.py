@@ -37,6 +37,7 @@ import triton.language as tl
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
+from visionblocks._core.namespace import public_dir
 from visionblocks.kernels._fallback import reference_grads
 from visionblocks.kernels._launch import KernelFailure, jit, launch, prepare
 
@@ -45,6 +46,7 @@ __all__ = [
     "distance_box_iou_loss_triton",
     "generalized_box_iou_loss_triton",
 ]
+__dir__ = public_dir(__name__, __all__)
 
 _BLOCK = 256  # pairs per program: one per thread (the pair terms need many registers)
 _NUM_WARPS = 8

@@ -40,6 +40,7 @@ import triton.language as tl
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
+from visionblocks._core.namespace import public_dir
 from visionblocks.kernels._fallback import reference_grads
 from visionblocks.kernels._launch import (
     KernelFailure,
@@ -51,6 +52,7 @@ from visionblocks.kernels._launch import (
 )
 
 __all__ = ["local_attention2d_triton"]
+__dir__ = public_dir(__name__, __all__)
 
 
 @triton.jit

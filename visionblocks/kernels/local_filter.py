@@ -1,6 +1,6 @@
-"""Fused Triton kernels for `visionblocks.ops.local.local_filter` (forward and backward).
+"""Fused Triton kernels for `visionblocks.ops.local.local_filter2d` (forward and backward).
 
-Called by ``local_filter`` (after validation) as
+Called by ``local_filter2d`` (after validation) as
 ``local_filter_triton(x, kernels, kernel_size, dilation, stride, reference)``: ``x (B, C, H, W)`` and
 ``kernels (B, G*k*k, Ho, Wo)`` of one floating dtype, ``G`` dividing ``C``; the result
 ``(B, C, Ho, Wo)`` is in that dtype, differentiable with respect to both inputs. Geometry
@@ -31,6 +31,7 @@ import triton.language as tl
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
+from visionblocks._core.namespace import public_dir
 from visionblocks.kernels._fallback import reference_grads
 from visionblocks.kernels._launch import (
     KernelFailure,
@@ -42,6 +43,7 @@ from visionblocks.kernels._launch import (
 )
 
 __all__ = ["local_filter_triton"]
+__dir__ = public_dir(__name__, __all__)
 
 _BLOCK_P = 128  # pixels per program
 _MAX_BLOCK_C = 16  # channels per program (the group's channels, up to this)
@@ -275,9 +277,9 @@ def local_filter_triton(
     stride: int = 1,
     reference: Callable[..., Tensor] | None = None,
 ) -> Tensor:
-    """Fused `visionblocks.ops.local.local_filter`; the inputs are already validated.
+    """Fused `visionblocks.ops.local.local_filter2d`; the inputs are already validated.
 
-    Reached through dispatch (``local_filter(..., impl="triton")``), not called directly.
+    Reached through dispatch (``local_filter2d(..., impl="triton")``), not called directly.
 
     Args:
         x (Tensor[B, C, H, W]): Input, float16, bfloat16, float32 or float64.

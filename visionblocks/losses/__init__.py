@@ -1,16 +1,27 @@
 """Losses for detection and segmentation: focal, BCE, cross-entropy (OHEM) and the IoU family.
 
-Every loss is a function plus a thin ``nn.Module`` registered in
-`visionblocks.registry.LOSSES` (``focal``, ``softmax_focal``, ``bce``, ``ce``, ``giou``,
-``diou``, ``ciou``). The box-loss functions live in `visionblocks.ops.iou_loss` and are
-re-exported here. Dtype policy (all losses): half inputs are computed in float32;
-``reduction="none"`` returns the input dtype, ``"sum"``/``"mean"`` the compute dtype.
+Every loss is a function plus a thin ``nn.Module`` of the same stem
+(``sigmoid_focal_loss`` / `SigmoidFocalLoss`, ``generalized_box_iou_loss`` /
+`GeneralizedBoxIoULoss`, ...), registered in `visionblocks.registry.LOSSES` (``focal``,
+``softmax_focal``, ``bce``, ``ce``, ``giou``, ``diou``, ``ciou``). The box-loss functions live
+in `visionblocks.ops.iou_loss` and are re-exported here. Dtype policy: half inputs are
+computed in float32; ``reduction="none"`` returns the input dtype, ``"sum"``/``"mean"`` the
+compute dtype; except `cross_entropy` and `binary_cross_entropy_with_logits`, which return
+the dtypes of the PyTorch functions they stand in for.
+
+Deprecated names (removed in 0.3; same objects, warn once): ``FocalLoss`` (use
+`SigmoidFocalLoss`), ``GIoULoss`` / ``DIoULoss`` / ``CIoULoss`` (use `GeneralizedBoxIoULoss`
+/ `DistanceBoxIoULoss` / `CompleteBoxIoULoss`).
 """
 
+from typing import Any
+
+from visionblocks._core.deprecation import deprecated_attribute
+from visionblocks._core.namespace import public_dir
 from visionblocks.losses.bce import BCEWithLogitsLoss, binary_cross_entropy_with_logits
 from visionblocks.losses.ce import CrossEntropyLoss, cross_entropy
-from visionblocks.losses.focal import FocalLoss, sigmoid_focal_loss
-from visionblocks.losses.iou import CIoULoss, DIoULoss, GIoULoss
+from visionblocks.losses.focal import SigmoidFocalLoss, sigmoid_focal_loss
+from visionblocks.losses.iou import CompleteBoxIoULoss, DistanceBoxIoULoss, GeneralizedBoxIoULoss
 from visionblocks.losses.softmax_focal import SoftmaxFocalLoss, softmax_focal_loss
 from visionblocks.ops.iou_loss import (
     complete_box_iou_loss,
@@ -20,11 +31,11 @@ from visionblocks.ops.iou_loss import (
 
 __all__ = [
     "BCEWithLogitsLoss",
-    "CIoULoss",
+    "CompleteBoxIoULoss",
     "CrossEntropyLoss",
-    "DIoULoss",
-    "FocalLoss",
-    "GIoULoss",
+    "DistanceBoxIoULoss",
+    "GeneralizedBoxIoULoss",
+    "SigmoidFocalLoss",
     "SoftmaxFocalLoss",
     "binary_cross_entropy_with_logits",
     "complete_box_iou_loss",
@@ -34,3 +45,15 @@ __all__ = [
     "sigmoid_focal_loss",
     "softmax_focal_loss",
 ]
+__dir__ = public_dir(__name__, __all__)
+
+_DEPRECATED = {
+    "FocalLoss": ("SigmoidFocalLoss", "0.3"),
+    "GIoULoss": ("GeneralizedBoxIoULoss", "0.3"),
+    "DIoULoss": ("DistanceBoxIoULoss", "0.3"),
+    "CIoULoss": ("CompleteBoxIoULoss", "0.3"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    return deprecated_attribute(__name__, globals(), _DEPRECATED, name)

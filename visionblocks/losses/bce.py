@@ -1,4 +1,9 @@
-"""Binary cross entropy on logits, with label smoothing and ``ignore_index``."""
+"""Binary cross entropy on logits, with label smoothing and ``ignore_index``.
+
+`binary_cross_entropy_with_logits` is `torch.nn.functional.binary_cross_entropy_with_logits`
+(same signature, values, gradients and dtypes) plus two keyword-only extras after PyTorch's
+arguments: ``label_smoothing`` and ``ignore_index``.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +14,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from visionblocks._core.checks import check_finite, check_range, check_type
+from visionblocks._core.namespace import public_dir
 from visionblocks._core.reduce import (
     check_reduction,
     check_target_range,
@@ -22,8 +28,10 @@ from visionblocks._core.tensor_checks import (
     check_same_shape,
     check_tensor,
 )
+from visionblocks.losses._torch_compat import TorchValueError, legacy_reduction
 
 __all__ = ["BCEWithLogitsLoss", "binary_cross_entropy_with_logits"]
+__dir__ = public_dir(__name__, __all__)
 
 Reduction = Literal["none", "mean", "sum"]
 
@@ -46,17 +54,26 @@ _RANGE_HINT = (
 )
 
 
-def _check_broadcast(name: str, value: Tensor | None, shape: torch.Size) -> None:
-    """``value`` is ``None`` or a floating tensor that broadcasts to ``shape`` (not beyond it)."""
+def _check_real(name: str, value: Tensor | None) -> None:
+    """``value`` is ``None`` or a real (not complex) tensor: PyTorch multiplies by it."""
     if value is None:
         return
-    check_floating(name, value)
+    check_tensor(name, value)
+    if value.is_complex():
+        raise TypeError(f"{name} must be a real tensor, got dtype {value.dtype}")
+
+
+def _check_broadcast(name: str, value: Tensor | None, shape: torch.Size) -> None:
+    """``value`` is ``None`` or a real tensor that broadcasts to ``shape`` (not beyond it)."""
+    if value is None:
+        return
+    _check_real(name, value)
     try:
         ok = torch.broadcast_shapes(value.shape, shape) == shape
     except RuntimeError:
         ok = False
-    if not ok:
-        raise ValueError(
+    if not ok:  # PyTorch: RuntimeError
+        raise TorchValueError(
             f"{name} must broadcast to the inputs' shape {tuple(shape)}, got {tuple(value.shape)}"
         )
 
@@ -64,53 +81,64 @@ def _check_broadcast(name: str, value: Tensor | None, shape: torch.Size) -> None
 def binary_cross_entropy_with_logits(
     inputs: Tensor,
     targets: Tensor,
-    *,
     weight: Tensor | None = None,
+    size_average: bool | None = None,
+    reduce: bool | None = None,
+    reduction: Reduction = "mean",
     pos_weight: Tensor | None = None,
+    *,
     label_smoothing: float = 0.0,
     ignore_index: float | None = None,
-    reduction: Reduction = "mean",
 ) -> Tensor:
     """Binary cross entropy on logits, with label smoothing and ``ignore_index``.
 
-    With ``label_smoothing=0`` and ``ignore_index=None`` this equals
-    ``torch.nn.functional.binary_cross_entropy_with_logits`` in value and gradient (``weight``
-    and ``pos_weight`` broadcast the same way), except that an empty ``"mean"`` is a
-    graph-connected 0 instead of NaN.
+    With ``label_smoothing=0`` and ``ignore_index=None`` this *is*
+    ``torch.nn.functional.binary_cross_entropy_with_logits``, after input checks: same
+    positional signature (``size_average``/``reduce`` are PyTorch's deprecated arguments),
+    values, gradients and dtypes (the targets' dtype, float32 under autocast), ``weight``
+    and ``pos_weight`` broadcast the same way, and ``"mean"`` of an empty input is NaN. The
+    differences are only for calls PyTorch rejects (integer and boolean targets are accepted
+    and converted to the inputs' dtype) and clear errors: ``ValueError``/``TypeError``, also a
+    ``RuntimeError`` where PyTorch raises one for the same input. The first two arguments are
+    named ``inputs`` and ``targets`` (PyTorch: ``input``, ``target``).
 
-    ``label_smoothing = s`` pulls every target towards 1/2: ``t * (1 - s) + s / 2`` (1 becomes
-    ``1 - s/2``, 0 becomes ``s/2``), the per-element binary form of ``F.cross_entropy``'s
-    smoothing with ``C = 2``.
+    ``label_smoothing = s`` (keyword-only) pulls every target towards 1/2: ``t * (1 - s) +
+    s / 2`` (1 becomes ``1 - s/2``, 0 becomes ``s/2``), the per-element binary form of
+    ``F.cross_entropy``'s smoothing with ``C = 2``.
 
-    ``ignore_index``: elements whose target equals it contribute 0 and are not counted by
-    ``"mean"`` (which divides by the number of remaining elements). The comparison uses the
-    targets as passed, *before* smoothing, so pass raw targets (e.g. a ``uint8`` mask with 255
-    for "don't care", or float targets with -1). Integer and boolean targets are accepted and
-    converted to the compute dtype. Every other target must be in ``[0, 1]``: a 0/255 mask
-    without ``ignore_index=255`` raises instead of giving a negative loss (a value check, one
-    pass over the targets; see `visionblocks.set_value_checks`).
+    ``ignore_index`` (keyword-only): elements whose target equals it contribute 0 and are not
+    counted by ``"mean"`` (which divides by the number of remaining elements). The comparison
+    uses the targets as passed, *before* smoothing, so pass raw targets (e.g. a ``uint8`` mask
+    with 255 for "don't care", or float targets with -1). Every other target must be in
+    ``[0, 1]`` (PyTorch's documented range): a 0/255 mask without ``ignore_index=255`` raises
+    instead of giving a negative loss (a value check, one pass over the targets; see
+    `visionblocks.set_value_checks`).
 
-    Dtype policy: float16/bfloat16 inputs are computed in float32; ``"none"`` returns the
-    inputs' dtype, ``"sum"``/``"mean"`` return float32 (see `visionblocks._core.reduce`).
+    With either extra on, sums are accumulated in float32 for half inputs (and returned in
+    PyTorch's dtype), and a ``"mean"`` that counts nothing (an empty input, every element
+    ignored) is a zero that stays connected to the graph instead of NaN.
 
     Args:
         inputs (Tensor[...]): Logits, any shape.
         targets (Tensor[...]): Targets in ``[0, 1]`` (binary or soft), ``inputs``' shape; or
             ``ignore_index``.
         weight (Tensor[...], optional): Element weight broadcastable to ``inputs``.
+        size_average: PyTorch's deprecated argument (``None`` or a bool; warns).
+        reduce: PyTorch's deprecated argument (``None`` or a bool; warns).
+        reduction: ``"none"`` | ``"mean"`` | ``"sum"``.
         pos_weight (Tensor[...], optional): Weight of the positive term, broadcastable to
             ``inputs`` (typically ``Tensor[C]`` for ``Tensor[N, C]`` inputs).
         label_smoothing: In ``[0, 1)``.
         ignore_index: ``None`` or the target value to exclude.
-        reduction: ``"none"`` | ``"mean"`` | ``"sum"``.
 
     Returns:
-        Tensor: ``"none"``: ``inputs``' shape and dtype; otherwise a scalar in the compute
-        dtype (float32 for half inputs).
+        Tensor: ``"none"``: ``inputs``' shape; otherwise a scalar. In PyTorch's dtype: the
+        targets' (the inputs' for integer or boolean targets).
 
     Raises:
-        TypeError: Non-floating ``inputs``/``weight``/``pos_weight``, a non-tensor ``targets``,
-            or options of the wrong type.
+        TypeError: Non-floating ``inputs``, a non-tensor or complex ``targets``/``weight``/
+            ``pos_weight``, options of the wrong type, or a ``size_average``/``reduce`` that
+            is not ``None`` or a bool.
         ValueError: ``targets`` of another shape, ``weight``/``pos_weight`` not broadcastable
             to ``inputs``, tensors on different devices, ``label_smoothing`` outside
             ``[0, 1)``, a non-finite ``ignore_index``, an unknown ``reduction``, or (value
@@ -127,6 +155,7 @@ def binary_cross_entropy_with_logits(
         ...                                  label_smoothing=0.1, reduction="none")
         tensor([0.2269, 0.3633, 0.4991])
     """
+    reduction = legacy_reduction(size_average, reduce, reduction)
     check_floating("inputs", inputs)
     check_tensor("targets", targets)
     check_same_shape("inputs", inputs, "targets", targets)
@@ -137,41 +166,50 @@ def binary_cross_entropy_with_logits(
     check_same_device(inputs=inputs, targets=targets, weight=weight, pos_weight=pos_weight)
     _check_options(label_smoothing, ignore_index, reduction)
 
-    cdt = compute_dtype(inputs.dtype)
-    t = targets.to(cdt)
+    if ignore_index is None:
+        check_target_range("targets", targets, 0.0, 1.0, hint=_RANGE_HINT)
+    else:
+        hint = f" (ignore_index={ignore_index})"
+        check_target_range("targets", targets, 0.0, 1.0, ignore=ignore_index, hint=hint)
+    t = targets if targets.is_floating_point() else targets.to(inputs.dtype)
+    options = {"weight": weight, "pos_weight": pos_weight}
+    if ignore_index is None and label_smoothing == 0:
+        return F.binary_cross_entropy_with_logits(inputs, t, reduction=reduction, **options)
+
     valid = None
     if ignore_index is not None:
         valid = targets != ignore_index
         t = t.masked_fill(~valid, 0.0)  # any value in [0, 1]: the element is dropped below
-    if ignore_index is None:  # ignored elements hold 0 in t: checked with the rest
-        check_target_range("targets", t, 0.0, 1.0, hint=_RANGE_HINT)
-    else:
-        check_target_range("targets", t, 0.0, 1.0, hint=f" (ignore_index={ignore_index})")
     if label_smoothing > 0:
         t = t * (1.0 - label_smoothing) + label_smoothing / 2
-    loss = F.binary_cross_entropy_with_logits(
-        inputs.to(cdt),
-        t,
-        weight=None if weight is None else weight.to(cdt),
-        pos_weight=None if pos_weight is None else pos_weight.to(cdt),
-        reduction="none",
-    )
+    loss = F.binary_cross_entropy_with_logits(inputs, t, reduction="none", **options)
+    out_dtype = loss.dtype
+    loss = loss.to(compute_dtype(out_dtype))
     if valid is None:
-        return reduce_loss(loss, reduction, input_dtype=inputs.dtype)
+        return reduce_loss(loss, reduction, input_dtype=out_dtype).to(out_dtype)
     loss = loss.masked_fill(~valid, 0.0)
-    return reduce_loss(loss, reduction, input_dtype=inputs.dtype, count=valid.sum())
+    count = valid.sum()
+    return reduce_loss(loss, reduction, input_dtype=out_dtype, count=count).to(out_dtype)
 
 
 @LOSSES.register(name="bce")
 class BCEWithLogitsLoss(nn.Module):
     """Module form of `binary_cross_entropy_with_logits`; registered in ``LOSSES`` as ``"bce"``.
 
+    ``torch.nn.BCEWithLogitsLoss`` with label smoothing and ``ignore_index``: the same
+    positional arguments (``size_average`` and ``reduce`` are PyTorch's deprecated ones),
+    ``weight`` and ``pos_weight`` kept as buffers (so they follow ``.to()`` and are in the
+    state dict under the same keys), and the extras keyword-only after them. With the extras
+    off its results are PyTorch's.
+
     Args:
-        weight (Tensor[...], optional): Element weight (a buffer, so it follows ``.to()``).
+        weight (Tensor[...], optional): Element weight (a buffer).
+        size_average: PyTorch's deprecated argument (``None`` or a bool; warns).
+        reduce: PyTorch's deprecated argument (``None`` or a bool; warns).
+        reduction: ``"none"`` | ``"mean"`` | ``"sum"``.
         pos_weight (Tensor[...], optional): Positive-term weight (a buffer).
         label_smoothing: In ``[0, 1)``.
         ignore_index: ``None`` or the target value to exclude.
-        reduction: ``"none"`` | ``"mean"`` | ``"sum"``.
 
     Examples:
         >>> import torch
@@ -180,6 +218,8 @@ class BCEWithLogitsLoss(nn.Module):
         BCEWithLogitsLoss(label_smoothing=0.1, ignore_index=-1, reduction='mean')
         >>> loss_fn(torch.zeros(2, 3), torch.tensor([[1.0, 0.0, -1.0], [0.0, 1.0, 1.0]]))
         tensor(0.6931)
+        >>> BCEWithLogitsLoss(pos_weight=torch.tensor([3.0])).pos_weight
+        tensor([3.])
     """
 
     weight: Tensor | None
@@ -188,16 +228,19 @@ class BCEWithLogitsLoss(nn.Module):
     def __init__(
         self,
         weight: Tensor | None = None,
+        size_average: bool | None = None,
+        reduce: bool | None = None,
+        reduction: Reduction = "mean",
         pos_weight: Tensor | None = None,
+        *,
         label_smoothing: float = 0.0,
         ignore_index: float | None = None,
-        reduction: Reduction = "mean",
     ) -> None:
         super().__init__()
+        reduction = legacy_reduction(size_average, reduce, reduction)
         _check_options(label_smoothing, ignore_index, reduction)
-        for name, value in (("weight", weight), ("pos_weight", pos_weight)):
-            if value is not None:
-                check_floating(name, value)
+        _check_real("weight", weight)
+        _check_real("pos_weight", pos_weight)
         self.register_buffer("weight", weight)
         self.register_buffer("pos_weight", pos_weight)
         self.label_smoothing = label_smoothing

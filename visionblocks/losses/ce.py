@@ -1,9 +1,9 @@
 """Cross entropy with class weights, ``ignore_index``, label smoothing and OHEM (``top_k``).
 
-`cross_entropy` is `torch.nn.functional.cross_entropy` plus two things segmentation training
-needs: online hard example mining (``top_k``) and a ``"mean"`` that never returns NaN. The
-private helpers here (target checks, weighted mean, OHEM selection) are shared with
-`visionblocks.losses.softmax_focal`.
+`cross_entropy` is `torch.nn.functional.cross_entropy` (same signature, values, gradients and
+dtypes) plus online hard example mining (``top_k``), the one thing segmentation training
+needs beyond it, and clear errors. The private helpers here (target checks, weighted mean,
+OHEM selection) are shared with `visionblocks.losses.softmax_focal`.
 """
 
 from __future__ import annotations
@@ -15,113 +15,27 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from visionblocks._core.checks import check_range, check_type
-from visionblocks._core.reduce import check_reduction, check_target_range, compute_dtype
+from visionblocks._core.namespace import public_dir
+from visionblocks._core.reduce import check_target_range, compute_dtype
 from visionblocks._core.registry import LOSSES
-from visionblocks._core.tensor_checks import (
-    check_floating,
-    check_same_device,
-    check_tensor,
-    reads_values,
+from visionblocks.losses._ce_checks import (
+    check_class_indices,
+    check_class_weight,
+    check_devices,
+    check_logits_target,
+    check_options,
+    check_top_k,
 )
+from visionblocks.losses._torch_compat import TorchValueError, legacy_reduction
 
 __all__ = ["CrossEntropyLoss", "cross_entropy"]
+__dir__ = public_dir(__name__, __all__)
 
 Reduction = Literal["none", "mean", "sum"]
 
 # A product top_k * n_valid within this of an integer counts as that integer (0.07 * 100 is
 # 7.000000000000001 in float64; the user means 7).
 _K_EPS = 1e-6
-
-
-# ---------------------------------------------------------------------------------- checks
-def _check_options(ignore_index: int, label_smoothing: float, reduction: str) -> None:
-    check_type("ignore_index", ignore_index, int)
-    if isinstance(ignore_index, bool):
-        raise TypeError(f"ignore_index must be int, got bool ({ignore_index!r})")
-    check_type("label_smoothing", label_smoothing, (int, float))
-    check_range("label_smoothing", float(label_smoothing), 0.0, 1.0, high_inclusive=False)
-    check_reduction(reduction)
-
-
-def _check_top_k(top_k: float | None) -> None:
-    if top_k is None:
-        return
-    if isinstance(top_k, bool) or not isinstance(top_k, int | float):
-        raise TypeError(f"top_k must be None or a float in (0, 1], got {type(top_k).__name__}")
-    check_range("top_k", float(top_k), 0.0, 1.0, low_inclusive=False)
-
-
-def _check_class_weight(name: str, weight: Tensor | None, num_classes: int | None) -> None:
-    """``weight`` is None or a floating ``Tensor[C]`` (any ``C`` when ``num_classes`` is None)."""
-    if weight is None:
-        return
-    check_floating(name, weight)
-    if weight.dim() != 1 or (num_classes is not None and weight.shape[0] != num_classes):
-        expected = "C" if num_classes is None else num_classes
-        raise ValueError(
-            f"{name} must have shape ({expected},) (one value per class), got {tuple(weight.shape)}"
-        )
-
-
-def _check_logits_target(logits: Tensor, target: Tensor, *, allow_probs: bool) -> bool:
-    """Validate ``logits (N, C, ...)`` and ``target``; return whether ``target`` holds probs."""
-    check_floating("logits", logits)
-    check_tensor("target", target)
-    if logits.dim() == 0:
-        raise ValueError("logits must have shape (C,), (N, C) or (N, C, ...), got a 0-d tensor")
-    num_classes = logits.shape[0 if logits.dim() == 1 else 1]
-    if num_classes == 0:
-        raise ValueError(f"logits must have at least one class, got shape {tuple(logits.shape)}")
-    index_shape = () if logits.dim() == 1 else (logits.shape[0], *logits.shape[2:])
-    if target.is_floating_point():
-        if not allow_probs:
-            raise TypeError(
-                f"target must hold class indices (an integer dtype), got dtype {target.dtype}; "
-                "use cross_entropy for probability targets"
-            )
-        if target.shape != logits.shape:
-            raise ValueError(
-                f"probability targets must have the logits' shape {tuple(logits.shape)}, "
-                f"got {tuple(target.shape)}"
-            )
-        return True
-    if target.dtype == torch.bool or target.is_complex():
-        raise TypeError(f"target must hold class indices (an integer dtype), got {target.dtype}")
-    if tuple(target.shape) != index_shape:
-        raise ValueError(
-            f"target of class indices must have shape {index_shape} for logits of shape "
-            f"{tuple(logits.shape)}, got {tuple(target.shape)}"
-        )
-    return False
-
-
-def _check_target_range(target: Tensor, num_classes: int, ignore_index: int) -> None:
-    """Raise ``ValueError`` for class indices outside ``[0, C)`` (other than ``ignore_index``).
-
-    A value check (skipped when `visionblocks.value_checks_enabled` is off): one ``aminmax``,
-    and a second one over the targets with ``ignore_index`` masked when the first finds values
-    outside ``[0, C)``. With value checks off, an out-of-range index hits the device-side
-    assert (CUDA) or the ``IndexError`` (CPU) of ``nll_loss``, exactly as ``F.cross_entropy``.
-    """
-    if target.numel() == 0 or not reads_values(target):
-        return
-    for values in (target, None):
-        if values is None:
-            values = target.masked_fill(target == ignore_index, 0)
-        lo, hi = (int(v) for v in torch.aminmax(values))
-        if lo >= 0 and hi < num_classes:
-            return
-    value = lo if lo < 0 else hi
-    raise ValueError(
-        f"target class indices must be in [0, {num_classes}) or equal ignore_index "
-        f"({ignore_index}), got {value}"
-    )
-
-
-def _check_devices(logits: Tensor, target: Tensor, **others: Tensor | float | None) -> None:
-    tensors = {k: v for k, v in others.items() if isinstance(v, Tensor)}
-    check_same_device(logits=logits, target=target, **tensors)
 
 
 # ------------------------------------------------------------------------------- reduction
@@ -212,60 +126,74 @@ def _reduce_class_loss(
 def cross_entropy(
     logits: Tensor,
     target: Tensor,
-    *,
     weight: Tensor | None = None,
+    size_average: bool | None = None,
     ignore_index: int = -100,
-    label_smoothing: float = 0.0,
+    reduce: bool | None = None,
     reduction: Reduction = "mean",
+    label_smoothing: float = 0.0,
+    *,
     top_k: float | None = None,
 ) -> Tensor:
     """Cross entropy over logits, with online hard example mining (OHEM) as an option.
 
-    With ``top_k=None`` (or ``1.0``) this equals `torch.nn.functional.cross_entropy` in value
-    and gradient, for class-index and probability targets, including its weighted mean: with
-    ``weight``, ``"mean"`` divides the summed loss by the sum of the *target classes'* weights
-    over the non-ignored elements, not by their number. Two differences: when nothing is
-    counted (an empty batch, every element ignored) ``"mean"`` returns a zero that stays
-    connected to the graph instead of NaN, and bad inputs raise ``ValueError``/``TypeError``.
+    With ``top_k=None`` this *is* `torch.nn.functional.cross_entropy`, after input checks:
+    same positional signature (``size_average``/``reduce`` are PyTorch's deprecated
+    arguments), values, gradients and dtypes, for class-index and probability targets,
+    including its weighted mean (with ``weight``, ``"mean"`` divides the summed loss by the sum
+    of the *target classes'* weights over the non-ignored elements, not by their number) and
+    its NaN when ``"mean"`` counts nothing (every element ignored, an empty batch). The
+    differences are only for calls PyTorch rejects: any integer dtype of class indices, a
+    ``weight`` of another floating dtype than ``logits`` (cast to it), and clear errors.
+    Bad values raise ``ValueError``; where PyTorch raises ``RuntimeError`` or ``IndexError``
+    for the same input, the error is also that type. The first argument is named ``logits``
+    (PyTorch: ``input``).
 
-    OHEM (``top_k`` in ``(0, 1]``): of the ``n_valid`` non-ignored elements (samples for
-    ``(N, C)`` logits, pixels across the whole batch for ``(N, C, H, W)``), keep the
-    ``k = ceil(top_k * n_valid)`` with the largest loss (at least one; a product within 1e-6 of
-    an integer counts as that integer, so 0.07 of 100 keeps 7) and drop the rest. The loss that
-    ranks them is the element-wise loss ``reduction="none"`` returns without ``top_k``, so class
-    weights and label smoothing take part. Exactly ``k`` are kept (among equal losses at the
-    boundary, which ones is unspecified). Then ``"none"`` returns the element-wise loss with
-    dropped elements set to zero, ``"sum"`` sums the kept ones, and ``"mean"`` divides that sum
-    by the kept count, or by the sum of the kept elements' target-class weights when ``weight``
-    is given.
+    OHEM (``top_k`` in ``(0, 1]``, keyword-only): of the ``n_valid`` non-ignored elements
+    (samples for ``(N, C)`` logits, pixels across the whole batch for ``(N, C, H, W)``), keep
+    the ``k = ceil(top_k * n_valid)`` with the largest loss (at least one; a product within
+    1e-6 of an integer counts as that integer, so 0.07 of 100 keeps 7) and drop the rest. The
+    loss that ranks them is the element-wise loss ``reduction="none"`` returns without
+    ``top_k``, so class weights and label smoothing take part. Exactly ``k`` are kept (among
+    equal losses at the boundary, which ones is unspecified). Then ``"none"`` returns the
+    element-wise loss with dropped elements set to zero, ``"sum"`` sums the kept ones, and
+    ``"mean"`` divides that sum by the kept count, or by the sum of the kept elements'
+    target-class weights when ``weight`` is given. With ``top_k`` (``1.0`` included), a
+    ``"mean"`` that counts nothing is a zero that stays connected to the graph instead of NaN,
+    so a crop with every pixel ignored cannot derail training. Sums are accumulated in float32
+    for half inputs and returned in PyTorch's dtype.
 
-    Dtype policy: float16/bfloat16 logits are computed in float32; ``"none"`` returns the
-    logits' dtype, ``"sum"``/``"mean"`` return float32 (see `visionblocks._core.reduce`).
+    Dtypes are PyTorch's: the logits' dtype for class-index targets, the promoted dtype of
+    logits and targets for probabilities (float32 under autocast), for every ``reduction``.
 
     Args:
         logits (Tensor[N, C, ...]): Unnormalised scores; class dimension 1 (or ``Tensor[C]``).
         target (Tensor[N, ...]): Class indices in ``[0, C)`` or ``ignore_index`` (integer
             dtype); or class probabilities of ``logits``' shape (floating dtype).
         weight (Tensor[C], optional): Per-class weight, as in ``F.cross_entropy``.
+        size_average: PyTorch's deprecated argument (``None`` or a bool; warns).
         ignore_index: Target value excluded from the loss and from ``"mean"`` (class-index
             targets only; probability targets require the default -100, as in PyTorch).
-        label_smoothing: In ``[0, 1)``; mixes the target with the uniform distribution,
-            ``(1 - s) * target + s / C``, exactly as ``F.cross_entropy``.
+        reduce: PyTorch's deprecated argument (``None`` or a bool; warns).
         reduction: ``"none"`` | ``"mean"`` | ``"sum"``.
+        label_smoothing: In ``[0, 1]``; mixes the target with the uniform distribution,
+            ``(1 - s) * target + s / C``, exactly as ``F.cross_entropy``.
         top_k: ``None`` (no mining) or the fraction in ``(0, 1]`` of valid elements to keep.
 
     Returns:
-        Tensor: ``"none"``: ``Tensor[N, ...]`` in the logits' dtype; otherwise a scalar in the
-        compute dtype (float32 for half inputs).
+        Tensor: ``"none"``: ``Tensor[N, ...]``; otherwise a scalar. In PyTorch's dtype (see
+        above).
 
     Raises:
-        TypeError: Non-floating ``logits``, a boolean target, or options of the wrong type.
+        TypeError: Non-floating ``logits``, a boolean target, options of the wrong type, or a
+            ``size_average``/``reduce`` that is not ``None`` or a bool.
         ValueError: Mismatched shapes or devices, a ``weight`` not of shape ``(C,)``,
-            ``label_smoothing`` outside ``[0, 1)``, ``top_k`` outside ``(0, 1]``, an unknown
+            ``label_smoothing`` outside ``[0, 1]``, ``top_k`` outside ``(0, 1]``, an unknown
             ``reduction``, a non-default ``ignore_index`` with probability targets, or (value
-            checks, see `visionblocks.set_value_checks`) a class index outside ``[0, C)`` or a
-            probability outside ``[0, 1]``. With value checks off, a bad index triggers the
-            same device-side assert (CUDA) or ``IndexError`` (CPU) as ``F.cross_entropy``.
+            checks, see `visionblocks.set_value_checks`) a class index outside ``[0, C)``
+            (also an ``IndexError``, as in PyTorch) or a probability outside ``[0, 1]``. With
+            value checks off, a bad index triggers the same device-side assert (CUDA) or
+            ``IndexError`` (CPU) as ``F.cross_entropy``.
 
     Examples:
         >>> import torch
@@ -275,53 +203,64 @@ def cross_entropy(
         tensor(0.7936)
         >>> cross_entropy(logits, target, top_k=0.3)  # only the hardest sample (the third)
         tensor(2.1269)
-        >>> cross_entropy(logits, torch.full((3,), -100))  # everything ignored: 0, not NaN
+        >>> cross_entropy(logits, torch.full((3,), -100))  # everything ignored: as PyTorch
+        tensor(nan)
+        >>> cross_entropy(logits, torch.full((3,), -100), top_k=1.0)  # with OHEM: 0
         tensor(0.)
 
     References:
         Shrivastava et al., "Training Region-based Object Detectors with Online Hard Example
         Mining", CVPR 2016. https://arxiv.org/abs/1604.03540
     """
-    is_prob = _check_logits_target(logits, target, allow_probs=True)
-    _check_options(ignore_index, label_smoothing, reduction)
-    _check_top_k(top_k)
+    reduction = legacy_reduction(size_average, reduce, reduction)
+    is_prob = check_logits_target(logits, target, allow_probs=True)
+    check_options(ignore_index, label_smoothing, reduction, smoothing_up_to_1=True)
+    check_top_k(top_k)
     num_classes = logits.shape[0 if logits.dim() == 1 else 1]
-    _check_class_weight("weight", weight, num_classes)
-    _check_devices(logits, target, weight=weight)
+    check_class_weight("weight", weight, num_classes)
+    check_devices(logits, target, weight=weight)
     if is_prob and ignore_index != -100:
-        raise ValueError(
+        raise TorchValueError(
             "ignore_index is not supported for probability targets, "
             f"got ignore_index={ignore_index}"
         )
-
-    cdt = compute_dtype(logits.dtype)
-    x = logits.to(cdt)
-    w = None if weight is None else weight.to(cdt)
+    w = weight
+    if w is not None and w.dtype != logits.dtype and not _autocast(logits):
+        w = w.to(logits.dtype)  # PyTorch requires the logits' dtype
     if is_prob:
-        t = target.to(cdt)
-        check_target_range("target", t, 0.0, 1.0, hint=" (class probabilities)")
-        loss = F.cross_entropy(x, t, weight=w, reduction="none", label_smoothing=label_smoothing)
-        return _reduce_class_loss(
-            loss, reduction, input_dtype=logits.dtype, valid=None, elem_weight=None, top_k=top_k
-        )
+        check_target_range("target", target, 0.0, 1.0, hint=" (class probabilities)")
+    else:
+        check_class_indices(target, num_classes, ignore_index)
+        target = target.long()
+    options = {"weight": w, "ignore_index": ignore_index, "label_smoothing": label_smoothing}
+    if top_k is None:
+        return F.cross_entropy(logits, target, reduction=reduction, **options)
 
-    _check_target_range(target, num_classes, ignore_index)
-    target = target.long()
-    loss = F.cross_entropy(
-        x,
-        target,
-        weight=w,
-        ignore_index=ignore_index,
-        reduction="none",
-        label_smoothing=label_smoothing,
-    )
+    loss = F.cross_entropy(logits, target, reduction="none", **options)
+    out_dtype = loss.dtype
+    loss = loss.to(compute_dtype(out_dtype))
+    if is_prob:
+        reduced = _reduce_class_loss(
+            loss, reduction, input_dtype=out_dtype, valid=None, elem_weight=None, top_k=top_k
+        )
+        return reduced.to(out_dtype)
     valid = target != ignore_index
     elem_weight = None
     if w is not None and reduction == "mean":
-        elem_weight = w[target.masked_fill(~valid, 0)].masked_fill(~valid, 0.0)
-    return _reduce_class_loss(
-        loss, reduction, input_dtype=logits.dtype, valid=valid, elem_weight=elem_weight, top_k=top_k
+        safe = target.masked_fill(~valid, 0)
+        elem_weight = w.to(loss.dtype)[safe].masked_fill(~valid, 0.0)
+    reduced = _reduce_class_loss(
+        loss, reduction, input_dtype=out_dtype, valid=valid, elem_weight=elem_weight, top_k=top_k
     )
+    return reduced.to(out_dtype)
+
+
+def _autocast(t: Tensor) -> bool:
+    """Whether autocast is on for ``t``'s device (PyTorch then casts the inputs itself)."""
+    try:
+        return torch.is_autocast_enabled(t.device.type)
+    except RuntimeError:  # a device type without autocast (meta, ...)
+        return False
 
 
 # ---------------------------------------------------------------------------------- module
@@ -329,12 +268,18 @@ def cross_entropy(
 class CrossEntropyLoss(nn.Module):
     """Module form of `cross_entropy`; registered in ``LOSSES`` as ``"ce"``.
 
+    ``torch.nn.CrossEntropyLoss`` with OHEM: the same positional arguments (``size_average``
+    and ``reduce`` are PyTorch's deprecated ones), ``weight`` kept as a buffer (so it follows
+    ``.to(device)`` and is in the state dict under the same key), the same attributes, and
+    ``top_k`` keyword-only after them. With ``top_k=None`` its results are PyTorch's.
+
     Args:
-        weight (Tensor[C], optional): Per-class weight (kept as a buffer, so it follows
-            ``.to(device)``).
+        weight (Tensor[C], optional): Per-class weight (a buffer).
+        size_average: PyTorch's deprecated argument (``None`` or a bool; warns).
         ignore_index: Target value excluded from the loss and from ``"mean"``.
-        label_smoothing: In ``[0, 1)``.
+        reduce: PyTorch's deprecated argument (``None`` or a bool; warns).
         reduction: ``"none"`` | ``"mean"`` | ``"sum"``.
+        label_smoothing: In ``[0, 1]``.
         top_k: ``None`` or the OHEM fraction in ``(0, 1]``.
 
     Examples:
@@ -345,6 +290,8 @@ class CrossEntropyLoss(nn.Module):
         >>> logits, target = torch.randn(2, 3, 4, 4), torch.randint(0, 3, (2, 4, 4))
         >>> loss_fn(logits, target).shape
         torch.Size([])
+        >>> CrossEntropyLoss(torch.tensor([1.0, 2.0, 0.5])).weight  # weight first, as in torch
+        tensor([1.0000, 2.0000, 0.5000])
     """
 
     weight: Tensor | None
@@ -352,15 +299,19 @@ class CrossEntropyLoss(nn.Module):
     def __init__(
         self,
         weight: Tensor | None = None,
+        size_average: bool | None = None,
         ignore_index: int = -100,
-        label_smoothing: float = 0.0,
+        reduce: bool | None = None,
         reduction: Reduction = "mean",
+        label_smoothing: float = 0.0,
+        *,
         top_k: float | None = None,
     ) -> None:
         super().__init__()
-        _check_options(ignore_index, label_smoothing, reduction)
-        _check_top_k(top_k)
-        _check_class_weight("weight", weight, None)
+        reduction = legacy_reduction(size_average, reduce, reduction)
+        check_options(ignore_index, label_smoothing, reduction, smoothing_up_to_1=True)
+        check_top_k(top_k)
+        check_class_weight("weight", weight, None)
         self.register_buffer("weight", weight)
         self.ignore_index = ignore_index
         self.label_smoothing = label_smoothing

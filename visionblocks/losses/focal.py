@@ -9,13 +9,15 @@ exact forms serves when float targets or the weight need gradients.
 from __future__ import annotations
 
 import math
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from torch import Tensor, nn
 
 from visionblocks._core.checks import check_choice, check_range, check_type
+from visionblocks._core.deprecation import deprecated_attribute
 from visionblocks._core.dispatch import IMPLS
+from visionblocks._core.namespace import public_dir
 from visionblocks._core.reduce import (
     check_normalizer,
     check_reduction,
@@ -29,7 +31,8 @@ from visionblocks.kernels._dispatch import resolve_impl, run_fused
 from visionblocks.losses._focal_script import focal_terms, script_focal
 from visionblocks.losses._focal_torch import SigmoidFocalFunction
 
-__all__ = ["FocalLoss", "sigmoid_focal_loss"]
+__all__ = ["SigmoidFocalLoss", "sigmoid_focal_loss"]
+__dir__ = public_dir(__name__, __all__)
 
 Reduction = Literal["none", "mean", "sum"]
 
@@ -282,9 +285,12 @@ def _focal_eager(inputs, targets, alpha, gamma, reduction, weight, ignore_index,
     )
 
 
-@LOSSES.register(name="focal")
-class FocalLoss(nn.Module):
+@LOSSES.register(name="focal", aliases=("sigmoid_focal",))
+class SigmoidFocalLoss(nn.Module):
     """Module form of `sigmoid_focal_loss`; registered in ``LOSSES`` as ``"focal"``.
+
+    Also registered as ``"sigmoid_focal"``. ``FocalLoss`` is a deprecated alias of this
+    class (removed in 0.3).
 
     Args:
         alpha: Weight of positives in ``[0, 1]``; ``None`` or negative disables it.
@@ -299,9 +305,9 @@ class FocalLoss(nn.Module):
 
     Examples:
         >>> import torch
-        >>> loss_fn = FocalLoss(reduction="sum", ignore_index=-1)
+        >>> loss_fn = SigmoidFocalLoss(reduction="sum", ignore_index=-1)
         >>> loss_fn
-        FocalLoss(alpha=0.25, gamma=2.0, reduction='sum', ignore_index=-1)
+        SigmoidFocalLoss(alpha=0.25, gamma=2.0, reduction='sum', ignore_index=-1)
         >>> logits, labels = torch.zeros(4, 3), torch.tensor([0, 2, 3, -1])
         >>> loss_fn(logits, labels, normalizer=2.0)  # the sum over 3 rows, divided by 2
         tensor(0.4982)
@@ -351,3 +357,10 @@ class FocalLoss(nn.Module):
             f"alpha={self.alpha}, gamma={self.gamma}, reduction={self.reduction!r}, "
             f"ignore_index={self.ignore_index}"
         )
+
+
+_DEPRECATED = {"FocalLoss": ("SigmoidFocalLoss", "0.3")}
+
+
+def __getattr__(name: str) -> Any:
+    return deprecated_attribute(__name__, globals(), _DEPRECATED, name)

@@ -1,18 +1,23 @@
 """Module forms of the GIoU / DIoU / CIoU box losses, registered in ``LOSSES``.
 
 The functions live in `visionblocks.ops.iou_loss` (their docstrings hold the box convention,
-the degenerate-box policy and the dtype policy); these modules only keep the options.
+the degenerate-box policy and the dtype policy); these modules only keep the options. Each
+module has its function's stem: `GeneralizedBoxIoULoss` is the module form of
+``generalized_box_iou_loss``, and so on. ``GIoULoss``, ``DIoULoss`` and ``CIoULoss`` are
+deprecated aliases (removed in 0.3).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Literal
+from typing import Any, Literal
 
 from torch import Tensor, nn
 
 from visionblocks._core.checks import check_choice, check_type
+from visionblocks._core.deprecation import deprecated_attribute
 from visionblocks._core.dispatch import IMPLS
+from visionblocks._core.namespace import public_dir
 from visionblocks._core.reduce import check_reduction
 from visionblocks._core.registry import LOSSES
 from visionblocks.ops.iou_loss import (
@@ -22,7 +27,8 @@ from visionblocks.ops.iou_loss import (
     generalized_box_iou_loss,
 )
 
-__all__ = ["CIoULoss", "DIoULoss", "GIoULoss"]
+__all__ = ["CompleteBoxIoULoss", "DistanceBoxIoULoss", "GeneralizedBoxIoULoss"]
+__dir__ = public_dir(__name__, __all__)
 
 Reduction = Literal["none", "mean", "sum"]
 
@@ -49,11 +55,12 @@ class _BoxIoULoss(nn.Module):
         return f"reduction={self.reduction!r}, eps={self.eps}"
 
 
-@LOSSES.register(name="giou")
-class GIoULoss(_BoxIoULoss):
+@LOSSES.register(name="giou", aliases=("generalized_box_iou",))
+class GeneralizedBoxIoULoss(_BoxIoULoss):
     """Module form of `visionblocks.ops.iou_loss.generalized_box_iou_loss`.
 
-    Registered in ``LOSSES`` as ``"giou"``.
+    Registered in ``LOSSES`` as ``"giou"`` (alias ``"generalized_box_iou"``). ``GIoULoss`` is a
+    deprecated alias of this class (removed in 0.3).
 
     Args:
         reduction: ``"none"`` | ``"mean"`` | ``"sum"``; defaults to ``"mean"`` like torch's
@@ -63,9 +70,9 @@ class GIoULoss(_BoxIoULoss):
 
     Examples:
         >>> import torch
-        >>> loss_fn = GIoULoss()
+        >>> loss_fn = GeneralizedBoxIoULoss()
         >>> loss_fn
-        GIoULoss(reduction='mean', eps=1e-07)
+        GeneralizedBoxIoULoss(reduction='mean', eps=1e-07)
         >>> pred = torch.tensor([[0.0, 0.0, 2.0, 2.0], [0.0, 0.0, 1.0, 1.0]])
         >>> target = torch.tensor([[1.0, 1.0, 3.0, 3.0], [2.0, 0.0, 3.0, 1.0]])
         >>> loss_fn(pred, target)
@@ -75,11 +82,12 @@ class GIoULoss(_BoxIoULoss):
     _fn = staticmethod(generalized_box_iou_loss)
 
 
-@LOSSES.register(name="diou")
-class DIoULoss(_BoxIoULoss):
+@LOSSES.register(name="diou", aliases=("distance_box_iou",))
+class DistanceBoxIoULoss(_BoxIoULoss):
     """Module form of `visionblocks.ops.iou_loss.distance_box_iou_loss`.
 
-    Registered in ``LOSSES`` as ``"diou"``.
+    Registered in ``LOSSES`` as ``"diou"`` (alias ``"distance_box_iou"``). ``DIoULoss`` is a
+    deprecated alias of this class (removed in 0.3).
 
     Args:
         reduction: ``"none"`` | ``"mean"`` | ``"sum"``; defaults to ``"mean"``.
@@ -88,7 +96,7 @@ class DIoULoss(_BoxIoULoss):
 
     Examples:
         >>> import torch
-        >>> loss_fn = DIoULoss(reduction="none")
+        >>> loss_fn = DistanceBoxIoULoss(reduction="none")
         >>> loss_fn(torch.tensor([[0.0, 0.0, 2.0, 2.0]]), torch.tensor([[1.0, 1.0, 3.0, 3.0]]))
         tensor([0.9683])
     """
@@ -96,11 +104,12 @@ class DIoULoss(_BoxIoULoss):
     _fn = staticmethod(distance_box_iou_loss)
 
 
-@LOSSES.register(name="ciou")
-class CIoULoss(_BoxIoULoss):
+@LOSSES.register(name="ciou", aliases=("complete_box_iou",))
+class CompleteBoxIoULoss(_BoxIoULoss):
     """Module form of `visionblocks.ops.iou_loss.complete_box_iou_loss`.
 
-    Registered in ``LOSSES`` as ``"ciou"``.
+    Registered in ``LOSSES`` as ``"ciou"`` (alias ``"complete_box_iou"``). ``CIoULoss`` is a
+    deprecated alias of this class (removed in 0.3).
 
     Args:
         reduction: ``"none"`` | ``"mean"`` | ``"sum"``; defaults to ``"mean"``.
@@ -109,9 +118,20 @@ class CIoULoss(_BoxIoULoss):
 
     Examples:
         >>> import torch
-        >>> loss_fn = CIoULoss(reduction="sum")
+        >>> loss_fn = CompleteBoxIoULoss(reduction="sum")
         >>> loss_fn(torch.tensor([[0.0, 0.0, 2.0, 1.0]]), torch.tensor([[0.0, 0.0, 1.0, 2.0]]))
         tensor(0.7629)
     """
 
     _fn = staticmethod(complete_box_iou_loss)
+
+
+_DEPRECATED = {
+    "GIoULoss": ("GeneralizedBoxIoULoss", "0.3"),
+    "DIoULoss": ("DistanceBoxIoULoss", "0.3"),
+    "CIoULoss": ("CompleteBoxIoULoss", "0.3"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    return deprecated_attribute(__name__, globals(), _DEPRECATED, name)

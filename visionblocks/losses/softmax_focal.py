@@ -11,19 +11,21 @@ from torch import Tensor, nn
 
 from visionblocks._core.checks import check_choice, check_range, check_type
 from visionblocks._core.dispatch import IMPLS
+from visionblocks._core.namespace import public_dir
 from visionblocks._core.reduce import compute_dtype
 from visionblocks._core.registry import LOSSES
 from visionblocks.kernels._dispatch import resolve_impl
-from visionblocks.losses.ce import (
-    _check_class_weight,
-    _check_devices,
-    _check_logits_target,
-    _check_options,
-    _check_target_range,
-    _reduce_class_loss,
+from visionblocks.losses._ce_checks import (
+    check_class_indices,
+    check_class_weight,
+    check_devices,
+    check_logits_target,
+    check_options,
 )
+from visionblocks.losses.ce import _reduce_class_loss
 
 __all__ = ["SoftmaxFocalLoss", "softmax_focal_loss"]
+__dir__ = public_dir(__name__, __all__)
 
 Reduction = Literal["none", "mean", "sum"]
 
@@ -35,7 +37,7 @@ def _check_focal_options(gamma: float, alpha: float | Tensor | None) -> None:
     if alpha is None:
         return
     if isinstance(alpha, Tensor):
-        _check_class_weight("alpha", alpha, None)
+        check_class_weight("alpha", alpha, None)
         return
     if isinstance(alpha, bool) or not isinstance(alpha, int | float):
         raise TypeError(
@@ -131,17 +133,17 @@ def softmax_focal_loss(
         Lin et al., "Focal Loss for Dense Object Detection", ICCV 2017.
         https://arxiv.org/abs/1708.02002
     """
-    _check_logits_target(logits, target, allow_probs=False)
-    _check_options(ignore_index, label_smoothing, reduction)
+    check_logits_target(logits, target, allow_probs=False)
+    check_options(ignore_index, label_smoothing, reduction)
     _check_focal_options(gamma, alpha)
     unbatched = logits.dim() == 1
     num_classes = logits.shape[0 if unbatched else 1]
-    _check_class_weight("weight", weight, num_classes)
+    check_class_weight("weight", weight, num_classes)
     if isinstance(alpha, Tensor):
-        _check_class_weight("alpha", alpha, num_classes)
-    _check_devices(logits, target, weight=weight, alpha=alpha)
+        check_class_weight("alpha", alpha, num_classes)
+    check_devices(logits, target, weight=weight, alpha=alpha)
     resolve_impl(impl, "softmax_focal_loss", logits)  # validates impl; no kernel, so torch
-    _check_target_range(target, num_classes, ignore_index)
+    check_class_indices(target, num_classes, ignore_index)
 
     if unbatched:
         logits, target = logits.unsqueeze(0), target.unsqueeze(0)
@@ -219,8 +221,8 @@ class SoftmaxFocalLoss(nn.Module):
     ) -> None:
         super().__init__()
         _check_focal_options(gamma, alpha)
-        _check_options(ignore_index, label_smoothing, reduction)
-        _check_class_weight("weight", weight, None)
+        check_options(ignore_index, label_smoothing, reduction)
+        check_class_weight("weight", weight, None)
         check_type("impl", impl, str)
         check_choice("impl", impl, IMPLS)
         self.gamma = gamma

@@ -8,6 +8,7 @@
   ``segmenter``): semantic segmentation.
 """
 
+from visionblocks._core.namespace import public_dir
 from visionblocks.models.detector import Detector, build_detector
 from visionblocks.models.fcos import FCOSHead
 from visionblocks.models.fpn import FPN
@@ -25,3 +26,4 @@ __all__ = [
     "decode_ltrb",
     "postprocess_detections",
 ]
+__dir__ = public_dir(__name__, __all__)

@@ -26,7 +26,7 @@ _XYXY_HINT = (
     "boxes must be XYXY (x1, y1, x2, y2) in pixels with x2 > x1 and y2 > y1. COCO-style "
     '[x, y, w, h] boxes must be converted first (torchvision.ops.box_convert(boxes, "xywh", '
     '"xyxy")); zero-size boxes cover no location, so they are rejected rather than silently '
-    "ignored: drop them beforehand (CocoDetection does by default; after transforms that crop, "
+    "ignored: drop them beforehand (visionblocks.data.CocoInstances does by default; after transforms that crop, "
     "use torchvision.transforms.v2.SanitizeBoundingBoxes)"
 )
 

@@ -9,6 +9,7 @@ import torch
 from torch import Tensor
 
 from visionblocks._core.checks import check_int
+from visionblocks._core.namespace import public_dir
 from visionblocks._core.registry import MODELS
 from visionblocks._core.tensor_checks import check_device, check_floating
 from visionblocks._core.values import value_checks_enabled
@@ -16,6 +17,7 @@ from visionblocks.models._compose import ComposedModel, build_parts
 from visionblocks.models._targets import prepare_targets
 
 __all__ = ["Detector", "build_detector", "normalize_images", "training_targets"]
+__dir__ = public_dir(__name__, __all__)
 
 
 def _check_image_sizes(image_sizes: Any, batch: Tensor) -> list[tuple[int, int]]:

@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from visionblocks._core.checks import check_int, check_number
+from visionblocks._core.namespace import public_dir
 from visionblocks._core.registry import HEADS
 from visionblocks.distributed import reduce_mean
 from visionblocks.init import bias_init_with_prob, normal_init
@@ -30,6 +31,7 @@ from visionblocks.nn.layers import NormSpec, make_norm
 from visionblocks.ops.iou_loss import generalized_box_iou_loss
 
 __all__ = ["FCOSHead"]
+__dir__ = public_dir(__name__, __all__)
 
 Outputs = dict[str, list[Any]]
 

@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from visionblocks._core.checks import check_choice, check_int, check_positive_ints
+from visionblocks._core.namespace import public_dir
 from visionblocks._core.registry import NECKS
 from visionblocks.init import c2_xavier_fill
 from visionblocks.models._levels import check_levels
@@ -20,6 +21,7 @@ from visionblocks.nn.conv import ConvNormAct
 from visionblocks.nn.layers import NormSpec
 
 __all__ = ["FPN"]
+__dir__ = public_dir(__name__, __all__)
 
 
 def level_name(stride: int) -> str:

@@ -9,11 +9,13 @@ import torch
 from torch import Tensor
 
 from visionblocks._core.checks import check_int, check_number
+from visionblocks._core.namespace import public_dir
 from visionblocks._core.tensor_checks import check_device, check_floating
 from visionblocks._core.values import value_checks_enabled
 from visionblocks.models._levels import check_size
 
 __all__ = ["decode_ltrb", "postprocess_detections", "postprocess_padded"]
+__dir__ = public_dir(__name__, __all__)
 
 
 def decode_ltrb(points: Tensor, distances: Tensor) -> Tensor:

@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from visionblocks._core.checks import check_choice, check_int, check_number, check_type
+from visionblocks._core.namespace import public_dir
 from visionblocks._core.registry import HEADS, MODELS
 from visionblocks._core.tensor_checks import check_device
 from visionblocks._core.values import value_checks_enabled
@@ -27,6 +28,7 @@ from visionblocks.nn.conv import ConvNormAct
 from visionblocks.nn.layers import NormSpec
 
 __all__ = ["FPNSegHead", "Segmenter", "build_segmenter"]
+__dir__ = public_dir(__name__, __all__)
 
 
 def check_label_maps(
@@ -216,8 +218,11 @@ class FPNSegHead(nn.Module):
                 logits.float(), labels, gamma=self.gamma, ignore_index=self.ignore_index
             )
         else:
+            # top_k=1.0 (every valid pixel) rather than None: a batch with every pixel
+            # ignored gives a zero loss, where F.cross_entropy's "mean" gives NaN.
             value = cross_entropy(
-                logits.float(), labels, ignore_index=self.ignore_index, top_k=self.top_k,
+                logits.float(), labels, ignore_index=self.ignore_index,
+                top_k=1.0 if self.top_k is None else self.top_k,
                 label_smoothing=self.label_smoothing,
             )  # fmt: skip
         return {"loss_seg": value}

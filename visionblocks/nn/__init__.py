@@ -3,6 +3,7 @@
 Every block is registered in `visionblocks.registry.LAYERS`.
 """
 
+from visionblocks._core.namespace import public_dir
 from visionblocks.nn.conv import (
     ChannelShuffle,
     ConvNormAct,
@@ -31,3 +32,4 @@ __all__ = [
     "make_activation",
     "make_norm",
 ]
+__dir__ = public_dir(__name__, __all__)

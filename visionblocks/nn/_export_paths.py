@@ -1,6 +1,6 @@
 """Plain-torch forms of the local ops for ``torch.export`` (private).
 
-`visionblocks.ops.local.local_filter` and `visionblocks.ops.local_attention.local_attention2d`
+`visionblocks.ops.local.local_filter2d` and `visionblocks.ops.local_attention.local_attention2d`
 run a blocked implementation whose parts go to a thread pool (`visionblocks._core.parallel`) and
 write into preallocated outputs: export traces only the calling thread (the parts in pool
 threads are lost: non-strict export gives wrong outputs) and strict export cannot trace the
@@ -33,7 +33,7 @@ def _windows(x: Tensor, kernel_size: int, dilation: int) -> Tensor:
 def local_filter_plain(
     x: Tensor, kernels: Tensor, kernel_size: int, dilation: int = 1, stride: int = 1
 ) -> Tensor:
-    """`visionblocks.ops.local.local_filter` on the unfolded windows (inputs not checked)."""
+    """`visionblocks.ops.local.local_filter2d` on the unfolded windows (inputs not checked)."""
     dtype = torch.promote_types(x.dtype, kernels.dtype)
     x, kernels = x.to(dtype), kernels.to(dtype)
     b, c = x.shape[:2]

@@ -19,6 +19,7 @@ import torch.fx
 from torch import Tensor, nn
 
 from visionblocks._core.checks import check_int, check_type
+from visionblocks._core.namespace import public_dir
 from visionblocks._core.registry import LAYERS
 from visionblocks._core.tensor_checks import check_image_batch, check_tensor, is_tracing
 from visionblocks.nn._limits import MAX_CHANNELS, MAX_KERNEL_SIZE, check_conv_weights
@@ -31,6 +32,7 @@ __all__ = [
     "DepthwiseSeparableConv2d",
     "channel_shuffle",
 ]
+__dir__ = public_dir(__name__, __all__)
 
 _Size2 = int | tuple[int, int]
 

@@ -33,9 +33,11 @@ from torch import fx, nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from visionblocks._core.checks import check_type
+from visionblocks._core.namespace import public_dir
 from visionblocks.nn.conv import ConvNormAct, DepthwiseConv2d
 
 __all__ = ["find_conv_bn_pairs", "fuse_conv_bn", "fuse_modules"]
+__dir__ = public_dir(__name__, __all__)
 
 
 @cache

@@ -1,11 +1,11 @@
-"""Layers built on per-pixel dynamic filtering (`visionblocks.ops.local.local_filter`).
+"""Layers built on per-pixel dynamic filtering (`visionblocks.ops.local.local_filter2d`).
 
 - `Involution2d`: involution (Li et al., CVPR 2021), kernels generated from the input
   itself, one ``k x k`` kernel per pixel and channel group.
 - `LocalFilter2d`: a dynamic ``k x k`` filter, its kernels predicted from the input by a
   convolution (optionally softmax-normalised) or passed in.
 
-Both run `local_filter`, so neither materialises the ``k*k``-times unfolded input.
+Both run `local_filter2d`, so neither materialises the ``k*k``-times unfolded input.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import torch
 from torch import Tensor, nn
 
 from visionblocks._core.checks import check_choice, check_int, check_positive_int, check_type
+from visionblocks._core.namespace import public_dir
 from visionblocks._core.registry import LAYERS
 from visionblocks._core.tensor_checks import (
     check_device,
@@ -25,9 +26,10 @@ from visionblocks._core.tensor_checks import (
 )
 from visionblocks.nn._export_paths import local_filter_plain
 from visionblocks.nn._limits import MAX_CHANNELS, MAX_KERNEL_SIZE, MAX_WINDOW
-from visionblocks.ops.local import check_window, local_filter
+from visionblocks.ops.local import check_window, local_filter2d
 
 __all__ = ["Involution2d", "LocalFilter2d"]
+__dir__ = public_dir(__name__, __all__)
 
 
 def _check_sizes(kernel_size: int, dilation: int, stride: int = 1) -> None:
@@ -64,7 +66,7 @@ class Involution2d(nn.Module):
     Kernel generation as in the paper's reference code: ``AvgPool2d(stride)`` (when
     ``stride > 1``) -> 1x1 conv to ``channels // reduction`` -> BatchNorm -> ReLU -> 1x1 conv
     (with bias) to ``groups * k * k`` channels; the kernels then filter the input with
-    `local_filter` at that stride (channel ``c`` uses group ``c // (channels // groups)``).
+    `local_filter2d` at that stride (channel ``c`` uses group ``c // (channels // groups)``).
     Channels are kept: ``(B, C, H, W) -> (B, C, ceil(H / s), ceil(W / s))``. The pooling uses
     ``ceil_mode=True`` so that sizes not divisible by the stride work (the reference code
     fails on them) and match the filter's centred windows.
@@ -139,7 +141,7 @@ class Involution2d(nn.Module):
             check_image_batch("x", x, self.channels, weight=self.span.weight)
         if torch.compiler.is_exporting():  # the threaded op does not trace
             return local_filter_plain(x, self.kernels(x), self.kernel_size, stride=self.stride)
-        return local_filter(x, self.kernels(x), self.kernel_size, stride=self.stride)
+        return local_filter2d(x, self.kernels(x), self.kernel_size, stride=self.stride)
 
     def extra_repr(self) -> str:
         return (
@@ -150,7 +152,7 @@ class Involution2d(nn.Module):
 
 @LAYERS.register(name="local_filter")
 class LocalFilter2d(nn.Module):
-    """A dynamic per-pixel ``k x k`` filter (`local_filter`), its kernels predicted or given.
+    """A dynamic per-pixel ``k x k`` filter (`local_filter2d`), its kernels predicted or given.
 
     With ``predict=True`` a ``3 x 3`` convolution predicts ``groups * k * k`` kernel values
     per pixel from the input; ``normalize="softmax"`` turns each pixel's ``k*k`` taps into
@@ -178,7 +180,7 @@ class LocalFilter2d(nn.Module):
             above 63, ``dilation`` above 1,024, ``channels`` above 65,536), ``groups`` not
             dividing ``channels``, an unknown ``normalize``; in ``forward``, an input that is
             not ``(B, C, H, W)`` or not on the predictor's device, no kernels without a
-            predictor (and `local_filter`'s shape checks).
+            predictor (and `local_filter2d`'s shape checks).
 
     Examples:
         >>> import torch
@@ -187,7 +189,7 @@ class LocalFilter2d(nn.Module):
         >>> layer(x).shape
         torch.Size([2, 16, 9, 9])
         >>> box = torch.full((2, 4 * 25, 9, 9), 1 / 25)  # given kernels: a 5x5 mean filter
-        >>> torch.allclose(layer(x, box), local_filter(x, box, 5))
+        >>> torch.allclose(layer(x, box), local_filter2d(x, box, 5))
         True
     """
 
@@ -235,7 +237,7 @@ class LocalFilter2d(nn.Module):
             kernels = self.predict_kernels(x)
         if torch.compiler.is_exporting():  # the threaded op does not trace
             return local_filter_plain(x, kernels, self.kernel_size, self.dilation)
-        return local_filter(x, kernels, self.kernel_size, self.dilation)
+        return local_filter2d(x, kernels, self.kernel_size, self.dilation)
 
     def extra_repr(self) -> str:
         return (

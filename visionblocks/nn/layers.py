@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from visionblocks._core.checks import check_number, check_positive_int, check_type
+from visionblocks._core.namespace import public_dir
 from visionblocks._core.tensor_checks import check_device, check_image_batch, is_tracing
 from visionblocks.nn._limits import MAX_CHANNELS, check_channels
 
@@ -31,6 +32,7 @@ __all__ = [
     "make_activation",
     "make_norm",
 ]
+__dir__ = public_dir(__name__, __all__)
 
 ActSpec: TypeAlias = str | Callable[[], nn.Module] | None
 """What ``act=`` accepts: a name in `ACTIVATIONS`, a zero-argument factory or ``None``."""

@@ -12,6 +12,7 @@ import torch
 from torch import Tensor, nn
 
 from visionblocks._core.checks import check_int, check_type
+from visionblocks._core.namespace import public_dir
 from visionblocks._core.registry import LAYERS
 from visionblocks._core.tensor_checks import check_image_batch, is_tracing
 from visionblocks.nn._export_paths import local_attention_plain
@@ -19,6 +20,7 @@ from visionblocks.nn._limits import MAX_CHANNELS, MAX_KERNEL_SIZE, MAX_WINDOW
 from visionblocks.ops.local_attention import local_attention2d
 
 __all__ = ["LocalAttention2d"]
+__dir__ = public_dir(__name__, __all__)
 
 
 @LAYERS.register(name="local_attention")

@@ -2,8 +2,14 @@
 
 Ops know nothing of ``nn``: tensors in, tensors out. Box convention: ``"xyxy"`` corners unless
 a ``fmt`` says otherwise (see `visionblocks.ops.boxes`).
+
+``local_filter`` is a deprecated alias of `local_filter2d` (removed in 0.3).
 """
 
+from typing import Any
+
+from visionblocks._core.deprecation import deprecated_attribute
+from visionblocks._core.namespace import public_dir
 from visionblocks.ops.boxes import (
     BOX_FORMATS,
     box_area,
@@ -18,7 +24,7 @@ from visionblocks.ops.iou_loss import (
     distance_box_iou_loss,
     generalized_box_iou_loss,
 )
-from visionblocks.ops.local import local_filter, sliding_windows
+from visionblocks.ops.local import local_filter2d, sliding_windows
 from visionblocks.ops.local_attention import local_attention2d
 from visionblocks.ops.warp import (
     affine_matrix,
@@ -43,7 +49,7 @@ __all__ = [
     "generalized_box_iou_loss",
     "invert_affine",
     "local_attention2d",
-    "local_filter",
+    "local_filter2d",
     "matrix_to_theta",
     "sliding_windows",
     "theta_to_matrix",
@@ -53,3 +59,10 @@ __all__ = [
     "warp_points",
     "warp_sample",
 ]
+__dir__ = public_dir(__name__, __all__)
+
+_DEPRECATED = {"local_filter": ("local_filter2d", "0.3")}
+
+
+def __getattr__(name: str) -> Any:
+    return deprecated_attribute(__name__, globals(), _DEPRECATED, name)

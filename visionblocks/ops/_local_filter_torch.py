@@ -1,4 +1,4 @@
-"""The torch path of `visionblocks.ops.local.local_filter` (shift and accumulate, in parts).
+"""The torch path of `visionblocks.ops.local.local_filter2d` (shift and accumulate, in parts).
 
 The ``k*k``-times unfolded tensor is never built. With ``x`` viewed as ``(B*G, Cg, H, W)``
 planes (one per batch item and kernel group) and the kernels as ``(B*G, k*k, Ho, Wo)``,
@@ -214,7 +214,7 @@ def local_filter_backward(
 
 
 class LocalFilterFunction(torch.autograd.Function):
-    """``local_filter`` with the shift-and-accumulate forward and backward (no double backward)."""
+    """``local_filter2d`` with the shift-and-accumulate forward and backward (no double backward)."""
 
     @staticmethod
     def forward(

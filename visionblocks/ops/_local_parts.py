@@ -94,7 +94,7 @@ def new_output(shape: Sequence[int], like: Tensor) -> Tensor:
     """``like.new_empty(shape)``; a large CPU result asks for transparent huge pages first.
 
     A fresh result is written through one page fault per 4 KiB page, and for a result of
-    ~100 MB (``local_filter``'s ``grad_kernels``) the faults cost more than the arithmetic.
+    ~100 MB (``local_filter2d``'s ``grad_kernels``) the faults cost more than the arithmetic.
     For results of at least 64 MiB on Linux, ``madvise(MADV_HUGEPAGE)`` before the first
     write lets the kernel back them with 2 MiB pages (where transparent huge pages are
     enabled for ``madvise``, the common default): 512 times fewer faults. The advice only

@@ -70,6 +70,7 @@ import torch
 from torch import Tensor
 
 from visionblocks._core.checks import check_choice, check_type
+from visionblocks._core.namespace import public_dir
 from visionblocks._core.tensor_checks import check_last_dim, check_tensor
 from visionblocks.ops._box_iou import overlap
 from visionblocks.ops._boxes_script import (
@@ -89,6 +90,7 @@ __all__ = [
     "distance_box_iou",
     "generalized_box_iou",
 ]
+__dir__ = public_dir(__name__, __all__)
 
 #: The formats `box_convert` understands.
 BOX_FORMATS: tuple[str, ...] = ("xyxy", "xywh", "cxcywh")

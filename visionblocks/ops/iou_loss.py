@@ -53,6 +53,7 @@ import math
 import torch
 from torch import Tensor
 
+from visionblocks._core.namespace import public_dir
 from visionblocks._core.reduce import check_reduction, compute_dtype, reduce_loss
 from visionblocks._core.tensor_checks import (
     check_floating,
@@ -68,6 +69,7 @@ from visionblocks.ops._iou_core import eps_tensor
 from visionblocks.ops._iou_loss_torch import CIOU, DIOU, GIOU, AlignedIoUFunction
 
 __all__ = ["complete_box_iou_loss", "distance_box_iou_loss", "generalized_box_iou_loss"]
+__dir__ = public_dir(__name__, __all__)
 
 
 def check_eps(eps: float) -> float:

@@ -1,7 +1,7 @@
 """Sliding-window (unfold-based) local ops: neighbourhoods and per-pixel dynamic filters.
 
 `sliding_windows` is the readable reference: it materialises every pixel's ``k x k``
-neighbourhood, ``k*k`` times the input's memory. `local_filter` computes the same weighted
+neighbourhood, ``k*k`` times the input's memory. `local_filter2d` computes the same weighted
 sum of neighbourhoods without building them: the torch path shifts and accumulates
 (`visionblocks.ops._local_filter_torch`), the Triton path is a fused kernel
 (`visionblocks.kernels.local_filter`). Speed and memory against the ``F.unfold`` form: see
@@ -17,18 +17,21 @@ Convention:
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from visionblocks._core.checks import check_type
+from visionblocks._core.deprecation import deprecated_attribute
+from visionblocks._core.namespace import public_dir
 from visionblocks._core.tensor_checks import check_allocation, check_floating, check_tensor
 from visionblocks.kernels._dispatch import resolve_impl, run_fused
 from visionblocks.ops._local_filter_torch import LocalFilterFunction
 
-__all__ = ["local_filter", "sliding_windows"]
+__all__ = ["local_filter2d", "sliding_windows"]
+__dir__ = public_dir(__name__, __all__)
 
 
 def check_window(kernel_size: int, dilation: int, stride: int = 1) -> None:
@@ -127,7 +130,7 @@ def sliding_windows(x: Tensor, kernel_size: int, dilation: int = 1) -> Tensor:
     return win.permute(0, 1, 4, 5, 2, 3).reshape(b, c, kernel_size * kernel_size, h, w)
 
 
-def local_filter(
+def local_filter2d(
     x: Tensor,
     kernels: Tensor,
     kernel_size: int,
@@ -145,7 +148,9 @@ def local_filter(
     equals ``(sliding_windows(x, k, d).view(B, G, C // G, k*k, H, W) * kernels.view(B, G, 1,
     k*k, H, W)).sum(3).view(B, C, H, W)``, without ever building the ``k*k``-times unfolded
     tensor.
-    Differentiable with respect to ``x`` and ``kernels`` (no double backward).
+    Differentiable with respect to ``x`` and ``kernels`` (no double backward). The module form
+    is `visionblocks.nn.LocalFilter2d`; ``local_filter`` is a deprecated alias of this function
+    (removed in 0.3).
 
     Args:
         x (Tensor[B, C, H, W]): Input, floating point.
@@ -175,7 +180,7 @@ def local_filter(
         >>> import torch
         >>> x = torch.arange(16.0).view(1, 1, 4, 4)
         >>> ones = torch.ones(1, 9, 4, 4)  # a 3x3 box sum at every pixel
-        >>> local_filter(x, ones, 3)[0, 0]
+        >>> local_filter2d(x, ones, 3)[0, 0]
         tensor([[10., 18., 24., 18.],
                 [27., 45., 54., 39.],
                 [51., 81., 90., 63.],
@@ -184,9 +189,9 @@ def local_filter(
         >>> kernels = torch.randn(2, 2 * 9, 5, 5)  # G = 2 groups of 4 channels
         >>> ref = (sliding_windows(x, 3).view(2, 2, 4, 9, 5, 5)
         ...        * kernels.view(2, 2, 1, 9, 5, 5)).sum(3).view(2, 8, 5, 5)
-        >>> torch.allclose(local_filter(x, kernels, 3), ref, atol=1e-5)
+        >>> torch.allclose(local_filter2d(x, kernels, 3), ref, atol=1e-5)
         True
-        >>> local_filter(x, torch.randn(2, 18, 3, 3), 3, stride=2).shape
+        >>> local_filter2d(x, torch.randn(2, 18, 3, 3), 3, stride=2).shape
         torch.Size([2, 8, 3, 3])
 
     References:
@@ -224,3 +229,10 @@ def local_filter(
     if which == "triton":
         return run_fused("local_filter", impl, LocalFilterFunction.apply, *args)
     return LocalFilterFunction.apply(*args)
+
+
+_DEPRECATED = {"local_filter": ("local_filter2d", "0.3")}
+
+
+def __getattr__(name: str) -> Any:
+    return deprecated_attribute(__name__, globals(), _DEPRECATED, name)

@@ -27,12 +27,14 @@ import torch
 from torch import Tensor
 
 from visionblocks._core.checks import check_type
+from visionblocks._core.namespace import public_dir
 from visionblocks._core.tensor_checks import check_floating, check_same_shape
 from visionblocks.kernels._dispatch import resolve_impl, run_fused
 from visionblocks.ops._local_attention_torch import LocalAttentionFunction
 from visionblocks.ops.local import effective_window
 
 __all__ = ["local_attention2d"]
+__dir__ = public_dir(__name__, __all__)
 
 
 def _check_int(name: str, value: int) -> None:

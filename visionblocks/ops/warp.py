@@ -38,6 +38,7 @@ import torch
 from torch import Tensor
 
 from visionblocks._core.checks import check_choice, check_type
+from visionblocks._core.namespace import public_dir
 from visionblocks._core.tensor_checks import check_allocation, check_same_device, check_tensor
 from visionblocks.ops._warp_sampling import (
     as_float,
@@ -56,6 +57,7 @@ __all__ = [
     "theta_to_matrix",
     "warp_affine",
 ]
+__dir__ = public_dir(__name__, __all__)
 
 InterpolationMode = Literal["bilinear", "nearest"]
 PaddingMode = Literal["zeros", "border", "reflection", "fill"]

@@ -30,6 +30,7 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 
+from visionblocks._core.namespace import public_dir
 from visionblocks._core.tensor_checks import check_last_dim, check_same_device, check_tensor
 from visionblocks.ops._warp_sampling import (
     check_batch,
@@ -41,6 +42,7 @@ from visionblocks.ops._warp_sampling import (
 from visionblocks.ops.warp import warp_affine
 
 __all__ = ["warp_boxes", "warp_masks", "warp_points", "warp_sample"]
+__dir__ = public_dir(__name__, __all__)
 
 
 def warp_points(points: Tensor, matrix: Tensor) -> Tensor:

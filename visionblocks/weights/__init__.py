@@ -13,8 +13,10 @@ nothing at all is an error by default), and all of its checks run before anythin
 so a failed load leaves the model as it was.
 """
 
+from visionblocks._core.namespace import public_dir
 from visionblocks.weights.load import load_partial
 from visionblocks.weights.read import read_state_dict
 from visionblocks.weights.report import LoadError, LoadReport
 
 __all__ = ["LoadError", "LoadReport", "load_partial", "read_state_dict"]
+__dir__ = public_dir(__name__, __all__)

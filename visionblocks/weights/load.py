@@ -9,6 +9,7 @@ from typing import Any
 from torch import nn
 
 from visionblocks._core.checks import check_type
+from visionblocks._core.namespace import public_dir
 from visionblocks.weights._adapt import compile_rename, input_conv_key, map_keys
 from visionblocks.weights._guards import (
     check_flags,
@@ -22,6 +23,7 @@ from visionblocks.weights._prefix import find_prefix_change
 from visionblocks.weights.report import LoadError, LoadReport
 
 __all__ = ["load_partial"]
+__dir__ = public_dir(__name__, __all__)
 
 
 def load_partial(

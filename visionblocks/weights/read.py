@@ -7,9 +7,11 @@ from typing import Any
 
 import torch
 
+from visionblocks._core.namespace import public_dir
 from visionblocks.weights._io import read_checkpoint
 
 __all__ = ["read_state_dict"]
+__dir__ = public_dir(__name__, __all__)
 
 
 def read_state_dict(

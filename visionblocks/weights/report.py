@@ -5,8 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from visionblocks._core.checks import format_shape
+from visionblocks._core.namespace import public_dir
 
 __all__ = ["LoadError", "LoadReport"]
+__dir__ = public_dir(__name__, __all__)
 
 _SHOW = 10  # list entries shown per section of str(LoadReport)
 

@@ -1,0 +1,128 @@
+"""Input checks of `cross_entropy` and `softmax_focal_loss` (private; shared by both)."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from visionblocks._core.checks import check_range, check_type
+from visionblocks._core.reduce import check_reduction
+from visionblocks._core.tensor_checks import (
+    check_floating,
+    check_same_device,
+    check_tensor,
+    reads_values,
+)
+from visionblocks.losses._torch_compat import TorchIndexError, TorchValueError
+
+__all__ = [
+    "check_class_indices",
+    "check_class_weight",
+    "check_devices",
+    "check_logits_target",
+    "check_options",
+    "check_top_k",
+]
+
+
+def check_options(
+    ignore_index: int, label_smoothing: float, reduction: str, *, smoothing_up_to_1: bool = False
+) -> None:
+    """Option checks; ``smoothing_up_to_1`` allows ``label_smoothing=1`` (as PyTorch does)."""
+    check_type("ignore_index", ignore_index, int)
+    if isinstance(ignore_index, bool):
+        raise TypeError(f"ignore_index must be int, got bool ({ignore_index!r})")
+    check_type("label_smoothing", label_smoothing, (int, float))
+    if smoothing_up_to_1:
+        if not 0.0 <= label_smoothing <= 1.0:  # NaN fails too; PyTorch: RuntimeError
+            raise TorchValueError(f"label_smoothing must be in [0.0, 1.0], got {label_smoothing}")
+    else:
+        check_range("label_smoothing", float(label_smoothing), 0.0, 1.0, high_inclusive=False)
+    check_reduction(reduction)
+
+
+def check_top_k(top_k: float | None) -> None:
+    if top_k is None:
+        return
+    if isinstance(top_k, bool) or not isinstance(top_k, int | float):
+        raise TypeError(f"top_k must be None or a float in (0, 1], got {type(top_k).__name__}")
+    check_range("top_k", float(top_k), 0.0, 1.0, low_inclusive=False)
+
+
+def check_class_weight(name: str, weight: Tensor | None, num_classes: int | None) -> None:
+    """``weight`` is None or a floating ``Tensor[C]`` (any ``C`` when ``num_classes`` is None)."""
+    if weight is None:
+        return
+    check_floating(name, weight)
+    if weight.dim() != 1 or (num_classes is not None and weight.shape[0] != num_classes):
+        expected = "C" if num_classes is None else num_classes
+        raise TorchValueError(
+            f"{name} must have shape ({expected},) (one value per class), got {tuple(weight.shape)}"
+        )
+
+
+def check_logits_target(logits: Tensor, target: Tensor, *, allow_probs: bool) -> bool:
+    """Validate ``logits (N, C, ...)`` and ``target``; return whether ``target`` holds probs."""
+    check_floating("logits", logits)
+    check_tensor("target", target)
+    if logits.dim() == 0:
+        raise TorchValueError(
+            "logits must have shape (C,), (N, C) or (N, C, ...), got a 0-d tensor"
+        )
+    num_classes = logits.shape[0 if logits.dim() == 1 else 1]
+    if num_classes == 0:
+        raise TorchIndexError(
+            f"logits must have at least one class, got shape {tuple(logits.shape)}"
+        )
+    index_shape = () if logits.dim() == 1 else (logits.shape[0], *logits.shape[2:])
+    if target.is_floating_point():
+        if not allow_probs:
+            raise TypeError(
+                f"target must hold class indices (an integer dtype), got dtype {target.dtype}; "
+                "use cross_entropy for probability targets"
+            )
+        if target.shape != logits.shape:
+            raise TorchValueError(
+                f"probability targets must have the logits' shape {tuple(logits.shape)}, "
+                f"got {tuple(target.shape)}"
+            )
+        return True
+    if target.dtype == torch.bool or target.is_complex():
+        raise TypeError(f"target must hold class indices (an integer dtype), got {target.dtype}")
+    if tuple(target.shape) != index_shape:
+        raise TorchValueError(
+            f"target of class indices must have shape {index_shape} for logits of shape "
+            f"{tuple(logits.shape)}, got {tuple(target.shape)}"
+        )
+    return False
+
+
+def check_class_indices(target: Tensor, num_classes: int, ignore_index: int) -> None:
+    """Raise for class indices outside ``[0, C)`` (other than ``ignore_index``).
+
+    The error is a ``ValueError`` and an ``IndexError`` (what ``F.cross_entropy`` raises on
+    CPU).
+
+    A value check (skipped when `visionblocks.value_checks_enabled` is off): one ``aminmax``,
+    and a second one over the targets with ``ignore_index`` masked when the first finds values
+    outside ``[0, C)``. With value checks off, an out-of-range index hits the device-side
+    assert (CUDA) or the ``IndexError`` (CPU) of ``nll_loss``, exactly as ``F.cross_entropy``.
+    """
+    if target.numel() == 0 or not reads_values(target):
+        return
+    for values in (target, None):
+        if values is None:
+            values = target.masked_fill(target == ignore_index, 0)
+        lo, hi = (int(v) for v in torch.aminmax(values))
+        if lo >= 0 and hi < num_classes:
+            return
+    value = lo if lo < 0 else hi
+    raise TorchIndexError(
+        f"target class indices must be in [0, {num_classes}) or equal ignore_index "
+        f"({ignore_index}), got {value}"
+    )
+
+
+def check_devices(logits: Tensor, target: Tensor, **others: Tensor | float | None) -> None:
+    tensors = {k: v for k, v in others.items() if isinstance(v, Tensor)}
+    check_same_device(logits=logits, target=target, **tensors)
