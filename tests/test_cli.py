@@ -42,6 +42,14 @@ def test_list_one_registry_shows_names_and_aliases(capsys):
     assert "  cli_test_loss  (aliases: ctl)" in out
 
 
+def test_list_backbones_names_the_timm_family(capsys):
+    assert main(["list", "backbones"]) == 0
+    out = capsys.readouterr().out
+    assert "  timm/<name>  (a family of names" in out
+    assert main(["list", "losses"]) == 0
+    assert "<name>" not in capsys.readouterr().out
+
+
 def test_list_unknown_registry_is_clear_error(capsys):
     assert main(["list", "losess"]) == 2
     err = capsys.readouterr().err

@@ -42,7 +42,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from visionblocks._core.plugins import PLUGIN_GROUP, load_plugins
-from visionblocks._core.registry import (
+from visionblocks._core.registries import (
     BACKBONES,
     DATASETS,
     HEADS,
@@ -52,9 +52,9 @@ from visionblocks._core.registry import (
     MODELS,
     NECKS,
     REGISTRIES,
-    Registry,
     get_registry,
 )
+from visionblocks._core.registry import Registry
 
 if TYPE_CHECKING:
     from visionblocks.backbones import build_backbone

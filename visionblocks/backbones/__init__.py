@@ -16,7 +16,7 @@ from typing import Any
 
 from visionblocks._core.checks import check_type
 from visionblocks._core.namespace import public_dir
-from visionblocks._core.registry import BACKBONES
+from visionblocks._core.registries import BACKBONES
 from visionblocks.backbones._timm import timm_backbone
 from visionblocks.backbones._tv import TORCHVISION_STAGES, torchvision_backbone
 from visionblocks.backbones.base import Backbone, backbone_from_model

@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from visionblocks._core.checks import check_type
-from visionblocks._core.registry import BACKBONES
+from visionblocks._core.registries import BACKBONES
 from visionblocks.backbones._options import (
     normalize_frozen_stages,
     normalize_out_indices,

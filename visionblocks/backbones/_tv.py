@@ -17,7 +17,7 @@ from typing import Any
 from torch import nn
 
 from visionblocks._core.checks import check_type
-from visionblocks._core.registry import BACKBONES
+from visionblocks._core.registries import BACKBONES
 from visionblocks.backbones._options import normalize_frozen_stages, normalize_out_indices
 from visionblocks.backbones.base import Backbone, backbone_from_model, check_common
 

@@ -16,7 +16,7 @@ from torch import Tensor, nn
 
 from visionblocks._core.checks import check_positive_ints
 from visionblocks._core.namespace import public_dir
-from visionblocks._core.registry import BACKBONES
+from visionblocks._core.registries import BACKBONES
 from visionblocks.backbones.base import Backbone, backbone_from_model
 from visionblocks.nn._limits import MAX_CHANNELS, MAX_REPEATS
 from visionblocks.nn.conv import ConvNormAct, DepthwiseSeparableConv2d

@@ -96,6 +96,8 @@ def _cmd_list(args: argparse.Namespace) -> int:
             aliases = registry.aliases(name)
             suffix = f"  (aliases: {', '.join(aliases)})" if aliases else ""
             print(f"  {name}{suffix}")
+        for prefix in registry.namespaces():
+            print(f"  {prefix}<name>  (a family of names, resolved on lookup, not listed)")
     return 0
 
 

@@ -22,7 +22,7 @@ import torch
 from visionblocks._core.checks import check_choice, check_type
 from visionblocks._core.deprecation import deprecated_attribute
 from visionblocks._core.namespace import public_dir
-from visionblocks._core.registry import DATASETS
+from visionblocks._core.registries import DATASETS
 from visionblocks.data._coco_base import CocoBase
 from visionblocks.data._coco_index import (
     ImageEntry,

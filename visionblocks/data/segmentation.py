@@ -12,7 +12,7 @@ import torch
 
 from visionblocks._core.checks import check_type
 from visionblocks._core.namespace import public_dir
-from visionblocks._core.registry import DATASETS
+from visionblocks._core.registries import DATASETS
 from visionblocks.data._coco_index import InvalidPolicy
 from visionblocks.data._coco_io import segmentation_masks
 from visionblocks.data.coco import CocoBase

@@ -277,7 +277,7 @@ def load_for_export(
         >>> type(model).__name__, model.training
         ('Detector', False)
     """
-    from visionblocks._core.registry import MODELS
+    from visionblocks._core.registries import MODELS
     from visionblocks.weights import load_partial
 
     check_type("source", source, (str, os.PathLike))

@@ -8,7 +8,7 @@ import sys
 from torch import nn
 
 from visionblocks._core.checks import check_type
-from visionblocks._core.registry import INITIALIZERS
+from visionblocks._core.registries import INITIALIZERS
 from visionblocks.init._fans import zero_norm_weight
 from visionblocks.init._rules import BLOCK_INITIALIZER
 

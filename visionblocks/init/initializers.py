@@ -10,7 +10,7 @@ from torch import nn
 
 from visionblocks._core.checks import check_choice, check_range, check_type
 from visionblocks._core.namespace import public_dir
-from visionblocks._core.registry import INITIALIZERS
+from visionblocks._core.registries import INITIALIZERS
 from visionblocks.init._fans import (
     check_number,
     check_truncation,

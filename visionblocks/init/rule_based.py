@@ -9,7 +9,7 @@ from torch import nn
 
 from visionblocks._core.checks import check_type
 from visionblocks._core.namespace import public_dir
-from visionblocks._core.registry import INITIALIZERS
+from visionblocks._core.registries import INITIALIZERS
 from visionblocks.init._rules import apply_rules
 
 __all__ = ["init_weights"]

@@ -21,7 +21,7 @@ from visionblocks._core.reduce import (
     compute_dtype,
     reduce_loss,
 )
-from visionblocks._core.registry import LOSSES
+from visionblocks._core.registries import LOSSES
 from visionblocks._core.tensor_checks import (
     check_floating,
     check_same_device,

@@ -17,7 +17,7 @@ from torch import Tensor, nn
 
 from visionblocks._core.namespace import public_dir
 from visionblocks._core.reduce import check_target_range, compute_dtype
-from visionblocks._core.registry import LOSSES
+from visionblocks._core.registries import LOSSES
 from visionblocks.losses._ce_checks import (
     check_class_indices,
     check_class_weight,

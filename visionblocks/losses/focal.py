@@ -25,7 +25,7 @@ from visionblocks._core.reduce import (
     compute_dtype,
     reduce_loss,
 )
-from visionblocks._core.registry import LOSSES
+from visionblocks._core.registries import LOSSES
 from visionblocks._core.tensor_checks import check_floating, check_same_device, check_tensor
 from visionblocks.kernels._dispatch import resolve_impl, run_fused
 from visionblocks.losses._focal_script import focal_terms, script_focal

@@ -19,7 +19,7 @@ from visionblocks._core.deprecation import deprecated_attribute
 from visionblocks._core.dispatch import IMPLS
 from visionblocks._core.namespace import public_dir
 from visionblocks._core.reduce import check_reduction
-from visionblocks._core.registry import LOSSES
+from visionblocks._core.registries import LOSSES
 from visionblocks.ops.iou_loss import (
     check_eps,
     complete_box_iou_loss,

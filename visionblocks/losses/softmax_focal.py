@@ -13,7 +13,7 @@ from visionblocks._core.checks import check_choice, check_range, check_type
 from visionblocks._core.dispatch import IMPLS
 from visionblocks._core.namespace import public_dir
 from visionblocks._core.reduce import compute_dtype
-from visionblocks._core.registry import LOSSES
+from visionblocks._core.registries import LOSSES
 from visionblocks.kernels._dispatch import resolve_impl
 from visionblocks.losses._ce_checks import (
     check_class_indices,

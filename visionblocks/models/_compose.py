@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from visionblocks._core.checks import check_type
-from visionblocks._core.registry import BACKBONES, HEADS, NECKS
+from visionblocks._core.registries import BACKBONES, HEADS, NECKS
 
 __all__ = ["IMAGENET_MEAN", "IMAGENET_STD", "ComposedModel", "build_parts", "input_channels"]
 

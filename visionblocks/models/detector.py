@@ -10,7 +10,7 @@ from torch import Tensor
 
 from visionblocks._core.checks import check_int
 from visionblocks._core.namespace import public_dir
-from visionblocks._core.registry import MODELS
+from visionblocks._core.registries import MODELS
 from visionblocks._core.tensor_checks import check_device, check_floating
 from visionblocks._core.values import value_checks_enabled
 from visionblocks.models._compose import ComposedModel, build_parts

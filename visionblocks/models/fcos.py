@@ -13,7 +13,7 @@ from torch import Tensor, nn
 
 from visionblocks._core.checks import check_int, check_number
 from visionblocks._core.namespace import public_dir
-from visionblocks._core.registry import HEADS
+from visionblocks._core.registries import HEADS
 from visionblocks.distributed import reduce_mean
 from visionblocks.init import bias_init_with_prob, normal_init
 from visionblocks.losses.focal import sigmoid_focal_loss

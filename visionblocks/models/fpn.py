@@ -13,7 +13,7 @@ from torch import Tensor, nn
 
 from visionblocks._core.checks import check_choice, check_int, check_positive_ints
 from visionblocks._core.namespace import public_dir
-from visionblocks._core.registry import NECKS
+from visionblocks._core.registries import NECKS
 from visionblocks.init import c2_xavier_fill
 from visionblocks.models._levels import check_levels
 from visionblocks.nn._limits import MAX_CHANNELS, MAX_EXTRA_LEVELS, MAX_STRIDE, check_channels

@@ -14,7 +14,7 @@ from torch import Tensor, nn
 
 from visionblocks._core.checks import check_choice, check_int, check_number, check_type
 from visionblocks._core.namespace import public_dir
-from visionblocks._core.registry import HEADS, MODELS
+from visionblocks._core.registries import HEADS, MODELS
 from visionblocks._core.tensor_checks import check_device
 from visionblocks._core.values import value_checks_enabled
 from visionblocks.init import kaiming_init, normal_init

@@ -20,7 +20,7 @@ from torch import Tensor, nn
 
 from visionblocks._core.checks import check_int, check_type
 from visionblocks._core.namespace import public_dir
-from visionblocks._core.registry import LAYERS
+from visionblocks._core.registries import LAYERS
 from visionblocks._core.tensor_checks import check_image_batch, check_tensor, is_tracing
 from visionblocks.nn._limits import MAX_CHANNELS, MAX_KERNEL_SIZE, check_conv_weights
 from visionblocks.nn.layers import ActSpec, NormSpec, make_activation, make_norm

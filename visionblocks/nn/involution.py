@@ -17,7 +17,7 @@ from torch import Tensor, nn
 
 from visionblocks._core.checks import check_choice, check_int, check_positive_int, check_type
 from visionblocks._core.namespace import public_dir
-from visionblocks._core.registry import LAYERS
+from visionblocks._core.registries import LAYERS
 from visionblocks._core.tensor_checks import (
     check_device,
     check_floating,
