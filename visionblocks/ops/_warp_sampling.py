@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -25,9 +26,11 @@ __all__ = [
     "check_sample_options",
     "check_size",
     "compose_affine",
+    "drop_instances",
     "invert_checked",
     "normaliser",
     "promoted_dtype",
+    "tv_tensors_module",
     "warp_bilinear",
     "warp_nearest",
 ]
@@ -290,3 +293,51 @@ def check_batch(name: str, x: Tensor, matrix: Tensor) -> None:
             f"{tuple(x.shape[:-2])} must broadcast (e.g. (B, 2, 3) matrices with (B, N, "
             f"{x.shape[-1]}) {name})"
         ) from None
+
+
+def tv_tensors_module() -> Any:
+    """``torchvision.tv_tensors``, imported on first use (the ops import without torchvision)."""
+    from torchvision import tv_tensors
+
+    return tv_tensors
+
+
+def drop_instances(
+    out: dict[str, Any], keep: Tensor, num_boxes: int, instance_keys: Sequence[str]
+) -> None:
+    """Filter, in place, every per-box entry of a warped target by ``keep`` (`warp_sample`).
+
+    Per-box entries: the ``BoundingBoxes``, ``(N, H, W)`` masks, ``(N, ..., 2)`` key points and
+    the plain tensors under ``instance_keys``, whose lengths must equal ``num_boxes``.
+    """
+    tv = tv_tensors_module()
+    key_points = getattr(tv, "KeyPoints", None)  # torchvision >= 0.23
+    for key in instance_keys:
+        value = out.get(key)
+        if isinstance(value, Tensor) and value.dim() > 0 and value.shape[0] != num_boxes:
+            raise ValueError(
+                f"target[{key!r}] has {value.shape[0]} rows but there are {num_boxes} boxes"
+            )
+    if bool(keep.all()):
+        return
+
+    for key, value in out.items():
+        if not isinstance(value, Tensor) or value.dim() == 0:
+            continue
+        per_box = value.shape[0] == num_boxes
+        if isinstance(value, tv.TVTensor):
+            is_instance = isinstance(value, tv.BoundingBoxes) or (
+                per_box
+                and (
+                    (isinstance(value, tv.Mask) and value.dim() == 3)
+                    or (
+                        key_points is not None
+                        and isinstance(value, key_points)
+                        and value.dim() >= 3
+                    )
+                )
+            )
+            if is_instance:
+                out[key] = tv.wrap(value.as_subclass(Tensor)[keep], like=value)
+        elif key in instance_keys:
+            out[key] = value[keep]

@@ -37,7 +37,9 @@ from visionblocks.ops._warp_sampling import (
     check_matrix,
     check_sample_options,
     check_size,
+    drop_instances,
     promoted_dtype,
+    tv_tensors_module,
 )
 from visionblocks.ops.warp import warp_affine
 
@@ -217,19 +219,13 @@ def warp_masks(masks: Tensor, matrix: Tensor, size: Sequence[int] | None = None)
 # ---------------------------------------------------------------------------- samples
 
 
-def _tv_tensors() -> Any:
-    from torchvision import tv_tensors
-
-    return tv_tensors
-
-
 def _warp_box_tensor(
     boxes: Any, matrix: Tensor, size: tuple[int, int], min_size: float | None
 ) -> tuple[Any, Tensor | None]:
     """Warp a ``BoundingBoxes`` in its own format; return it and the boxes to keep (or None)."""
     from torchvision.transforms.v2.functional import convert_bounding_box_format
 
-    tv = _tv_tensors()
+    tv = tv_tensors_module()
     fmt = boxes.format
     plain = boxes.as_subclass(Tensor)
     work = plain if plain.is_floating_point() else plain.to(torch.get_default_dtype())
@@ -329,7 +325,7 @@ def warp_sample(
         >>> out["boxes"], out["labels"]
         (BoundingBoxes([[ 0,  4, 16, 12]], format=BoundingBoxFormat.XYWH, canvas_size=(24, 16), clamping_mode=soft), tensor([2]))
     """
-    tv = _tv_tensors()
+    tv = tv_tensors_module()
     check_tensor("image", image)
     if image.dim() != 3:
         raise ValueError(f"image must have shape (C, H, W), got {tuple(image.shape)}")
@@ -379,33 +375,5 @@ def warp_sample(
             out[key] = value
     if keep is None:
         return warped, out
-    for key in instance_keys:
-        value = out.get(key)
-        if isinstance(value, Tensor) and value.dim() > 0 and value.shape[0] != num_boxes:
-            raise ValueError(
-                f"target[{key!r}] has {value.shape[0]} rows but there are {num_boxes} boxes"
-            )
-    if bool(keep.all()):
-        return warped, out
-
-    for key, value in out.items():
-        if not isinstance(value, Tensor) or value.dim() == 0:
-            continue
-        per_box = value.shape[0] == num_boxes
-        if isinstance(value, tv.TVTensor):
-            is_instance = isinstance(value, tv.BoundingBoxes) or (
-                per_box
-                and (
-                    (isinstance(value, tv.Mask) and value.dim() == 3)
-                    or (
-                        key_points is not None
-                        and isinstance(value, key_points)
-                        and value.dim() >= 3
-                    )
-                )
-            )
-            if is_instance:
-                out[key] = tv.wrap(value.as_subclass(Tensor)[keep], like=value)
-        elif key in instance_keys:
-            out[key] = value[keep]
+    drop_instances(out, keep, num_boxes, instance_keys)
     return warped, out
