@@ -1,33 +1,68 @@
 """Unfold-based local ops without the unfolded tensor: check, time and use them.
 
-    python examples/local_ops.py
-
 1. `local_filter2d` and `local_attention2d` give what the plain ``F.unfold`` implementation
    gives (the unfold view is `sliding_windows`), with and without the Triton kernels where
    they can run.
 2. Their time and peak memory against the unfold implementation on a feature map.
 3. `Involution2d` and `LocalAttention2d` as layers of a small network, one training step.
-With ``VISIONBLOCKS_QUICK=1`` the sizes are small.
+It prints its results and writes no files.
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import time
+from typing import TYPE_CHECKING
 
-import torch
-import torch.nn.functional as F
-from torch import nn
-
-from visionblocks.nn import ConvNormAct, Involution2d, LocalAttention2d
-from visionblocks.ops.local import local_filter2d, sliding_windows
-from visionblocks.ops.local_attention import local_attention2d
+if TYPE_CHECKING:
+    import torch
 
 QUICK = os.environ.get("VISIONBLOCKS_QUICK") == "1"
+
+EPILOG = """\
+environment:
+  VISIONBLOCKS_QUICK=1  small sizes (1 x 16 x 32 x 32 instead of 2 x 64 x 128 x 128): a
+                        smoke test, what tests/test_examples.py runs
+
+outputs:
+  none: the results are printed
+"""
+
+
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """Shows every option's default and keeps the description's paragraphs."""
+
+
+def positive_int(text: str) -> int:
+    """An argparse type: an int >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}")
+    return value
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=__doc__, epilog=EPILOG, formatter_class=_HelpFormatter
+    )
+    parser.add_argument(
+        "--repeats",
+        metavar="N",
+        type=positive_int,
+        default=3,
+        help="timed calls per implementation in part 2 (the best one is shown)",
+    )
+    return parser.parse_args()
 
 
 def unfold_filter(x: torch.Tensor, kernels: torch.Tensor, k: int) -> torch.Tensor:
     """The textbook implementation: materialise every k x k window (k*k times the input)."""
+    import torch.nn.functional as F
+
     b, c, h, w = x.shape
     g = kernels.shape[1] // (k * k)
     windows = F.unfold(x, k, padding=k // 2).view(b, g, c // g, k * k, h, w)
@@ -35,6 +70,11 @@ def unfold_filter(x: torch.Tensor, kernels: torch.Tensor, k: int) -> torch.Tenso
 
 
 def unfold_attention(q, k, v, size: int, heads: int) -> torch.Tensor:
+    """The same with attention: every window's keys and values materialised."""
+    import torch
+
+    from visionblocks.ops.local import sliding_windows
+
     b, c, h, w = q.shape
     d = c // heads
     keys = sliding_windows(k, size).view(b, heads, d, size * size, h, w)
@@ -57,6 +97,15 @@ def measure(fn, *args, repeats: int = 3) -> float:
 
 
 def main() -> None:
+    args = parse_args()  # before the imports below, which take seconds: --help answers at once
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
+
+    from visionblocks.nn import ConvNormAct, Involution2d, LocalAttention2d
+    from visionblocks.ops.local import local_filter2d
+    from visionblocks.ops.local_attention import local_attention2d
+
     torch.manual_seed(0)
     b, c, size, k, groups = (1, 16, 32, 7, 4) if QUICK else (2, 64, 128, 7, 16)
     x = torch.randn(b, c, size, size)
@@ -77,15 +126,15 @@ def main() -> None:
     )
 
     print(f"\n== 2. time against unfold (B={b}, C={c}, {size}x{size}, k={k}, forward)")
-    for name, ours, theirs, args in (
+    for name, ours, theirs, inputs in (
         ("local_filter2d", lambda *a: local_filter2d(*a, k), lambda *a: unfold_filter(*a, k),
          (x, kernels)),
         ("local_attention2d", lambda *a: local_attention2d(*a, k, num_heads=heads),
          lambda *a: unfold_attention(*a, k, heads), (q, key, v)),
     ):  # fmt: skip
         with torch.no_grad():
-            t_ours = measure(ours, *args)
-            t_theirs = measure(theirs, *args)
+            t_ours = measure(ours, *inputs, repeats=args.repeats)
+            t_theirs = measure(theirs, *inputs, repeats=args.repeats)
         print(f"{name:18s} ours {1000 * t_ours:7.1f} ms   unfold {1000 * t_theirs:7.1f} ms   "
               f"speed-up {t_theirs / t_ours:5.1f}x")  # fmt: skip
     unfolded = b * c * k * k * size * size * 4 / 2**20

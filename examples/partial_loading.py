@@ -1,43 +1,98 @@
 """Load partial pretrained weights: a head swap, a backbone out of a detector's checkpoint,
 a grey-scale stem, and a wrong checkpoint that fails loudly.
 
-    python examples/partial_loading.py [--out DIR]
-
 Runs offline: randomly initialised torchvision models stand in for downloaded checkpoints
-(they have the same keys and shapes). Every step prints the `LoadReport`.
+(they have the same keys and shapes). The example first writes two checkpoint files, a
+ResNet-18 classifier (``resnet18.pth``, 45 MiB) and a Faster R-CNN ResNet-50 FPN detector
+wrapped in a training checkpoint (``fasterrcnn_r50.pth``, 160 MiB), then loads parts of
+them. Every step prints the `LoadReport`.
 """
 
 from __future__ import annotations
 
 import argparse
+import tempfile
 from pathlib import Path
 
-import torch
-import torchvision
+EPILOG = """\
+environment:
+  VISIONBLOCKS_QUICK=1  makes the other examples run a few steps on a few images (what
+                        tests/test_examples.py sets); this one has no steps or images to
+                        cut and runs the same
 
-from visionblocks.backbones import build_backbone
-from visionblocks.cli._inspect import describe_state_dict
-from visionblocks.weights import LoadError, load_partial, read_state_dict
+disk use:
+  The two checkpoint files take 204 MiB. Without --out they go to a temporary folder that
+  is removed at the end; with --out DIR they are written to DIR and kept, e.g. for
+  `visionblocks inspect DIR/fasterrcnn_r50.pth` (delete DIR when done: the weights are
+  random).
+"""
+
+
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """Shows every option's default and keeps the description's paragraphs."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        # A None default is explained in the option's own help.
+        return action.help if action.default is None else super()._get_help_string(action)
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=__doc__, epilog=EPILOG, formatter_class=_HelpFormatter
+    )
+    parser.add_argument(
+        "--out",
+        metavar="DIR",
+        default=None,
+        help="keep the checkpoint files in this folder (204 MiB); default: a temporary "
+        "folder, removed at the end",
+    )
+    return parser.parse_args()
 
 
 def section(title: str) -> None:
     print(f"\n== {title}")
 
 
+def save(obj: object, path: Path) -> Path:
+    """``torch.save`` that says what it wrote and how big it is."""
+    import torch
+
+    torch.save(obj, path)
+    print(f"wrote {path} ({path.stat().st_size / 2**20:.1f} MiB)")
+    return path
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default="examples-out/partial-loading")
-    args = parser.parse_args()
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    args = parse_args()  # before the imports below, which take seconds: --help answers at once
+    if args.out is None:
+        with tempfile.TemporaryDirectory(
+            prefix="partial-loading-", ignore_cleanup_errors=True
+        ) as folder:
+            run(Path(folder))
+        print(f"\nremoved the temporary folder {folder} (pass --out DIR to keep the files)")
+    else:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        run(out)
+        print(f"\nkept the checkpoint files in {out}; delete them when done (random weights)")
+
+
+def run(out: Path) -> None:
+    import torch
+    import torchvision
+
+    from visionblocks.backbones import build_backbone
+    from visionblocks.cli._inspect import describe_state_dict
+    from visionblocks.weights import LoadError, load_partial, read_state_dict
+
+    section("the stand-in checkpoints")
     torch.manual_seed(0)
-    classifier = out / "resnet18.pth"
-    torch.save(torchvision.models.resnet18().state_dict(), classifier)
-    detector = out / "fasterrcnn_r50.pth"
-    torch.save(
+    classifier = save(torchvision.models.resnet18().state_dict(), out / "resnet18.pth")
+    detector = save(
         {"model": torchvision.models.detection.fasterrcnn_resnet50_fpn(
             weights=None, weights_backbone=None).state_dict(), "epoch": 12},
-        detector,
+        out / "fasterrcnn_r50.pth",
     )  # fmt: skip
 
     section("what the detector checkpoint holds")

@@ -1,11 +1,10 @@
 """Train the reference FCOS detector on synthetic COCO data and evaluate it.
 
-    python examples/train_detector.py [--steps N] [--out DIR]
-
 Everything a detection training script needs, in the open: data with torchvision v2
 augmentations, aspect-ratio grouped batches, a detector built from a config dict through the
-registries, AdamW with warm-up and cosine decay, and COCO evaluation of the val split. With
-``VISIONBLOCKS_QUICK=1`` it runs a few steps on a few images (a smoke test, used by CI).
+registries, AdamW with warm-up and cosine decay, and COCO evaluation of the val split.
+A progress bar (on stderr) shows the steps, the loss and the speed; every 100 steps and at
+the end a line gives the losses. On two CPU cores the 600 steps take about two minutes.
 """
 
 from __future__ import annotations
@@ -16,21 +15,6 @@ import os
 import time
 from pathlib import Path
 
-import torch
-from torch.utils.data import DataLoader, RandomSampler
-from torchvision.transforms import v2
-
-from visionblocks.data import (
-    CocoInstances,
-    GroupedBatchSampler,
-    aspect_ratio_groups,
-    coco_evaluate,
-    collate_detection,
-    instance_fields,
-    make_synthetic_coco,
-)
-from visionblocks.models import build_detector
-
 QUICK = os.environ.get("VISIONBLOCKS_QUICK") == "1"
 
 CONFIG = {
@@ -40,16 +24,75 @@ CONFIG = {
              "size_ranges": [(0, 32), (32, 64), (64, 1e8)]},
 }  # fmt: skip
 
+EPILOG = """\
+environment:
+  VISIONBLOCKS_QUICK=1  run a few steps on a few images (4 steps, 32 + 16 images): a smoke
+                        test, what tests/test_examples.py runs
+
+outputs (under --out):
+  train/, val/     the synthetic COCO data (images and annotations; 512 + 64 images, ~7 MB)
+  detector.pth     the trained model's state dict (~1 MB)
+"""
+
+
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """Shows every option's default and keeps the description's paragraphs."""
+
+
+def positive_int(text: str) -> int:
+    """An argparse type: an int >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}")
+    return value
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=__doc__, epilog=EPILOG, formatter_class=_HelpFormatter
+    )
+    parser.add_argument(
+        "--steps",
+        metavar="N",
+        type=positive_int,
+        default=4 if QUICK else 600,
+        help="training steps (batches of 16)",
+    )
+    parser.add_argument(
+        "--out",
+        metavar="DIR",
+        default="examples-out/detector",
+        help="data and model folder",
+    )
+    return parser.parse_args()
+
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=4 if QUICK else 600)
-    parser.add_argument("--out", default="examples-out/detector")
-    args = parser.parse_args()
+    args = parse_args()  # before the imports below, which take seconds: --help answers at once
+    import torch
+    from torch.utils.data import DataLoader, RandomSampler
+    from torchvision.transforms import v2
+    from tqdm import tqdm
+
+    from visionblocks.data import (
+        CocoInstances,
+        GroupedBatchSampler,
+        aspect_ratio_groups,
+        coco_evaluate,
+        collate_detection,
+        instance_fields,
+        make_synthetic_coco,
+    )
+    from visionblocks.models import build_detector
+
     out = Path(args.out)
     torch.manual_seed(0)
 
     num_train, num_val = (32, 16) if QUICK else (512, 64)
+    print(f"writing synthetic COCO data: {num_train} train and {num_val} val images in {out}")
     data = {"image_size": (128, 128), "max_objects": 4, "object_size": (0.15, 0.45)}
     train_ann = make_synthetic_coco(out / "train", num_images=num_train, seed=0, **data)
     val_ann = make_synthetic_coco(out / "val", num_images=num_val, seed=1, **data)
@@ -76,20 +119,24 @@ def main() -> None:
     )
     start, step = time.perf_counter(), 0
     model.train()
-    while step < args.steps:
-        for images, targets, sizes in loader:
-            losses = model(images, targets, sizes)
-            optimizer.zero_grad(set_to_none=True)
-            losses["loss"].backward()
-            optimizer.step()
-            schedule.step()
-            step += 1
-            if step % 100 == 0 or step == args.steps:
-                parts = "  ".join(f"{k} {v.item():.3f}" for k, v in losses.items())
-                print(f"step {step:4d}  {parts}  ({time.perf_counter() - start:.0f} s)")
-            if step == args.steps:
-                break
+    with tqdm(total=args.steps, desc="training", unit="step") as bar:
+        while step < args.steps:
+            for images, targets, sizes in loader:
+                losses = model(images, targets, sizes)
+                optimizer.zero_grad(set_to_none=True)
+                losses["loss"].backward()
+                optimizer.step()
+                schedule.step()
+                step += 1
+                bar.set_postfix(loss=f"{losses['loss'].item():.3f}", refresh=False)
+                bar.update()
+                if step % 100 == 0 or step == args.steps:
+                    parts = "  ".join(f"{k} {v.item():.3f}" for k, v in losses.items())
+                    bar.write(f"step {step:4d}  {parts}  ({time.perf_counter() - start:.0f} s)")
+                if step == args.steps:
+                    break
 
+    print(f"evaluating on the {len(val)} val images")
     model.eval()
     predictions = {}
     with torch.no_grad():

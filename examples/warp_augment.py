@@ -1,7 +1,5 @@
 """Random affine augmentation of a detection sample: one matrix for image, boxes and masks.
 
-    python examples/warp_augment.py [--out DIR] [--samples N]
-
 Builds random rotation / scale / shear / translation matrices with `affine_matrix` (pixel
 coordinates, OpenCV's convention), applies each to a synthetic COCO sample with
 `warp_sample` (image, `BoundingBoxes`, instance `Mask`s; boxes that leave the image are
@@ -14,22 +12,65 @@ from __future__ import annotations
 import argparse
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
-import torch
-
-from visionblocks.data import CocoInstances, make_synthetic_coco
-from visionblocks.ops.warp import affine_matrix
-from visionblocks.ops.warp_targets import warp_sample
+if TYPE_CHECKING:
+    import torch
 
 QUICK = os.environ.get("VISIONBLOCKS_QUICK") == "1"
+
+EPILOG = """\
+environment:
+  VISIONBLOCKS_QUICK=1  draw fewer warped copies (3 instead of 5): a smoke test, what
+                        tests/test_examples.py runs
+
+outputs (under --out):
+  data/              a synthetic COCO dataset of 4 images (~0.1 MB)
+  warp_augment.png   the original sample and its warped copies
+"""
+
+
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """Shows every option's default and keeps the description's paragraphs."""
+
+
+def positive_int(text: str) -> int:
+    """An argparse type: an int >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}")
+    return value
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=__doc__, epilog=EPILOG, formatter_class=_HelpFormatter
+    )
+    parser.add_argument(
+        "--out",
+        metavar="DIR",
+        default="examples-out/warp",
+        help="folder for the data and the figure",
+    )
+    parser.add_argument(
+        "--samples",
+        metavar="N",
+        type=positive_int,
+        default=3 if QUICK else 5,
+        help="warped copies to draw",
+    )
+    return parser.parse_args()
 
 
 def random_matrix(generator: torch.Generator, size: tuple[int, int]) -> torch.Tensor:
     """Rotation, scale, shear and translation about the image centre."""
+    import torch
+
+    from visionblocks.ops.warp import affine_matrix
+
     h, w = size
 
     def uniform(low: float, high: float) -> float:
@@ -45,6 +86,8 @@ def random_matrix(generator: torch.Generator, size: tuple[int, int]) -> torch.Te
 
 
 def draw(ax, image, target, classes, title: str) -> None:
+    import matplotlib.pyplot as plt
+
     ax.imshow(image.permute(1, 2, 0).numpy())
     for mask in target["masks"]:
         ax.contour(mask.numpy(), levels=[0.5], colors="white", linewidths=0.8)
@@ -63,10 +106,16 @@ def draw(ax, image, target, classes, title: str) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default="examples-out/warp")
-    parser.add_argument("--samples", type=int, default=3 if QUICK else 5)
-    args = parser.parse_args()
+    args = parse_args()  # before the imports below, which take seconds: --help answers at once
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import torch
+
+    from visionblocks.data import CocoInstances, make_synthetic_coco
+    from visionblocks.ops.warp_targets import warp_sample
+
     out = Path(args.out)
     ann = make_synthetic_coco(out / "data", num_images=4, image_size=(160, 200), seed=2)
     dataset = CocoInstances(out / "data" / "images", ann, with_masks=True)

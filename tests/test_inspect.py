@@ -197,6 +197,35 @@ def test_inspect_missing_file_exits_1(tmp_path, capsys):
     assert captured.err.strip() == f"visionblocks inspect: checkpoint file not found: '{missing}'"
 
 
+@pytest.mark.parametrize(
+    ("argument", "hint"),
+    [
+        ("resnet18", "'resnet18' is not a file; to inspect how a checkpoint loads into the "
+         "backbone named 'resnet18', use `visionblocks inspect CHECKPOINT --model resnet18`"),
+        ("timm/resnet10t", "'timm/resnet10t' is not a file; to inspect how a checkpoint loads "
+         "into the backbone named 'timm/resnet10t', use `visionblocks inspect CHECKPOINT "
+         "--model timm/resnet10t`"),
+        ("resnt18", "checkpoint file not found: 'resnt18'; for a backbone (did you mean "
+         "'resnet18'?), use `visionblocks inspect CHECKPOINT --model resnet18`"),
+        ("convnext_atto", "checkpoint file not found: 'convnext_atto'; for a backbone (did you "
+         "mean 'timm/convnext_atto'?), use `visionblocks inspect CHECKPOINT --model "
+         "timm/convnext_atto`"),
+        ("timm/resnet_18", "(did you mean 'timm/resnet18'"),
+        ("resnet18.pth", "checkpoint file not found: 'resnet18.pth'"),  # a file name: no hint
+        ("no_such_thing", "checkpoint file not found: 'no_such_thing'"),  # nothing close
+    ],
+)  # fmt: skip
+def test_inspect_a_backbone_name_instead_of_a_file_says_to_use_model(
+    tmp_path, monkeypatch, capsys, argument, hint
+):
+    monkeypatch.chdir(tmp_path)  # no file of that name
+    assert main(["inspect", argument]) == 1
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.startswith("visionblocks inspect: ") and hint in captured.err
+    assert ("--model" in captured.err) == (not argument.startswith(("resnet18.", "no_such")))
+
+
 def test_inspect_unsafe_file_exits_1_without_running_it(tmp_path, capsys):
     marker = tmp_path / "marker"
     path = tmp_path / "unsafe.pt"

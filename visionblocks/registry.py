@@ -41,6 +41,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from visionblocks._core.config_keys import ConfigError
 from visionblocks._core.plugins import PLUGIN_GROUP, load_plugins
 from visionblocks._core.registries import (
     BACKBONES,
@@ -70,6 +71,7 @@ __all__ = [
     "NECKS",
     "PLUGIN_GROUP",
     "REGISTRIES",
+    "ConfigError",
     "Registry",
     "build_backbone",
     "get_registry",

@@ -469,6 +469,7 @@ EXEMPT: dict[object, str] = {
     kernels.triton_unavailable_reason: "takes no arguments",
     kernels.interpret_mode: "takes no arguments",
     build_parser: "takes no arguments",
+    reg.ConfigError: "the exception Registry.build raises for a config key; users do not build it",
     main: "argument errors are argparse's (usage and exit status 2), tested in tests/test_cli.py",
 }
 

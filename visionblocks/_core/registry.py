@@ -1,4 +1,7 @@
-"""The registry core: `Registry` and the global registries (documented in `visionblocks.registry`)."""
+"""The registry core: `Registry` (documented in `visionblocks.registry`).
+
+Its config-key checks (`ConfigError`, `config_key`) live in `visionblocks._core.config_keys`.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +11,7 @@ import importlib
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple, TypeVar
 
+from visionblocks._core.config_keys import ConfigScope, check_keys, pending_path
 from visionblocks._core.plugins import load_plugins
 
 T = TypeVar("T")
@@ -277,15 +281,24 @@ class Registry:
             *args: Positional arguments for the builder.
             **kwargs: Keyword arguments; they override entries of the config dict.
 
+        The keys (config entries and keyword arguments) are checked against the builder's
+        signature before the call. Inside `config_key` (a builder building an entry of its
+        config) errors name keys by their path from the top-level config; the builder's own
+        errors get a note (Python 3.11+) naming the config they come from.
+
         Returns:
             Whatever the builder returns.
 
         Raises:
-            KeyError: Unknown name, or a config dict without ``"type"``.
+            KeyError: Unknown name (``"backbone.type: ..."`` inside `config_key`), or a config
+                dict without ``"type"``.
+            ConfigError: A ``TypeError``: a key the builder does not take (the message lists
+                the accepted keys and a close one), or a required key missing.
             TypeError: ``name_or_cfg`` is neither a string nor a mapping.
         """
+        where = pending_path()
         if isinstance(name_or_cfg, str):
-            builder, params = self.get(name_or_cfg), {}
+            kind, params = name_or_cfg, {}
         elif isinstance(name_or_cfg, Mapping):
             params = dict(name_or_cfg)
             if "type" not in params:
@@ -294,21 +307,28 @@ class Registry:
                     f"got keys {sorted(params)}"
                 )
             kind = params.pop("type")
-            if isinstance(kind, str):
-                builder = self.get(kind)
-            elif callable(kind):
-                builder = kind
-            else:
-                raise TypeError(
-                    f"config 'type' must be a registered name or a callable, got {kind!r}"
-                )
         else:
             raise TypeError(
                 f"build() takes a registered name or a config dict, "
                 f"got {type(name_or_cfg).__name__}"
             )
+        if isinstance(kind, str):
+            try:
+                builder = self.get(kind)
+            except (KeyError, ValueError) as error:
+                if where and error.args and isinstance(error.args[0], str):
+                    error.args = (f"{'.'.join((*where, 'type'))}: {error.args[0]}",)
+                    error.config_path = ".".join(where)
+                raise
+        elif callable(kind):
+            builder = kind
+        else:
+            raise TypeError(f"config 'type' must be a registered name or a callable, got {kind!r}")
         params.update(kwargs)
-        return builder(*args, **params)
+        what = f"{self.name} {getattr(kind, '__name__', kind)!r} ({self._describe(builder)})"
+        check_keys(builder, args, params, where, what)
+        with ConfigScope(where, what):
+            return builder(*args, **params)
 
     def list(self, pattern: str = "*") -> list[str]:
         """Sorted registered names (aliases excluded) that match an fnmatch ``pattern``.

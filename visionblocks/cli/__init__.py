@@ -227,12 +227,17 @@ def build_parser() -> argparse.ArgumentParser:
     p_list.set_defaults(func=_cmd_list)
 
     p_inspect = sub.add_parser(
-        "inspect", help="summarise a checkpoint file, or how it would load into a model"
+        "inspect",
+        help="summarise a checkpoint file, or how it would load into a model",
+        description="Summarise a checkpoint file: its format, tensors, dtypes and key prefixes. "
+        "With --model NAME, also load it into that backbone as build_backbone does and print "
+        "the report, e.g. `visionblocks inspect resnet18.pth --model resnet18`.",
     )
     p_inspect.add_argument(
         "checkpoint",
         help="a .pt/.pth/.bin/.ckpt/.tar/.pkl or .safetensors file (read without running code "
-        "from it: foreign objects become inert placeholders)",
+        "from it: foreign objects become inert placeholders); a backbone name goes after "
+        "--model",
     )
     p_inspect.add_argument(
         "--model",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import os
 import sys
 from collections import Counter
@@ -14,7 +15,13 @@ from torch import nn
 from visionblocks.weights import LoadReport
 from visionblocks.weights._io import ReadInfo, read_checkpoint
 
-__all__ = ["check_model_name", "describe_state_dict", "load_into_backbone", "run_inspect"]
+__all__ = [
+    "backbone_hint",
+    "check_model_name",
+    "describe_state_dict",
+    "load_into_backbone",
+    "run_inspect",
+]
 
 _MIB = 1024 * 1024
 _MAX_ROWS = 24
@@ -144,6 +151,51 @@ def check_model_name(name: str) -> None:
         raise KeyError(str(exc)) from None
 
 
+def backbone_hint(argument: str) -> str | None:
+    """What to say when the checkpoint ``argument`` is no file but names a backbone, or a
+    name close to one; None when it looks like a file name or is nowhere near a backbone.
+
+    ``visionblocks inspect resnet18`` most likely meant ``--model resnet18``: a registered
+    name, an alias, ``timm/<model>`` or a timm model name without ``timm/`` count.
+
+    Examples:
+        >>> print(backbone_hint("resnet18"))
+        'resnet18' is not a file; to inspect how a checkpoint loads into the backbone named 'resnet18', use `visionblocks inspect CHECKPOINT --model resnet18`
+        >>> print(backbone_hint("resnet-18"))
+        checkpoint file not found: 'resnet-18'; for a backbone (did you mean 'resnet18'?), use `visionblocks inspect CHECKPOINT --model resnet18`
+        >>> backbone_hint("resnet18.pth") is None
+        True
+    """
+    from visionblocks.backbones._timm import TIMM_PREFIX, _suggest_timm_names
+    from visionblocks.registry import BACKBONES
+
+    if argument in BACKBONES:
+        return (
+            f"{argument!r} is not a file; to inspect how a checkpoint loads into the backbone "
+            f"named {argument!r}, use `visionblocks inspect CHECKPOINT --model {argument}`"
+        )
+    name = argument.removeprefix(TIMM_PREFIX)
+    base, suffix = os.path.splitext(name)
+    if suffix or os.sep in base or "/" in base or not base:  # a path, not a name
+        return None
+    if name != argument:  # timm/<not a timm model>: the timm models close to it
+        close = _suggest_timm_names(name)
+    else:  # close registered names, after the timm form of a timm model named without timm/
+        names = [*BACKBONES.list(), *(a for n in BACKBONES.list() for a in BACKBONES.aliases(n))]
+        lowered = {n.lower(): n for n in names}
+        matches = difflib.get_close_matches(name.lower(), list(lowered), n=3, cutoff=0.8)
+        matches = [name.lower()] if name.lower() in lowered else matches  # only case differs
+        close = [*_suggest_timm_names(name)[:1], *(lowered[m] for m in matches)]
+        close = [c for c in close if c == TIMM_PREFIX + name or not c.startswith(TIMM_PREFIX)]
+    if not close:
+        return None
+    options = ", ".join(repr(c) for c in dict.fromkeys(close))
+    return (
+        f"checkpoint file not found: {argument!r}; for a backbone (did you mean {options}?), "
+        f"use `visionblocks inspect CHECKPOINT --model {close[0]}`"
+    )
+
+
 def load_into_backbone(name: str, state: Mapping[str, torch.Tensor]) -> tuple[LoadReport, bool]:
     """The report of ``build_backbone(name, pretrained=state)`` (a throw-away backbone), and
     whether that load passes build_backbone's guard (every backbone tensor loads).
@@ -184,6 +236,8 @@ def run_inspect(
         state, info = read_checkpoint(checkpoint)
     except (OSError, ValueError, TypeError, KeyError) as exc:
         message = exc.args[0] if exc.args else str(exc)
+        if isinstance(exc, FileNotFoundError):  # `inspect resnet18` meant `--model resnet18`?
+            message = backbone_hint(checkpoint) or message
         print(f"{prog}: {message}", file=sys.stderr)
         return 1
     print(describe_state_dict(state, info, path=checkpoint), file=out)

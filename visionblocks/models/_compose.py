@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from visionblocks._core.checks import check_type
+from visionblocks._core.config_keys import config_key
 from visionblocks._core.registries import BACKBONES, HEADS, NECKS
 
 __all__ = ["IMAGENET_MEAN", "IMAGENET_STD", "ComposedModel", "build_parts", "input_channels"]
@@ -108,7 +109,8 @@ def _part(registry: Any, cfg: Any, what: str, **defaults: Any) -> nn.Module:
             f"{what} must be a module, a registered name or a dict with 'type', got {cfg!r}"
         )
     options = {**defaults, **{k: v for k, v in cfg.items() if k != "type"}}
-    return registry.build(cfg["type"], **options)
+    with config_key(what):  # errors name the keys by their path: head.num_classes
+        return registry.build(cfg["type"], **options)
 
 
 def build_parts(
