@@ -4,13 +4,23 @@ Every function works in a plain single-process run (it then behaves as world siz
 DDP and under ``torchrun``, so losses and evaluation code need no ``if distributed:`` branches.
 
 Normalising a dense-detection loss by the number of positives across ranks (RetinaNet/FCOS
-style) keeps each rank's loss on the same scale whatever its share of positives:
-
-    num_pos = reduce_mean(torch.tensor(float(pos_mask.sum()), device=logits.device))
-    loss = sigmoid_focal_loss(logits, targets, reduction="sum", normalizer=num_pos.clamp_min(1.0))
-
+style) keeps each rank's loss on the same scale whatever its share of positives.
 ``reduce_mean`` averages the count over ranks; each rank divides its own sum by that average,
 and DDP's gradient averaging then yields the gradient of the global sum over the global count.
+
+Examples:
+    The same code runs in one process and under ``torchrun`` (here: one process, so the
+    average is this rank's own count):
+
+    >>> from visionblocks.losses import sigmoid_focal_loss
+    >>> logits = torch.randn(6, 3)
+    >>> targets = torch.tensor([0, 3, 3, 2, 3, 1])  # class indices; 3 (= C) is background
+    >>> num_pos = reduce_mean(torch.tensor(float((targets < 3).sum()), device=logits.device))
+    >>> num_pos
+    tensor(3.)
+    >>> loss = sigmoid_focal_loss(
+    ...     logits, targets, reduction="sum", normalizer=num_pos.clamp_min(1.0)
+    ... )
 """
 
 from __future__ import annotations

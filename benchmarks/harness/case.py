@@ -45,6 +45,9 @@ CASES = Registry(
     ),
     description="BenchCase, or a zero-argument callable returning one",
 )
+"""The registry of benchmark cases (a `visionblocks.registry.Registry`): case name →
+`BenchCase`. It imports the ``benchmarks.cases`` modules listed here on its first lookup
+miss, listing or iteration, and each of them registers its cases with `register_case`."""
 
 
 @dataclass(eq=False)

@@ -8,7 +8,7 @@ exist. Both sides' processes do the same things up to this point. It drops the w
 outputs, runs ``gc.collect()`` and ``malloc_trim(0)`` (glibc) so freed memory goes back to
 the OS, resets the kernel's resident-set high-water mark (``5`` written to
 ``/proc/self/clear_refs``) and reads the resident set size as the baseline. It then makes a
-second call of the measured side and reads the high-water mark (``VmHWM``)::
+second call of the measured side and reads the high-water mark (``VmHWM``):
 
     extra peak = VmHWM after the measured call - VmRSS before it
 
@@ -56,6 +56,8 @@ __all__ = ["RESULT_PREFIX", "MemoryResult", "measure_here", "measure_memory"]
 
 Side = Literal["ours", "peer"]
 RESULT_PREFIX = "VISIONBLOCKS-BENCH-MEMORY "
+"""Start of the stdout line on which the measuring process reports its `MemoryResult`, as
+JSON; `measure_memory` reads the last such line and ignores whatever else the case prints."""
 _STDERR_TAIL_LINES = 15
 
 

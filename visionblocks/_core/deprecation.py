@@ -3,7 +3,7 @@
 A public module lists its renamed names in a dict and serves them from its module-level
 ``__getattr__`` (PEP 562), so the alias is the very same object as the new name
 (``FocalLoss is SigmoidFocalLoss``), stays out of ``__all__`` and ``dir()``, and warns the
-first time each old name is looked up in the process::
+first time each old name is looked up in the process:
 
     _DEPRECATED = {"FocalLoss": ("SigmoidFocalLoss", "0.3")}
 

@@ -3,3 +3,5 @@
 __all__ = ["__version__"]
 
 __version__ = "0.1.0"
+"""The version of visionblocks, ``"MAJOR.MINOR.PATCH"``: the package metadata
+(``pip show visionblocks``) and ``visionblocks --version`` report the same string."""

@@ -17,7 +17,6 @@ from PIL import Image
 
 __all__ = ["SYNTHETIC_CLASSES", "render"]
 
-#: Category names in order: category ``k`` (0-based) is drawn as the shape ``SYNTHETIC_CLASSES[k]``.
 SYNTHETIC_CLASSES: tuple[str, ...] = (
     "circle",
     "square",
@@ -30,6 +29,9 @@ SYNTHETIC_CLASSES: tuple[str, ...] = (
     "arrow",
     "heart",
 )
+"""The shapes of `make_synthetic_coco`, in class order: class ``k`` (0-based) is drawn as
+``SYNTHETIC_CLASSES[k]`` and its COCO category is named so. ``num_classes=K`` uses the first
+``K`` (at most 10)."""
 
 _MIN_DIAMETER = 10.0  # pixels: smaller shapes cannot be told apart
 _EDGE = 1.0  # objects keep this many pixels from the image border

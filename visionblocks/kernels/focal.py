@@ -31,7 +31,7 @@ which also keeps bfloat16 working in the interpreter). With ``e = exp(-|x|)``:
 ``p = 1 / (1 + e)`` or ``e / (1 + e)`` and ``q = 1 - p`` formed the other way round, so
 neither cancels; ``ce = log1p(e) + (1 - t) max(x, 0) + t max(-x, 0)`` (never ``softplus(x) - t x``,
 which cancels for confident logits);
-``m = 1 - p_t = t q + (1 - t) p`` (exact for binary targets, even at +-1e4); and::
+``m = 1 - p_t = t q + (1 - t) p`` (exact for binary targets, even at +-1e4); and:
 
     loss     = a_t ce m^g
     dloss/dx = a_t m^g [(1 - t) p - t q + g (1 - 2t) ce (p q / m)]

@@ -6,7 +6,7 @@ sweep, saves only the gradient, and backward is one multiplication by the incomi
 
 Exact forms. With ``p = sigmoid(x)`` and ``q = sigmoid(-x)`` (both computed directly, never
 ``1 - p``), ``l = log1p(exp(-|x|)) = -log1p(-min(p, q))``, a target ``t`` in ``[0, 1]`` and
-``a_t = alpha t + (1 - alpha)(1 - t)`` (times the weight, times 0 where ignored)::
+``a_t = alpha t + (1 - alpha)(1 - t)`` (times the weight, times 0 where ignored):
 
     ce       = lerp(max(x, 0), max(-x, 0), t) + l          (BCE with logits)
     m        = lerp(p, q, t)                               (= 1 - p_t)

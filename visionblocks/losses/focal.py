@@ -146,7 +146,7 @@ def sigmoid_focal_loss(
     """Sigmoid focal loss: per-element binary cross entropy scaled by ``(1 - p_t) ** gamma``.
 
     With ``p = sigmoid(inputs)``, ``p_t = p t + (1 - p)(1 - t)`` and
-    ``a_t = alpha t + (1 - alpha)(1 - t)``::
+    ``a_t = alpha t + (1 - alpha)(1 - t)``:
 
         loss = weight * a_t * (1 - p_t) ** gamma * BCEWithLogits(inputs, t)
 

@@ -61,7 +61,7 @@ def softmax_focal_loss(
     """Multi-class focal loss over softmax probabilities, a drop-in for ``F.cross_entropy``.
 
     For an element with target class ``y`` (a sample of ``(N, C)`` logits, a pixel of
-    ``(N, C, H, W)``), with ``p = softmax(logits)`` over the class dimension::
+    ``(N, C, H, W)``), with ``p = softmax(logits)`` over the class dimension:
 
         ce    = (1 - s) * w[y] * -log p[y]  +  (s / C) * sum_c w[c] * -log p[c]
         loss  = a[y] * (1 - p[y]) ** gamma * ce

@@ -216,8 +216,11 @@ def postprocess_padded(
         scores (Sequence[Tensor[B, A_l, C]]): Class scores in ``[0, 1]`` per level.
         boxes (Sequence[Tensor[B, A_l, 4]]): XYXY boxes of the locations per level.
         image_sizes (Tensor[B, 2]): ``(H, W)`` of every image, to clip to (integers).
-        score_thresh, topk_candidates, nms_thresh, max_detections: As
-            `postprocess_detections`.
+        score_thresh: Smallest score kept, as in `postprocess_detections`.
+        topk_candidates: Candidates kept per level and image before NMS.
+        nms_thresh: IoU above which a lower-scoring box of the same image and class is
+            removed.
+        max_detections: Detections kept per image, the size ``K`` of the padded outputs.
 
     Returns:
         dict[str, Tensor]: ``boxes (Tensor[B, K, 4])``, ``scores (Tensor[B, K])``,
@@ -227,9 +230,10 @@ def postprocess_padded(
         labels -1).
 
     Raises:
-        TypeError, ValueError: As `postprocess_detections`, for batched levels; an
-            ``image_sizes`` that is not a ``(B, 2)`` integer tensor on the scores' device;
-            ``max_detections`` above 100,000.
+        TypeError: As `postprocess_detections`, for batched levels; an ``image_sizes`` that
+            is not an integer tensor.
+        ValueError: As `postprocess_detections`, for batched levels; an ``image_sizes`` that
+            is not ``(B, 2)`` or not on the scores' device; ``max_detections`` above 100,000.
 
     Examples:
         >>> scores = [torch.tensor([[[0.9, 0.1], [0.8, 0.0]]])]

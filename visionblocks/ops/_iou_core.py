@@ -11,7 +11,7 @@ Formulas, for one pair (notation of the reference, ``tests/reference/boxes.py``)
 sides ``d = min(x2, x2') - max(x1, x1')`` (per axis), intersection ``I = prod(max(d, 0))``,
 union ``U = A + A' - I``, enclosing sides ``c = w + w' - d`` (equal to
 ``max(x2, x2') - min(x1, x1')``), ``C = prod(c)``, ``Q = |c|^2``, ``4 rho^2 = |delta|^2``
-with ``delta = (x1 + x2) - (x1' + x2')`` per axis::
+with ``delta = (x1 + x2) - (x1' + x2')`` per axis:
 
     iou  = I / U            giou = iou - (C - U) / C          diou = iou - rho^2 / Q
     ciou = diou - alpha v,  v = K (t' - t)^2,  t = atan(w / h),  K = 4 / pi^2,  alpha = v / (1 - iou + v)
@@ -35,7 +35,7 @@ a pairwise caller only has to sum them over the rows or columns of its block:
 - ``D = delta / Q``: ``dm/d(x1, x2)`` through the centres is ``-D / 2`` for box ``a``;
 - ``A = alpha (t' - t)``: ``dm/dt = 2 K A`` (alpha held constant).
 
-`combine` turns them into a box's gradient (``sigma = 1`` for box ``a``, ``-1`` for ``b``)::
+`combine` turns them into a box's gradient (``sigma = 1`` for box ``a``, ``-1`` for ``b``):
 
     W = (h, w) gU + sigma 2 K A (h, -w) / (w^2 + h^2)           (areas, CIoU's angle)
     d/d(x2, y2) = W + M / 2 - sigma (J_hi + D) / 2

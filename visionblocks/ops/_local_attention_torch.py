@@ -7,7 +7,7 @@ parts (blocks of rows, or several whole planes). A part copies its key and value
 `visionblocks.ops._local_parts.windows` views them as ``(D, k, k, rows, W)`` without a copy:
 entry ``[c, i, j, y, x]`` is channel ``c`` of the key of tap ``t = i*k + j`` of query pixel
 ``(y, x)``. Each step is one op per channel (over all taps) or one op per tap (over all
-channels), whichever moves less data::
+channels), whichever moves less data:
 
     logits = sum_D (scale * q) * windows(k)     (one addcmul_ per channel; taps outside
                                                  the image then set to -inf)
@@ -16,7 +16,7 @@ channels), whichever moves less data::
 
 Backward recomputes ``attn`` from the saved log-sum-exp ``(B*heads, H, W)`` (flash-attention
 style: nothing of size ``k*k`` is kept between forward and backward) and takes
-``delta = sum_D grad_out * out`` from the saved output::
+``delta = sum_D grad_out * out`` from the saved output:
 
     dattn = sum_D grad_out * windows(v);   ds = attn * (dattn - delta)
     dq = scale * sum_t ds[t] * windows(k)[:, t]

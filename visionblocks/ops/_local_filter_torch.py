@@ -5,7 +5,7 @@ planes (one per batch item and kernel group) and the kernels as ``(B*G, k*k, Ho,
 tap ``t = i*k + j`` at output pixel ``(h, w)`` reads input pixel ``(h*s + oi, w*s + oj)``,
 ``oi, oj = (i - k//2)*d, (j - k//2)*d``. For every tap, the output pixels whose input lies
 inside the image form one rectangle, so the forward is one ``addcmul_`` per tap on strided
-views of the unpadded tensors (the centre tap, which covers every pixel, writes first)::
+views of the unpadded tensors (the centre tap, which covers every pixel, writes first):
 
     out[p, :, h, w] (+)= kernels[p, t, h, w] * x[p, :, h*s + oi, w*s + oj]
 

@@ -92,8 +92,10 @@ __all__ = [
 ]
 __dir__ = public_dir(__name__, __all__)
 
-#: The formats `box_convert` understands.
 BOX_FORMATS: tuple[str, ...] = ("xyxy", "xywh", "cxcywh")
+"""The box formats `box_convert` understands: ``"xyxy"`` corners ``(x1, y1, x2, y2)``,
+``"xywh"`` top-left corner and size ``(x1, y1, w, h)`` (COCO's ``bbox``), ``"cxcywh"`` centre
+and size ``(cx, cy, w, h)``."""
 
 
 def _check_convert(boxes: Tensor, in_fmt: str, out_fmt: str) -> Tensor:
@@ -202,9 +204,10 @@ def box_iou(boxes1: Tensor, boxes2: Tensor, aligned: bool = False, eps: float = 
             ``>= 0``. It never changes a result whose denominators are positive.
 
     Returns:
-        Tensor[..., N, M], or Tensor[..., N] when ``aligned``: float32 for float16, bfloat16
-        and integer boxes, else the (promoted) input dtype. Finite, with finite gradients,
-        for any finite boxes when ``eps > 0``.
+        Tensor[..., N, M] or Tensor[..., N]: ``(..., N, M)`` for every pair, ``(..., N)``
+        with ``aligned=True``. float32 for float16, bfloat16 and integer boxes, else the
+        (promoted) input dtype. Finite, with finite gradients, for any finite boxes when
+        ``eps > 0``.
 
     Raises:
         TypeError: Boxes not tensors (or complex), ``aligned`` not a bool, ``eps`` not a number.
@@ -255,9 +258,10 @@ def generalized_box_iou(
             ``>= 0``. It never changes a result whose denominators are positive.
 
     Returns:
-        Tensor[..., N, M], or Tensor[..., N] when ``aligned``: float32 for float16, bfloat16
-        and integer boxes, else the (promoted) input dtype. Finite, with finite gradients,
-        for any finite boxes when ``eps > 0``.
+        Tensor[..., N, M] or Tensor[..., N]: ``(..., N, M)`` for every pair, ``(..., N)``
+        with ``aligned=True``. float32 for float16, bfloat16 and integer boxes, else the
+        (promoted) input dtype. Finite, with finite gradients, for any finite boxes when
+        ``eps > 0``.
 
     Raises:
         TypeError: Boxes not tensors (or complex), ``aligned`` not a bool, ``eps`` not a number.
@@ -307,9 +311,10 @@ def distance_box_iou(
             ``>= 0``. It never changes a result whose denominators are positive.
 
     Returns:
-        Tensor[..., N, M], or Tensor[..., N] when ``aligned``: float32 for float16, bfloat16
-        and integer boxes, else the (promoted) input dtype. Finite, with finite gradients,
-        for any finite boxes when ``eps > 0``.
+        Tensor[..., N, M] or Tensor[..., N]: ``(..., N, M)`` for every pair, ``(..., N)``
+        with ``aligned=True``. float32 for float16, bfloat16 and integer boxes, else the
+        (promoted) input dtype. Finite, with finite gradients, for any finite boxes when
+        ``eps > 0``.
 
     Raises:
         TypeError: Boxes not tensors (or complex), ``aligned`` not a bool, ``eps`` not a number.
@@ -360,9 +365,10 @@ def complete_box_iou(
             ``>= 0``. It never changes a result whose denominators are positive.
 
     Returns:
-        Tensor[..., N, M], or Tensor[..., N] when ``aligned``: float32 for float16, bfloat16
-        and integer boxes, else the (promoted) input dtype. Finite, with finite gradients,
-        for any finite boxes when ``eps > 0``.
+        Tensor[..., N, M] or Tensor[..., N]: ``(..., N, M)`` for every pair, ``(..., N)``
+        with ``aligned=True``. float32 for float16, bfloat16 and integer boxes, else the
+        (promoted) input dtype. Finite, with finite gradients, for any finite boxes when
+        ``eps > 0``.
 
     Raises:
         TypeError: Boxes not tensors (or complex), ``aligned`` not a bool, ``eps`` not a number.

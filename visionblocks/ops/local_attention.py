@@ -83,7 +83,7 @@ def local_attention2d(
     """Multi-head attention of every pixel over its (dilated) ``k x k`` neighbourhood.
 
     Channels split into ``num_heads`` heads of ``D = C / num_heads``; for head ``n``,
-    query pixel ``p`` and its window taps ``t`` (pixel ``p + o_t``, see the module notes)::
+    query pixel ``p`` and its window taps ``t`` (pixel ``p + o_t``, see the module notes):
 
         logits[n, t, p] = sum_D q[n, :, p] * k[n, :, p + o_t] / sqrt(D)
         attn = softmax over the taps inside the image (outside: masked, weight 0)

@@ -1,7 +1,8 @@
 """Affine matrices and affine image warping, in OpenCV's pixel convention.
 
-`affine_matrix` builds forward matrices, `warp_affine` resamples images with them (the same
-result as ``cv2.warpAffine``), `invert_affine` inverts them in closed form, and
+`affine_matrix` builds forward matrices, `warp_affine` resamples images with them (the
+result of OpenCV 5's ``cv2.warpAffine``; OpenCV 4 and kornia differ in places, see
+`warp_affine`), `invert_affine` inverts them in closed form, and
 `matrix_to_theta` / `theta_to_matrix` convert to and from the normalised ``theta`` of
 ``torch.nn.functional.affine_grid``. Boxes, masks and key points follow the same matrices in
 `visionblocks.ops.warp_targets`.
@@ -25,8 +26,8 @@ Dtypes:
     Matrices must be floating point. `warp_affine` samples bilinearly in float32 (float64 for
     float64 images): float16/bfloat16 images are computed in float32 and returned in their own
     dtype; integer images (``uint8``...) are computed in float32, rounded half to even and
-    clamped to the dtype's range, as ``cv2.warpAffine`` rounds. ``mode="nearest"`` copies
-    pixels and keeps any dtype exactly, ``bool`` included.
+    clamped to the dtype's range, as OpenCV 5's ``cv2.warpAffine`` rounds. ``mode="nearest"``
+    copies pixels and keeps any dtype exactly, ``bool`` included.
 """
 
 from __future__ import annotations
@@ -295,12 +296,17 @@ def warp_affine(
     copies pixels (gradient to ``img`` only) and keeps the dtype, so it also warps ``bool``
     and integer label maps.
 
-    Compared with ``cv2.warpAffine(img, M, (W_out, H_out), flags, borderMode)`` (OpenCV 5,
-    as tested): float32 bilinear results agree to about 1e-4 (1e-6 on smooth images), borders
-    included; ``uint8`` results differ by at most one level, OpenCV interpolating in fixed
-    point. ``"nearest"`` rounds ties half to even as OpenCV and ``grid_sample`` do; a position
-    within OpenCV's fixed-point resolution of a tie may still round the other way (under 0.1%
-    of pixels in the tests).
+    Compared with ``cv2.warpAffine(img, M, (W_out, H_out), flags, borderMode)`` of
+    **OpenCV 5** (the version the tests run against): float32 bilinear results agree to about
+    1e-4 (1e-6 on smooth images), borders included, and both match an exact float64 bilinear
+    reference; ``uint8`` results differ by at most one level, where the exact value lies within
+    float rounding of a half level. **OpenCV 4.x** rounds sample positions to 1/32 pixel
+    (``INTER_BITS``), so its ``uint8`` results differ by up to about 6 levels on edges and
+    noise. ``"nearest"`` rounds ties half to even as OpenCV and ``grid_sample`` do (a position
+    within OpenCV's fixed-point resolution of a tie may round the other way: under 0.1% of
+    pixels in the tests). kornia's ``warp_affine`` gives the same results except for
+    ``padding_mode="reflection"``: ours is OpenCV's ``BORDER_REFLECT`` (``cba|abc``), kornia's
+    with its default ``align_corners=True`` is ``BORDER_REFLECT_101`` (``dcb|abc``).
 
     Args:
         img (Tensor[B, C, H, W] or Tensor[C, H, W]): Images, any dtype (``bool`` only with
@@ -330,8 +336,9 @@ def warp_affine(
 
     Convention:
         Forward matrices, pixel centres on integers, sizes ``(H, W)``; see the module
-        docstring. Same convention as ``cv2.warpAffine`` and as ``kornia``'s ``warp_affine``
-        with its default ``align_corners=True``.
+        docstring. The matrices and coordinates of ``cv2.warpAffine`` and of kornia's
+        ``warp_affine`` (default ``align_corners=True``); border handling as OpenCV's, so
+        ``"reflection"`` is ``BORDER_REFLECT``, not kornia's ``BORDER_REFLECT_101``.
 
     Examples:
         >>> img = torch.arange(12.0).view(1, 3, 4)
