@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 export NO_MKDOCS_2_WARNING := 1
 
-.PHONY: venv test demo lint format docs docs-build bench clean
+.PHONY: venv test demo lint format docs docs-build gallery bench clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -37,6 +37,10 @@ demo: $(STAMP)
 
 docs: $(STAMP)
 	$(PY) -m mkdocs serve
+
+# Redraw the pictures of docs/gallery.md (trains the demo detector first: a few minutes).
+gallery: $(STAMP)
+	$(PY) docs/scripts/make_gallery.py
 
 bench: $(STAMP)
 	$(PY) benchmarks/run.py
