@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.test_docs import python_blocks
+from tests.docs.pages import blocks
 from tests.test_import_rules import LAYERS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -32,7 +32,7 @@ print("ran", len(tests), "tests and", runner.tries, "doctest examples")
 
 
 def test_the_add_a_block_recipe_runs():
-    source = "\n".join(python_blocks(PAGE))
+    source = "\n".join(b.code for b in blocks(PAGE.read_text()) if b.lang == "python")
     script = f"SOURCE = {source!r}\n{RUNNER}"
     done = subprocess.run(
         [sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT, timeout=300
