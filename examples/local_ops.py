@@ -15,6 +15,8 @@ import os
 import time
 from typing import TYPE_CHECKING
 
+from _args import example_parser, positive_int
+
 if TYPE_CHECKING:
     import torch
 
@@ -30,25 +32,8 @@ outputs:
 """
 
 
-class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
-    """Shows every option's default and keeps the description's paragraphs."""
-
-
-def positive_int(text: str) -> int:
-    """An argparse type: an int >= 1."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}")
-    return value
-
-
 def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        description=__doc__, epilog=EPILOG, formatter_class=_HelpFormatter
-    )
+    parser = example_parser(__doc__, EPILOG)
     parser.add_argument(
         "--repeats",
         metavar="N",

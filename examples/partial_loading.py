@@ -14,6 +14,8 @@ import argparse
 import tempfile
 from pathlib import Path
 
+from _args import example_parser
+
 EPILOG = """\
 environment:
   VISIONBLOCKS_QUICK=1  makes the other examples run a few steps on a few images (what
@@ -28,18 +30,8 @@ disk use:
 """
 
 
-class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
-    """Shows every option's default and keeps the description's paragraphs."""
-
-    def _get_help_string(self, action: argparse.Action) -> str | None:
-        # A None default is explained in the option's own help.
-        return action.help if action.default is None else super()._get_help_string(action)
-
-
 def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        description=__doc__, epilog=EPILOG, formatter_class=_HelpFormatter
-    )
+    parser = example_parser(__doc__, EPILOG)
     parser.add_argument(
         "--out",
         metavar="DIR",

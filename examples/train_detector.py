@@ -15,6 +15,8 @@ import os
 import time
 from pathlib import Path
 
+from _args import example_parser, positive_int
+
 QUICK = os.environ.get("VISIONBLOCKS_QUICK") == "1"
 
 CONFIG = {
@@ -35,25 +37,8 @@ outputs (under --out):
 """
 
 
-class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
-    """Shows every option's default and keeps the description's paragraphs."""
-
-
-def positive_int(text: str) -> int:
-    """An argparse type: an int >= 1."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}")
-    return value
-
-
 def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        description=__doc__, epilog=EPILOG, formatter_class=_HelpFormatter
-    )
+    parser = example_parser(__doc__, EPILOG)
     parser.add_argument(
         "--steps",
         metavar="N",

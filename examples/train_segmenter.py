@@ -16,6 +16,8 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from _args import example_parser, positive_int
+
 if TYPE_CHECKING:
     import torch
 
@@ -35,25 +37,8 @@ The model is not saved; the last line gives the val mean IoU and the IoU of each
 """
 
 
-class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
-    """Shows every option's default and keeps the description's paragraphs."""
-
-
-def positive_int(text: str) -> int:
-    """An argparse type: an int >= 1."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}")
-    return value
-
-
 def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        description=__doc__, epilog=EPILOG, formatter_class=_HelpFormatter
-    )
+    parser = example_parser(__doc__, EPILOG)
     parser.add_argument(
         "--steps",
         metavar="N",

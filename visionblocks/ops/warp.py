@@ -1,10 +1,8 @@
 """Affine matrices and affine image warping, in OpenCV's pixel convention.
 
-`affine_matrix` builds forward matrices, `warp_affine` resamples images with them (the
-result of OpenCV 5's ``cv2.warpAffine``; OpenCV 4 and kornia differ in places, see
-`warp_affine`), `invert_affine` inverts them in closed form, and
-`matrix_to_theta` / `theta_to_matrix` convert to and from the normalised ``theta`` of
-``torch.nn.functional.affine_grid``. Boxes, masks and key points follow the same matrices in
+`affine_matrix` builds forward matrices, `warp_affine` resamples images with them (OpenCV
+5's ``cv2.warpAffine``; see it for OpenCV 4 and kornia), `invert_affine` inverts them, and
+`matrix_to_theta` / `theta_to_matrix` convert to the ``theta`` of ``F.affine_grid``. Boxes, masks and key points follow the same matrices in
 `visionblocks.ops.warp_targets`.
 
 Convention:
@@ -305,8 +303,7 @@ def warp_affine(
     noise. ``"nearest"`` rounds ties half to even as OpenCV and ``grid_sample`` do (a position
     within OpenCV's fixed-point resolution of a tie may round the other way: under 0.1% of
     pixels in the tests). kornia's ``warp_affine`` gives the same results except for
-    ``padding_mode="reflection"``: ours is OpenCV's ``BORDER_REFLECT`` (``cba|abc``), kornia's
-    with its default ``align_corners=True`` is ``BORDER_REFLECT_101`` (``dcb|abc``).
+    ``padding_mode="reflection"`` (see Convention).
 
     Args:
         img (Tensor[B, C, H, W] or Tensor[C, H, W]): Images, any dtype (``bool`` only with
@@ -338,7 +335,8 @@ def warp_affine(
         Forward matrices, pixel centres on integers, sizes ``(H, W)``; see the module
         docstring. The matrices and coordinates of ``cv2.warpAffine`` and of kornia's
         ``warp_affine`` (default ``align_corners=True``); border handling as OpenCV's, so
-        ``"reflection"`` is ``BORDER_REFLECT``, not kornia's ``BORDER_REFLECT_101``.
+        ``"reflection"`` is ``BORDER_REFLECT`` (``cba|abc``), not the ``BORDER_REFLECT_101``
+        (``dcb|abc``) of kornia with its default ``align_corners=True``.
 
     Examples:
         >>> img = torch.arange(12.0).view(1, 3, 4)
