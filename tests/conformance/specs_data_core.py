@@ -438,6 +438,8 @@ SPECS: list[Spec] = [
                 "device": "cpu",
                 "distributed": False,
                 "seed": 0,
+                "amp": False,
+                "detect_nonfinite": False,
             },
         ),
         args=[
@@ -445,7 +447,9 @@ SPECS: list[Spec] = [
             Arg("steps", "int", skip={"zero", "huge"}),
             Arg("out", "path", skip={"missing"}),  # an output folder: created when missing
             Arg("device", "choice"),
-            Arg("seed", "int", skip={"zero", "huge"}),
+            Arg("seed", "int", skip={"zero", "huge", "none"}),  # None: the tuned default
+            Arg("amp", "bool", skip={"none"}),  # None: the device's default
+            Arg("detect_nonfinite", "bool"),
         ],
     ),
 ]

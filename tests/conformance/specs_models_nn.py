@@ -239,6 +239,7 @@ def _options(**extra: Any) -> dict[str, Any]:
         "in_channels": 3,
         "frozen_stages": 1,
         "norm_eval": False,
+        "grad_checkpointing": [2, 3],
         **extra,
     }
 
@@ -248,6 +249,8 @@ OPTIONS = [
     Arg("out_indices", "sequence", optional=True),
     *_ints("in_channels", "frozen_stages"),
     *_bools("norm_eval"),
+    # a repeated stage is a ValueError; True and False are legitimate values too
+    Arg("grad_checkpointing", "sequence"),
 ]
 
 
@@ -295,15 +298,17 @@ NN_SPECS: list[Spec] = [
     Spec(make_norm, lambda: (make_norm, {"norm": "gn", "num_channels": 16}),
          args=[*_choices("norm"), *_ints("num_channels")]),
     Spec(Involution2d, lambda: (Involution2d, {
-            "channels": 8, "kernel_size": 3, "stride": 1, "groups": 2, "reduction": 2}),
-         args=_ints("channels", "kernel_size", "stride", "groups", "reduction")),
+            "channels": 8, "kernel_size": 3, "stride": 1, "groups": 2, "reduction": 2,
+            "grad_checkpointing": False}),
+         args=[*_ints("channels", "kernel_size", "stride", "groups", "reduction"),
+               *_bools("grad_checkpointing")]),
     Spec(Involution2d, _forward(lambda: Involution2d(8, kernel_size=3, stride=2, groups=2).eval(), x=_x),
          args=[Arg("x", "tensor")], forward=True, equivalences=ALL),
     Spec(LocalFilter2d, lambda: (LocalFilter2d, {
             "channels": 8, "kernel_size": 3, "dilation": 1, "groups": 2, "normalize": "softmax",
-            "predict": True}),
+            "predict": True, "grad_checkpointing": False}),
          args=[*_ints("channels", "kernel_size", "dilation", "groups"), Arg("normalize", "choice"),
-               *_bools("predict")]),
+               *_bools("predict", "grad_checkpointing")]),
     Spec(LocalFilter2d, _forward(lambda: LocalFilter2d(8, kernel_size=3, groups=2), x=_x),
          args=[Arg("x", "tensor")], forward=True, equivalences=ALL),
     # kernels=None: predicted from x
@@ -311,8 +316,10 @@ NN_SPECS: list[Spec] = [
          args=[Arg("x", "tensor"), Arg("kernels", "tensor", optional=True)],
          forward=True, equivalences=ALL, label="kernels"),
     Spec(LocalAttention2d, lambda: (LocalAttention2d, {
-            "channels": 8, "kernel_size": 3, "num_heads": 2, "dilation": 1, "qkv_bias": True}),
-         args=[*_ints("channels", "kernel_size", "num_heads", "dilation"), *_bools("qkv_bias")]),
+            "channels": 8, "kernel_size": 3, "num_heads": 2, "dilation": 1, "qkv_bias": True,
+            "grad_checkpointing": False}),
+         args=[*_ints("channels", "kernel_size", "num_heads", "dilation"),
+               *_bools("qkv_bias", "grad_checkpointing")]),
     Spec(LocalAttention2d, _forward(lambda: LocalAttention2d(8, kernel_size=3, num_heads=2), x=_x),
          args=[Arg("x", "tensor")], forward=True, equivalences=ALL),
     Spec(find_conv_bn_pairs, lambda: (find_conv_bn_pairs, {"model": _fusable()}),
@@ -336,13 +343,13 @@ MODEL_SPECS: list[Spec] = [
             "in_channels": 8, "num_classes": 3, "strides": [8, 16], "num_convs": 1, "norm": "gn",
             "prior_prob": 0.01, "center_sampling_radius": 1.5, "size_ranges": [(0, 64), (64, 1e8)],
             "focal_alpha": 0.25, "focal_gamma": 2.0, "score_thresh": 0.05, "nms_thresh": 0.6,
-            "topk_candidates": 100, "max_detections": 10}),
+            "topk_candidates": 100, "max_detections": 10, "grad_checkpointing": False}),
          args=[*_ints("in_channels", "num_classes"), Arg("strides", "sequence"), *_ints("num_convs"),
                *_choices("norm"), Arg("prior_prob", "float"), Arg("center_sampling_radius", "float"),
                Arg("size_ranges", "sequence", optional=True),
                *(Arg(n, "float") for n in ("focal_alpha", "focal_gamma", "score_thresh", "nms_thresh")),
                # an absurd number of candidates or detections means "keep them all"
-               *_ints("topk_candidates", "max_detections")]),
+               *_ints("topk_candidates", "max_detections"), *_bools("grad_checkpointing")]),
     Spec(FCOSHead, _forward(_fcos_head, features=lambda: [_x(8, 8), _x(8, 4)]),
          args=[Arg("features", "sequence")], forward=True),
     Spec(FCOSHead, _forward(lambda: _Levels(_fcos_head()), x0=lambda: _x(8, 8), x1=lambda: _x(8, 4)),

@@ -11,6 +11,12 @@ Every such op takes ``impl: str = "auto"``:
   that device before; torch otherwise. If a kernel fails to compile, load or launch, the op
   warns once, runs the torch path and stays on it for that device (`visionblocks.kernels._dispatch.run_fused`).
 
+Deterministic mode (``torch.use_deterministic_algorithms(True)``, e.g. from
+``seed_everything(seed, deterministic=True)``): ``"auto"`` never picks a kernel listed in
+`visionblocks.kernels._support.NONDETERMINISTIC` (none today: every kernel gives the same bits
+from run to run), and forcing ``"triton"`` for one on CUDA raises like torch's own
+nondeterministic ops (warns with ``warn_only=True``).
+
 The process default is, by priority: `set_impl` / `use_impl`, then the environment
 variable ``VISIONBLOCKS_IMPL``, then ``"auto"``. ``VISIONBLOCKS_DISABLE_TRITON=1`` makes
 triton unavailable (everything runs on the torch path; forcing ``"triton"`` raises).

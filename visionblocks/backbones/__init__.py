@@ -43,6 +43,7 @@ def build_backbone(
     in_channels: int = 3,
     frozen_stages: int = 0,
     norm_eval: bool = False,
+    grad_checkpointing: bool | Sequence[int] = False,
     **kwargs: Any,
 ) -> Backbone:
     """Build a backbone by name; its forward returns ``OrderedDict[str, Tensor]``.
@@ -77,6 +78,11 @@ def build_backbone(
             ``n`` stages (``requires_grad=False``, their BatchNorms kept in eval mode).
         norm_eval: Keep every BatchNorm in eval mode during training (running statistics
             frozen). Both options survive ``.train()``.
+        grad_checkpointing: Activation checkpointing: ``True`` for every stage, or a list of
+            stage indices. Each block of those stages keeps only its input in the forward
+            and recomputes its activations in the backward: less memory, about one more
+            forward of time (see `Backbone.set_grad_checkpointing`; frozen stages are
+            skipped).
         **kwargs: Passed to the model's builder (torchvision builder, ``timm.create_model``
             or `TinyNet`).
 
@@ -123,6 +129,8 @@ def build_backbone(
         frozen_stages=frozen_stages,
         norm_eval=norm_eval,
     )
+    if grad_checkpointing is not False:  # builders registered elsewhere may lack the option
+        options["grad_checkpointing"] = grad_checkpointing
     if name == "timm" and "model_name" not in kwargs:  # say how timm models are named
         return timm_backbone("", **options, **kwargs)
     return BACKBONES.get(name)(**options, **kwargs)

@@ -25,6 +25,7 @@ from torch import nn
 
 from visionblocks._core.checks import check_type
 from visionblocks._core.registries import BACKBONES
+from visionblocks.backbones import _checkpointing as ckpt
 from visionblocks.backbones._options import (
     normalize_frozen_stages,
     normalize_out_indices,
@@ -185,6 +186,7 @@ def timm_backbone(
     in_channels: int = 3,
     frozen_stages: int = 0,
     norm_eval: bool = False,
+    grad_checkpointing: bool | Sequence[int] = False,
     **kwargs: Any,
 ) -> Backbone:
     """The timm model ``model_name`` (``features_only=True``, no download) as a backbone.
@@ -211,6 +213,9 @@ def timm_backbone(
         in_channels: Input channels (timm's ``in_chans``).
         frozen_stages: Freeze the stem and the first ``frozen_stages`` stages.
         norm_eval: Keep BatchNorms in eval mode.
+        grad_checkpointing: Activation checkpointing of every stage (``True``) or of the
+            listed stages (see `Backbone.set_grad_checkpointing`); a stage's blocks are the
+            modules timm's feature info places between its level and the one before.
         **kwargs: Passed to ``timm.create_model`` (``drop_path_rate``, ``output_stride``,
             ...), except ``features_only``, ``pretrained``, ``out_indices``, ``in_chans``.
 
@@ -229,6 +234,7 @@ def timm_backbone(
     """
     check_model_name(model_name)
     check_common(pretrained, in_channels, norm_eval)
+    ckpt.check_option(grad_checkpointing)
     reserved = sorted(set(kwargs) & set(_RESERVED))
     if reserved:
         raise TypeError(
@@ -276,6 +282,11 @@ def timm_backbone(
     for p in unused:
         p.requires_grad_(False)
     backbone.frozen_stages = frozen_stages
+    info = probe.feature_info
+    names = ckpt.timm_level_names(model, [info.info[i]["module"] for i in info.out_indices])
+    ordered = (nn.Sequential, nn.ModuleDict)  # timm's feature wrappers run their items in order
+    backbone._stage_blocks = ckpt.stage_blocks(model, names, kept[: indices[-1] + 1], ordered)
+    ckpt.configure(backbone, grad_checkpointing)
     if pretrained is not None and pretrained is not False:
         state = _state_dict(pretrained)
         rules = _rename_rules(backbone.state_dict().keys(), state.keys())

@@ -18,6 +18,7 @@ from torch import nn
 
 from visionblocks._core.checks import check_type
 from visionblocks._core.registries import BACKBONES
+from visionblocks.backbones._checkpointing import check_option
 from visionblocks.backbones._options import normalize_frozen_stages, normalize_out_indices
 from visionblocks.backbones.base import Backbone, backbone_from_model, check_common
 
@@ -52,6 +53,7 @@ def torchvision_backbone(
     in_channels: int = 3,
     frozen_stages: int = 0,
     norm_eval: bool = False,
+    grad_checkpointing: bool | Sequence[int] = False,
     **kwargs: Any,
 ) -> Backbone:
     """Build the torchvision model ``arch`` with ``weights=None`` and make it a backbone.
@@ -69,6 +71,8 @@ def torchvision_backbone(
         in_channels: Input channels.
         frozen_stages: Freeze the stem and the first ``frozen_stages`` stages.
         norm_eval: Keep BatchNorms in eval mode.
+        grad_checkpointing: Activation checkpointing of every stage (``True``) or of the
+            listed stages (see `Backbone.set_grad_checkpointing`).
         **kwargs: Passed to the torchvision builder (not ``weights``).
 
     Returns:
@@ -92,6 +96,7 @@ def torchvision_backbone(
         )
     stages = TORCHVISION_STAGES[arch]
     check_common(pretrained, in_channels, norm_eval)
+    check_option(grad_checkpointing)
     normalize_out_indices(out_indices, len(stages), arch)
     normalize_frozen_stages(frozen_stages, len(stages), arch)
     for key in ("weights", "weights_backbone"):
@@ -117,6 +122,7 @@ def torchvision_backbone(
         in_channels=in_channels,
         frozen_stages=frozen_stages,
         norm_eval=norm_eval,
+        grad_checkpointing=grad_checkpointing,
     )
 
 

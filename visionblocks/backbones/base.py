@@ -20,6 +20,7 @@ from torch.nn.modules.batchnorm import _BatchNorm
 from visionblocks._core.checks import check_int, check_type
 from visionblocks._core.namespace import public_dir
 from visionblocks._core.tensor_checks import check_image_batch
+from visionblocks.backbones import _checkpointing as ckpt
 from visionblocks.backbones._options import (
     check_in_channels,
     check_names,
@@ -50,7 +51,7 @@ def stage_name(index: int) -> str:
     return f"stage{index}"
 
 
-class Backbone(MirrorChildren, nn.Module):
+class Backbone(ckpt.StageCheckpointing, MirrorChildren, nn.Module):
     """A feature extractor whose ``forward`` returns ``OrderedDict[str, Tensor]``.
 
     Wraps a *body*: a module returning a dict of feature maps (an
@@ -74,6 +75,7 @@ class Backbone(MirrorChildren, nn.Module):
       parameters are all frozen (the BatchNorms of frozen stages) stays in eval mode.
     - ``norm_eval=True``: every BatchNorm stays in eval mode, so its running statistics are
       neither updated nor used in their batch form (its affine parameters still train).
+    - ``set_grad_checkpointing``: activation checkpointing of the stages' blocks.
 
     Args:
         body: The feature extractor.
@@ -288,6 +290,7 @@ def backbone_from_model(
     frozen_stages: int = 0,
     norm_eval: bool = False,
     input_size: int = DRY_RUN_SIZE,
+    grad_checkpointing: bool | Sequence[int] = False,
 ) -> Backbone:
     """Make a `Backbone` from any model and the names of the modules that end its stages.
 
@@ -319,6 +322,8 @@ def backbone_from_model(
         norm_eval: Keep every BatchNorm in eval mode (frozen running statistics).
         input_size: Height and width of the dry runs (a multiple of the total stride, at
             most 16,384).
+        grad_checkpointing: Activation checkpointing of every stage (``True``) or of the
+            listed stage indices (see `Backbone.set_grad_checkpointing`).
 
     Returns:
         Backbone: The backbone; ``feature_info`` is measured.
@@ -350,6 +355,7 @@ def backbone_from_model(
     indices = normalize_out_indices(out_indices, len(stages), what)
     frozen_stages = normalize_frozen_stages(frozen_stages, len(stages), what)
     check_type("norm_eval", norm_eval, bool)
+    ckpt.check_option(grad_checkpointing)
     source = check_pretrained(pretrained)
     if in_channels is not None:
         replace_first_conv(model, check_in_channels(in_channels))
@@ -373,6 +379,8 @@ def backbone_from_model(
         num_stages=len(stages),
     )
     backbone.frozen_stages = frozen_stages
+    backbone._stage_blocks = ckpt.stage_blocks(model, stages, range(max(indices) + 1))
+    ckpt.configure(backbone, grad_checkpointing)
     if source is not None:
         backbone.load_report = load_pretrained(backbone, source, what)
     return backbone

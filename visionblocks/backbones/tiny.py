@@ -99,13 +99,15 @@ def vb_tiny(
     in_channels: int = 3,
     frozen_stages: int = 0,
     norm_eval: bool = False,
+    grad_checkpointing: bool | Sequence[int] = False,
     **kwargs: Any,
 ) -> Backbone:
     """`TinyNet` as a backbone: stages ``stage1`` ... ``stage4`` at strides 4, 8, 16, 32.
 
     Registered as ``"vb_tiny"`` (alias ``"tiny"``). The options are those of
     `visionblocks.backbones.build_backbone`; ``kwargs`` go to `TinyNet` (``widths``,
-    ``depths``, ``norm``, ``act``).
+    ``depths``, ``norm``, ``act``). With ``grad_checkpointing``, each
+    `DepthwiseSeparableConv2d` block of the chosen stages is checkpointed.
 
     Returns:
         Backbone: Its forward returns ``OrderedDict[str, Tensor]`` (``stage0`` ... ``stage3``).
@@ -126,4 +128,5 @@ def vb_tiny(
         in_channels=in_channels,
         frozen_stages=frozen_stages,
         norm_eval=norm_eval,
+        grad_checkpointing=grad_checkpointing,
     )

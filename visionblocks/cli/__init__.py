@@ -3,7 +3,7 @@
 Subcommands:
 
 - ``visionblocks demo [--steps N] [--out DIR] [--device auto|cpu|cuda] [--distributed]
-  [--seed S]``: train the reference detector on synthetic COCO and evaluate it.
+  [--seed S] [--amp | --no-amp] [--detect-nonfinite]``: train the reference detector on synthetic COCO and evaluate it.
 - ``visionblocks list [REGISTRY|kernels] [--compile [--all]]``: registered names per registry,
   or the fast-path report (``--compile``: every kernel compiled for real GPU targets).
 - ``visionblocks inspect CHECKPOINT [--model NAME]``: what a checkpoint holds, and how it
@@ -139,9 +139,10 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     try:
         run_demo(
             steps=args.steps, out=args.out, device=args.device, distributed=args.distributed,
-            seed=args.seed, export=args.export,
+            seed=args.seed, amp=args.amp, detect_nonfinite=args.detect_nonfinite,
+            export=args.export,
         )  # fmt: skip
-    except (RuntimeError, ValueError, OSError) as exc:
+    except (RuntimeError, ValueError, OSError, FloatingPointError) as exc:
         print(f"visionblocks demo: {exc}", file=sys.stderr)
         return 1
     return 0
@@ -201,7 +202,26 @@ def build_parser() -> argparse.ArgumentParser:
                         help="auto: CUDA when available (default)")  # fmt: skip
     p_demo.add_argument("--distributed", action="store_true",
                         help="train with DDP under torchrun (gloo on CPU, nccl on CUDA)")  # fmt: skip
-    p_demo.add_argument("--seed", type=int, default=0, metavar="S", help="seed (default 0)")
+    p_demo.add_argument(
+        "--seed",
+        type=int,
+        default=None,
+        metavar="S",
+        help="a repeatable run: seed everything, deterministic algorithms, a "
+        "fixed CPU thread count (default: seed 0, threads tuned for speed)",
+    )
+    p_demo.add_argument(
+        "--amp",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="mixed precision (default: on for CUDA, off on the CPU; --amp "
+        "trains in bf16 on the CPU too)",
+    )
+    p_demo.add_argument(
+        "--detect-nonfinite",
+        action="store_true",
+        help="stop at the first NaN or inf, naming the module and tensor (slower)",
+    )
     p_demo.add_argument("--no-export", dest="export", action="store_false",
                         help="do not write model.onnx (by default it is written and checked "
                         "in onnxruntime when onnx, onnxscript and onnxruntime are installed)")  # fmt: skip

@@ -4,27 +4,30 @@ The demo shows the library doing its job end to end, offline, in a few minutes o
 CPU: `make_synthetic_coco` writes train and val splits (once), `CocoInstances` and
 `collate_detection` feed a `Detector` built from the registries (``vb_tiny`` backbone,
 `FPN` neck, `FCOSHead`), AdamW trains it with a linear warm-up and a cosine decay (AMP on
-CUDA), and `coco_evaluate` scores the val split. Under ``torchrun`` with ``--distributed``
+CUDA, and on the CPU in bf16 with ``--amp``), and `coco_evaluate` scores the val split. Under ``torchrun`` with ``--distributed``
 it trains with ``DistributedDataParallel`` (gloo on CPU, nccl on CUDA) on a
 ``DistributedSampler`` and evaluates the predictions gathered from every rank. On the CPU
-(one process), the number of threads follows what the machine offers: all cores when it is
-quiet, one when other processes keep the cores busy (`visionblocks.cli._demo_threads`). The
-progress bar and the summary show the training speed in steps/s.
+(one process, no ``--seed``), the number of threads follows what the machine offers: all
+cores when it is quiet, one when other processes keep the cores busy
+(`visionblocks.cli._demo_threads`). With ``--seed`` the run is repeatable
+(`visionblocks.training.seed_everything`, a fixed thread count). The progress bar and the summary show the training speed in steps/s.
 
 Outputs in ``out``: ``metrics.json`` (``AP``, ``AP50``, ``AP75``, ``steps``, ``seconds``,
-``steps_per_second`` (training), ``world_size`` and the rest of the COCO numbers),
-``model.pt`` (``{"config": DEMO_MODEL, "model": state dict}``: `visionblocks.deploy`
+``steps_per_second`` (training), ``world_size``, ``seed``, ``amp`` and the rest of the COCO
+numbers), ``losses.json`` (``{"loss": [one value per step], "loss_cls": ...}``, the mean over
+the ranks), ``model.pt`` (``{"config": DEMO_MODEL, "model": state dict}``: `visionblocks.deploy`
 rebuilds it), ``predictions.png`` and ``loss.png``.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import os
 import sys
 import time
-from collections import defaultdict
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +37,8 @@ from visionblocks import distributed as dist_utils
 from visionblocks._core.checks import check_choice, check_range, check_type
 from visionblocks._core.namespace import public_dir
 from visionblocks.cli._demo_data import NUM_CLASSES, demo_data, demo_loaders
+from visionblocks.cli._demo_train import train
+from visionblocks.training import seed_everything
 
 __all__ = ["DEFAULT_STEPS", "DEMO_MODEL", "run_demo"]
 __dir__ = public_dir(__name__, __all__)
@@ -41,9 +46,6 @@ __dir__ = public_dir(__name__, __all__)
 DEFAULT_STEPS = 800
 """Training steps of the default demo: AP50 about 0.9 (0.896 and 0.899 with seeds 0 and 1;
 600 steps gave 0.77 and 0.80)."""
-
-LEARNING_RATE = 2e-3
-WARMUP_STEPS = 50
 
 DEMO_MODEL: dict[str, Any] = {
     "type": "detector",
@@ -91,98 +93,6 @@ def _init_distributed(device: str) -> None:
     dist.init_process_group("nccl" if use_cuda else "gloo")
 
 
-def _schedule(step: int, steps: int) -> float:
-    """Learning-rate factor: linear warm-up, then cosine decay to zero."""
-    warm = min(1.0, (step + 1) / WARMUP_STEPS)
-    return warm * 0.5 * (1.0 + math.cos(math.pi * min(step, steps) / steps))
-
-
-def _optimizer(model: Any) -> torch.optim.Optimizer:
-    """AdamW, with its fused kernel (one pass per tensor instead of a dozen small operations)
-    where this torch has one for the parameters' device."""
-    options = {"lr": LEARNING_RATE, "weight_decay": 1e-4}
-    try:
-        return torch.optim.AdamW(model.parameters(), fused=True, **options)
-    except (RuntimeError, TypeError, ValueError):
-        return torch.optim.AdamW(model.parameters(), **options)
-
-
-def _train(
-    model: Any, loader: Any, steps: int, device: torch.device
-) -> tuple[dict[str, list[float]], float]:
-    """Train for ``steps`` steps; the loss history and the training time in seconds."""
-    from tqdm.auto import tqdm
-
-    from visionblocks.cli._demo_threads import ThreadTuner
-
-    optimizer = _optimizer(model)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: _schedule(s, steps))
-    amp = device.type == "cuda"
-    amp_dtype = torch.bfloat16 if amp and torch.cuda.is_bf16_supported() else torch.float16
-    scaler = torch.amp.GradScaler("cuda", enabled=amp and amp_dtype == torch.float16)
-    history: dict[str, list[float]] = defaultdict(list)
-    bar = tqdm(total=steps, desc="training", unit="step", disable=not dist_utils.is_main_process())
-    # On the CPU, the thread count that makes steps fastest: all cores on a quiet machine,
-    # one when other processes keep them busy (see ThreadTuner).
-    # Not under DDP, where a step's time is also the other ranks'.
-    tuner = ThreadTuner(
-        torch.get_num_threads(), tune=device.type == "cpu" and dist_utils.get_world_size() == 1
-    )
-    model.train()
-    step, epoch, start = 0, 0, time.perf_counter()
-    try:
-        while step < steps:
-            if hasattr(loader.sampler, "set_epoch"):
-                loader.sampler.set_epoch(epoch)
-            batches = iter(loader)
-            while step < steps:
-                tuner.start_step()
-                began = time.perf_counter()
-                batch = next(batches, None)
-                if batch is None:
-                    break
-                losses = _step(model, batch, device, optimizer, scaler, amp_dtype)
-                scheduler.step()
-                # One all-reduce per step for the logged losses, not one per loss.
-                logged = dist_utils.reduce_mean(
-                    torch.stack([v.detach().float() for v in losses.values()])
-                )
-                for name, value in zip(losses, logged.tolist()):
-                    history[name].append(value)
-                tuner.end_step(time.perf_counter() - began)
-                step += 1
-                bar.update(1)
-                bar.set_postfix(
-                    loss=f"{history['loss'][-1]:.3f}", lr=f"{scheduler.get_last_lr()[0]:.1e}",
-                    steps_s=f"{step / (time.perf_counter() - start):.2f}",
-                    threads=torch.get_num_threads(),
-                )  # fmt: skip
-            epoch += 1
-    finally:
-        bar.close()
-    return dict(history), time.perf_counter() - start
-
-
-def _step(
-    model: Any,
-    batch: Any,
-    device: torch.device,
-    optimizer: torch.optim.Optimizer,
-    scaler: Any,
-    amp_dtype: torch.dtype,
-) -> dict[str, torch.Tensor]:
-    images, targets, sizes = batch
-    images = images.to(device, non_blocking=True)
-    targets = [{k: t[k].to(device) for k in ("boxes", "labels")} for t in targets]
-    with torch.autocast(device.type, dtype=amp_dtype, enabled=device.type == "cuda"):
-        losses = model(images, targets, sizes)
-    optimizer.zero_grad(set_to_none=True)
-    scaler.scale(losses["loss"]).backward()
-    scaler.step(optimizer)
-    scaler.update()
-    return losses
-
-
 @torch.no_grad()
 def _predict(model: Any, loader: Any, device: torch.device) -> dict[int, dict[str, Any]]:
     model.eval()
@@ -214,13 +124,28 @@ def _export_onnx(model: Any, images: torch.Tensor, out: Path) -> None:
          f"max difference from eager {result.max_abs_diff:.2g}")  # fmt: skip
 
 
+@dataclass(frozen=True)
+class _Options:
+    steps: int
+    out: Path
+    device: torch.device
+    seed: int
+    seeded: bool  # a seed was given: a repeatable run
+    amp: bool
+    detect_nonfinite: bool
+    export: bool
+    start: float
+
+
 def run_demo(
     *,
     steps: int = DEFAULT_STEPS,
     out: str | os.PathLike[str] = "demo-out",
     device: str = "auto",
     distributed: bool = False,
-    seed: int = 0,
+    seed: int | None = None,
+    amp: bool | None = None,
+    detect_nonfinite: bool = False,
     export: bool = True,
 ) -> dict[str, Any]:
     """Train and evaluate the reference detector on synthetic COCO; write the outputs.
@@ -230,7 +155,18 @@ def run_demo(
         out: Output folder; the synthetic data goes to ``out/data`` (reused when present).
         device: ``"auto"`` (CUDA when available), ``"cpu"`` or ``"cuda"``.
         distributed: Join the ``torchrun`` process group and train with DDP.
-        seed: Seed of the data and of the training.
+        seed: ``None`` (default): seed 0 for the data and the weights, and on the CPU a
+            thread count tuned while training (`visionblocks.cli._demo_threads`), which is
+            fastest but changes the order of floating-point sums, so two runs differ in the
+            last bits. An int: a repeatable run: `visionblocks.training.seed_everything`
+            (``deterministic=True``, ``warn_only=True``; the settings are put back at the
+            end) and a fixed thread count, so two runs on the same machine give the same
+            losses.
+        amp: Mixed precision: ``None`` (default) is on for CUDA (bf16 where the GPU has it,
+            else fp16 with a gradient scaler) and off on the CPU; ``True`` also trains in
+            bf16 on the CPU (fast on CPUs with bf16 instructions, slow elsewhere).
+        detect_nonfinite: Train under `visionblocks.training.find_nonfinite`: stop at the
+            first NaN or inf, naming the module, tensor and step (slower: a check per module).
         export: Also write ``model.onnx`` (`visionblocks.deploy.export_model`: the
             detector's padded output form, dynamic batch and image size) and check it
             against the eager model in onnxruntime; skipped, with a message, when ``onnx``,
@@ -241,25 +177,31 @@ def run_demo(
 
     Raises:
         RuntimeError: ``distributed`` outside ``torchrun``, or ``cuda`` without CUDA.
+        visionblocks.training.NonFiniteError: With ``detect_nonfinite``, at the first NaN
+            or inf.
         ValueError, TypeError: Bad arguments.
 
     Examples:
         >>> import tempfile
         >>> folder = tempfile.TemporaryDirectory()
-        >>> metrics = run_demo(steps=2, out=folder.name, device="cpu", export=False)  # doctest: +ELLIPSIS
-        visionblocks demo: 2 steps on cpu x 1, 315,675 parameters
+        >>> metrics = run_demo(steps=2, out=folder.name, device="cpu", seed=0, export=False)  # doctest: +ELLIPSIS
+        visionblocks demo: 2 steps on cpu x 1, 315,675 parameters, seed 0 (repeatable: ... threads)
         trained 2 steps in ... s: ... steps/s
-        AP ...  AP50 ...  AP75 ...; wrote .../metrics.json, model.pt, predictions.png, loss.png
+        AP ...  AP50 ...  AP75 ...; wrote .../metrics.json, losses.json, model.pt, predictions.png, loss.png
         >>> sorted(k for k in metrics if k != "stats")
-        ['AP', 'AP50', 'AP75', 'device', 'seconds', 'steps', 'steps_per_second', 'world_size']
+        ['AP', 'AP50', 'AP75', 'amp', 'device', 'seconds', 'seed', 'steps', 'steps_per_second', 'world_size']
         >>> folder.cleanup()
     """
     check_type("steps", steps, int)
     check_range("steps", steps, 1)
-    check_type("seed", seed, int)
-    check_range("seed", seed, 0)
-    check_type("distributed", distributed, bool)
-    check_type("export", export, bool)
+    if seed is not None:
+        check_type("seed", seed, int)
+        check_range("seed", seed, 0, 2**32 - 1)
+    if amp is not None:
+        check_type("amp", amp, bool)
+    for name, flag in (("distributed", distributed), ("export", export),
+                       ("detect_nonfinite", detect_nonfinite)):  # fmt: skip
+        check_type(name, flag, bool)
     check_type("out", out, (str, os.PathLike))
     check_choice("device", device, ("auto", "cpu", "cuda"))
     start = time.perf_counter()
@@ -272,7 +214,13 @@ def run_demo(
     if distributed:
         _init_distributed(device)
     try:
-        return _run(steps, Path(out), _resolve_device(device), seed, start, export)
+        where = _resolve_device(device)
+        options = _Options(
+            steps, Path(out), where, 0 if seed is None else seed, seed is not None,
+            where.type == "cuda" if amp is None else amp, detect_nonfinite, export, start,
+        )  # fmt: skip
+        with _kept_global_state():
+            return _run(options)
     finally:
         if distributed:
             import torch.distributed as dist
@@ -280,19 +228,22 @@ def run_demo(
             dist.destroy_process_group()
 
 
-def _run(
-    steps: int, out: Path, device: torch.device, seed: int, start: float, export: bool
-) -> dict[str, Any]:
-    threads = torch.get_num_threads()  # the training may change it: put back at the end
+@contextmanager
+def _kept_global_state() -> Iterator[None]:
+    """Put back the thread count and the determinism settings the run may change."""
+    threads = torch.get_num_threads()
+    flags = (torch.are_deterministic_algorithms_enabled(),
+             torch.is_deterministic_algorithms_warn_only_enabled(),
+             torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark)  # fmt: skip
     try:
-        return _run_threads(steps, out, device, seed, start, export)
+        yield
     finally:
         torch.set_num_threads(threads)
+        torch.use_deterministic_algorithms(flags[0], warn_only=flags[1])
+        torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = flags[2:]
 
 
-def _run_threads(
-    steps: int, out: Path, device: torch.device, seed: int, start: float, export: bool
-) -> dict[str, Any]:
+def _run(o: _Options) -> dict[str, Any]:
     from torch.nn.parallel import DistributedDataParallel
 
     from visionblocks.cli._demo_plots import plot_losses, plot_predictions
@@ -300,31 +251,45 @@ def _run_threads(
     from visionblocks.registry import MODELS
 
     world = dist_utils.get_world_size()
-    if world > 1 and device.type == "cpu":  # share the cores instead of oversubscribing them
+    if world > 1 and o.device.type == "cpu":  # share the cores instead of oversubscribing them
         torch.set_num_threads(
             max(1, (os.cpu_count() or 1) // int(os.environ.get("LOCAL_WORLD_SIZE", world)))
         )
+    out, device = o.out, o.device
     out.mkdir(parents=True, exist_ok=True)
-    train_ann, val_ann = demo_data(out, seed)
-    train_loader, val_loader, val = demo_loaders(train_ann, val_ann, seed)
-    torch.manual_seed(seed)
+    train_ann, val_ann = demo_data(out, o.seed)
+    seed_everything(o.seed, deterministic=o.seeded, warn_only=True)
+    train_loader, val_loader, val = demo_loaders(train_ann, val_ann, o.seed)
     model = MODELS.build(DEMO_MODEL).to(device)
     if world > 1:
         model = DistributedDataParallel(
             model, device_ids=[device.index] if device.type == "cuda" else None
         )
+    steps = o.steps
+    seeded = (
+        f"seed {o.seed} (repeatable: {torch.get_num_threads()} threads)"
+        if o.seeded
+        else (
+            "seed 0 (threads tuned: not bitwise repeatable)" if device.type == "cpu" else "seed 0"
+        )
+    )
     _log(f"visionblocks demo: {steps} steps on {device} x {world}, "
-         f"{sum(p.numel() for p in model.parameters()):,} parameters")  # fmt: skip
-    history, seconds = _train(model, train_loader, steps, device)
+         f"{sum(p.numel() for p in model.parameters()):,} parameters, {seeded}"
+         f"{', bf16/fp16 autocast' if o.amp else ''}")  # fmt: skip
+    history, seconds = train(
+        model, train_loader, steps, device, amp=o.amp, detect_nonfinite=o.detect_nonfinite,
+        tune_threads=device.type == "cpu" and world == 1 and not o.seeded,
+    )  # fmt: skip
     _log(f"trained {steps} steps in {seconds:.1f} s: {steps / seconds:.2f} steps/s")
     detector = model.module if world > 1 else model
     predictions = _predict(detector, val_loader, device)
     stats = coco_evaluate(predictions, val)  # a collective under DDP: rank 0 evaluates all
     metrics = {
         "AP": stats["AP"], "AP50": stats["AP50"], "AP75": stats["AP75"], "steps": steps,
-        "seconds": round(time.perf_counter() - start, 1),
+        "seconds": round(time.perf_counter() - o.start, 1),
         "steps_per_second": round(steps / seconds, 2), "world_size": world,
-        "device": device.type, "stats": stats,
+        "device": device.type, "seed": o.seed if o.seeded else None, "amp": o.amp,
+        "stats": stats,
     }  # fmt: skip
     # The figure shows the first validation images, whichever rank predicted them.
     shown_ids = val.ids[:8]
@@ -335,6 +300,7 @@ def _run_threads(
         shown.update(part)
     if dist_utils.is_main_process():
         (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
+        (out / "losses.json").write_text(json.dumps(history) + "\n")
         # With its config, so that `visionblocks export demo-out/model.pt` rebuilds it.
         torch.save({"config": DEMO_MODEL, "model": detector.state_dict()}, out / "model.pt")
         first = range(len(shown_ids))
@@ -343,9 +309,9 @@ def _run_threads(
         plot_losses({k: v for k, v in history.items() if k != "loss"} | {"loss": history["loss"]},
                     out / "loss.png")  # fmt: skip
         _log(f"AP {stats['AP']:.3f}  AP50 {stats['AP50']:.3f}  AP75 {stats['AP75']:.3f}  "
-             f"({metrics['seconds']} s); wrote {out}/metrics.json, model.pt, predictions.png, "
-             "loss.png")  # fmt: skip
-        if export:  # two validation images: the batch, height and width stay dynamic
+             f"({metrics['seconds']} s); wrote {out}/metrics.json, losses.json, model.pt, "
+             "predictions.png, loss.png")  # fmt: skip
+        if o.export:  # two validation images: the batch, height and width stay dynamic
             images = torch.stack([val[i][0].as_subclass(torch.Tensor) for i in range(2)])
             # Float input, with noise below one grey level: the flat synthetic backgrounds
             # give locations with exactly equal scores, which NMS may order either way.

@@ -2,18 +2,25 @@
 
 The policy (``impl`` names, the process default, `visionblocks.use_impl`) lives in
 `visionblocks._core.dispatch`; this module adds what needs the kernels: whether an op has a
-kernel, whether triton and the device can run it, and the fallback when a kernel fails.
+kernel, whether triton and the device can run it, whether the kernel is deterministic when
+``torch.use_deterministic_algorithms(True)`` asks for that, and the fallback when a kernel
+fails.
 """
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 import torch
 
 from visionblocks._core.dispatch import forced_triton, get_impl, validate_impl
-from visionblocks.kernels._support import capability_reason, unsupported_reason
+from visionblocks.kernels._support import (
+    capability_reason,
+    nondeterministic_reason,
+    unsupported_reason,
+)
 
 T = TypeVar("T")
 
@@ -31,11 +38,18 @@ def resolve_impl(impl: str, op: str, *tensors: torch.Tensor) -> str:
     Returns:
         str: ``"torch"`` or ``"triton"``.
 
+    Deterministic mode (``torch.use_deterministic_algorithms(True)``): a kernel listed in
+    `visionblocks.kernels._support.NONDETERMINISTIC` is not picked by ``"auto"`` (the op runs
+    its torch path), and forcing it on CUDA tensors raises as torch does for its own
+    nondeterministic ops, or warns with ``warn_only=True``. The triton interpreter (CPU
+    tensors) runs programs one after the other, so it is not affected.
+
     Raises:
         ValueError: For an unknown ``impl``.
         RuntimeError: If ``"triton"`` is forced but cannot run here (no triton, no kernel for
             ``op``, CPU tensors without ``TRITON_INTERPRET=1``, or a GPU or dtype the kernels
-            do not support); the message says why.
+            do not support), or would run a nondeterministic kernel on CUDA in deterministic
+            mode; the message says why.
 
     Examples:
         >>> import torch
@@ -58,6 +72,7 @@ def resolve_impl(impl: str, op: str, *tensors: torch.Tensor) -> str:
             and kernels.has_kernel(op)
             and kernels.triton_available()
             and not unsupported_reason(op, tensors)
+            and not _avoid_for_determinism(op)
         ):
             return "triton"
         return "torch"
@@ -78,11 +93,33 @@ def resolve_impl(impl: str, op: str, *tensors: torch.Tensor) -> str:
         reason = capability_reason(_capability(tensors[0].device), (t.dtype for t in tensors))
         if reason:
             raise RuntimeError(f"impl='triton' was requested for {op!r} but {reason}")
+        if _avoid_for_determinism(op):
+            _alert_nondeterministic(op)
     return "triton"
 
 
 def _capability(device: torch.device) -> tuple[int, int]:
     return torch.cuda.get_device_capability(device)
+
+
+def _avoid_for_determinism(op: str) -> bool:
+    """Whether deterministic mode is on and ``op``'s kernel is not deterministic on a GPU."""
+    return torch.are_deterministic_algorithms_enabled() and bool(nondeterministic_reason(op))
+
+
+def _alert_nondeterministic(op: str) -> None:
+    """Raise, or warn under ``warn_only=True``, as torch does for its nondeterministic ops."""
+    message = (
+        f"impl='triton' was requested for {op!r}, whose triton kernel is not deterministic "
+        f"on a GPU ({nondeterministic_reason(op)}), but you set "
+        "'torch.use_deterministic_algorithms(True)'. Pass impl='auto' (which then runs the "
+        "torch path) or impl='torch', or use the 'warn_only=True' option, if that's "
+        "acceptable for your application."
+    )
+    if torch.is_deterministic_algorithms_warn_only_enabled():
+        warnings.warn(message, UserWarning, stacklevel=4)
+    else:
+        raise RuntimeError(message)
 
 
 def run_fused(op: str, impl: str, reference: Callable[..., T], *args: Any) -> T:

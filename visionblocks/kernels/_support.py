@@ -1,9 +1,14 @@
-"""Which GPUs and dtypes the kernels support (no triton import).
+"""Which GPUs and dtypes the kernels support, and which are deterministic (no triton import).
 
 `visionblocks._core.dispatch` asks `unsupported_reason` before ``impl="auto"`` picks a kernel, and
 raises with the same reason when ``impl="triton"`` is forced where a kernel cannot run. The
 table follows what `visionblocks.kernels._compile` checks for every kernel: compiled with
 triton's own compiler and ``ptxas`` for ``sm_75``, ``sm_80`` and ``sm_90``.
+
+`NONDETERMINISTIC` lists the kernels that are not bitwise reproducible on a GPU; under
+``torch.use_deterministic_algorithms(True)`` `visionblocks.kernels._dispatch.resolve_impl`
+does not pick them for ``impl="auto"`` and raises (or warns, with ``warn_only=True``) when
+``impl="triton"`` forces one.
 """
 
 from __future__ import annotations
@@ -13,7 +18,14 @@ from collections.abc import Iterable
 
 import torch
 
-__all__ = ["DTYPE_MIN_CAPABILITY", "MIN_CAPABILITY", "capability_reason", "unsupported_reason"]
+__all__ = [
+    "DTYPE_MIN_CAPABILITY",
+    "MIN_CAPABILITY",
+    "NONDETERMINISTIC",
+    "capability_reason",
+    "nondeterministic_reason",
+    "unsupported_reason",
+]
 
 MIN_CAPABILITY: tuple[int, int] = (7, 5)
 """Oldest CUDA compute capability the kernels are compiled and checked for (Turing)."""
@@ -22,6 +34,25 @@ DTYPE_MIN_CAPABILITY: dict[torch.dtype, tuple[int, int]] = {}
 """Dtypes that need a newer GPU than `MIN_CAPABILITY` (none today: the kernels load and store
 bfloat16 but compute in float32, which triton compiles for ``sm_75`` too; the compile test
 keeps this table and the compile results consistent both ways)."""
+
+
+NONDETERMINISTIC: dict[str, str] = {}
+"""Op name → why its triton kernel can give different bits from run to run on a GPU (e.g.
+``"backward adds with tl.atomic_add"``). Empty today: every kernel writes each output element
+from exactly one program, reduces inside a program in a fixed order, and leaves cross-program
+sums to torch (``parts.sum()``), with fixed block sizes (no autotuning).
+``tests/test_determinism_mode.py`` scans the kernel sources for atomics and autotuning and
+fails unless the op is listed here."""
+
+
+def nondeterministic_reason(op: str) -> str:
+    """Why ``op``'s kernel is not deterministic on a GPU ("" if it is, or has no kernel).
+
+    Examples:
+        >>> nondeterministic_reason("sigmoid_focal_loss")
+        ''
+    """
+    return NONDETERMINISTIC.get(op, "")
 
 
 def capability_reason(capability: tuple[int, int], dtypes: Iterable[torch.dtype]) -> str:

@@ -7,7 +7,8 @@ Every loss is a function plus a thin ``nn.Module`` of the same stem
 in `visionblocks.ops.iou_loss` and are re-exported here. Dtype policy: half inputs are
 computed in float32; ``reduction="none"`` returns the input dtype, ``"sum"``/``"mean"`` the
 compute dtype; except `cross_entropy` and `binary_cross_entropy_with_logits`, which return
-the dtypes of the PyTorch functions they stand in for.
+the dtypes of the PyTorch functions they stand in for (float32 under ``torch.autocast``).
+``torch.autocast`` changes no other loss's result.
 
 Deprecated names (removed in 0.3; same objects, warn once): ``FocalLoss`` (use
 `SigmoidFocalLoss`), ``GIoULoss`` / ``DIoULoss`` / ``CIoULoss`` (use `GeneralizedBoxIoULoss`

@@ -40,7 +40,7 @@ def _divide(loss: Tensor, normalizer: float | Tensor) -> Tensor:
     if isinstance(normalizer, Tensor):
         if normalizer.numel() != 1:
             raise ValueError("normalizer must be a number or a one-element tensor")
-        return loss / normalizer.reshape(())
+        return loss / normalizer.reshape(()).to(loss.dtype)
     if not (normalizer > 0 and normalizer < float("inf")):
         raise ValueError("normalizer must be a positive finite number")
     return loss / normalizer

@@ -12,7 +12,10 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
-__all__ = ["TorchIndexError", "TorchValueError", "legacy_reduction"]
+import torch
+from torch import Tensor
+
+__all__ = ["TorchIndexError", "TorchValueError", "autocast_enabled", "legacy_reduction"]
 
 
 class TorchValueError(ValueError, RuntimeError):
@@ -21,6 +24,24 @@ class TorchValueError(ValueError, RuntimeError):
 
 class TorchIndexError(ValueError, IndexError):
     """A class index out of range: PyTorch raises ``IndexError`` (CPU) for it."""
+
+
+def autocast_enabled(t: Tensor) -> bool:
+    """Whether ``torch.autocast`` is on for ``t``'s device (PyTorch then casts the inputs of
+    ``F.cross_entropy`` / ``F.binary_cross_entropy_with_logits`` to float32 itself).
+
+    Examples:
+        >>> import torch
+        >>> autocast_enabled(torch.zeros(1))
+        False
+        >>> with torch.autocast("cpu", dtype=torch.bfloat16):
+        ...     autocast_enabled(torch.zeros(1))
+        True
+    """
+    try:
+        return torch.is_autocast_enabled(t.device.type)
+    except RuntimeError:  # a device type without autocast (meta, ...)
+        return False
 
 
 def legacy_reduction(size_average: Any, reduce: Any, reduction: Any) -> Any:

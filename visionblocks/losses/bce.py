@@ -28,7 +28,7 @@ from visionblocks._core.tensor_checks import (
     check_same_shape,
     check_tensor,
 )
-from visionblocks.losses._torch_compat import TorchValueError, legacy_reduction
+from visionblocks.losses._torch_compat import TorchValueError, autocast_enabled, legacy_reduction
 
 __all__ = ["BCEWithLogitsLoss", "binary_cross_entropy_with_logits"]
 __dir__ = public_dir(__name__, __all__)
@@ -118,6 +118,10 @@ def binary_cross_entropy_with_logits(
     PyTorch's dtype), and a ``"mean"`` that counts nothing (an empty input, every element
     ignored) is a zero that stays connected to the graph instead of NaN.
 
+    Under ``torch.autocast``: PyTorch computes it in float32, so every ``reduction`` returns
+    float32, also for half inputs and targets (smoothed in float32). Outside it, half inputs
+    and targets give PyTorch's half-precision loss.
+
     Args:
         inputs (Tensor[...]): Logits, any shape.
         targets (Tensor[...]): Targets in ``[0, 1]`` (binary or soft), ``inputs``' shape; or
@@ -181,6 +185,8 @@ def binary_cross_entropy_with_logits(
         valid = targets != ignore_index
         t = t.masked_fill(~valid, 0.0)  # any value in [0, 1]: the element is dropped below
     if label_smoothing > 0:
+        if t.dtype in (torch.float16, torch.bfloat16) and autocast_enabled(inputs):
+            t = t.float()  # autocast computes the loss in float32: smooth the targets in it too
         t = t * (1.0 - label_smoothing) + label_smoothing / 2
     loss = F.binary_cross_entropy_with_logits(inputs, t, reduction="none", **options)
     out_dtype = loss.dtype
@@ -210,6 +216,9 @@ class BCEWithLogitsLoss(nn.Module):
         pos_weight (Tensor[...], optional): Positive-term weight (a buffer).
         label_smoothing: In ``[0, 1)``.
         ignore_index: ``None`` or the target value to exclude.
+
+    Under ``torch.autocast``: as `binary_cross_entropy_with_logits` (float32 for every
+    ``reduction``; outside autocast, half inputs and targets give a half loss).
 
     Examples:
         >>> import torch

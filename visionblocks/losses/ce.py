@@ -26,7 +26,7 @@ from visionblocks.losses._ce_checks import (
     check_options,
     check_top_k,
 )
-from visionblocks.losses._torch_compat import TorchValueError, legacy_reduction
+from visionblocks.losses._torch_compat import TorchValueError, autocast_enabled, legacy_reduction
 
 __all__ = ["CrossEntropyLoss", "cross_entropy"]
 __dir__ = public_dir(__name__, __all__)
@@ -166,6 +166,10 @@ def cross_entropy(
     Dtypes are PyTorch's: the logits' dtype for class-index targets, the promoted dtype of
     logits and targets for probabilities (float32 under autocast), for every ``reduction``.
 
+    Under ``torch.autocast``: PyTorch computes cross entropy in float32, so every ``reduction``
+    returns float32, ``top_k`` included. Outside it, half logits give PyTorch's half-precision
+    loss (pass ``logits.float()`` for a float32 one).
+
     Args:
         logits (Tensor[N, C, ...]): Unnormalised scores; class dimension 1 (or ``Tensor[C]``).
         target (Tensor[N, ...]): Class indices in ``[0, C)`` or ``ignore_index`` (integer
@@ -225,7 +229,7 @@ def cross_entropy(
             f"got ignore_index={ignore_index}"
         )
     w = weight
-    if w is not None and w.dtype != logits.dtype and not _autocast(logits):
+    if w is not None and w.dtype != logits.dtype and not autocast_enabled(logits):
         w = w.to(logits.dtype)  # PyTorch requires the logits' dtype
     if is_prob:
         check_target_range("target", target, 0.0, 1.0, hint=" (class probabilities)")
@@ -255,14 +259,6 @@ def cross_entropy(
     return reduced.to(out_dtype)
 
 
-def _autocast(t: Tensor) -> bool:
-    """Whether autocast is on for ``t``'s device (PyTorch then casts the inputs itself)."""
-    try:
-        return torch.is_autocast_enabled(t.device.type)
-    except RuntimeError:  # a device type without autocast (meta, ...)
-        return False
-
-
 # ---------------------------------------------------------------------------------- module
 @LOSSES.register(name="ce")
 class CrossEntropyLoss(nn.Module):
@@ -281,6 +277,9 @@ class CrossEntropyLoss(nn.Module):
         reduction: ``"none"`` | ``"mean"`` | ``"sum"``.
         label_smoothing: In ``[0, 1]``.
         top_k: ``None`` or the OHEM fraction in ``(0, 1]``.
+
+    Under ``torch.autocast``: as `cross_entropy` (float32 for every ``reduction``; outside
+    autocast, half logits give a half loss, as ``torch.nn.CrossEntropyLoss``).
 
     Examples:
         >>> import torch

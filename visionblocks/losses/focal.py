@@ -174,9 +174,15 @@ def sigmoid_focal_loss(
     ``normalizer`` positive and finite (one element read).
 
     Dtype policy: float16/bfloat16 inputs are computed in float32; ``"none"`` returns the
-    inputs' dtype, ``"sum"``/``"mean"`` return float32. Logits of any magnitude (+-1e4) give
-    finite values and gradients, also for ``0 <= gamma < 1`` (where torchvision's formula can
-    give NaN gradients for saturated logits).
+    inputs' dtype (with a ``normalizer`` too: it divides before the cast), ``"sum"``/``"mean"``
+    return float32. Logits of any magnitude (+-1e4) give finite values and gradients, also for
+    ``0 <= gamma < 1`` (where torchvision's formula can give NaN gradients for saturated
+    logits).
+
+    Under ``torch.autocast``: the same rule, from the logits' dtype (autocast changes no
+    result): float32 logits give float32, half logits are computed in float32. Targets,
+    ``weight`` and a tensor ``normalizer`` of any dtype are cast to the compute dtype;
+    gradients come back in each input's own dtype.
 
     Exact numerics: ``1 - p_t`` is computed as ``sigmoid(-x)`` / ``sigmoid(x)`` (never by
     subtraction) and the BCE term from ``log1p(exp(-|x|))``, in every path. For binary and
@@ -212,8 +218,8 @@ def sigmoid_focal_loss(
             `visionblocks.kernels.focal`).
 
     Returns:
-        Tensor: ``"none"``: the inputs' shape, in the inputs' dtype (the compute dtype when a
-        ``normalizer`` is given); otherwise a scalar in the compute dtype.
+        Tensor: ``"none"``: the inputs' shape, in the inputs' dtype; otherwise a scalar in the
+        compute dtype (float32 for half inputs).
 
     Raises:
         TypeError: Non-floating ``inputs``, complex ``targets``, arguments of the wrong type.
@@ -252,6 +258,8 @@ def _focal_eager(inputs, targets, alpha, gamma, reduction, weight, ignore_index,
     index, alpha = _check_args(inputs, targets, alpha, gamma, weight, ignore_index)
     check_reduction(reduction)
     normalizer = check_normalizer(normalizer, inputs.device)
+    if isinstance(normalizer, Tensor):  # a float64 normalizer must not widen the result
+        normalizer = normalizer.to(compute_dtype(inputs.dtype))
     which = resolve_impl(impl, "sigmoid_focal_loss", inputs)
     gamma = float(gamma)
 
@@ -302,6 +310,9 @@ class SigmoidFocalLoss(nn.Module):
     ``weight`` and ``normalizer`` vary per batch, so they are arguments of ``forward``.
     ``reduction`` defaults to ``"mean"`` like torch's loss modules (the function's default,
     ``"none"``, is torchvision's).
+
+    Under ``torch.autocast``: as `sigmoid_focal_loss` (half logits computed in float32;
+    ``"sum"``/``"mean"`` float32, ``"none"`` the logits' dtype).
 
     Examples:
         >>> import torch

@@ -68,6 +68,9 @@ class GeneralizedBoxIoULoss(_BoxIoULoss):
         eps: Number ``>= 0`` used in place of a denominator that is exactly zero.
         impl: ``"auto"`` | ``"torch"`` | ``"triton"``.
 
+    Under ``torch.autocast``: as `generalized_box_iou_loss` (half boxes computed in float32;
+    ``"sum"``/``"mean"`` float32, ``"none"`` the boxes' promoted dtype).
+
     Examples:
         >>> import torch
         >>> loss_fn = GeneralizedBoxIoULoss()
@@ -94,6 +97,9 @@ class DistanceBoxIoULoss(_BoxIoULoss):
         eps: Number ``>= 0`` used in place of a denominator that is exactly zero.
         impl: ``"auto"`` | ``"torch"`` | ``"triton"``.
 
+    Under ``torch.autocast``: as `distance_box_iou_loss` (half boxes computed in float32;
+    ``"sum"``/``"mean"`` float32, ``"none"`` the boxes' promoted dtype).
+
     Examples:
         >>> import torch
         >>> loss_fn = DistanceBoxIoULoss(reduction="none")
@@ -115,6 +121,9 @@ class CompleteBoxIoULoss(_BoxIoULoss):
         reduction: ``"none"`` | ``"mean"`` | ``"sum"``; defaults to ``"mean"``.
         eps: Number ``>= 0`` used in place of a denominator that is exactly zero.
         impl: ``"auto"`` | ``"torch"`` | ``"triton"``.
+
+    Under ``torch.autocast``: as `complete_box_iou_loss` (half boxes computed in float32;
+    ``"sum"``/``"mean"`` float32, ``"none"`` the boxes' promoted dtype).
 
     Examples:
         >>> import torch

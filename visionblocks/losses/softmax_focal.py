@@ -22,6 +22,7 @@ from visionblocks.losses._ce_checks import (
     check_logits_target,
     check_options,
 )
+from visionblocks.losses._torch_compat import autocast_enabled
 from visionblocks.losses.ce import _reduce_class_loss
 
 __all__ = ["SoftmaxFocalLoss", "softmax_focal_loss"]
@@ -44,6 +45,14 @@ def _check_focal_options(gamma: float, alpha: float | Tensor | None) -> None:
             f"alpha must be None, a float in [0, 1] or a Tensor[C], got {type(alpha).__name__}"
         )
     check_range("alpha", float(alpha), 0.0, 1.0)
+
+
+def _class_matmul(w: Tensor, flat: Tensor) -> Tensor:
+    """``w @ flat`` in the operands' dtype: autocast would run this matmul in half precision."""
+    if not autocast_enabled(flat):
+        return torch.matmul(w, flat)
+    with torch.autocast(flat.device.type, enabled=False):
+        return torch.matmul(w, flat)
 
 
 def softmax_focal_loss(
@@ -78,7 +87,7 @@ def softmax_focal_loss(
     is **not** part of that denominator. So with ``gamma=0`` and ``alpha=None`` this equals
     ``F.cross_entropy`` (values and gradients) for every ``weight``, ``ignore_index``,
     ``label_smoothing`` and ``reduction``, except that a mean over nothing (empty input, all
-    elements ignored) is a graph-connected 0 rather than NaN.
+    elements ignored) is a graph-connected 0 rather than NaN, and the dtype (below).
 
     ``alpha``:
 
@@ -92,6 +101,10 @@ def softmax_focal_loss(
 
     Dtype policy: float16/bfloat16 logits are computed in float32; ``"none"`` returns the
     logits' dtype, ``"sum"``/``"mean"`` return float32.
+
+    Under ``torch.autocast``: the same rule, from the logits' dtype (autocast changes no
+    result; the label-smoothing class sum runs in float32 too). ``gamma=0`` keeps this rule
+    rather than `cross_entropy`'s: the dtype never depends on ``gamma``.
 
     Args:
         logits (Tensor[N, C, ...]): Unnormalised scores; class dimension 1 (or ``Tensor[C]``).
@@ -158,7 +171,7 @@ def softmax_focal_loss(
     if label_smoothing > 0:
         # (N, C, M) view: the weighted class sum is a matmul, with no (N, C, M) temporary.
         flat = log_p.reshape(*log_p.shape[:2], math.prod(log_p.shape[2:]))
-        smooth = -(flat.sum(1) if w is None else torch.matmul(w, flat)).view(target.shape)
+        smooth = -(flat.sum(1) if w is None else _class_matmul(w, flat)).view(target.shape)
         smooth = smooth.masked_fill(~valid, 0.0)
         loss = (1.0 - label_smoothing) * loss + (label_smoothing / num_classes) * smooth
     if gamma != 0:
@@ -195,6 +208,9 @@ class SoftmaxFocalLoss(nn.Module):
         label_smoothing: In ``[0, 1)``.
         reduction: ``"none"`` | ``"mean"`` | ``"sum"``.
         impl: ``"auto"`` | ``"torch"`` | ``"triton"`` (no kernel: ``"triton"`` raises).
+
+    Under ``torch.autocast``: as `softmax_focal_loss` (half logits computed in float32;
+    ``"sum"``/``"mean"`` float32, ``"none"`` the logits' dtype).
 
     Examples:
         >>> import torch

@@ -11,7 +11,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from visionblocks._core.checks import check_int, check_number
+from visionblocks._core.checkpointing import set_grad_checkpointing
+from visionblocks._core.checks import check_int, check_number, check_type
 from visionblocks._core.namespace import public_dir
 from visionblocks._core.registries import HEADS
 from visionblocks.distributed import reduce_mean
@@ -113,6 +114,8 @@ class FCOSHead(nn.Module):
         nms_thresh: NMS IoU threshold.
         topk_candidates: Candidates per level before NMS.
         max_detections: Detections per image.
+        grad_checkpointing: Checkpoint the two towers (each level's input is kept, the
+            tower's activations recomputed in the backward): less memory, more time.
 
     Raises:
         TypeError: An option of the wrong type (checked before its range: ``score_thresh=None``
@@ -158,6 +161,7 @@ class FCOSHead(nn.Module):
         nms_thresh: float = 0.6,
         topk_candidates: int = 1000,
         max_detections: int = 100,
+        grad_checkpointing: bool = False,
     ) -> None:
         super().__init__()
         check_channels("in_channels", in_channels)
@@ -177,6 +181,7 @@ class FCOSHead(nn.Module):
         check_number("nms_thresh", nms_thresh, 0.0, 1.0)
         check_int("topk_candidates", topk_candidates, 1)
         check_int("max_detections", max_detections, 1)
+        check_type("grad_checkpointing", grad_checkpointing, bool)
         self.num_classes, self.strides = num_classes, strides
         self.center_sampling_radius = float(center_sampling_radius)
         self.register_buffer(
@@ -196,6 +201,8 @@ class FCOSHead(nn.Module):
             )
 
         self.cls_tower, self.box_tower = tower(), tower()
+        if grad_checkpointing and num_convs:
+            set_grad_checkpointing(self, ["cls_tower", "box_tower"])
         self.cls_logits = nn.Conv2d(in_channels, num_classes, 3, padding=1)
         self.box_pred = nn.Conv2d(in_channels, 4, 3, padding=1)
         self.centerness = nn.Conv2d(in_channels, 1, 3, padding=1)

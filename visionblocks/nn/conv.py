@@ -3,6 +3,9 @@
 Every block keeps its convolution and norm as ``conv``/``norm`` attributes (or as plain
 ``nn.Conv2d`` children), so `visionblocks.nn.fuse.fuse_modules` can fold BatchNorms into the
 convolutions for inference. All blocks are registered in `visionblocks.registry.LAYERS`.
+Under ``torch.autocast`` their convolutions run in the autocast dtype (bfloat16 on CPU), which
+the norm and activation keep, so a block returns that dtype; parameters, their gradients and
+BatchNorm statistics stay float32. A ``channels_last`` input or block gives channels_last.
 
 Convention (``padding=None``): each side gets ``dilation * (k - 1) // 2``, which keeps the
 spatial size at stride 1 for odd kernels (``ceil(H / stride)`` at any stride). When
@@ -46,10 +49,8 @@ def _pair(name: str, value: object, minimum: int = 1) -> tuple[int, int]:
     if isinstance(value, (tuple, list)):
         if len(value) != 2:
             raise ValueError(f"{name} must be an int or a pair of ints, got {value!r}")
-        return (
-            _check_int(name, value[0], minimum, MAX_KERNEL_SIZE),
-            _check_int(name, value[1], minimum, MAX_KERNEL_SIZE),
-        )
+        first, second = (_check_int(name, v, minimum, MAX_KERNEL_SIZE) for v in value)
+        return (first, second)
     _check_int(name, value, minimum, MAX_KERNEL_SIZE)
     return (value, value)
 
@@ -113,7 +114,8 @@ class ConvNormAct(nn.Module):
         - Input: ``(B, C_in, H, W)``.
         - Output: ``(B, C_out, H_out, W_out)`` with
           ``H_out = floor((H + 2 * pad - dilation * (k - 1) - 1) / stride) + 1``
-          (``H_out = H`` at stride 1 with ``padding=None``).
+          (``H_out = H`` at stride 1 with ``padding=None``). Under ``torch.autocast``: in
+          the autocast dtype (see the module docstring).
 
     Raises:
         TypeError: Non-int sizes, an ``act``/``norm`` of the wrong type; in ``forward``, an
@@ -187,7 +189,8 @@ class DepthwiseConv2d(nn.Conv2d):
 
     An ``nn.Conv2d`` with ``groups=channels`` and ``out_channels=channels * multiplier``
     (output channel ``c * multiplier + m`` comes from input channel ``c``), so it behaves
-    exactly like that ``nn.Conv2d`` everywhere (state dict, fusion, export).
+    exactly like that ``nn.Conv2d`` everywhere (state dict, fusion, export, autocast: it
+    returns the autocast dtype, channels_last).
 
     Args:
         channels: Input channels ``C``.
@@ -271,7 +274,8 @@ class DepthwiseSeparableConv2d(nn.Module):
 
     Shape:
         - Input: ``(B, C_in, H, W)``.
-        - Output: ``(B, C_out, H_out, W_out)``, ``H_out = ceil(H / stride)`` for odd ``k``.
+        - Output: ``(B, C_out, H_out, W_out)``, ``H_out = ceil(H / stride)`` for odd ``k``;
+          under ``torch.autocast`` in the autocast dtype, as `ConvNormAct`.
 
     Raises:
         TypeError: Non-int sizes; in ``forward``, an input that is not a floating-point
@@ -300,15 +304,8 @@ class DepthwiseSeparableConv2d(nn.Module):
     ) -> None:
         super().__init__()
         _check_int("in_channels", in_channels, 1)
-        self.depthwise = ConvNormAct(
-            in_channels,
-            in_channels,
-            kernel_size,
-            stride,
-            dilation=dilation,
-            groups=in_channels,
-            norm=norm,
-            act=act,
+        self.depthwise = ConvNormAct(  # (in, out, k, stride, padding, dilation, groups, ...)
+            in_channels, in_channels, kernel_size, stride, None, dilation, in_channels, norm, act
         )
         self.pointwise = ConvNormAct(in_channels, out_channels, 1, norm=norm, act=act)
 
@@ -329,7 +326,8 @@ def channel_shuffle(x: Tensor, groups: int) -> Tensor:
 
     Returns:
         Tensor[B, C, *]: The shuffled tensor, ``x``'s dtype (a view of ``x`` when the
-        shuffle is the identity, ``groups`` 1 or ``C``).
+        shuffle is the identity, ``groups`` 1 or ``C``), also under ``torch.autocast``;
+        channels_last for a ``channels_last`` ``x``.
 
     Raises:
         TypeError: ``x`` not a tensor, ``groups`` not an int.
@@ -354,6 +352,9 @@ def channel_shuffle(x: Tensor, groups: int) -> Tensor:
             raise ValueError(
                 f"groups={groups} must divide the channels of x, got x of shape {tuple(x.shape)}"
             )
+    if x.dim() == 4 and x.stride(1) == 1 and not x.is_contiguous():  # channels last: stay so
+        nhwc = x.permute(0, 2, 3, 1)
+        return nhwc.unflatten(3, (groups, -1)).transpose(3, 4).flatten(3, 4).permute(0, 3, 1, 2)
     return x.unflatten(1, (groups, -1)).transpose(1, 2).flatten(1, 2)
 
 
@@ -364,7 +365,7 @@ torch.fx.wrap("channel_shuffle")
 
 @LAYERS.register(name="channel_shuffle")
 class ChannelShuffle(nn.Module):
-    """Module form of `channel_shuffle` (no parameters).
+    """Module form of `channel_shuffle` (no parameters; dtype and memory format as there).
 
     Args:
         groups: Number of groups; must divide the input's channels.

@@ -94,7 +94,9 @@ def fuse_conv_bn(conv: nn.Conv2d, bn: nn.Module) -> nn.Conv2d:
     computes it in eval mode, i.e. with its running statistics. Works for convs without bias,
     grouped/depthwise convs, any padding mode, and norms with ``affine=False``. The inputs are
     not modified. The folding is computed in float64 (float32 on MPS) and cast back to the
-    conv's dtype.
+    conv's dtype, inside ``torch.autocast`` too (it lowers nothing here); the fused conv
+    then runs under autocast as any conv does, in the autocast dtype. A ``channels_last``
+    conv gives a channels_last fused conv.
 
     Args:
         conv: A ``nn.Conv2d`` (or a subclass that does not override ``forward``, or a
@@ -188,6 +190,8 @@ def fuse_conv_bn(conv: nn.Conv2d, bn: nn.Module) -> nn.Conv2d:
     with torch.no_grad():
         fused.weight.copy_(new_weight)
         fused.bias.copy_(new_bias)
+    if weight.is_contiguous(memory_format=torch.channels_last) and not weight.is_contiguous():
+        fused.to(memory_format=torch.channels_last)  # a channels_last model stays one
     fused.weight.requires_grad_(weight.requires_grad)
     fused.bias.requires_grad_(weight.requires_grad)
     fused.train(conv.training)
@@ -318,7 +322,8 @@ def fuse_modules(model: nn.Module, *, inplace: bool = False) -> nn.Module:
     ``forward`` and module names (``resnet.bn1`` becomes an ``Identity``), so it still
     traces, scripts and exports; outputs match the unfused eval-mode model up to float
     rounding (about 1e-6 relative in float32). The fused model is for inference: training it
-    would no longer normalise.
+    would no longer normalise. The folding is done as `fuse_conv_bn` does it (in float64,
+    unaffected by ``torch.autocast``; a ``channels_last`` model stays channels_last).
 
     Args:
         model: The model, in eval mode (at least every BatchNorm that follows a conv).

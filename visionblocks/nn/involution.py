@@ -15,6 +15,7 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
+from visionblocks._core.checkpointing import set_grad_checkpointing
 from visionblocks._core.checks import check_choice, check_int, check_positive_int, check_type
 from visionblocks._core.namespace import public_dir
 from visionblocks._core.registries import LAYERS
@@ -77,10 +78,16 @@ class Involution2d(nn.Module):
         stride: Output stride ``s``.
         groups: Kernel groups ``G`` (must divide ``channels``).
         reduction: Channel reduction of the kernel generator (``channels // reduction >= 1``).
+        grad_checkpointing: Recompute the layer's activations (the generated kernels) in the
+            backward instead of keeping them (`visionblocks.training.set_grad_checkpointing`):
+            less memory in training, one more forward of the layer; the BatchNorm's running
+            statistics are updated once, as without.
 
     Shape:
         - Input: ``(B, C, H, W)``.
-        - Output: ``(B, C, ceil(H / s), ceil(W / s))``.
+        - Output: ``(B, C, ceil(H / s), ceil(W / s))``. Under ``torch.autocast`` the kernel
+          generator's convs run in the autocast dtype and `local_filter2d` promotes them
+          with ``x``: float32 ``x`` gives float32. Contiguous NCHW, also for channels_last.
 
     Raises:
         TypeError: Non-int arguments; in ``forward``, an input that is not a floating-point
@@ -110,11 +117,14 @@ class Involution2d(nn.Module):
         stride: int = 1,
         groups: int = 16,
         reduction: int = 4,
+        *,
+        grad_checkpointing: bool = False,
     ) -> None:
         super().__init__()
         _check_sizes(kernel_size, 1, stride)
         _check_groups(channels, groups)
         check_positive_int("reduction", reduction, MAX_CHANNELS)
+        check_type("grad_checkpointing", grad_checkpointing, bool)
         if channels // reduction < 1:
             raise ValueError(
                 f"reduction must be <= channels (channels // reduction >= 1), "
@@ -130,6 +140,8 @@ class Involution2d(nn.Module):
             nn.ReLU(inplace=True),
         )
         self.span = nn.Conv2d(hidden, groups * kernel_size * kernel_size, 1)
+        if grad_checkpointing:
+            set_grad_checkpointing(self)
 
     def kernels(self, x: Tensor) -> Tensor:
         """The generated kernels ``(B, G*k*k, ceil(H / s), ceil(W / s))`` of ``x``."""
@@ -168,10 +180,15 @@ class LocalFilter2d(nn.Module):
         groups: Kernel groups ``G`` (must divide ``channels``; ``G = C``: a depthwise filter).
         normalize: ``"softmax"`` | ``"none"``, applied to predicted kernels.
         predict: Build the kernel predictor.
+        grad_checkpointing: Recompute the layer's activations (the predicted kernels) in the
+            backward instead of keeping them (`visionblocks.training.set_grad_checkpointing`):
+            less memory in training, one more forward of the layer.
 
     Shape:
         - Input: ``x (B, C, H, W)``, optional ``kernels (B, G*k*k, H, W)``.
-        - Output: ``(B, C, H, W)``.
+        - Output: ``(B, C, H, W)``. Under ``torch.autocast`` the predictor runs in the
+          autocast dtype and `local_filter2d` promotes its kernels with ``x``: float32 ``x``
+          gives float32. Contiguous NCHW, also for channels_last.
 
     Raises:
         TypeError: Non-int sizes, a non-bool ``predict``; in ``forward``, an input that is
@@ -201,16 +218,21 @@ class LocalFilter2d(nn.Module):
         groups: int = 1,
         normalize: Literal["softmax", "none"] = "softmax",
         predict: bool = True,
+        *,
+        grad_checkpointing: bool = False,
     ) -> None:
         super().__init__()
         _check_sizes(kernel_size, dilation)
         _check_groups(channels, groups)
         check_choice("normalize", normalize, ("softmax", "none"))
         check_type("predict", predict, bool)
+        check_type("grad_checkpointing", grad_checkpointing, bool)
         self.channels, self.kernel_size, self.dilation = channels, kernel_size, dilation
         self.groups, self.normalize = groups, normalize
         taps = groups * kernel_size * kernel_size
         self.predictor = nn.Conv2d(channels, taps, 3, padding=1) if predict else None
+        if grad_checkpointing:
+            set_grad_checkpointing(self)
 
     def predict_kernels(self, x: Tensor) -> Tensor:
         """Predicted (and normalised) kernels ``(B, G*k*k, H, W)`` of ``x``.

@@ -54,7 +54,9 @@ class LayerNorm2d(nn.LayerNorm):
 
     Shape:
         - Input: ``(B, C, H, W)``.
-        - Output: ``(B, C, H, W)``, same dtype.
+        - Output: ``(B, C, H, W)``, same dtype (also under ``torch.autocast``, which lowers
+          nothing here: float32 in, float32 out), and always ``channels_last`` in memory:
+          the norm runs on a channels-last view, so an NCHW input is transposed once.
 
     Raises:
         TypeError: Non-int ``num_channels``, non-number ``eps``, non-bool
@@ -217,7 +219,8 @@ def make_activation(act: ActSpec, *, inplace: bool = False) -> nn.Module:
             ``"gelu"``); factories are called without arguments.
 
     Returns:
-        nn.Module: A new module (never shared between calls).
+        nn.Module: A new module (never shared between calls). The named activations keep
+        the input's dtype, also under ``torch.autocast`` (which does not lower them).
 
     Raises:
         ValueError: An unknown name (the message lists the choices).
@@ -263,7 +266,9 @@ def make_norm(norm: NormSpec, num_channels: int) -> nn.Module:
         num_channels: Channels of the normalised tensor (in ``[1, 65536]``).
 
     Returns:
-        nn.Module: A new module.
+        nn.Module: A new module. The named norms return the input's dtype (float32 stays
+        float32 under ``torch.autocast``; a bfloat16 conv output stays bfloat16) and keep
+        float32 parameters and statistics.
 
     Raises:
         ValueError: An unknown name (the message lists the choices), ``num_channels``

@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from visionblocks._core.checkpointing import set_grad_checkpointing
 from visionblocks._core.checks import check_int, check_type
 from visionblocks._core.namespace import public_dir
 from visionblocks._core.registries import LAYERS
@@ -42,10 +43,15 @@ class LocalAttention2d(nn.Module):
         num_heads: Attention heads (must divide ``channels``).
         dilation: Spacing between window taps.
         qkv_bias: Bias in the query/key/value projection.
+        grad_checkpointing: Recompute the layer's activations in the backward instead of
+            keeping them (`visionblocks.training.set_grad_checkpointing`): less memory in
+            training, one more forward of the layer.
 
     Shape:
         - Input: ``(B, C, H, W)``.
-        - Output: ``(B, C, H, W)``.
+        - Output: ``(B, C, H, W)``. Under ``torch.autocast`` in the autocast dtype: the
+          ``1 x 1`` convs run in it, the attention in float32 on their q, k, v. Memory
+          format of ``proj``'s output: channels_last for a channels_last module.
 
     Raises:
         TypeError: Non-int sizes or a non-bool ``qkv_bias``; in ``forward``, an input that is
@@ -75,6 +81,8 @@ class LocalAttention2d(nn.Module):
         num_heads: int = 8,
         dilation: int = 1,
         qkv_bias: bool = True,
+        *,
+        grad_checkpointing: bool = False,
     ) -> None:
         super().__init__()
         for name, value, high in (
@@ -91,10 +99,13 @@ class LocalAttention2d(nn.Module):
                 f"num_heads must divide channels, got num_heads={num_heads}, channels={channels}"
             )
         check_type("qkv_bias", qkv_bias, bool)
+        check_type("grad_checkpointing", grad_checkpointing, bool)
         self.channels, self.kernel_size, self.num_heads = channels, kernel_size, num_heads
         self.dilation, self.qkv_bias = dilation, qkv_bias
         self.qkv = nn.Conv2d(channels, 3 * channels, 1, bias=qkv_bias)
         self.proj = nn.Conv2d(channels, channels, 1)
+        if grad_checkpointing:
+            set_grad_checkpointing(self)
 
     def forward(self, x: Tensor) -> Tensor:
         """Attend ``x (B, C, H, W)`` to itself within each pixel's window."""

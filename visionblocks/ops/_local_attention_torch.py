@@ -31,7 +31,9 @@ least ``2h`` rows tall).
 
 Parts hold about ``_TILE`` logits and are spread over threads by
 `visionblocks.ops._local_parts.Grid`: one fork/join per call (two in backward), each part's
-ops serial with one thread. Half inputs are computed in float32 and cast back.
+ops serial with one thread. Half inputs are computed in float32 and cast back. Channels-last
+inputs are converted to NCHW planes once (`visionblocks.ops._local_parts.planar`); the
+results are contiguous NCHW.
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-from visionblocks.ops._local_parts import Grid, compute_dtype, scratch, windows
+from visionblocks.ops._local_parts import Grid, compute_dtype, planar, scratch, windows
 
 __all__ = ["LocalAttentionFunction", "local_attention_backward", "local_attention_forward"]
 
@@ -69,7 +71,7 @@ def head_scale(channels: int, num_heads: int) -> float:
 def _heads(x: Tensor, num_heads: int, dtype: torch.dtype) -> Tensor:
     """``(B, C, H, W)`` as contiguous ``(B*heads, D, H, W)`` planes in ``dtype``."""
     b, c, h, w = x.shape
-    return x.to(dtype).contiguous().view(b * num_heads, c // num_heads, h, w)
+    return planar(x, dtype).view(b * num_heads, c // num_heads, h, w)
 
 
 def _outside(k: int, d: int, r0: int, r1: int, height: int, width: int) -> list[tuple]:

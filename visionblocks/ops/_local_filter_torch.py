@@ -22,7 +22,9 @@ Work is cut into parts of about ``_TILE`` output elements (blocks of rows of one
 several whole planes) spread over threads by `visionblocks.ops._local_parts.Grid`: one
 fork/join per call, each part's ops serial with one thread. Per-tap views are built with
 one ``as_strided`` each from geometry computed once per row block. Half inputs are computed
-in float32 (cast copies) and the results cast back.
+in float32 (cast copies) and the results cast back. Channels-last inputs are converted to
+NCHW planes once per call (`visionblocks.ops._local_parts.planar`, blocked and threaded);
+the results are contiguous NCHW.
 """
 
 from __future__ import annotations
@@ -34,7 +36,14 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-from visionblocks.ops._local_parts import Grid, compute_dtype, new_output, scratch, windows
+from visionblocks.ops._local_parts import (
+    Grid,
+    compute_dtype,
+    new_output,
+    planar,
+    scratch,
+    windows,
+)
 
 __all__ = ["LocalFilterFunction", "local_filter_backward", "local_filter_forward"]
 
@@ -110,7 +119,7 @@ def _taps(
 def _planes(t: Tensor, groups: int, dtype: torch.dtype) -> Tensor:
     """``(B, C, H, W)`` as contiguous ``(B*groups, C // groups, H, W)`` of ``dtype``."""
     b, c, h, w = t.shape
-    return t.to(dtype).contiguous().view(b * groups, c // groups, h, w)
+    return planar(t, dtype).view(b * groups, c // groups, h, w)
 
 
 def local_filter_forward(

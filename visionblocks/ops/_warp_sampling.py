@@ -33,6 +33,7 @@ __all__ = [
     "tv_tensors_module",
     "warp_bilinear",
     "warp_nearest",
+    "work_dtype",
 ]
 
 
@@ -82,13 +83,14 @@ def invert_checked(name: str, matrix: Tensor) -> Tensor:
     sync on CUDA): a singular or non-finite matrix, whose inverse is not finite, raises
     ``ValueError`` naming ``name`` instead of giving NaN images downstream.
     """
-    a, b, tx, c, d, ty = matrix.flatten(-2).unbind(-1)
+    a, b, tx, c, d, ty = matrix.to(work_dtype(matrix.dtype)).flatten(-2).unbind(-1)
     det = a * d - b * c
     # `0.0 - x` rather than `-x`: no negative zeros in exact results.
     ia, ib, ic, id_ = d / det, (0.0 - b) / det, (0.0 - c) / det, a / det
     itx = 0.0 - (ia * tx + ib * ty)
     ity = 0.0 - (ic * tx + id_ * ty)
     inverse = torch.stack((ia, ib, itx, ic, id_, ity), dim=-1).unflatten(-1, (2, 3))
+    inverse = inverse.to(matrix.dtype)  # half matrices: inverted in float32
     if inverse.numel() and reads_values(inverse):
         bad = ~torch.isfinite(inverse.detach()).flatten(-2).all(-1)
         if bool(bad.any()):
@@ -166,9 +168,13 @@ def check_sample_options(
 
 
 def compose_affine(first: Tensor, second: Tensor) -> Tensor:
-    """``first ∘ second`` for ``(..., 2, 3)`` affine matrices (apply ``second``, then ``first``)."""
-    lin = first[..., :2]
-    return torch.cat((lin @ second[..., :2], lin @ second[..., 2:] + first[..., 2:]), dim=-1)
+    """``first ∘ second`` for ``(..., 2, 3)`` affine matrices (apply ``second``, then ``first``).
+
+    Element-wise products, not ``@``: ``torch.autocast`` would run a matmul in bfloat16/float16
+    and move sample positions by up to a pixel.
+    """
+    lin = first[..., :, :1] * second[..., :1, :] + first[..., :, 1:2] * second[..., 1:2, :]
+    return torch.cat((lin[..., :2], lin[..., 2:] + first[..., 2:]), dim=-1)
 
 
 def normaliser(size: tuple[int, int], like: Tensor) -> Tensor:
@@ -278,8 +284,21 @@ def warp_bilinear(
 
 
 def promoted_dtype(x: Tensor, matrix: Tensor) -> torch.dtype:
+    """The result dtype of `warp_points` / `warp_boxes`: the promoted floating dtype."""
     dtype = torch.promote_types(x.dtype, matrix.dtype)
     return dtype if dtype.is_floating_point else torch.get_default_dtype()
+
+
+def work_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype coordinates and matrices are computed in: float32 for float16/bfloat16
+    (a half-precision product or sum would move a coordinate of 500 by up to a pixel),
+    otherwise ``dtype``; the results are cast back to ``dtype``.
+
+    Examples:
+        >>> work_dtype(torch.bfloat16), work_dtype(torch.float64)
+        (torch.float32, torch.float64)
+    """
+    return torch.promote_types(dtype, torch.float32)
 
 
 def check_batch(name: str, x: Tensor, matrix: Tensor) -> None:

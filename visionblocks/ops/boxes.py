@@ -61,7 +61,8 @@ Dtypes:
     finite range, so they stay finite. Gradients are analytic (no double backward). `box_area` follows
     torchvision's ``_upcast``: float16/bfloat16 → float32, integers narrower than 32 bits →
     int32, otherwise the input dtype. `box_convert` keeps the input dtype (integer boxes
-    give floating centres for ``"cxcywh"``, as torchvision's do).
+    give floating centres for ``"cxcywh"``, as torchvision's do). ``torch.autocast``
+    changes none of this: no op here is one that autocast runs in lower precision.
 """
 
 from __future__ import annotations
@@ -123,7 +124,8 @@ def box_convert(boxes: Tensor, in_fmt: str, out_fmt: str) -> Tensor:
     Returns:
         Tensor[..., 4]: A new tensor (a copy when ``in_fmt == out_fmt``), in ``boxes``' dtype
         — except that integer boxes give floating-point ``"cxcywh"`` centres and ``"xyxy"``
-        corners from ``"cxcywh"``, as in torchvision.
+        corners from ``"cxcywh"``, as in torchvision. Under ``torch.autocast``: the same
+        (computed in that dtype, as torchvision; half boxes within one ulp).
 
     Raises:
         TypeError: ``boxes`` is not a tensor, or a format is not a str.
@@ -161,7 +163,8 @@ def box_area(boxes: Tensor) -> Tensor:
     Returns:
         Tensor[...]: Areas. dtype as torchvision's ``box_area``: float16/bfloat16 give float32,
         integers narrower than 32 bits give int32, other dtypes are kept. Inverted boxes give
-        negative areas (no check: it would synchronise the GPU).
+        negative areas (no check: it would synchronise the GPU). Under ``torch.autocast``:
+        the same.
 
     Raises:
         TypeError: ``boxes`` is not a tensor.
@@ -206,8 +209,8 @@ def box_iou(boxes1: Tensor, boxes2: Tensor, aligned: bool = False, eps: float = 
     Returns:
         Tensor[..., N, M] or Tensor[..., N]: ``(..., N, M)`` for every pair, ``(..., N)``
         with ``aligned=True``. float32 for float16, bfloat16 and integer boxes, else the
-        (promoted) input dtype. Finite, with finite gradients, for any finite boxes when
-        ``eps > 0``.
+        (promoted) input dtype. Under ``torch.autocast``: the same, computed in float32 (or
+        float64). Finite, with finite gradients, for any finite boxes when ``eps > 0``.
 
     Raises:
         TypeError: Boxes not tensors (or complex), ``aligned`` not a bool, ``eps`` not a number.
@@ -260,8 +263,8 @@ def generalized_box_iou(
     Returns:
         Tensor[..., N, M] or Tensor[..., N]: ``(..., N, M)`` for every pair, ``(..., N)``
         with ``aligned=True``. float32 for float16, bfloat16 and integer boxes, else the
-        (promoted) input dtype. Finite, with finite gradients, for any finite boxes when
-        ``eps > 0``.
+        (promoted) input dtype. Under ``torch.autocast``: the same, computed in float32 (or
+        float64). Finite, with finite gradients, for any finite boxes when ``eps > 0``.
 
     Raises:
         TypeError: Boxes not tensors (or complex), ``aligned`` not a bool, ``eps`` not a number.
@@ -313,8 +316,8 @@ def distance_box_iou(
     Returns:
         Tensor[..., N, M] or Tensor[..., N]: ``(..., N, M)`` for every pair, ``(..., N)``
         with ``aligned=True``. float32 for float16, bfloat16 and integer boxes, else the
-        (promoted) input dtype. Finite, with finite gradients, for any finite boxes when
-        ``eps > 0``.
+        (promoted) input dtype. Under ``torch.autocast``: the same, computed in float32 (or
+        float64). Finite, with finite gradients, for any finite boxes when ``eps > 0``.
 
     Raises:
         TypeError: Boxes not tensors (or complex), ``aligned`` not a bool, ``eps`` not a number.
@@ -367,8 +370,8 @@ def complete_box_iou(
     Returns:
         Tensor[..., N, M] or Tensor[..., N]: ``(..., N, M)`` for every pair, ``(..., N)``
         with ``aligned=True``. float32 for float16, bfloat16 and integer boxes, else the
-        (promoted) input dtype. Finite, with finite gradients, for any finite boxes when
-        ``eps > 0``.
+        (promoted) input dtype. Under ``torch.autocast``: the same, computed in float32 (or
+        float64). Finite, with finite gradients, for any finite boxes when ``eps > 0``.
 
     Raises:
         TypeError: Boxes not tensors (or complex), ``aligned`` not a bool, ``eps`` not a number.

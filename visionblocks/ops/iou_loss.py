@@ -33,7 +33,8 @@ dtype, ``"sum"``/``"mean"`` return the compute dtype (`visionblocks._core.reduce
 half inputs are computed in float32 and clamped to the half dtype's finite range (the ~1/eps
 gradients above stay finite). ``pred`` and ``target`` of different floating dtypes are
 promoted first. On CPU, ``"sum"`` and ``"mean"`` add partial sums in a fixed order: the
-result does not depend on the number of threads.
+result does not depend on the number of threads. ``torch.autocast`` changes none of this (the
+same results inside it as outside).
 
 Value checks (`visionblocks.set_value_checks`, on by default) cost one ``aminmax`` over
 ``pred`` and one over ``target`` (and a host sync on CUDA): ``target`` must hold finite
@@ -151,6 +152,10 @@ def generalized_box_iou_loss(
     of the same formula (``impl`` ``"auto"`` or ``"torch"``; values equal up to rounding,
     gradients by autograd, no value checks; see `visionblocks.ops._boxes_script`).
 
+    Under ``torch.autocast``: the dtype policy of the module notes, from ``pred`` and
+    ``target`` promoted (autocast changes no result): half boxes are computed in float32, and
+    gradients come back in each input's dtype.
+
     Args:
         pred (Tensor[..., 4]): Predicted boxes, xyxy, floating point.
         target (Tensor[..., 4]): Target boxes of ``pred``'s shape.
@@ -212,6 +217,10 @@ def distance_box_iou_loss(
     of the same formula (``impl`` ``"auto"`` or ``"torch"``; values equal up to rounding,
     gradients by autograd, no value checks; see `visionblocks.ops._boxes_script`).
 
+    Under ``torch.autocast``: the dtype policy of the module notes, from ``pred`` and
+    ``target`` promoted (autocast changes no result): half boxes are computed in float32, and
+    gradients come back in each input's dtype.
+
     Args:
         pred (Tensor[..., 4]): Predicted boxes, xyxy, floating point.
         target (Tensor[..., 4]): Target boxes of ``pred``'s shape.
@@ -268,6 +277,10 @@ def complete_box_iou_loss(
     Scriptable with ``torch.jit.script``: the scripted function runs a plain whole-tensor form
     of the same formula (``impl`` ``"auto"`` or ``"torch"``; values equal up to rounding,
     gradients by autograd, no value checks; see `visionblocks.ops._boxes_script`).
+
+    Under ``torch.autocast``: the dtype policy of the module notes, from ``pred`` and
+    ``target`` promoted (autocast changes no result): half boxes are computed in float32, and
+    gradients come back in each input's dtype.
 
     Args:
         pred (Tensor[..., 4]): Predicted boxes, xyxy, floating point.

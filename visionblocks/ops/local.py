@@ -98,7 +98,8 @@ def sliding_windows(x: Tensor, kernel_size: int, dilation: int = 1) -> Tensor:
         dilation: Spacing ``d`` between window taps.
 
     Returns:
-        Tensor[B, C, k*k, H, W]: The windows, in ``x``'s dtype and device.
+        Tensor[B, C, k*k, H, W]: The windows, in ``x``'s dtype and device (also under
+        ``torch.autocast``: a copy), contiguous NCHW for a ``channels_last`` ``x`` too.
 
     Raises:
         TypeError: ``x`` not a tensor, or non-int ``kernel_size``/``dilation``.
@@ -164,7 +165,9 @@ def local_filter2d(
 
     Returns:
         Tensor[B, C, Ho, Wo]: In the promoted dtype of ``x`` and ``kernels``. Half inputs
-        accumulate in float32.
+        accumulate in float32. Under ``torch.autocast``: the same (computed in float32 or
+        float64, nothing lowered). Contiguous NCHW, also for ``channels_last`` inputs (which
+        the torch path converts once per call: about one copy of ``x`` and ``kernels``).
 
     Raises:
         TypeError: Non-tensor or non-floating (e.g. integer) inputs, or non-int

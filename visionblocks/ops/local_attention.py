@@ -108,7 +108,8 @@ def local_attention2d(
 
     Returns:
         Tensor[B, C, H, W]: In the promoted dtype of ``q``, ``k`` and ``v``. Half inputs are
-        computed in float32.
+        computed in float32. Under ``torch.autocast``: the same (nothing lowered). Contiguous
+        NCHW, also for ``channels_last`` inputs (converted once per call by the torch path).
 
     Raises:
         TypeError: Non-tensor or non-floating (e.g. integer) inputs, or non-int

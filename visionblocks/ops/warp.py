@@ -2,8 +2,8 @@
 
 `affine_matrix` builds forward matrices, `warp_affine` resamples images with them (OpenCV
 5's ``cv2.warpAffine``; see it for OpenCV 4 and kornia), `invert_affine` inverts them, and
-`matrix_to_theta` / `theta_to_matrix` convert to the ``theta`` of ``F.affine_grid``. Boxes, masks and key points follow the same matrices in
-`visionblocks.ops.warp_targets`.
+`matrix_to_theta` / `theta_to_matrix` convert to the ``theta`` of ``F.affine_grid``. Boxes,
+masks and key points follow the same matrices in `visionblocks.ops.warp_targets`.
 
 Convention:
     - A matrix ``M`` is a ``(2, 3)`` (or batched ``(B, 2, 3)``) floating tensor that maps a
@@ -25,7 +25,10 @@ Dtypes:
     float64 images): float16/bfloat16 images are computed in float32 and returned in their own
     dtype; integer images (``uint8``...) are computed in float32, rounded half to even and
     clamped to the dtype's range, as OpenCV 5's ``cv2.warpAffine`` rounds. ``mode="nearest"``
-    copies pixels and keeps any dtype exactly, ``bool`` included.
+    copies pixels and keeps any dtype exactly, ``bool`` included. float16/bfloat16 matrices
+    (and `affine_matrix` arguments) are computed in float32 and returned in their dtype.
+    ``torch.autocast`` changes nothing: matrices are combined element-wise, never with
+    ``@`` (which autocast would run in bfloat16/float16, moving samples by up to a pixel).
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ from visionblocks.ops._warp_sampling import (
     invert_checked,
     warp_bilinear,
     warp_nearest,
+    work_dtype,
 )
 
 __all__ = [
@@ -95,7 +99,7 @@ def affine_matrix(
         Tensor[2, 3] or Tensor[..., 2, 3]: Forward (source → destination) matrix; batched when
         tensor arguments carry leading (batch) dims, which broadcast. The dtype is the
         promoted floating dtype of the tensor arguments (default dtype if none), and the
-        result is differentiable with respect to them.
+        result is differentiable with respect to them. Under ``torch.autocast``: the same.
 
     Raises:
         TypeError: An argument is not a number, a sequence of numbers or a tensor.
@@ -117,20 +121,14 @@ def affine_matrix(
         >>> affine_matrix(angle=torch.tensor([0.0, 90.0, 180.0])).shape
         torch.Size([3, 2, 3])
     """
-    args = {
-        "angle": angle,
-        "translate": translate,
-        "scale": scale,
-        "shear": shear,
-        "center": center,
-    }
+    args = dict(angle=angle, translate=translate, scale=scale, shear=shear, center=center)
     tensors = [v for v in args.values() if isinstance(v, Tensor)]
     floats = [t.dtype for t in tensors if t.is_floating_point()]
     dtype = floats[0] if floats else torch.get_default_dtype()
     for other in floats[1:]:
         dtype = torch.promote_types(dtype, other)
     device = tensors[0].device if tensors else torch.device("cpu")
-    vals = {k: as_float(k, v, dtype, device) for k, v in args.items()}
+    vals = {k: as_float(k, v, work_dtype(dtype), device) for k, v in args.items()}
     for k in ("translate", "shear", "center"):
         if vals[k].dim() == 0 or vals[k].shape[-1] != 2:
             raise ValueError(f"{k} must be a pair or have shape (..., 2), got {vals[k].shape}")
@@ -157,7 +155,7 @@ def affine_matrix(
     e = cx + tx - a * cx - b * cy
     f = cy + ty - c * cx - d * cy
     rows = [torch.broadcast_to(v, batch) for v in (a, b, e, c, d, f)]
-    return torch.stack(rows, dim=-1).unflatten(-1, (2, 3))
+    return torch.stack(rows, dim=-1).unflatten(-1, (2, 3)).to(dtype)
 
 
 def invert_affine(matrix: Tensor) -> Tensor:
@@ -167,7 +165,8 @@ def invert_affine(matrix: Tensor) -> Tensor:
         matrix (Tensor[..., 2, 3]): Floating affine matrices, any leading dims.
 
     Returns:
-        Tensor[..., 2, 3]: ``M⁻¹`` with ``M⁻¹ @ [M @ [p, 1], 1] = p``, same dtype; differentiable.
+        Tensor[..., 2, 3]: ``M⁻¹`` with ``M⁻¹ @ [M @ [p, 1], 1] = p``, same dtype (also under
+        ``torch.autocast``); differentiable.
 
     Raises:
         TypeError: ``matrix`` is not a floating tensor.
@@ -205,7 +204,8 @@ def matrix_to_theta(matrix: Tensor, src_size: Sequence[int], dst_size: Sequence[
         dst_size: ``(H, W)`` of the destination image.
 
     Returns:
-        Tensor[..., 2, 3]: ``theta``, same dtype; differentiable with respect to ``matrix``.
+        Tensor[..., 2, 3]: ``theta``, same dtype (also under ``torch.autocast``);
+        differentiable with respect to ``matrix``.
 
     Raises:
         TypeError: ``matrix`` is not a floating tensor or a size is not a tuple.
@@ -224,17 +224,13 @@ def matrix_to_theta(matrix: Tensor, src_size: Sequence[int], dst_size: Sequence[
     src = check_size("src_size", src_size)
     dst = check_size("dst_size", dst_size)
     (hs, ws), (hd, wd) = src, dst
-    a, b, c, d, e, f = invert_checked("matrix", matrix).flatten(-2).unbind(-1)
+    work = work_dtype(matrix.dtype)
+    a, b, c, d, e, f = invert_checked("matrix", matrix.to(work)).flatten(-2).unbind(-1)
     # Closed form of N_src ∘ M⁻¹ ∘ N_dst⁻¹ (exact for identity-like matrices).
-    theta = (
-        a * (wd / ws),
-        b * (hd / ws),
-        (a * (wd - 1) + b * (hd - 1) + 2 * c + 1) / ws - 1,
-        d * (wd / hs),
-        e * (hd / hs),
-        (d * (wd - 1) + e * (hd - 1) + 2 * f + 1) / hs - 1,
-    )
-    return torch.stack(theta, dim=-1).unflatten(-1, (2, 3))
+    tx = (a * (wd - 1) + b * (hd - 1) + 2 * c + 1) / ws - 1
+    ty = (d * (wd - 1) + e * (hd - 1) + 2 * f + 1) / hs - 1
+    theta = (a * (wd / ws), b * (hd / ws), tx, d * (wd / hs), e * (hd / hs), ty)
+    return torch.stack(theta, dim=-1).unflatten(-1, (2, 3)).to(matrix.dtype)
 
 
 def theta_to_matrix(theta: Tensor, src_size: Sequence[int], dst_size: Sequence[int]) -> Tensor:
@@ -248,7 +244,8 @@ def theta_to_matrix(theta: Tensor, src_size: Sequence[int], dst_size: Sequence[i
         dst_size: ``(H, W)`` of the destination image.
 
     Returns:
-        Tensor[..., 2, 3]: Forward (source → destination) pixel matrices, same dtype.
+        Tensor[..., 2, 3]: Forward (source → destination) pixel matrices, same dtype (also
+        under ``torch.autocast``).
 
     Raises:
         TypeError: ``theta`` is not a floating tensor or a size is not a tuple.
@@ -268,11 +265,12 @@ def theta_to_matrix(theta: Tensor, src_size: Sequence[int], dst_size: Sequence[i
     src = check_size("src_size", src_size)
     dst = check_size("dst_size", dst_size)
     (hs, ws), (hd, wd) = src, dst
-    t0, t1, t2, t3, t4, t5 = theta.flatten(-2).unbind(-1)
+    t0, t1, t2, t3, t4, t5 = theta.to(work_dtype(theta.dtype)).flatten(-2).unbind(-1)
     a, b, d, e = t0 * (ws / wd), t1 * (ws / hd), t3 * (hs / wd), t4 * (hs / hd)
     c = ((t2 + 1) * ws - 1 - a * (wd - 1) - b * (hd - 1)) / 2
     f = ((t5 + 1) * hs - 1 - d * (wd - 1) - e * (hd - 1)) / 2
-    return invert_checked("theta", torch.stack((a, b, c, d, e, f), dim=-1).unflatten(-1, (2, 3)))
+    inverse = invert_checked("theta", torch.stack((a, b, c, d, e, f), dim=-1).unflatten(-1, (2, 3)))
+    return inverse.to(theta.dtype)
 
 
 def warp_affine(
@@ -320,7 +318,8 @@ def warp_affine(
 
     Returns:
         Tensor[B, C, H_out, W_out] (or Tensor[C, H_out, W_out] for an unbatched input): The
-        warped images in ``img``'s dtype (see the module's Dtypes section).
+        warped images in ``img``'s dtype (see the module's Dtypes section). Under
+        ``torch.autocast``: the same, sampled in float32 or float64.
 
     Raises:
         TypeError: ``img``/``matrix`` not tensors, a non-floating matrix, a ``bool`` image with
@@ -359,12 +358,10 @@ def warp_affine(
     check_tensor("img", img)
     check_matrix("matrix", matrix)
     check_same_device(img=img, matrix=matrix)
-    for name, value, choices in (
-        ("mode", mode, _MODES),
-        ("padding_mode", padding_mode, _PADDING_MODES),
-    ):
-        check_type(name, value, str)
-        check_choice(name, value, choices)
+    check_type("mode", mode, str)
+    check_choice("mode", mode, _MODES)
+    check_type("padding_mode", padding_mode, str)
+    check_choice("padding_mode", padding_mode, _PADDING_MODES)
     check_fill("fill", fill, padding_mode == "fill")
     if img.dim() not in (3, 4):
         raise ValueError(f"img must have shape (B, C, H, W) or (C, H, W), got {tuple(img.shape)}")

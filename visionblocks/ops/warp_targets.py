@@ -40,6 +40,7 @@ from visionblocks.ops._warp_sampling import (
     drop_instances,
     promoted_dtype,
     tv_tensors_module,
+    work_dtype,
 )
 from visionblocks.ops.warp import warp_affine
 
@@ -59,6 +60,8 @@ def warp_points(points: Tensor, matrix: Tensor) -> Tensor:
     Returns:
         Tensor[..., N, 2]: Warped points, in the promoted floating dtype of ``points`` and
         ``matrix`` (integer points give floats); differentiable with respect to both.
+        float16/bfloat16 are computed in float32 and rounded once. Under ``torch.autocast``:
+        the same (element-wise products, no matmul for autocast to lower).
 
     Raises:
         TypeError: Not tensors, or a non-floating matrix.
@@ -86,8 +89,11 @@ def warp_points(points: Tensor, matrix: Tensor) -> Tensor:
         raise ValueError(f"points must have shape (..., N, 2), got {tuple(points.shape)}")
     check_batch("points", points, matrix)
     dtype = promoted_dtype(points, matrix)
-    points, matrix = points.to(dtype), matrix.to(dtype)
-    return points @ matrix[..., :2].transpose(-1, -2) + matrix[..., 2].unsqueeze(-2)
+    points, matrix = points.to(work_dtype(dtype)), matrix.to(work_dtype(dtype))
+    # Element-wise, not `@`: torch.autocast would run a matmul in bfloat16/float16.
+    col = matrix.unsqueeze(-3)  # (..., 1, 2, 3): columns broadcast against (..., N, 1)
+    out = points[..., :1] * col[..., 0] + points[..., 1:] * col[..., 1] + col[..., 2]
+    return out.to(dtype)
 
 
 def warp_boxes(boxes: Tensor, matrix: Tensor, size: Sequence[int] | None = None) -> Tensor:
@@ -109,8 +115,9 @@ def warp_boxes(boxes: Tensor, matrix: Tensor, size: Sequence[int] | None = None)
 
     Returns:
         Tensor[..., N, 4]: Warped ``xyxy`` boxes in the promoted floating dtype of ``boxes``
-        and ``matrix``; differentiable with respect to both. A clipped box outside the image
-        has zero width or height.
+        and ``matrix`` (float16/bfloat16: computed in float32, rounded once; the same under
+        ``torch.autocast``); differentiable with respect to both. A clipped box outside the
+        image has zero width or height.
 
     Raises:
         TypeError: Not tensors, a non-floating matrix, or a bad ``size`` type.
@@ -145,7 +152,7 @@ def warp_boxes(boxes: Tensor, matrix: Tensor, size: Sequence[int] | None = None)
     check_batch("boxes", boxes, matrix)
     out_size = None if size is None else check_size("size", size)
     dtype = promoted_dtype(boxes, matrix)
-    boxes, matrix = boxes.to(dtype), matrix.to(dtype)
+    boxes, matrix = boxes.to(work_dtype(dtype)), matrix.to(work_dtype(dtype))
     # (..., 1) coefficients broadcast against (..., N) coordinates.
     a, b, c, d, e, f = (v.unsqueeze(-1) for v in matrix.flatten(-2).unbind(-1))
     # Edge convention: p -> M (p - 0.5) + 0.5, i.e. the offsets gain 0.5 (1 - a - b).
@@ -165,9 +172,9 @@ def warp_boxes(boxes: Tensor, matrix: Tensor, size: Sequence[int] | None = None)
     )
     if out_size is not None:
         h, w = out_size
-        limit = torch.tensor([w, h, w, h], dtype=dtype, device=out.device)
+        limit = torch.tensor([w, h, w, h], dtype=out.dtype, device=out.device)
         out = torch.minimum(out.clamp(min=0), limit)
-    return out
+    return out.to(dtype)
 
 
 def warp_masks(masks: Tensor, matrix: Tensor, size: Sequence[int] | None = None) -> Tensor:
@@ -186,7 +193,7 @@ def warp_masks(masks: Tensor, matrix: Tensor, size: Sequence[int] | None = None)
 
     Returns:
         Tensor[N, H_out, W_out] or Tensor[B, N, H_out, W_out]: Same dtype as ``masks``; every
-        value is copied from the source (or 0).
+        value is copied from the source (or 0). Under ``torch.autocast``: the same.
 
     Raises:
         TypeError: Not tensors or a non-floating matrix.
@@ -295,7 +302,8 @@ def warp_sample(
 
     Returns:
         tuple: ``(image, target)`` — the warped image (same type and dtype) and a new dict
-        (``None`` if ``target`` was).
+        (``None`` if ``target`` was). Under ``torch.autocast``: the same (see `warp_affine`,
+        `warp_boxes`).
 
     Raises:
         TypeError: ``image`` not a tensor, ``target`` not a mapping, an option of the wrong

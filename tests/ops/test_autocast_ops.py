@@ -1,0 +1,353 @@
+"""The public ops of `visionblocks.ops` (losses aside) under ``torch.autocast``.
+
+The rule the docstrings state: every op computes in float32 (float64 for float64 inputs)
+whatever the autocast state, because none of them runs an op that autocast lowers (no
+``matmul``/``conv``: `warp_points` and the warp grids use element-wise products for that
+reason). So, on CPU with ``torch.autocast("cpu", dtype=torch.bfloat16)``:
+
+- float32 inputs give bitwise the float32 results and gradients of a call outside autocast;
+- bfloat16 inputs (inside or outside autocast) follow each op's dtype policy (``HALF``):
+  ``"float32"`` returns float32 (the IoU family, `box_area`), ``"rounded"`` returns the
+  input dtype holding the float32 result rounded once (geometry, warps, local ops),
+  ``"native"`` computes in the input dtype as torchvision does (`box_convert`).
+
+On CUDA (skipped without it) the same checks run under float16 and bfloat16 autocast with
+tolerances, the local ops through the Triton kernels as well as the torch path.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+import torch
+from torch import Tensor
+
+import visionblocks.ops as ops
+from visionblocks import kernels
+
+CUDA = torch.cuda.is_available()
+_NO_CUDA = "CUDA not available: the CUDA autocast (and Triton kernel) checks need a GPU"
+CUDA_AUTOCASTS = [
+    pytest.param(torch.float16, marks=pytest.mark.skipif(not CUDA, reason=_NO_CUDA), id="fp16"),
+    pytest.param(
+        torch.bfloat16,
+        marks=pytest.mark.skipif(
+            not (CUDA and torch.cuda.is_bf16_supported()), reason=_NO_CUDA + " with bfloat16"
+        ),
+        id="bf16",
+    ),
+]
+
+NOT_APPLICABLE = {"BOX_FORMATS": "a tuple of format names: no computation"}
+LOSSES = {
+    name: "a loss: its autocast behaviour is tested with the losses"
+    for name in ops.__all__
+    if name.endswith("_loss")
+}
+
+
+@dataclass
+class Case:
+    op: str  # the public name
+    build: Callable[[torch.device], tuple[Callable[..., Any], list[Tensor]]]
+    half: str  # "float32" | "rounded" | "native": what bfloat16 inputs give
+    grad: bool = True
+
+
+def _boxes(n: int, device: torch.device, seed: int) -> Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    xy = torch.rand(n, 2, generator=gen) * 600
+    return torch.cat((xy, xy + 4 + torch.rand(n, 2, generator=gen) * 200), -1).to(device)
+
+
+def _matrices(device: torch.device, batch: int = 2) -> Tensor:
+    gen = torch.Generator().manual_seed(3)
+    return ops.affine_matrix(
+        angle=torch.rand(batch, generator=gen) * 60 - 30,
+        translate=torch.rand(batch, 2, generator=gen) * 40 - 20,
+        scale=torch.rand(batch, generator=gen) + 0.5,
+        center=torch.tensor([320.0, 240.0]),
+    ).to(device)
+
+
+def _img_matrices(device: torch.device, batch: int = 2) -> Tensor:
+    """Rotations, scales and shifts that keep a ~24 x 30 image mostly in view."""
+    gen = torch.Generator().manual_seed(4)
+    return ops.affine_matrix(
+        angle=torch.rand(batch, generator=gen) * 60 - 30,
+        translate=torch.rand(batch, 2, generator=gen) * 4 - 2,
+        scale=torch.rand(batch, generator=gen) * 0.5 + 0.8,
+        center=torch.tensor([14.5, 11.5]),
+    ).to(device)
+
+
+def _randn(device: torch.device | str, *shape: int, seed: int = 0) -> Tensor:
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).to(device)
+
+
+def _iou_cases() -> list[Case]:
+    cases = []
+    for name in ("box_iou", "generalized_box_iou", "distance_box_iou", "complete_box_iou"):
+        for aligned in (False, True):
+            fn = getattr(ops, name)
+            cases.append(
+                Case(
+                    name,
+                    lambda d, fn=fn, al=aligned: (
+                        lambda a, b: fn(a, b, aligned=al),
+                        [_boxes(24, d, 1), _boxes(24 if al else 17, d, 2)],
+                    ),
+                    "float32",
+                )
+            )
+    return cases
+
+
+def _warp_affine(padding: str, mode: str = "bilinear", grad: bool = True) -> Case:
+    """Without gradients, bilinear zeros padding runs the C kernel on CPU; else grid_sample."""
+
+    def build(d: torch.device) -> tuple[Callable[..., Any], list[Tensor]]:
+        def fn(img: Tensor, matrix: Tensor) -> Tensor:
+            fill = 0.25 if padding == "fill" else 0.0
+            return ops.warp_affine(img, matrix, (20, 26), mode, padding, fill)  # type: ignore[arg-type]
+
+        return fn, [_randn(d, 2, 3, 24, 30), _img_matrices(d)]
+
+    return Case("warp_affine", build, "rounded", grad)
+
+
+def _local(impl: str) -> list[Case]:
+    """The local ops with ``impl`` ("torch" on CPU; "triton" too on CUDA)."""
+    x, k = (2, 8, 12, 11), (2, 18, 12, 11)
+    return [
+        Case(
+            "local_filter2d",
+            lambda d: (
+                lambda x, k: ops.local_filter2d(x, k, 3, impl=impl),
+                [_randn(d, *x), _randn(d, *k, seed=1)],
+            ),
+            "rounded",
+        ),
+        Case(
+            "local_filter2d",
+            lambda d: (
+                lambda x, k: ops.local_filter2d(x, k, 5, 2, stride=2, impl=impl),
+                [_randn(d, *x), _randn(d, 2, 50, 6, 6, seed=1)],
+            ),
+            "rounded",
+        ),
+        Case(
+            "local_attention2d",
+            lambda d: (
+                lambda q, k, v: ops.local_attention2d(q, k, v, 5, num_heads=2, impl=impl),
+                [_randn(d, 2, 8, 10, 9, seed=s) for s in range(3)],
+            ),
+            "rounded",
+        ),
+    ]
+
+
+def _warp_sample(d: torch.device) -> tuple[Callable[..., Any], list[Tensor]]:
+    from torchvision import tv_tensors
+
+    def fn(image: Tensor, boxes: Tensor, matrix: Tensor) -> tuple[Tensor, Tensor]:
+        target = {"boxes": tv_tensors.BoundingBoxes(boxes, format="XYXY", canvas_size=(40, 48))}
+        out, moved = ops.warp_sample(image, target, matrix, (36, 44), min_size=None)
+        return out, moved["boxes"].as_subclass(Tensor)  # type: ignore[index]
+
+    return fn, [_randn(d, 3, 40, 48), _boxes(5, d, 4) / 16, ops.affine_matrix(angle=10.0).to(d)]
+
+
+CASES = [
+    *_iou_cases(),
+    Case("box_area", lambda d: (ops.box_area, [_boxes(30, d, 5)]), "float32"),
+    Case(
+        "box_convert",
+        lambda d: (lambda b: ops.box_convert(b, "xyxy", "cxcywh"), [_boxes(30, d, 6)]),
+        "native",
+    ),
+    Case(
+        "box_convert",
+        lambda d: (lambda b: ops.box_convert(b, "xywh", "cxcywh"), [_boxes(30, d, 7)]),
+        "native",
+    ),
+    Case(
+        "affine_matrix",
+        lambda d: (
+            lambda a, t, s, c: ops.affine_matrix(a, t, s, (5.0, -3.0), c),
+            [_randn(d, 4) * 40, _randn(d, 4, 2) * 9, _randn(d, 4) + 2, _randn(d, 2) * 300],
+        ),
+        "rounded",
+    ),
+    Case("invert_affine", lambda d: (ops.invert_affine, [_matrices(d, 3)]), "rounded"),
+    Case(
+        "matrix_to_theta",
+        lambda d: (lambda m: ops.matrix_to_theta(m, (480, 640), (320, 320)), [_matrices(d)]),
+        "rounded",
+    ),
+    Case(
+        "theta_to_matrix",
+        lambda d: (
+            lambda t: ops.theta_to_matrix(t, (480, 640), (320, 320)),
+            [torch.eye(2, 3, device=d) * 0.8 + _randn(d, 2, 2, 3) * 0.1],
+        ),
+        "rounded",
+    ),
+    Case(
+        "warp_points",
+        lambda d: (ops.warp_points, [_randn(d, 2, 50, 2).abs() * 300, _matrices(d)]),
+        "rounded",
+    ),
+    Case(
+        "warp_boxes",
+        lambda d: (
+            lambda b, m: ops.warp_boxes(b, m, (480, 640)),
+            [_boxes(40, d, 8), _matrices(d)[:1]],
+        ),
+        "rounded",
+    ),
+    *(_warp_affine(p) for p in ("zeros", "border", "reflection", "fill")),
+    _warp_affine("zeros", grad=False),
+    _warp_affine("border", "nearest"),
+    Case(
+        "warp_masks",
+        lambda d: (ops.warp_masks, [(_randn(d, 3, 24, 30) > 0).float(), _img_matrices(d)[0]]),
+        "rounded",
+        grad=False,
+    ),
+    Case("warp_sample", _warp_sample, "rounded"),
+    Case(
+        "sliding_windows",
+        lambda d: (lambda x: ops.sliding_windows(x, 3, 2), [_randn(d, 2, 4, 9, 7)]),
+        "rounded",
+    ),
+    *_local("torch"),
+]
+IDS = [f"{c.op}-{i}" for i, c in enumerate(CASES)]
+
+
+def test_every_public_op_is_covered():
+    covered = {c.op for c in CASES}
+    in_scope = set(ops.__all__) - set(LOSSES)
+    missing = in_scope - covered - set(NOT_APPLICABLE)
+    assert not missing, f"ops without an autocast case (add one, or to NOT_APPLICABLE): {missing}"
+    assert covered <= set(ops.__all__), f"cases for names no longer public: {covered - in_scope}"
+    assert not covered & set(NOT_APPLICABLE)
+
+
+def _flat(out: Any) -> list[Tensor]:
+    return list(out) if isinstance(out, (tuple, list)) else [out]
+
+
+def _run(case: Case, fn: Callable[..., Any], inputs: list[Tensor], seed: int = 9):
+    """Outputs and the gradients of the floating inputs for a fixed random output gradient."""
+    inputs = [x.detach().requires_grad_(case.grad and x.is_floating_point()) for x in inputs]
+    outs = _flat(fn(*inputs))
+    if not case.grad:
+        return outs, []
+    gen = torch.Generator().manual_seed(seed)  # values exact in bfloat16 and float16 alike
+    grad_outs = [torch.randn(o.shape, generator=gen).bfloat16().to(o) for o in outs]
+    wrt = [x for x in inputs if x.requires_grad]
+    return outs, list(torch.autograd.grad(outs, wrt, grad_outs, allow_unused=True))
+
+
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_float32_inputs_are_bitwise_unchanged_by_cpu_autocast(case):
+    fn, inputs = case.build(torch.device("cpu"))
+    ref, ref_grads = _run(case, fn, inputs)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out, grads = _run(case, fn, inputs)
+    for a, b in zip(out + grads, ref + ref_grads, strict=True):
+        if a is None or b is None:  # no gradient (warp_affine "nearest" to its matrix)
+            assert a is b
+            continue
+        assert a.dtype == b.dtype
+        assert torch.equal(a, b), f"{case.op}: autocast changed a result by {(a - b).abs().max()}"
+
+
+def _rel(a: Tensor, b: Tensor) -> float:
+    scale = b.detach().double().abs().max().clamp_min(1e-30)
+    return float((a.detach().double() - b.detach().double()).abs().max() / scale)
+
+
+@pytest.mark.parametrize("autocast", [False, True], ids=["plain", "autocast"])
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_bfloat16_inputs_follow_the_dtype_policy(case, autocast):
+    fn, inputs = case.build(torch.device("cpu"))
+    half = [x.bfloat16() if x.is_floating_point() else x for x in inputs]
+    ref, ref_grads = _run(case, fn, [x.float() if x.is_floating_point() else x for x in half])
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        out, grads = _run(case, fn, half)
+    for a, b in zip(out, ref, strict=True):
+        if case.half == "float32":
+            assert a.dtype == torch.float32 and torch.equal(a, b)
+        elif case.half == "rounded":  # computed in float32, rounded once
+            assert a.dtype == torch.bfloat16 and torch.equal(a, b.bfloat16())
+        else:  # computed in bfloat16: within an ulp of the float32 result
+            assert a.dtype == torch.bfloat16 and _rel(a, b) <= 2**-7
+    floating = [x for x in half if x.is_floating_point()] if case.grad else []
+    for g, g_ref, x in zip(grads, ref_grads, floating, strict=True):
+        if g is None:
+            assert g_ref is None
+            continue
+        assert g.dtype == x.dtype and torch.isfinite(g).all()
+        assert _rel(g, g_ref) <= 2**-6, f"{case.op}: bfloat16 gradient off by {_rel(g, g_ref)}"
+
+
+def test_autocast_keeps_coordinates_to_float32_precision():
+    # Regression: a matmul in warp_points (and in the warp grids) ran in bfloat16 under
+    # autocast, moving points of ~600 px by up to 3 px and warped pixels by ~10%.
+    points, matrix = _randn("cpu", 200, 2).abs() * 600, _matrices(torch.device("cpu"))[0]
+    exact = ops.warp_points(points.double(), matrix.double())
+    img = torch.rand(1, 3, 32, 40).requires_grad_()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        moved = ops.warp_points(points, matrix)
+        warped = ops.warp_affine(img, ops.affine_matrix(angle=13.0), padding_mode="border")
+    assert (moved.double() - exact).abs().max() < 1e-3
+    ref = ops.warp_affine(
+        img.double(), ops.affine_matrix(angle=13.0).double(), padding_mode="border"
+    )
+    assert (warped.double() - ref).abs().max() < 1e-5
+
+
+# ---------------------------------------------------------------------------- CUDA
+
+TRITON_CASES = _local("triton")
+
+
+def _cuda_check(case: Case, dtype: torch.dtype) -> None:
+    fn, fn_inputs = case.build(torch.device("cuda"))
+    ref, ref_grads = _run(case, fn, fn_inputs)
+    with torch.autocast("cuda", dtype=dtype):
+        out, grads = _run(case, fn, fn_inputs)
+    for a, b in zip(out + grads, ref + ref_grads, strict=True):
+        assert (a is None) == (b is None)
+        assert a is None or (a.dtype == b.dtype and _rel(a, b) <= 1e-5), f"{case.op}"
+    half = [x.to(dtype) if x.is_floating_point() else x for x in fn_inputs]
+    with torch.autocast("cuda", dtype=dtype):
+        out, grads = _run(case, fn, half)
+    ref, _ = _run(case, fn, [x.float() if x.is_floating_point() else x for x in half])
+    want = torch.float32 if case.half == "float32" else dtype
+    for a, b in zip(out, ref, strict=True):
+        assert a.dtype == want and _rel(a, b) <= 2 * torch.finfo(dtype).eps
+    assert all(g.dtype == dtype and torch.isfinite(g).all() for g in grads if g is not None)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", CUDA_AUTOCASTS)
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_cuda_autocast(case, dtype):
+    _cuda_check(case, dtype)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not kernels.triton_available(), reason="triton not installed")
+@pytest.mark.parametrize("dtype", CUDA_AUTOCASTS)
+@pytest.mark.parametrize(
+    "case", TRITON_CASES, ids=[f"{c.op}-{i}" for i, c in enumerate(TRITON_CASES)]
+)
+def test_cuda_autocast_triton_kernels(case, dtype):
+    _cuda_check(case, dtype)

@@ -1,0 +1,66 @@
+"""The demo's training kit: a seeded run repeats, ``--amp`` on the CPU, ``--detect-nonfinite``."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from visionblocks.cli import main
+
+
+@pytest.fixture(scope="module")
+def out(tmp_path_factory):
+    """One demo folder: its synthetic data is written once and reused by every run."""
+    return tmp_path_factory.mktemp("demo")
+
+
+def _losses(out) -> dict[str, list[float]]:
+    return json.loads((out / "losses.json").read_text())
+
+
+def test_a_seeded_run_repeats_bit_for_bit(out, capsys):
+    threads = torch.get_num_threads()
+    deterministic = torch.are_deterministic_algorithms_enabled()
+    runs = []
+    for _ in range(2):
+        assert main(["demo", "--steps", "6", "--out", str(out), "--seed", "3", "--no-export"]) == 0
+        runs.append(_losses(out))
+    assert runs[0] == runs[1]
+    assert set(runs[0]) >= {"loss", "loss_cls"} and len(runs[0]["loss"]) == 6
+    assert len(set(runs[0]["loss"])) > 1  # the losses move: a real run, not a constant
+    printed = capsys.readouterr().out
+    assert f"seed 3 (repeatable: {threads} threads)" in printed
+    assert json.loads((out / "metrics.json").read_text())["seed"] == 3
+    # The run puts the global settings back.
+    assert torch.get_num_threads() == threads
+    assert torch.are_deterministic_algorithms_enabled() == deterministic
+    assert main(["demo", "--steps", "6", "--out", str(out), "--seed", "4", "--no-export"]) == 0
+    assert _losses(out)["loss"] != runs[0]["loss"]
+
+
+def test_amp_trains_in_bf16_on_the_cpu(out):
+    assert main(["demo", "--steps", "3", "--out", str(out), "--seed", "3", "--no-export"]) == 0
+    full = _losses(out)["loss"]
+    assert main(["demo", "--steps", "3", "--out", str(out), "--seed", "3", "--no-export",
+                 "--amp"]) == 0  # fmt: skip
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["amp"] is True
+    mixed = _losses(out)["loss"]
+    assert all(math.isfinite(v) for v in mixed)
+    assert mixed != full  # bf16 arithmetic: other bits ...
+    assert mixed == pytest.approx(full, rel=0.05)  # ... about the same losses
+
+
+def test_detect_nonfinite_names_where_training_blew_up(out, capsys, monkeypatch):
+    import visionblocks.cli._demo_train as demo_train
+
+    monkeypatch.setattr(demo_train, "LEARNING_RATE", float("inf"))
+    code = main(["demo", "--steps", "1", "--out", str(out), "--seed", "3", "--no-export",
+                 "--detect-nonfinite"])  # fmt: skip
+    assert code == 1
+    err = capsys.readouterr().err
+    assert "visionblocks demo: non-finite parameter: value of 'backbone.stem.conv.weight'" in err
+    assert "the optimizer's step 1 made it" in err

@@ -1,0 +1,371 @@
+"""Determinism of every public op and loss on each of its paths (issue 18).
+
+Paths: ``"torch"`` (the PyTorch path, with the C kernels switched off), ``"native"`` (the C
+kernel of a CPU fast path, where the op has one) and ``"triton"`` (the kernel, here in
+triton's interpreter, so this checks the code path, not GPU scheduling: the GPU claim rests
+on `tests/test_determinism_mode.py`'s scan for atomics). Every case builds its inputs from a
+fixed seed and runs forward and backward twice: outputs and gradients must be bitwise equal
+(`torch.equal`). Threaded CPU paths run again with 1 and 2 threads (and, for the C kernels,
+on Python threads instead of torch's OpenMP team) on inputs cut into several parts, and must
+give the same bits. ``CASES`` must name every public op and loss (`test_every_public_op_has_a_case`).
+A third run in deterministic mode (``torch.use_deterministic_algorithms(True)``) must give
+the same bits as well.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from unittest import mock
+
+import pytest
+import torch
+from torch import Tensor
+
+from tests.conftest import _NO_TRITON, _TRITON_RUNNABLE
+from visionblocks import kernels, losses, nn, ops
+from visionblocks._core import native
+from visionblocks._core.dispatch import use_impl
+from visionblocks.kernels._launch import record_launches
+from visionblocks.losses import _focal_native
+from visionblocks.ops import _iou_loss_native, _warp_native
+
+LIBRARIES = {
+    lib.LIBRARY.name: lib.LIBRARY for lib in (_focal_native, _iou_loss_native, _warp_native)
+}
+IOU, FOCAL, WARP = "iou_loss_kernel", "focal_kernel", "warp_kernel"  # C libraries
+LF, LA = "local_filter", "local_attention2d"  # triton ops
+
+
+def _gen(seed: int = 0) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+def _boxes(n: int, seed: int, dtype: torch.dtype = torch.float32) -> Tensor:
+    g = _gen(seed)
+    xy = torch.rand(n, 2, generator=g, dtype=dtype) * 20
+    return torch.cat([xy, xy + torch.rand(n, 2, generator=g, dtype=dtype) * 10 + 0.5], 1)
+
+
+def _run(fn: Callable[..., object], *inputs: Tensor, params: tuple[Tensor, ...] = ()) -> tuple:
+    """Outputs of ``fn(*inputs)`` and the gradients of the floating inputs and ``params``,
+    for a seeded random gradient of every output."""
+    leaves = [x.detach().clone().requires_grad_(x.is_floating_point()) for x in inputs]
+    result = fn(*leaves)
+    outs = [
+        o for o in (result if isinstance(result, tuple) else (result,)) if isinstance(o, Tensor)
+    ]
+    wrt = [x for x in (*leaves, *params) if x.requires_grad]
+    diff = [o for o in outs if o.requires_grad]
+    g = _gen(99)
+    seeds = [torch.rand(o.shape, generator=g, dtype=o.dtype) for o in diff]
+    grads = torch.autograd.grad(diff, wrt, seeds, allow_unused=True) if diff and wrt else ()
+    return (*(o.detach() for o in outs), *(g for g in grads if g is not None))
+
+
+def _module(build: Callable[[], torch.nn.Module], x: Tensor) -> tuple:
+    torch.manual_seed(0)
+    layer = build()
+    return _run(layer, x, params=tuple(layer.parameters()))
+
+
+@dataclass(frozen=True)
+class Case:
+    """One public op or loss: ``run()`` gives its outputs and gradients.
+
+    Attributes:
+        run: Builds seeded inputs, runs forward and backward.
+        native: The C library its ``"native"`` path must use (None: no such path).
+        kernel: Its triton op (a `kernels.KERNEL_OPS` key; None: no ``"triton"`` path).
+    """
+
+    run: Callable[[], tuple]
+    native: str | None = None
+    kernel: str | None = None
+
+    @property
+    def paths(self) -> tuple[str, ...]:
+        return ("torch",) + ("native",) * bool(self.native) + ("triton",) * bool(self.kernel)
+
+
+def _focal(fn: Callable[..., Tensor]) -> Callable[[], tuple]:
+    def run() -> tuple:
+        g = _gen(1)
+        x = torch.randn(6, 5, generator=g) * 3
+        labels, soft = torch.tensor([0, 4, 5, -1, 2, 2]), torch.rand(6, 5, generator=g)
+        return (
+            *_run(lambda a: fn(a, labels, reduction="sum"), x),  # class indices, summed
+            *_run(lambda a: fn(a, soft, gamma=1.5, reduction="none"), x),
+            *_run(lambda a, t: fn(a, t, reduction="mean"), x, soft),  # targets get grads too
+        )
+
+    return run
+
+
+def _iou_loss(fn: Callable[..., Tensor]) -> Callable[[], tuple]:
+    def run() -> tuple:
+        p, t = _boxes(7, 2), _boxes(7, 3)
+        return (*_run(lambda a, b: fn(a, b), p, t), *_run(lambda a, b: fn(a, b, "sum"), p, t))
+
+    return run
+
+
+def _iou(fn: Callable[..., Tensor]) -> Callable[[], tuple]:
+    def run() -> tuple:
+        a, b = _boxes(5, 4), _boxes(6, 5)
+        return (*_run(fn, a, b), *_run(lambda x, y: fn(x, y, aligned=True), a, b[:5]))
+
+    return run
+
+
+def _local_filter() -> tuple:
+    g = _gen(6)
+    x, k = torch.randn(1, 4, 6, 6, generator=g), torch.randn(1, 18, 6, 6, generator=g)
+    return _run(lambda a, b: ops.local_filter2d(a, b, 3), x, k)
+
+
+def _local_attention() -> tuple:
+    q, k, v = torch.randn(3, 1, 4, 5, 5, generator=_gen(7)).unbind(0)
+    return _run(lambda a, b, c: ops.local_attention2d(a, b, c, 3, num_heads=2), q, k, v)
+
+
+def _sliding_windows() -> tuple:
+    return _run(lambda x: ops.sliding_windows(x, 3, 2), torch.randn(1, 2, 5, 6, generator=_gen(17)))
+
+
+def _warp() -> tuple:
+    img = torch.rand(2, 3, 8, 9, generator=_gen(8))
+    m = ops.affine_matrix(angle=17.0, translate=(1.5, -0.5), scale=1.1, center=(4.0, 4.0))
+    plain = ops.warp_affine(img, m)  # no autograd: the C kernel where it runs
+    return (
+        plain,
+        *_run(lambda a, b: ops.warp_affine(a, b, padding_mode="reflection"), img, m),
+        *_run(lambda a, b: ops.warp_affine(a, b, size=(12, 11), mode="nearest"), img, m),
+    )
+
+
+def _warp_sample() -> tuple:
+    from torchvision import tv_tensors
+
+    boxes = tv_tensors.BoundingBoxes(_boxes(3, 9) / 2, format="XYXY", canvas_size=(16, 14))
+    masks = tv_tensors.Mask((torch.rand(3, 16, 14, generator=_gen(9)) > 0.5).to(torch.uint8))
+    image = tv_tensors.Image(torch.rand(3, 16, 14, generator=_gen(10)))
+    m = ops.affine_matrix(angle=-9.0, translate=(2.0, 1.0), center=(7.0, 8.0))
+    out, target = ops.warp_sample(
+        image, {"boxes": boxes, "masks": masks, "labels": torch.arange(3)}, m
+    )
+    return out.as_subclass(Tensor), *(t.as_subclass(Tensor) for t in target.values())
+
+
+def _cross_entropy(fn: Callable[..., Tensor]) -> Callable[[], tuple]:
+    def run() -> tuple:
+        g = _gen(11)
+        x, t = torch.randn(4, 3, 5, 2, generator=g), torch.randint(0, 3, (4, 5, 2), generator=g)
+        t[0, 0, 0] = -100
+        return (*_run(lambda a: fn(a, t), x), *_run(lambda a: fn(a, t, top_k=0.4), x))
+
+    return run
+
+
+def _bce(fn: Callable[..., Tensor]) -> Callable[[], tuple]:
+    def run() -> tuple:
+        g = _gen(12)
+        x, t = torch.randn(5, 4, generator=g), (torch.rand(5, 4, generator=g) > 0.5).float()
+        t[0, 0] = -1.0
+        return (*_run(lambda a: fn(a, t, ignore_index=-1.0, label_smoothing=0.1), x),)
+
+    return run
+
+
+def _softmax_focal(fn: Callable[..., Tensor]) -> Callable[[], tuple]:
+    def run() -> tuple:
+        g = _gen(13)
+        x, t = torch.randn(6, 4, 3, generator=g), torch.randint(0, 4, (6, 3), generator=g)
+        w = torch.tensor([1.0, 2.0, 0.5, 1.5])
+        return (*_run(lambda a: fn(a, t, alpha=w, weight=w, label_smoothing=0.1), x),)
+
+    return run
+
+
+def _loss_module(cls: type) -> Callable[..., Tensor]:
+    """The loss module ``cls`` called like its function: ``fn(*tensors, [reduction], **kw)``."""
+
+    def fn(*args: object, reduction: str = "mean", **options: object) -> Tensor:
+        if isinstance(args[-1], str):  # the box losses' positional reduction
+            *args, reduction = args
+        return cls(reduction=reduction, **options)(*args)
+
+    return fn
+
+
+def _affine() -> tuple:
+    g = _gen(14)
+    angle, shift = torch.randn(3, generator=g) * 20, torch.randn(3, 2, generator=g)
+    scale = torch.rand(3, generator=g) + 0.5
+    return _run(
+        lambda a, t, s: ops.affine_matrix(angle=a, translate=t, scale=s), angle, shift, scale
+    )
+
+
+def _matrices() -> tuple:
+    m = _affine()[0]
+    return (
+        *_run(ops.invert_affine, m),
+        *_run(lambda a: ops.matrix_to_theta(a, (8, 9), (6, 7)), m),
+        *_run(lambda a: ops.theta_to_matrix(a, (8, 9), (6, 7)), m),
+    )
+
+
+def _warp_targets() -> tuple:
+    m = _affine()[0]
+    masks = (torch.rand(3, 9, 8, generator=_gen(20)) > 0.5).to(torch.uint8)
+    return (
+        *_run(lambda b, a: ops.warp_boxes(b, a, (20, 20)), _boxes(4, 18), m[0]),
+        *_run(ops.warp_points, _boxes(4, 19).view(4, 2, 2), m[:1]),
+        ops.warp_masks(masks, m[0]),
+    )
+
+
+def _layer(build: Callable[[], torch.nn.Module], kernel: str, *shape: int) -> Case:
+    """A `visionblocks.nn` layer with a custom op (its triton op ``kernel``), on ``shape``."""
+    x = torch.randn(*shape, generator=_gen(sum(shape)))
+    return Case(lambda: _module(build, x), kernel=kernel)
+
+
+CASES: dict[str, Case] = {
+    "affine_matrix": Case(_affine),
+    "invert_affine": Case(_matrices),
+    "matrix_to_theta": Case(_matrices),
+    "theta_to_matrix": Case(_matrices),
+    "box_area": Case(lambda: _run(ops.box_area, _boxes(5, 15))),
+    "box_convert": Case(
+        lambda: _run(lambda b: ops.box_convert(b, "xyxy", "cxcywh"), _boxes(5, 16))
+    ),
+    "sliding_windows": Case(_sliding_windows),
+    "warp_affine": Case(_warp, native=WARP),
+    "warp_boxes": Case(_warp_targets),
+    "warp_points": Case(_warp_targets),
+    "warp_masks": Case(_warp_targets),
+    "warp_sample": Case(_warp_sample, native=WARP),
+    "local_filter2d": Case(_local_filter, kernel=LF),
+    "local_attention2d": Case(_local_attention, kernel=LA),
+    "softmax_focal_loss": Case(_softmax_focal(losses.softmax_focal_loss)),
+    "SoftmaxFocalLoss": Case(_softmax_focal(_loss_module(losses.SoftmaxFocalLoss))),
+    "cross_entropy": Case(_cross_entropy(losses.cross_entropy)),
+    "CrossEntropyLoss": Case(_cross_entropy(_loss_module(losses.CrossEntropyLoss))),
+    "binary_cross_entropy_with_logits": Case(_bce(losses.binary_cross_entropy_with_logits)),
+    "BCEWithLogitsLoss": Case(_bce(_loss_module(losses.BCEWithLogitsLoss))),
+    "sigmoid_focal_loss": Case(_focal(losses.sigmoid_focal_loss), FOCAL, "sigmoid_focal_loss"),
+    "SigmoidFocalLoss": Case(
+        _focal(_loss_module(losses.SigmoidFocalLoss)), FOCAL, "sigmoid_focal_loss"
+    ),
+    # nn layers with a custom op (the others are plain torch layers: NN_PLAIN)
+    "Involution2d": _layer(lambda: nn.Involution2d(8, 3, 2, groups=2), LF, 1, 8, 6, 6),
+    "LocalFilter2d": _layer(lambda: nn.LocalFilter2d(4, 3, groups=2), LF, 1, 4, 5, 6),
+    "LocalAttention2d": _layer(lambda: nn.LocalAttention2d(8, 3, 2), LA, 1, 8, 5, 5),
+}
+for _name in ("box_iou", "generalized_box_iou", "distance_box_iou", "complete_box_iou"):
+    CASES[_name] = Case(_iou(getattr(ops, _name)), native=IOU)
+for _name, _cls in (
+    ("generalized_box_iou_loss", losses.GeneralizedBoxIoULoss),
+    ("distance_box_iou_loss", losses.DistanceBoxIoULoss),
+    ("complete_box_iou_loss", losses.CompleteBoxIoULoss),
+):
+    CASES[_name] = Case(_iou_loss(getattr(ops, _name)), IOU, _name)
+    CASES[_cls.__name__] = Case(_iou_loss(_loss_module(_cls)), IOU, _name)
+NN_PLAIN = {
+    "ChannelShuffle", "ConvNormAct", "DepthwiseConv2d", "DepthwiseSeparableConv2d", "LayerNorm2d",
+    "channel_shuffle", "find_conv_bn_pairs", "fuse_conv_bn", "fuse_modules", "make_activation",
+    "make_norm",
+}  # fmt: skip
+"""`visionblocks.nn` names built from torch layers and ops only (no custom op, no kernel)."""
+NOT_OPS = {"BOX_FORMATS"}  # constants
+
+
+@contextmanager
+def on_path(path: str) -> Iterator[dict[str, set]]:
+    """Run on ``path``; yields ``{"native": library names fetched, "kernels": launched}``."""
+    seen: dict[str, set] = {"native": set(), "kernels": set()}
+    with ExitStack() as stack:
+        for name, lib in LIBRARIES.items():
+            real = lib.functions
+
+            def spy(name: str = name, real: Callable = real) -> object:
+                seen["native"].add(name)
+                return real()
+
+            stack.enter_context(
+                mock.patch.object(lib, "functions", spy if path == "native" else lambda: None)
+            )
+        stack.enter_context(use_impl("triton" if path == "triton" else "torch"))
+        specs = stack.enter_context(record_launches())
+        yield seen
+        seen["kernels"] = {s.kernel.partition(":")[0].rpartition(".")[2] for s in specs}
+
+
+def _params() -> list[object]:
+    """``(name, path)`` for every case and each of its paths (triton: where it can run)."""
+    out = []
+    for name, case in CASES.items():
+        for path in case.paths:
+            marks = ()
+            if path == "triton":
+                marks = pytest.mark.skipif(not _TRITON_RUNNABLE, reason=_NO_TRITON)
+            out.append(pytest.param(name, path, id=f"{name}-{path}", marks=marks))
+    return out
+
+
+def _assert_equal(first: tuple, second: tuple, what: str) -> None:
+    assert len(first) == len(second) > 0
+    for i, (a, b) in enumerate(zip(first, second, strict=True)):
+        assert torch.equal(a, b), f"result {i} differs {what}"
+
+
+@contextmanager
+def deterministic_algorithms(mode: bool, warn_only: bool = False) -> Iterator[None]:
+    """``torch.use_deterministic_algorithms(mode, warn_only=...)`` inside the block only."""
+    before = (
+        torch.are_deterministic_algorithms_enabled(),
+        torch.is_deterministic_algorithms_warn_only_enabled(),
+    )
+    torch.use_deterministic_algorithms(mode, warn_only=warn_only)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(before[0], warn_only=before[1])
+
+
+@pytest.mark.parametrize(("name", "path"), _params())
+def test_two_runs_give_the_same_bits(name: str, path: str) -> None:
+    """Two runs are bitwise equal, and a third in deterministic mode too: on CPU, no path
+    calls an op torch refuses there, and none reads memory it did not write (torch fills
+    uninitialised memory with NaN in that mode)."""
+    case = CASES[name]
+    if path == "native" and LIBRARIES[case.native].reason():
+        pytest.skip(LIBRARIES[case.native].reason())
+    with on_path(path) as seen:
+        first = case.run()
+    with on_path(path):
+        second = case.run()
+    _assert_equal(first, second, "between two runs")
+    with deterministic_algorithms(True), on_path(path):
+        strict = case.run()
+    _assert_equal(first, strict, "in deterministic mode")
+    # The path really ran: its C library was asked for, its kernels launched (or not).
+    assert seen["native"] == ({case.native} if path == "native" else set())
+    module = kernels.KERNEL_OPS.get(case.kernel or "", "").partition(":")[0]
+    assert seen["kernels"] == ({module} if path == "triton" else set())
+
+
+def test_every_public_op_has_a_case() -> None:
+    public = {n for n in (*ops.__all__, *losses.__all__) if n not in NOT_OPS}
+    assert public <= set(CASES), f"no determinism case for {sorted(public - set(CASES))}"
+    custom = set(CASES) - public
+    assert custom | NN_PLAIN == set(nn.__all__) and not custom & NN_PLAIN
+    # Every kernel and every C library is exercised by some case.
+    assert {c.kernel for c in CASES.values()} - {None} == set(kernels.KERNEL_OPS)
+    package = Path(ops.__file__).parents[1]
+    built = {lib.name for lib in native._libraries if lib.source.is_relative_to(package)}
+    assert {c.native for c in CASES.values()} - {None} == set(LIBRARIES) == built

@@ -1,0 +1,145 @@
+"""Threaded CPU paths give the same bits with 1 and 2 threads (issue 18).
+
+The C kernels (`visionblocks._core.native`) and the torch paths that `parallel_for` cuts into
+parts promise results independent of the thread count: parts depend only on the shapes, each
+part writes its own rows, and sums are added per part, in part order. Each case here is
+large enough for several parts (checked: a test with one part would prove nothing) and runs
+with 1 thread, with 2 threads, and, for the C kernels, on Python threads instead of torch's
+OpenMP team. Outputs and gradients must be bitwise equal.
+
+Not claimed (the determinism table of the docs says so): a torch path whose input fits in one
+part runs that part in the calling thread with all of torch's intra-op threads, and torch's
+own ``sum`` of more than 32,768 elements depends on the thread count, so the summed focal and
+box IoU losses on the torch path (float64, or no C compiler) can differ in the last bit there.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from unittest import mock
+
+import pytest
+import torch
+
+from tests.test_determinism import LIBRARIES, _boxes, _gen, _run, on_path
+from visionblocks import losses, ops
+from visionblocks._core import parallel
+
+
+def _focal() -> tuple:
+    g = _gen(30)
+    rows = 3000  # torch path: parts of 2 * 1310 rows of 100; C kernel: parts of 655 rows
+    x, labels = (
+        torch.randn(rows, 100, generator=g) * 4,
+        torch.randint(-1, 101, (rows,), generator=g),
+    )
+    soft = torch.rand(rows, 100, generator=g)
+    return (
+        *_run(lambda a: losses.sigmoid_focal_loss(a, labels, reduction="sum"), x),
+        *_run(lambda a: losses.sigmoid_focal_loss(a, soft, gamma=1.5, ignore_index=0.5), x),
+    )  # fmt: skip
+
+
+def _iou_loss() -> tuple:
+    p, t = _boxes(70_000, 31), _boxes(70_000, 32)  # parts of 65,536 pairs
+    return (
+        *_run(lambda a, b: ops.complete_box_iou_loss(a, b, reduction="sum"), p, t),
+        *_run(ops.generalized_box_iou_loss, p, t),
+    )
+
+
+def _pairwise() -> tuple:
+    return _run(ops.complete_box_iou, _boxes(1500, 33), _boxes(200, 34))  # parts of 655 rows
+
+
+def _warp() -> tuple:
+    img = torch.rand(2, 3, 200, 150, generator=_gen(35))  # parts of 64 rows
+    m = ops.affine_matrix(angle=11.0, translate=(3.0, -2.0), scale=0.9, center=(75.0, 100.0))
+    return (ops.warp_affine(img, m), ops.warp_affine(img, m.expand(2, 2, 3), size=(190, 170)))
+
+
+def _local_filter() -> tuple:
+    g = _gen(36)  # one plane of 256 x 256 x 8 outputs: two blocks of rows
+    x, k = torch.randn(1, 8, 256, 256, generator=g), torch.randn(1, 9, 256, 256, generator=g)
+    return _run(lambda a, b: ops.local_filter2d(a, b, 3), x, k)
+
+
+def _local_attention() -> tuple:
+    q, k, v = torch.randn(3, 1, 4, 256, 256, generator=_gen(37)).unbind(0)  # 3 blocks of rows
+    return _run(lambda a, b, c: ops.local_attention2d(a, b, c, 5, num_heads=2), q, k, v)
+
+
+THREADED: dict[str, tuple[str, Callable[[], tuple]]] = {
+    "sigmoid_focal_loss-native": ("native", _focal),
+    "sigmoid_focal_loss-torch": ("torch", _focal),
+    "box_iou_loss-native": ("native", _iou_loss),
+    "box_iou_loss-torch": ("torch", _iou_loss),
+    "pairwise_box_iou-torch": ("torch", _pairwise),
+    "warp_affine-native": ("native", _warp),
+    "local_filter2d-torch": ("torch", _local_filter),
+    "local_attention2d-torch": ("torch", _local_attention),
+}
+
+
+@contextmanager
+def _counting_parts() -> Iterator[list[int]]:
+    """Record the number of parts of every `parallel_for` and C kernel call."""
+    counts: list[int] = []
+    real_parts = parallel.parts
+
+    def parts(n: int, grain: int) -> list[tuple[int, int]]:
+        out = real_parts(n, grain)
+        counts.append(len(out))
+        return out
+
+    runners = []
+    for lib in LIBRARIES.values():
+        real_run = lib.run_parts
+
+        def run_parts(fn, args, n_parts, real_run=real_run):  # type: ignore[no-untyped-def]
+            counts.append(n_parts)
+            return real_run(fn, args, n_parts)
+
+        runners.append(mock.patch.object(lib, "run_parts", run_parts))
+    with mock.patch.object(parallel, "parts", parts):
+        for runner in runners:
+            runner.start()
+        try:
+            yield counts
+        finally:
+            for runner in runners:
+                runner.stop()
+
+
+def _with_threads(threads: int, path: str, fn: Callable[[], tuple], team: bool = True) -> tuple:
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    for lib in LIBRARIES.values():
+        lib.use_team(team)
+    try:
+        with on_path(path):
+            return fn()
+    finally:
+        torch.set_num_threads(before)
+        for lib in LIBRARIES.values():
+            lib.use_team(True)
+
+
+@pytest.mark.parametrize("name", sorted(THREADED))
+def test_one_and_two_threads_give_the_same_bits(name: str) -> None:
+    path, fn = THREADED[name]
+    if path == "native":
+        reasons = {lib.reason() for lib in LIBRARIES.values()} - {None}
+        if reasons:
+            pytest.skip(reasons.pop())
+    with _counting_parts() as counts:
+        one = _with_threads(1, path, fn)
+    assert counts and max(counts) >= 2, f"{name}: one part only, nothing to compare"
+    runs = {"2 threads": _with_threads(2, path, fn)}
+    if path == "native":
+        runs["2 Python threads"] = _with_threads(2, path, fn, team=False)
+    for label, other in runs.items():
+        assert len(one) == len(other) > 0
+        for i, (a, b) in enumerate(zip(one, other, strict=True)):
+            assert torch.equal(a, b), f"{name}: result {i} differs between 1 thread and {label}"
