@@ -84,6 +84,35 @@ def cpu_and_cuda() -> list:
     ]
 
 
+def cuda_autocast_dtypes(reason: str) -> list:
+    """Parameters ``fp16`` and ``bf16`` for CUDA autocast tests, each skipped with ``reason``
+    without a GPU (bf16 also without bfloat16 support)."""
+    cuda = torch.cuda.is_available()
+    return [
+        pytest.param(torch.float16, marks=pytest.mark.skipif(not cuda, reason=reason), id="fp16"),
+        pytest.param(
+            torch.bfloat16,
+            marks=pytest.mark.skipif(
+                not (cuda and torch.cuda.is_bf16_supported()), reason=reason + " with bfloat16"
+            ),
+            id="bf16",
+        ),
+    ]
+
+
+def same_tensors(a: Sequence[torch.Tensor | None], b: Sequence[torch.Tensor | None]) -> bool:
+    """Whether two lists of tensors (gradients, ``None`` where absent) are bitwise equal."""
+    return len(a) == len(b) and all(
+        (x is None and y is None) or (x is not None and y is not None and torch.equal(x, y))
+        for x, y in zip(a, b)
+    )
+
+
+def same_buffers(a: torch.nn.Module, b: torch.nn.Module) -> bool:
+    """Whether two modules' buffers (BatchNorm running statistics…) are bitwise equal."""
+    return all(torch.equal(x, y) for x, y in zip(a.buffers(), b.buffers(), strict=True))
+
+
 def write_marker(path: str) -> None:
     """What `MaliciousPickle` runs when unpickled: a file whose existence proves it ran."""
     with open(path, "w") as f:

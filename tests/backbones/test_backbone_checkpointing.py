@@ -12,6 +12,7 @@ import torch
 import torchvision
 from torch import nn
 
+from tests.helpers import same_buffers, same_tensors
 from visionblocks._core.checkpointing import checkpointed_modules
 from visionblocks.backbones import Backbone, backbone_from_model, build_backbone
 from visionblocks.backbones.tiny import TinyNet
@@ -36,17 +37,6 @@ def _step(backbone: nn.Module, x: torch.Tensor, seed: int = 0) -> list[torch.Ten
     return [x.grad] + [p.grad for p in backbone.parameters()]
 
 
-def _same(a: list[torch.Tensor | None], b: list[torch.Tensor | None]) -> bool:
-    return len(a) == len(b) and all(
-        (x is None and y is None) or (x is not None and y is not None and torch.equal(x, y))
-        for x, y in zip(a, b)
-    )
-
-
-def _buffers_equal(a: nn.Module, b: nn.Module) -> bool:
-    return all(torch.equal(x, y) for x, y in zip(a.buffers(), b.buffers(), strict=True))
-
-
 CASES = {
     "vb_tiny": ({}, [["stage1.0"], ["stage2.0", "stage2.1"]]),
     "resnet18": ({}, [["layer1.0", "layer1.1"], ["layer2.0", "layer2.1"]]),
@@ -68,14 +58,14 @@ def test_gradients_and_statistics_are_identical(name):
     assert list(checkpointed.state_dict()) == list(plain.state_dict())
     assert repr(checkpointed) == repr(plain)
     for _ in range(2):
-        assert _same(_step(plain, _x()), _step(checkpointed, _x()))
-        assert _buffers_equal(plain, checkpointed)
+        assert same_tensors(_step(plain, _x()), _step(checkpointed, _x()))
+        assert same_buffers(plain, checkpointed)
 
 
 def test_stochastic_depth_draws_differ_between_seeds():
     # The timm/efficientnet_b0 case above can fail: its gradients depend on the drops.
     backbone = _build("timm/efficientnet_b0", drop_path_rate=0.3)
-    assert not _same(_step(backbone, _x(), seed=0), _step(backbone, _x(), seed=1))
+    assert not same_tensors(_step(backbone, _x(), seed=0), _step(backbone, _x(), seed=1))
 
 
 def test_a_stage_list_checkpoints_only_those_stages():
@@ -86,7 +76,7 @@ def test_a_stage_list_checkpoints_only_those_stages():
     for stage, count in calls.items():
         conv = backbone.get_submodule(f"{stage}.0.conv1")
         conv.register_forward_hook(lambda *_, c=count: c.__setitem__(0, c[0] + 1))
-    assert _same(_step(_build("resnet18"), _x()), _step(backbone, _x()))
+    assert same_tensors(_step(_build("resnet18"), _x()), _step(backbone, _x()))
     assert calls == {"layer1": [1], "layer2": [2]}  # only layer2 is recomputed
     # A new selection replaces the old one; False turns everything off.
     assert backbone.set_grad_checkpointing([0]).grad_checkpointing == (0,)

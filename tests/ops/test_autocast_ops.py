@@ -26,20 +26,12 @@ import torch
 from torch import Tensor
 
 import visionblocks.ops as ops
+from tests.helpers import cuda_autocast_dtypes
 from visionblocks import kernels
 
-CUDA = torch.cuda.is_available()
-_NO_CUDA = "CUDA not available: the CUDA autocast (and Triton kernel) checks need a GPU"
-CUDA_AUTOCASTS = [
-    pytest.param(torch.float16, marks=pytest.mark.skipif(not CUDA, reason=_NO_CUDA), id="fp16"),
-    pytest.param(
-        torch.bfloat16,
-        marks=pytest.mark.skipif(
-            not (CUDA and torch.cuda.is_bf16_supported()), reason=_NO_CUDA + " with bfloat16"
-        ),
-        id="bf16",
-    ),
-]
+CUDA_AUTOCASTS = cuda_autocast_dtypes(
+    "CUDA not available: the CUDA autocast (and Triton kernel) checks need a GPU"
+)
 
 NOT_APPLICABLE = {"BOX_FORMATS": "a tuple of format names: no computation"}
 LOSSES = {

@@ -19,6 +19,7 @@ import torchvision
 from torch import nn
 
 import visionblocks._core.checkpointing as ckpt
+from tests.helpers import same_buffers, same_tensors
 from visionblocks._core.checkpointing import (
     checkpointed_modules,
     is_grad_checkpointing,
@@ -46,17 +47,6 @@ def _step(model: nn.Module, *inputs: torch.Tensor, seed: int = 0) -> list[torch.
     return [x.grad for x in inputs] + [p.grad for p in model.parameters()]
 
 
-def _same(a: list[torch.Tensor | None], b: list[torch.Tensor | None]) -> bool:
-    return len(a) == len(b) and all(
-        (x is None and y is None) or (x is not None and y is not None and torch.equal(x, y))
-        for x, y in zip(a, b)
-    )
-
-
-def _buffers_equal(a: nn.Module, b: nn.Module) -> bool:
-    return all(torch.equal(x, y) for x, y in zip(a.buffers(), b.buffers(), strict=True))
-
-
 def _resnet18() -> nn.Module:
     torch.manual_seed(0)
     return torchvision.models.resnet18(weights=None)
@@ -74,8 +64,8 @@ def test_resnet18_gradients_and_batchnorm_statistics_are_identical():
     plain, checkpointed = _resnet18(), _resnet18()
     set_grad_checkpointing(checkpointed, RESNET_BLOCKS)
     for _ in range(2):  # the second step uses the statistics the first one updated
-        assert _same(_step(plain, _x()), _step(checkpointed, _x()))
-        assert _buffers_equal(plain, checkpointed)
+        assert same_tensors(_step(plain, _x()), _step(checkpointed, _x()))
+        assert same_buffers(plain, checkpointed)
     assert int(checkpointed.layer1[0].bn1.num_batches_tracked) == 2
 
 
@@ -87,8 +77,8 @@ def test_without_the_recompute_context_batchnorm_statistics_would_differ(monkeyp
     )
     plain, checkpointed = _resnet18(), _resnet18()
     set_grad_checkpointing(checkpointed, RESNET_BLOCKS)
-    assert _same(_step(plain, _x()), _step(checkpointed, _x()))
-    assert not _buffers_equal(plain, checkpointed)
+    assert same_tensors(_step(plain, _x()), _step(checkpointed, _x()))
+    assert not same_buffers(plain, checkpointed)
     assert int(checkpointed.layer1[0].bn1.num_batches_tracked) == 2
 
 
@@ -101,8 +91,8 @@ def _dropout_net() -> nn.Module:
 def test_dropout_draws_the_same_masks_in_the_recomputation():
     plain, checkpointed = _dropout_net(), _dropout_net()
     set_grad_checkpointing(checkpointed, ["0", ""])  # nested: the block runs plainly inside
-    assert _same(_step(plain, _x()), _step(checkpointed, _x()))
-    assert not _same(_step(plain, _x(), seed=0), _step(plain, _x(), seed=1))  # masks matter
+    assert same_tensors(_step(plain, _x()), _step(checkpointed, _x()))
+    assert not same_tensors(_step(plain, _x(), seed=0), _step(plain, _x(), seed=1))  # masks matter
 
 
 def test_without_preserved_rng_state_the_dropout_gradients_would_differ(monkeypatch):
@@ -112,7 +102,7 @@ def test_without_preserved_rng_state_the_dropout_gradients_would_differ(monkeypa
     )
     plain, checkpointed = _dropout_net(), _dropout_net()
     set_grad_checkpointing(checkpointed)
-    assert not _same(_step(plain, _x()), _step(checkpointed, _x()))
+    assert not same_tensors(_step(plain, _x()), _step(checkpointed, _x()))
 
 
 # ------------------------------------------------------------------ when it recomputes
@@ -192,7 +182,7 @@ def test_copies_checkpoint_their_own_modules(how):
     assert checkpointed_modules(copied) == RESNET_BLOCKS
     assert copied.layer2[1].forward.module is copied.layer2[1]
     calls = _counter(copied.layer2[1].conv1)
-    assert _same(_step(copied, _x()), _step(model, _x()))
+    assert same_tensors(_step(copied, _x()), _step(model, _x()))
     assert calls[0] == 2
 
 
@@ -240,8 +230,8 @@ def test_layers_option_gives_identical_gradients(name):
     first = next(m for m in checkpointed.modules() if isinstance(m, nn.Conv2d))
     calls = _counter(first)
     for _ in range(2):
-        assert _same(_step(plain, _x(8, 11)), _step(checkpointed, _x(8, 11)))
-        assert _buffers_equal(plain, checkpointed)  # Involution2d's BatchNorm
+        assert same_tensors(_step(plain, _x(8, 11)), _step(checkpointed, _x(8, 11)))
+        assert same_buffers(plain, checkpointed)  # Involution2d's BatchNorm
     assert calls[0] == 4
 
 
@@ -258,7 +248,7 @@ def test_the_recomputation_runs_under_the_forwards_autocast():
         assert out.dtype == torch.bfloat16
         out.float().sum().backward()  # outside autocast: the recomputation restores it
         grads.append([x.grad] + [p.grad for p in model.parameters()])
-    assert _same(*grads)
+    assert same_tensors(*grads)
     assert checkpointed.proj.weight.grad.dtype == torch.float32
 
 
@@ -279,7 +269,7 @@ def test_fcos_head_checkpoints_its_towers():
         sum(t.sum() for key in ("cls_logits", "boxes") for t in out[key]).backward()
         return [p.grad for p in model.parameters()]
 
-    assert _same(step(plain), step(checkpointed))
+    assert same_tensors(step(plain), step(checkpointed))
     assert calls[0] == 4  # two levels, each forward and recomputation
     assert checkpointed_modules(FCOSHead(8, 3, [8], num_convs=0, grad_checkpointing=True)) == []
 
