@@ -9,6 +9,7 @@ diamond; where memory was measured, the memory ratio beside it::
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from pathlib import Path
@@ -32,7 +33,11 @@ DEFAULT_PNG = HERE.parent / "docs" / "assets" / "benchmarks.png"
 
 def plot(results_json: Path, output: Path) -> Path:
     """Draw the speed-up (and memory-ratio) chart of ``results_json`` into ``output``."""
-    results = [r for r in results_from_json(json.loads(results_json.read_text())) if r.speedup]
+    try:
+        every = results_from_json(json.loads(results_json.read_text()))
+    except (OSError, ValueError) as err:  # json.JSONDecodeError is a ValueError
+        raise SystemExit(f"cannot read benchmark results from {results_json}: {err}") from None
+    results = [r for r in every if r.speedup]
     if not results:
         raise SystemExit(f"{results_json} holds no timed results to plot")
     names = [r.case for r in results]
@@ -83,9 +88,26 @@ def plot(results_json: Path, output: Path) -> Path:
 
 def main(argv: list[str]) -> int:
     """``plot.py [RESULTS_JSON] [OUTPUT_PNG]``."""
-    results_json = Path(argv[0]) if argv else DEFAULT_JSON
-    output = Path(argv[1]) if len(argv) > 1 else DEFAULT_PNG
-    print(plot(results_json, output))
+    parser = argparse.ArgumentParser(
+        prog="benchmarks/plot.py",
+        description="Draw the Benchmarks page's speed-up and memory-ratio chart.",
+    )
+    parser.add_argument(
+        "results_json",
+        nargs="?",
+        type=Path,
+        default=DEFAULT_JSON,
+        help="results of benchmarks/run.py --json (default: benchmarks/results.json)",
+    )
+    parser.add_argument(
+        "output",
+        nargs="?",
+        type=Path,
+        default=DEFAULT_PNG,
+        help="the PNG to write (default: docs/assets/benchmarks.png)",
+    )
+    args = parser.parse_args(argv)
+    print(plot(args.results_json, args.output))
     return 0
 
 
