@@ -45,7 +45,7 @@ LAYERS: dict[str, int] = {
     "init": 3,
     "weights": 3,
     "distributed": 3,
-    "training": 3,
+    "training": 4,
     "features": 4,
     "backbones": 5,
     "data": 5,

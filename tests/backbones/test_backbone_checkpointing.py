@@ -145,7 +145,7 @@ def test_a_backbone_built_directly_knows_no_stages():
         (None, TypeError, "grad_checkpointing must be a bool"),
         ([1.0], TypeError, r"grad_checkpointing\[0\] must be a stage index"),
         ([True], TypeError, r"grad_checkpointing\[0\] must be a stage index"),
-        ([4], ValueError, "stage 4 is out of range for 4 stages"),
+        ([4], ValueError, "index 4 is out of range for the backbone, which has 4 stages"),
         ([1, -3], ValueError, "names a stage twice"),
     ],
 )

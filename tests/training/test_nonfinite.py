@@ -56,6 +56,27 @@ def test_forward_input_made_between_submodules_names_the_caller():
     assert "made by the forward code of the model" in str(err)
 
 
+def test_an_output_changed_in_place_before_the_next_module_is_checked_again():
+    model = Net(between=lambda x: x.add_(float("inf")))  # a's output, made infinite in place
+    with find_nonfinite(model):
+        err = _raises(lambda: model(torch.ones(2, 4)))
+    assert (err.kind, err.module, err.tensor) == ("forward input", "b", "input 0")
+    assert "made by the forward code of the model" in str(err)
+
+
+def test_an_output_found_finite_is_not_checked_again_as_the_next_input(monkeypatch):
+    import visionblocks.training.nonfinite as nonfinite
+
+    checked = []
+    real = nonfinite._bad
+    monkeypatch.setattr(nonfinite, "_bad", lambda t: checked.append(t) or real(t))
+    model = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 2))
+    with torch.no_grad(), find_nonfinite(model, backward=False):
+        model(torch.ones(3, 4))
+    # The model's input and each layer's output (the last is the model's output): once each.
+    assert len(checked) == 4, [tuple(t.shape) for t in checked]
+
+
 def test_model_input_and_keyword_inputs():
     model = Net()
     with find_nonfinite(model):

@@ -41,7 +41,8 @@ REDUCTIONS = ("none", "mean", "sum")
 
 
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:
-    """The dtype losses compute in for inputs of ``dtype``.
+    """The dtype losses and ops compute in for inputs of ``dtype``: float64 stays float64,
+    everything else (float16, bfloat16, float32, integers) is computed in float32.
 
     Examples:
         >>> import torch
@@ -162,6 +163,8 @@ def reduce_loss(
         input_dtype: The caller's input dtype; ``"none"`` returns it.
         count: How many elements ``"mean"`` divides by (default ``loss.numel()``).
         normalizer: Replaces ``count`` for ``"mean"``; also divides ``"sum"`` and ``"none"``.
+            A tensor is cast to ``loss``'s dtype first, so a float64 normalizer does not
+            widen a float32 loss.
 
     Returns:
         Tensor: ``loss`` in ``input_dtype`` for ``"none"``; a scalar in the compute dtype
@@ -173,7 +176,12 @@ def reduce_loss(
         tensor(2.)
         >>> reduce_loss(torch.ones(0), "mean", input_dtype=torch.float32)
         tensor(0.)
+        >>> half = torch.tensor(2.0, dtype=torch.float64)
+        >>> reduce_loss(torch.ones(4), "sum", input_dtype=torch.float32, normalizer=half)
+        tensor(2.)
     """
+    if isinstance(normalizer, Tensor):
+        normalizer = normalizer.to(loss.dtype)
     if reduction == "none":
         if normalizer is not None:
             loss = loss / normalizer

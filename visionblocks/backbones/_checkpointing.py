@@ -18,6 +18,7 @@ from typing import Any
 from torch import nn
 
 from visionblocks._core.checkpointing import enable_one
+from visionblocks.backbones._options import normalize_stage_indices
 
 __all__ = ["StageCheckpointing", "check_option", "stage_blocks", "timm_level_names"]
 
@@ -127,17 +128,7 @@ def _stage_indices(backbone: Any, value: Any, arg: str) -> tuple[int, ...]:
         )
     if value is True:
         return tuple(i for i, b in enumerate(blocks) if i >= frozen and b is not None)
-    num = backbone.num_stages
-    normalized = []
-    for index in value:
-        if not -num <= index < num:
-            raise ValueError(
-                f"{arg}={list(value)}: stage {index} is out of range for {num} stages (valid: "
-                f"{-num} to {num - 1})"
-            )
-        normalized.append(index % num)
-    if len(set(normalized)) != len(normalized):
-        raise ValueError(f"{arg}={list(value)} names a stage twice")
+    normalized = normalize_stage_indices(arg, value, backbone.num_stages, "the backbone")
     for index in normalized:
         if index >= len(blocks):
             raise ValueError(
@@ -149,7 +140,7 @@ def _stage_indices(backbone: Any, value: Any, arg: str) -> tuple[int, ...]:
                 f"{arg}: the modules of stage {index} are not known; checkpoint modules by "
                 "name with visionblocks.training.set_grad_checkpointing(module, [names])"
             )
-    return tuple(sorted(i for i in normalized if i >= frozen))
+    return tuple(i for i in normalized if i >= frozen)
 
 
 def configure(backbone: Any, value: Any, arg: str = "grad_checkpointing") -> None:

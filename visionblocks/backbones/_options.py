@@ -122,20 +122,30 @@ def normalize_out_indices(out_indices: Any, num_stages: int, what: str) -> tuple
         )
     if not out_indices:
         raise ValueError("out_indices is empty; name at least one stage")
-    normalized = []
     for index in out_indices:
         _check_int("out_indices entries", index)
+    return normalize_stage_indices("out_indices", out_indices, num_stages, what)
+
+
+def normalize_stage_indices(
+    arg: str, indices: Sequence[int], num_stages: int, what: str
+) -> tuple[int, ...]:
+    """Stage indices (ints; negative ones count from the end) as sorted non-negative ones.
+
+    Raises:
+        ValueError: An index outside ``[-num_stages, num_stages)``, or one stage twice.
+    """
+    normalized = []
+    for index in indices:
         if not -num_stages <= index < num_stages:
             raise ValueError(
-                f"out_indices={tuple(out_indices)!r}: index {index} is out of range for "
-                f"{what}, which has {num_stages} stages (valid indices: {-num_stages} to "
-                f"{num_stages - 1}; negative ones count from the end)"
+                f"{arg}={tuple(indices)!r}: index {index} is out of range for {what}, which "
+                f"has {num_stages} stages (valid indices: {-num_stages} to {num_stages - 1}; "
+                "negative ones count from the end)"
             )
         normalized.append(index % num_stages)
     if len(set(normalized)) != len(normalized):
-        raise ValueError(
-            f"out_indices={tuple(out_indices)!r} names a stage twice (normalized: {normalized})"
-        )
+        raise ValueError(f"{arg}={tuple(indices)!r} names a stage twice (normalized: {normalized})")
     return tuple(sorted(normalized))
 
 

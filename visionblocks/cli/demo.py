@@ -216,8 +216,9 @@ def run_demo(
     try:
         where = _resolve_device(device)
         options = _Options(
-            steps, Path(out), where, 0 if seed is None else seed, seed is not None,
-            where.type == "cuda" if amp is None else amp, detect_nonfinite, export, start,
+            steps=steps, out=Path(out), device=where, seed=0 if seed is None else seed,
+            seeded=seed is not None, amp=where.type == "cuda" if amp is None else amp,
+            detect_nonfinite=detect_nonfinite, export=export, start=start,
         )  # fmt: skip
         with _kept_global_state():
             return _run(options)
@@ -266,13 +267,12 @@ def _run(o: _Options) -> dict[str, Any]:
             model, device_ids=[device.index] if device.type == "cuda" else None
         )
     steps = o.steps
-    seeded = (
-        f"seed {o.seed} (repeatable: {torch.get_num_threads()} threads)"
-        if o.seeded
-        else (
-            "seed 0 (threads tuned: not bitwise repeatable)" if device.type == "cpu" else "seed 0"
-        )
-    )
+    if o.seeded:
+        seeded = f"seed {o.seed} (repeatable: {torch.get_num_threads()} threads)"
+    elif device.type == "cpu":
+        seeded = "seed 0 (threads tuned: not bitwise repeatable)"
+    else:
+        seeded = "seed 0"
     _log(f"visionblocks demo: {steps} steps on {device} x {world}, "
          f"{sum(p.numel() for p in model.parameters()):,} parameters, {seeded}"
          f"{', bf16/fp16 autocast' if o.amp else ''}")  # fmt: skip

@@ -53,6 +53,7 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 from visionblocks._core.namespace import public_dir
+from visionblocks._core.reduce import compute_dtype
 from visionblocks.kernels._fallback import reference_grads
 from visionblocks.kernels._launch import KernelFailure, jit, launch, prepare
 
@@ -152,10 +153,6 @@ def _block(dtype: torch.dtype) -> int:
     return _BLOCKS.get(dtype, _BLOCK)
 
 
-def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
-    return torch.float64 if dtype == torch.float64 else torch.float32
-
-
 def canonical_inputs(
     x: Tensor, targets: Tensor, w: Tensor | None
 ) -> tuple[Tensor, Tensor, Tensor, int, int]:
@@ -167,7 +164,7 @@ def canonical_inputs(
     and the weight in the compute dtype, read through its strides (a broadcast weight stays
     un-expanded; no weight is a single 1 read with zero strides).
     """
-    cdt = _compute_dtype(x.dtype)
+    cdt = compute_dtype(x.dtype)
     x = prepare(x)
     if targets.dtype == torch.bool:
         targets = targets.view(torch.uint8)
@@ -220,7 +217,7 @@ class _SigmoidFocalTriton(torch.autograd.Function):
         # For a fallback backward: the torch path's own arguments (x as the kernel read it).
         ctx.args = (xk, targets, w, alpha, gamma, ignore, reduce_sum, out_dtype)
         ctx.reference = reference
-        cdt = _compute_dtype(x.dtype)
+        cdt = compute_dtype(x.dtype)
         n = xk.numel()
         grid = (max(1, triton.cdiv(n, _block(x.dtype))),)
         scalars = _scalars(xk, tk, w_sr, w_sc, alpha, gamma, ignore)

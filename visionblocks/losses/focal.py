@@ -258,8 +258,6 @@ def _focal_eager(inputs, targets, alpha, gamma, reduction, weight, ignore_index,
     index, alpha = _check_args(inputs, targets, alpha, gamma, weight, ignore_index)
     check_reduction(reduction)
     normalizer = check_normalizer(normalizer, inputs.device)
-    if isinstance(normalizer, Tensor):  # a float64 normalizer must not widen the result
-        normalizer = normalizer.to(compute_dtype(inputs.dtype))
     which = resolve_impl(impl, "sigmoid_focal_loss", inputs)
     gamma = float(gamma)
 

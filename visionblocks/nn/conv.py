@@ -304,9 +304,8 @@ class DepthwiseSeparableConv2d(nn.Module):
     ) -> None:
         super().__init__()
         _check_int("in_channels", in_channels, 1)
-        self.depthwise = ConvNormAct(  # (in, out, k, stride, padding, dilation, groups, ...)
-            in_channels, in_channels, kernel_size, stride, None, dilation, in_channels, norm, act
-        )
+        self.depthwise = ConvNormAct(in_channels, in_channels, kernel_size, stride,
+                                     dilation=dilation, groups=in_channels, norm=norm, act=act)  # fmt: skip
         self.pointwise = ConvNormAct(in_channels, out_channels, 1, norm=norm, act=act)
 
     def forward(self, x: Tensor) -> Tensor:

@@ -45,7 +45,8 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-from visionblocks.ops._local_parts import Grid, compute_dtype, planar, scratch, windows
+from visionblocks._core.reduce import compute_dtype
+from visionblocks.ops._local_parts import Grid, planar, scratch, windows
 
 __all__ = ["LocalAttentionFunction", "local_attention_backward", "local_attention_forward"]
 

@@ -36,14 +36,8 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-from visionblocks.ops._local_parts import (
-    Grid,
-    compute_dtype,
-    new_output,
-    planar,
-    scratch,
-    windows,
-)
+from visionblocks._core.reduce import compute_dtype
+from visionblocks.ops._local_parts import Grid, new_output, planar, scratch, windows
 
 __all__ = ["LocalFilterFunction", "local_filter_backward", "local_filter_forward"]
 

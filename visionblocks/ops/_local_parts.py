@@ -35,7 +35,7 @@ from torch import Tensor
 
 from visionblocks._core.parallel import parallel_for, parts, workspace
 
-__all__ = ["Grid", "compute_dtype", "new_output", "planar", "scratch", "windows"]
+__all__ = ["Grid", "new_output", "planar", "scratch", "windows"]
 
 # Outputs this large get transparent huge pages (see `new_output`). glibc maps every
 # allocation above 32 MiB afresh (its largest mmap threshold), so the advice never touches
@@ -48,16 +48,6 @@ _MADV_HUGEPAGE = 14
 _PLANAR_BLOCK = 1 << 16
 
 Work = Callable[[slice, int, int], None]
-
-
-def compute_dtype(dtype: torch.dtype) -> torch.dtype:
-    """float64 stays float64; every other floating dtype is computed in float32.
-
-    Examples:
-        >>> compute_dtype(torch.bfloat16), compute_dtype(torch.float64)
-        (torch.float32, torch.float64)
-    """
-    return torch.float64 if dtype == torch.float64 else torch.float32
 
 
 def scratch(name: str, shape: Sequence[int], capacity: int, like: Tensor) -> Tensor:

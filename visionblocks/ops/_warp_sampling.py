@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from visionblocks._core.checks import check_choice, check_finite, check_range, check_type
+from visionblocks._core.reduce import compute_dtype
 from visionblocks._core.tensor_checks import check_floating, reads_values
 from visionblocks.ops._warp_native import warp_zeros
 
@@ -33,7 +34,6 @@ __all__ = [
     "tv_tensors_module",
     "warp_bilinear",
     "warp_nearest",
-    "work_dtype",
 ]
 
 
@@ -83,7 +83,7 @@ def invert_checked(name: str, matrix: Tensor) -> Tensor:
     sync on CUDA): a singular or non-finite matrix, whose inverse is not finite, raises
     ``ValueError`` naming ``name`` instead of giving NaN images downstream.
     """
-    a, b, tx, c, d, ty = matrix.to(work_dtype(matrix.dtype)).flatten(-2).unbind(-1)
+    a, b, tx, c, d, ty = matrix.to(compute_dtype(matrix.dtype)).flatten(-2).unbind(-1)
     det = a * d - b * c
     # `0.0 - x` rather than `-x`: no negative zeros in exact results.
     ia, ib, ic, id_ = d / det, (0.0 - b) / det, (0.0 - c) / det, a / det
@@ -287,18 +287,6 @@ def promoted_dtype(x: Tensor, matrix: Tensor) -> torch.dtype:
     """The result dtype of `warp_points` / `warp_boxes`: the promoted floating dtype."""
     dtype = torch.promote_types(x.dtype, matrix.dtype)
     return dtype if dtype.is_floating_point else torch.get_default_dtype()
-
-
-def work_dtype(dtype: torch.dtype) -> torch.dtype:
-    """The dtype coordinates and matrices are computed in: float32 for float16/bfloat16
-    (a half-precision product or sum would move a coordinate of 500 by up to a pixel),
-    otherwise ``dtype``; the results are cast back to ``dtype``.
-
-    Examples:
-        >>> work_dtype(torch.bfloat16), work_dtype(torch.float64)
-        (torch.float32, torch.float64)
-    """
-    return torch.promote_types(dtype, torch.float32)
 
 
 def check_batch(name: str, x: Tensor, matrix: Tensor) -> None:

@@ -41,6 +41,7 @@ from torch import Tensor
 
 from visionblocks._core.checks import check_choice, check_type
 from visionblocks._core.namespace import public_dir
+from visionblocks._core.reduce import compute_dtype
 from visionblocks._core.tensor_checks import check_allocation, check_same_device, check_tensor
 from visionblocks.ops._warp_sampling import (
     as_float,
@@ -50,7 +51,6 @@ from visionblocks.ops._warp_sampling import (
     invert_checked,
     warp_bilinear,
     warp_nearest,
-    work_dtype,
 )
 
 __all__ = [
@@ -128,7 +128,7 @@ def affine_matrix(
     for other in floats[1:]:
         dtype = torch.promote_types(dtype, other)
     device = tensors[0].device if tensors else torch.device("cpu")
-    vals = {k: as_float(k, v, work_dtype(dtype), device) for k, v in args.items()}
+    vals = {k: as_float(k, v, compute_dtype(dtype), device) for k, v in args.items()}
     for k in ("translate", "shear", "center"):
         if vals[k].dim() == 0 or vals[k].shape[-1] != 2:
             raise ValueError(f"{k} must be a pair or have shape (..., 2), got {vals[k].shape}")
@@ -224,7 +224,7 @@ def matrix_to_theta(matrix: Tensor, src_size: Sequence[int], dst_size: Sequence[
     src = check_size("src_size", src_size)
     dst = check_size("dst_size", dst_size)
     (hs, ws), (hd, wd) = src, dst
-    work = work_dtype(matrix.dtype)
+    work = compute_dtype(matrix.dtype)
     a, b, c, d, e, f = invert_checked("matrix", matrix.to(work)).flatten(-2).unbind(-1)
     # Closed form of N_src ∘ M⁻¹ ∘ N_dst⁻¹ (exact for identity-like matrices).
     tx = (a * (wd - 1) + b * (hd - 1) + 2 * c + 1) / ws - 1
@@ -265,7 +265,7 @@ def theta_to_matrix(theta: Tensor, src_size: Sequence[int], dst_size: Sequence[i
     src = check_size("src_size", src_size)
     dst = check_size("dst_size", dst_size)
     (hs, ws), (hd, wd) = src, dst
-    t0, t1, t2, t3, t4, t5 = theta.to(work_dtype(theta.dtype)).flatten(-2).unbind(-1)
+    t0, t1, t2, t3, t4, t5 = theta.to(compute_dtype(theta.dtype)).flatten(-2).unbind(-1)
     a, b, d, e = t0 * (ws / wd), t1 * (ws / hd), t3 * (hs / wd), t4 * (hs / hd)
     c = ((t2 + 1) * ws - 1 - a * (wd - 1) - b * (hd - 1)) / 2
     f = ((t5 + 1) * hs - 1 - d * (wd - 1) - e * (hd - 1)) / 2

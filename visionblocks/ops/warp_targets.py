@@ -31,6 +31,7 @@ import torch
 from torch import Tensor
 
 from visionblocks._core.namespace import public_dir
+from visionblocks._core.reduce import compute_dtype
 from visionblocks._core.tensor_checks import check_last_dim, check_same_device, check_tensor
 from visionblocks.ops._warp_sampling import (
     check_batch,
@@ -40,7 +41,6 @@ from visionblocks.ops._warp_sampling import (
     drop_instances,
     promoted_dtype,
     tv_tensors_module,
-    work_dtype,
 )
 from visionblocks.ops.warp import warp_affine
 
@@ -89,7 +89,7 @@ def warp_points(points: Tensor, matrix: Tensor) -> Tensor:
         raise ValueError(f"points must have shape (..., N, 2), got {tuple(points.shape)}")
     check_batch("points", points, matrix)
     dtype = promoted_dtype(points, matrix)
-    points, matrix = points.to(work_dtype(dtype)), matrix.to(work_dtype(dtype))
+    points, matrix = points.to(compute_dtype(dtype)), matrix.to(compute_dtype(dtype))
     # Element-wise, not `@`: torch.autocast would run a matmul in bfloat16/float16.
     col = matrix.unsqueeze(-3)  # (..., 1, 2, 3): columns broadcast against (..., N, 1)
     out = points[..., :1] * col[..., 0] + points[..., 1:] * col[..., 1] + col[..., 2]
@@ -152,7 +152,7 @@ def warp_boxes(boxes: Tensor, matrix: Tensor, size: Sequence[int] | None = None)
     check_batch("boxes", boxes, matrix)
     out_size = None if size is None else check_size("size", size)
     dtype = promoted_dtype(boxes, matrix)
-    boxes, matrix = boxes.to(work_dtype(dtype)), matrix.to(work_dtype(dtype))
+    boxes, matrix = boxes.to(compute_dtype(dtype)), matrix.to(compute_dtype(dtype))
     # (..., 1) coefficients broadcast against (..., N) coordinates.
     a, b, c, d, e, f = (v.unsqueeze(-1) for v in matrix.flatten(-2).unbind(-1))
     # Edge convention: p -> M (p - 0.5) + 0.5, i.e. the offsets gain 0.5 (1 - a - b).

@@ -9,6 +9,7 @@ how many of its values are bad. Disabled (``enabled=False``), nothing is registe
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
@@ -18,6 +19,7 @@ from torch.utils.hooks import RemovableHandle
 
 from visionblocks._core.checks import check_type
 from visionblocks._core.namespace import public_dir
+from visionblocks.distributed import get_rank, get_world_size
 
 __all__ = ["NonFiniteError", "NonFiniteFinder", "find_nonfinite"]
 __dir__ = public_dir(__name__, __all__)
@@ -67,10 +69,7 @@ def _bad(t: Tensor) -> bool:
 
 
 def _rank() -> str:
-    dist = torch.distributed
-    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-        return f" on rank {dist.get_rank()}"
-    return ""
+    return f" on rank {get_rank()}" if get_world_size() > 1 else ""
 
 
 class NonFiniteFinder:
@@ -106,6 +105,9 @@ class NonFiniteFinder:
         self.steps = 0
         self._handles: list[RemovableHandle] = []
         self._callers: list[str] = []
+        # Tensors found finite in this forward, by id: (the tensor, its version then). A
+        # module's output is the next module's input: unchanged since, it is not checked again.
+        self._finite: dict[int, tuple[weakref.ref[Tensor], int]] = {}
         self._check_grads = True
         if enabled:
             self._register()
@@ -160,12 +162,16 @@ class NonFiniteFinder:
             if not path:  # a new call of the model: forget an unfinished one
                 self._callers.clear()
                 self._check_grads = self._grads_checked()
+            if not self._callers:  # a new outermost call (of the model or of a submodule)
+                self._finite.clear()
             caller = self._callers[-1] if self._callers else None
             self._callers.append(path)
             if not self._forward:
                 return
             inputs = [*enumerate(args), *kwargs.items()]
             for name, t in (x for key, v in inputs for x in _tensors(v, f"input {key!r}")):
+                if self._finite_now(t):
+                    continue
                 if _bad(t):
                     why = ("it is the model's input" if caller is None else
                            f"it was made by the forward code of {_name(caller)} (or its "
@@ -181,7 +187,7 @@ class NonFiniteFinder:
             if self._callers and self._callers[-1] == path:
                 self._callers.pop()
             for name, t in _tensors(output, "output"):
-                if self._forward and _bad(t):
+                if self._forward and not self._finite_now(t) and _bad(t):
                     self._raise("forward output", path, name, t,
                                 f"{type(module).__name__}'s own forward made it "
                                 "from finite inputs")  # fmt: skip
@@ -189,6 +195,15 @@ class NonFiniteFinder:
                     t.register_hook(self._grad_hook(path, name))
 
         return hook
+
+    def _finite_now(self, t: Tensor) -> bool:
+        """Whether ``t`` was already found finite in this forward and not modified in place
+        since; the caller checks it otherwise, so it counts as found finite from now on."""
+        seen = self._finite.get(id(t))
+        if seen is not None and seen[0]() is t and seen[1] == t._version:
+            return True
+        self._finite[id(t)] = (weakref.ref(t), t._version)
+        return False
 
     def _grad_hook(self, path: str, name: str) -> Callable[[Tensor], None]:
         def hook(grad: Tensor) -> None:

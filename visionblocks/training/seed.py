@@ -20,6 +20,7 @@ import torch
 
 from visionblocks._core.checks import check_int, check_type
 from visionblocks._core.namespace import public_dir
+from visionblocks.distributed import get_rank
 
 __all__ = ["loader_generator", "seed_everything", "seed_worker"]
 __dir__ = public_dir(__name__, __all__)
@@ -167,8 +168,7 @@ def loader_generator(seed: int, *, rank: int | None = None) -> torch.Generator:
     """
     check_int("seed", seed, 0, MAX_SEED)
     if rank is None:
-        dist = torch.distributed
-        rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+        rank = get_rank()
     check_int("rank", rank, 0)
     # Rank 0 keeps the plain seed; other ranks get a well-mixed offset (splitmix64's odd
     # constant), far from the seeds a user would pick for other runs.

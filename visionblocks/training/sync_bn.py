@@ -90,11 +90,13 @@ class SyncBatchNorm(_BatchNorm):
             check_device("input", input, reference.device, "the norm's tensors")
 
     def forward(self, input: Tensor) -> Tensor:
+        cpu = isinstance(input, Tensor) and input.device.type == "cpu"
+        if not (self.training and cpu and self._world_size() > 1):
+            # torch's forward runs the two input checks below (ours) itself.
+            return nn.SyncBatchNorm.forward(self, input)  # type: ignore[arg-type]
         self._check_input_dim(input)
         self._check_non_zero_input_channels(input)
-        if self.training and input.device.type == "cpu" and self._world_size() > 1:
-            return self._cpu_sync(input)
-        return nn.SyncBatchNorm.forward(self, input)  # type: ignore[arg-type]
+        return self._cpu_sync(input)
 
     def _world_size(self) -> int:
         if not (dist.is_available() and dist.is_initialized()):
@@ -137,7 +139,7 @@ class SyncBatchNorm(_BatchNorm):
 
 
 def _frozen(module: nn.Module) -> bool:
-    params = [p for p in module.parameters(recurse=False)]
+    params = list(module.parameters(recurse=False))
     return bool(params) and not any(p.requires_grad for p in params)
 
 
