@@ -64,3 +64,25 @@ def test_detect_nonfinite_names_where_training_blew_up(out, capsys, monkeypatch)
     err = capsys.readouterr().err
     assert "visionblocks demo: non-finite parameter: value of 'backbone.stem.conv.weight'" in err
     assert "the optimizer's step 1 made it" in err
+
+
+def test_losses_are_read_on_the_host_only_at_log_steps(out, monkeypatch):
+    import visionblocks.cli._demo_train as demo_train
+
+    reads = []
+    read = demo_train._read
+
+    def counted(pending, names, history):
+        reads.append(len(pending))
+        read(pending, names, history)
+
+    monkeypatch.setattr(demo_train, "_read", counted)
+    runs = []
+    for every in (3, 1):
+        monkeypatch.setattr(demo_train, "LOG_EVERY", every)
+        reads.clear()
+        assert main(["demo", "--steps", "7", "--out", str(out), "--seed", "3", "--no-export"]) == 0
+        runs.append((list(reads), _losses(out)))
+    assert runs[0][0] == [3, 3, 1] and runs[1][0] == [1] * 7  # steps read at each log step
+    assert runs[0][1] == runs[1][1]  # the same per-step values as reading every step
+    assert all(len(v) == 7 for v in runs[0][1].values())

@@ -88,6 +88,38 @@ def test_torch_sync_batchnorm_becomes_ours_and_type_errors():
         convert_sync_batchnorm("resnet18")
 
 
+def test_ours_is_a_torch_sync_batchnorm_with_its_state_dict():
+    from torch.nn.modules.batchnorm import _BatchNorm
+
+    model = convert_sync_batchnorm(nn.Sequential(nn.Conv2d(3, 4, 1), nn.BatchNorm2d(4)))
+    built = SyncBatchNorm(4, momentum=None, affine=False)
+    for bn in (model[1], built):
+        assert isinstance(bn, nn.SyncBatchNorm) and isinstance(bn, _BatchNorm)
+    assert list(model[1].state_dict()) == list(nn.SyncBatchNorm(4).state_dict())
+    assert list(built.state_dict()) == list(nn.SyncBatchNorm(4, affine=False).state_dict())
+    # What parameter-group rules look for (norm parameters without weight decay):
+    norms = [m for m in model.modules() if isinstance(m, (_BatchNorm, nn.SyncBatchNorm))]
+    assert norms == [model[1]]
+    copied = copy.deepcopy(model)  # copies (and unpickled models) keep the class
+    assert type(copied[1]) is SyncBatchNorm and copied[1].process_group is None
+    # torch's classmethod, called on our class, converts to ours (in place).
+    loose = nn.Sequential(nn.BatchNorm1d(2))
+    assert SyncBatchNorm.convert_sync_batchnorm(loose) is loose
+    assert type(loose[0]) is SyncBatchNorm
+
+
+def test_eval_and_no_group_match_batchnorm_also_with_cumulative_momentum():
+    torch.manual_seed(0)
+    x = torch.randn(4, 3, 5, 5)
+    for momentum in (0.1, None):
+        ref, ours = nn.BatchNorm2d(3, momentum=momentum), SyncBatchNorm(3, momentum=momentum)
+        for _ in range(2):
+            torch.testing.assert_close(ours(x), ref(x))
+        torch.testing.assert_close(ours.state_dict(), ref.state_dict())
+        ours.eval(), ref.eval()
+        torch.testing.assert_close(ours(x), ref(x))
+
+
 def _reference(x: torch.Tensor):
     torch.manual_seed(0)
     model = build_backbone("vb_tiny", frozen_stages=1, out_indices=(-1,))
@@ -116,6 +148,7 @@ def test_gloo_ddp_matches_one_process_on_the_whole_batch(tmp_path):
         for name, value in res["state"].items():
             torch.testing.assert_close(value, state[name], atol=1e-6, rtol=1e-5)
         assert res["frozen_kinds"] == {"BatchNorm2d"} and res["other_kinds"] == {"SyncBatchNorm"}
+        assert res["torch_class_refused"]  # DDP still refuses torch's own class on the CPU
     # Frozen stages kept their statistics; the others moved.
     state = ranks[0]["state"]
     assert torch.equal(state["stem.norm.running_mean"], torch.zeros(16))
@@ -138,6 +171,14 @@ def _ddp_worker(rank: int, folder: str) -> None:
         out = ddp(x)["stage3"]
         out.square().mean().backward()
         kinds = _kinds(model)
+        torch_bn = nn.SyncBatchNorm.convert_sync_batchnorm(
+            nn.Sequential(nn.Conv2d(3, 3, 1), nn.BatchNorm2d(3))
+        )
+        try:
+            nn.parallel.DistributedDataParallel(torch_bn)
+            refused = False
+        except ValueError as error:
+            refused = "SyncBatchNorm layers only work with GPU modules" in str(error)
         frozen = {
             n
             for n, m in model.named_modules()
@@ -150,8 +191,26 @@ def _ddp_worker(rank: int, folder: str) -> None:
                 "state": model.state_dict(),
                 "frozen_kinds": {kinds[n] for n in frozen},
                 "other_kinds": {kinds[n] for n in set(kinds) - frozen},
+                "torch_class_refused": refused,
             },
             f"{folder}/rank{rank}.pt",
         )
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.distributed
+def test_a_group_of_one_rank_trains_as_batchnorm_on_the_cpu(tmp_path):
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/init", rank=0, world_size=1)
+    try:
+        torch.manual_seed(0)
+        x = torch.randn(4, 3, 5, 5)
+        ours, ref = SyncBatchNorm(3), nn.BatchNorm2d(3)
+        torch.testing.assert_close(ours(x), ref(x))  # torch's class raises here on the CPU
+        torch.testing.assert_close(ours.state_dict(), ref.state_dict())
+        with pytest.raises(ValueError, match="expected input tensor to be on GPU"):
+            nn.SyncBatchNorm(3)(x)
     finally:
         dist.destroy_process_group()

@@ -1,4 +1,11 @@
-"""The demo's training loop (private; see `visionblocks.cli.demo`)."""
+"""The demo's training loop (private; see `visionblocks.cli.demo`).
+
+The loop reads no tensor value on the host between log steps: each step's losses stay on the
+device (detached, stacked), and every `LOG_EVERY` steps (and at the end) the steps since the
+last log are averaged over the ranks in one all-reduce and read in one transfer. So a CUDA
+step never waits for the GPU to finish the previous one, except where torch itself reads
+(the fp16 ``GradScaler``'s inf check, ``--detect-nonfinite``'s checks).
+"""
 
 from __future__ import annotations
 
@@ -14,6 +21,8 @@ from visionblocks import distributed as dist_utils
 
 LEARNING_RATE = 2e-3
 WARMUP_STEPS = 50
+LOG_EVERY = 10
+"""Steps between two host reads of the losses (the progress bar's loss is refreshed then)."""
 
 
 def schedule(step: int, steps: int) -> float:
@@ -52,7 +61,8 @@ def train(
     tune_threads: bool,
     detect_nonfinite: bool,
 ) -> tuple[dict[str, list[float]], float]:
-    """Train for ``steps`` steps; the loss history and the training time in seconds."""
+    """Train for ``steps`` steps; the loss history (one value per step and loss, the mean
+    over the ranks) and the training time in seconds."""
     from tqdm.auto import tqdm
 
     from visionblocks.cli._demo_threads import ThreadTuner
@@ -63,6 +73,7 @@ def train(
     dtype = amp_dtype(device, amp)
     scaler = torch.amp.GradScaler(device.type, enabled=dtype == torch.float16)
     history: dict[str, list[float]] = defaultdict(list)
+    pending: list[torch.Tensor] = []  # each unread step's losses, on the device
     bar = tqdm(total=steps, desc="training", unit="step", disable=not dist_utils.is_main_process())
     # On the CPU, the thread count that makes steps fastest: all cores on a quiet machine,
     # one when other processes keep them busy (see ThreadTuner). Not in a seeded run (the
@@ -89,24 +100,32 @@ def train(
                         break
                     losses = _step(model, batch, device, optimizer, scaler, dtype, finder)
                     scheduler.step()
-                    # One all-reduce per step for the logged losses, not one per loss.
-                    logged = dist_utils.reduce_mean(
-                        torch.stack([v.detach().float() for v in losses.values()])
-                    )
-                    for name, value in zip(losses, logged.tolist()):
-                        history[name].append(value)
+                    pending.append(torch.stack([v.detach().float() for v in losses.values()]))
                     tuner.end_step(time.perf_counter() - began)
                     step += 1
                     bar.update(1)
-                    bar.set_postfix(
-                        loss=f"{history['loss'][-1]:.3f}", lr=f"{scheduler.get_last_lr()[0]:.1e}",
-                        steps_s=f"{step / (time.perf_counter() - start):.2f}",
-                        threads=torch.get_num_threads(),
-                    )  # fmt: skip
+                    if step % LOG_EVERY == 0 or step == steps:
+                        _read(pending, list(losses), history)
+                        bar.set_postfix(
+                            loss=f"{history['loss'][-1]:.3f}",
+                            lr=f"{scheduler.get_last_lr()[0]:.1e}",
+                            steps_s=f"{step / (time.perf_counter() - start):.2f}",
+                            threads=torch.get_num_threads(),
+                        )  # fmt: skip
                 epoch += 1
     finally:
         bar.close()
     return dict(history), time.perf_counter() - start
+
+
+def _read(pending: list[torch.Tensor], names: list[str], history: dict[str, list[float]]) -> None:
+    """Move the pending steps' losses into ``history``: one all-reduce (the mean over the
+    ranks) and one host read for all of them; ``pending`` is emptied."""
+    logged = dist_utils.reduce_mean(torch.stack(pending)).tolist()  # (steps, losses)
+    pending.clear()
+    for values in logged:
+        for name, value in zip(names, values):
+            history[name].append(value)
 
 
 def _step(

@@ -6,6 +6,10 @@ convolutions for inference. All blocks are registered in `visionblocks.registry.
 Under ``torch.autocast`` their convolutions run in the autocast dtype (bfloat16 on CPU), which
 the norm and activation keep, so a block returns that dtype; parameters, their gradients and
 BatchNorm statistics stay float32. A ``channels_last`` input or block gives channels_last.
+Every block and `channel_shuffle` compiles with ``torch.jit.script`` (alone or in a model;
+the input checks run in Python only, so a scripted block skips them) and gives the eager
+output, except a block whose norm is a ``torch.nn.SyncBatchNorm``, which TorchScript cannot
+compile (see `ConvNormAct`).
 
 Convention (``padding=None``): each side gets ``dilation * (k - 1) // 2``, which keeps the
 spatial size at stride 1 for odd kernels (``ceil(H / stride)`` at any stride). When
@@ -81,6 +85,12 @@ def _check_groups(groups: int, in_channels: int, out_channels: int) -> None:
             raise ValueError(f"groups={groups} must divide {name}={channels}")
 
 
+def _check_input(x: Tensor, conv: nn.Conv2d) -> None:
+    """``x`` fit for ``conv`` (skipped while tracing: see `is_tracing`)."""
+    if not is_tracing(x):  # reading conv.weight would show in a torch.fx graph
+        check_image_batch("x", x, conv.in_channels, weight=conv.weight)
+
+
 @LAYERS.register(name="conv_norm_act")
 class ConvNormAct(nn.Module):
     """``Conv2d -> norm -> activation``, the basic block of most CNNs.
@@ -116,6 +126,12 @@ class ConvNormAct(nn.Module):
           ``H_out = floor((H + 2 * pad - dilation * (k - 1) - 1) / stride) + 1``
           (``H_out = H`` at stride 1 with ``padding=None``). Under ``torch.autocast``: in
           the autocast dtype (see the module docstring).
+
+    TorchScript: ``torch.jit.script`` compiles the block (its input checks run in Python
+    only), unless ``norm`` is a ``torch.nn.SyncBatchNorm`` (``"syncbn"``, or a BatchNorm
+    converted by `visionblocks.training.convert_sync_batchnorm`): torch's SyncBatchNorm does
+    not compile, and scripting such a block raises a ``RuntimeError`` that says so. Script
+    an inference model with plain BatchNorms (or fused, `visionblocks.nn.fuse.fuse_modules`).
 
     Raises:
         TypeError: Non-int sizes, an ``act``/``norm`` of the wrong type; in ``forward``, an
@@ -178,9 +194,19 @@ class ConvNormAct(nn.Module):
         self.act = make_activation(act, inplace=inplace)
 
     def forward(self, x: Tensor) -> Tensor:
-        if not is_tracing(x):  # reading self.conv.weight would show in a torch.fx graph
-            check_image_batch("x", x, self.conv.in_channels, weight=self.conv.weight)
+        if not torch.jit.is_scripting():  # Python-only checks: TorchScript skips the block
+            _check_input(x, self.conv)
         return self.act(self.norm(self.conv(x)))
+
+    def __prepare_scriptable__(self) -> nn.Module:
+        """What ``torch.jit.script`` compiles: the block; a clear error for a SyncBatchNorm."""
+        if isinstance(self.norm, nn.SyncBatchNorm):
+            raise RuntimeError(
+                f"ConvNormAct with a {type(self.norm).__name__} norm does not compile with "
+                "torch.jit.script: torch.nn.SyncBatchNorm does not (its forward calls "
+                "torch.distributed); script a model with plain BatchNorms for inference"
+            )
+        return self
 
 
 @LAYERS.register(name="depthwise_conv")
@@ -247,9 +273,9 @@ class DepthwiseConv2d(nn.Conv2d):
 
     def forward(self, x: Tensor) -> Tensor:
         """``nn.Conv2d.forward`` after checking ``x`` (so `fuse_modules` still folds it)."""
-        if not is_tracing(x):
-            check_image_batch("x", x, self.in_channels, weight=self.weight)
-        return super().forward(x)
+        if not torch.jit.is_scripting():  # Python-only checks: TorchScript skips the block
+            _check_input(x, self)
+        return self._conv_forward(x, self.weight, self.bias)  # TorchScript has no super()
 
 
 @LAYERS.register(name="depthwise_separable_conv")
@@ -312,6 +338,19 @@ class DepthwiseSeparableConv2d(nn.Module):
         return self.pointwise(self.depthwise(x))
 
 
+def _check_shuffle(x: Tensor, groups: int) -> None:
+    if torch.jit.is_tracing():  # sizes are traced tensors there; checks would warn
+        return
+    check_tensor("x", x)
+    _check_int("groups", groups, 1)
+    if x.dim() < 2:
+        raise ValueError(f"x must have shape (B, C, ...), got {tuple(x.shape)}")
+    if x.shape[1] % groups:
+        raise ValueError(
+            f"groups={groups} must divide the channels of x, got x of shape {tuple(x.shape)}"
+        )
+
+
 def channel_shuffle(x: Tensor, groups: int) -> Tensor:
     """ShuffleNet's channel shuffle: interleave the channels of ``groups`` equal groups.
 
@@ -342,15 +381,8 @@ def channel_shuffle(x: Tensor, groups: int) -> Tensor:
         ...
         ValueError: groups=4 must divide the channels of x, got x of shape (1, 6, 1, 1)
     """
-    if not torch.jit.is_tracing():  # sizes are traced tensors there; checks would warn
-        check_tensor("x", x)
-        _check_int("groups", groups, 1)
-        if x.dim() < 2:
-            raise ValueError(f"x must have shape (B, C, ...), got {tuple(x.shape)}")
-        if x.shape[1] % groups:
-            raise ValueError(
-                f"groups={groups} must divide the channels of x, got x of shape {tuple(x.shape)}"
-            )
+    if not torch.jit.is_scripting():  # Python-only checks: TorchScript skips the block
+        _check_shuffle(x, groups)
     if x.dim() == 4 and x.stride(1) == 1 and not x.is_contiguous():  # channels last: stay so
         nhwc = x.permute(0, 2, 3, 1)
         return nhwc.unflatten(3, (groups, -1)).transpose(3, 4).flatten(3, 4).permute(0, 3, 1, 2)

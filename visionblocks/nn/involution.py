@@ -5,7 +5,11 @@
 - `LocalFilter2d`: a dynamic ``k x k`` filter, its kernels predicted from the input by a
   convolution (optionally softmax-normalised) or passed in.
 
-Both run `local_filter2d`, so neither materialises the ``k*k``-times unfolded input.
+Both run `local_filter2d`, so neither materialises the ``k*k``-times unfolded input, except
+under ``torch.export`` and ``torch.jit.script``: the threaded op neither traces nor compiles,
+so there they run the same maths on the unfolded windows (``k*k`` times the memory, outputs
+equal up to rounding). Both compile with ``torch.jit.script`` (input checks in Python only;
+a scripted layer does not checkpoint its activations).
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from visionblocks._core.tensor_checks import (
 )
 from visionblocks.nn._export_paths import local_filter_plain
 from visionblocks.nn._limits import MAX_CHANNELS, MAX_KERNEL_SIZE, MAX_WINDOW
+from visionblocks.nn._script import without_checkpointing
 from visionblocks.ops.local import check_window, local_filter2d
 
 __all__ = ["Involution2d", "LocalFilter2d"]
@@ -149,11 +154,17 @@ class Involution2d(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         """Involve ``x (B, C, H, W)`` with its own kernels."""
-        if not is_tracing(x):  # reading self.span.weight would show in a torch.fx graph
-            check_image_batch("x", x, self.channels, weight=self.span.weight)
-        if torch.compiler.is_exporting():  # the threaded op does not trace
-            return local_filter_plain(x, self.kernels(x), self.kernel_size, stride=self.stride)
-        return local_filter2d(x, self.kernels(x), self.kernel_size, stride=self.stride)
+        if not torch.jit.is_scripting():  # Python only: TorchScript skips the block
+            if not is_tracing(x):  # reading self.span.weight would show in a torch.fx graph
+                check_image_batch("x", x, self.channels, weight=self.span.weight)
+            if not torch.compiler.is_exporting():  # the threaded op does not trace
+                return local_filter2d(x, self.kernels(x), self.kernel_size, stride=self.stride)
+        # Export and TorchScript: the same maths on the unfolded windows.
+        return local_filter_plain(x, self.kernels(x), self.kernel_size, stride=self.stride)
+
+    def __prepare_scriptable__(self) -> nn.Module:
+        """What ``torch.jit.script`` compiles: the layer without activation checkpointing."""
+        return without_checkpointing(self)
 
     def extra_repr(self) -> str:
         return (
@@ -240,9 +251,10 @@ class LocalFilter2d(nn.Module):
         Raises:
             ValueError: If the layer was built with ``predict=False``.
         """
-        if self.predictor is None:
+        predictor = self.predictor
+        if predictor is None:
             raise ValueError("LocalFilter2d(predict=False) has no predictor; pass kernels")
-        kernels = self.predictor(x)
+        kernels = predictor(x)
         if self.normalize == "softmax":
             taps = self.kernel_size * self.kernel_size
             kernels = torch.softmax(kernels.unflatten(1, (self.groups, taps)), 2).flatten(1, 2)
@@ -250,16 +262,26 @@ class LocalFilter2d(nn.Module):
 
     def forward(self, x: Tensor, kernels: Tensor | None = None) -> Tensor:
         """Filter ``x (B, C, H, W)`` with ``kernels`` (predicted from ``x`` when None)."""
-        if not is_tracing(x, kernels):  # a weight read would show in a torch.fx graph
-            predictor = self.predictor if kernels is None else None
-            check_image_batch("x", x, self.channels, weight=getattr(predictor, "weight", None))
-            if kernels is not None:
-                _check_kernels(kernels, x, self.groups * self.kernel_size**2)
-        if kernels is None:
-            kernels = self.predict_kernels(x)
-        if torch.compiler.is_exporting():  # the threaded op does not trace
-            return local_filter_plain(x, kernels, self.kernel_size, self.dilation)
-        return local_filter2d(x, kernels, self.kernel_size, self.dilation)
+        if not torch.jit.is_scripting():  # Python only: TorchScript skips the block
+            self._check_input(x, kernels)
+            if not torch.compiler.is_exporting():  # the threaded op does not trace
+                kernels = self.predict_kernels(x) if kernels is None else kernels
+                return local_filter2d(x, kernels, self.kernel_size, self.dilation)
+        # Export and TorchScript: the same maths on the unfolded windows.
+        kernels = self.predict_kernels(x) if kernels is None else kernels
+        return local_filter_plain(x, kernels, self.kernel_size, self.dilation)
+
+    def _check_input(self, x: Tensor, kernels: Tensor | None) -> None:
+        if is_tracing(x, kernels):  # a weight read would show in a torch.fx graph
+            return
+        predictor = self.predictor if kernels is None else None
+        check_image_batch("x", x, self.channels, weight=getattr(predictor, "weight", None))
+        if kernels is not None:
+            _check_kernels(kernels, x, self.groups * self.kernel_size**2)
+
+    def __prepare_scriptable__(self) -> nn.Module:
+        """What ``torch.jit.script`` compiles: the layer without activation checkpointing."""
+        return without_checkpointing(self)
 
     def extra_repr(self) -> str:
         return (

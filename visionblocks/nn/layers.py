@@ -14,6 +14,7 @@ import math
 from collections.abc import Callable
 from typing import TypeAlias
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
@@ -65,7 +66,8 @@ class LayerNorm2d(nn.LayerNorm):
         ValueError: ``num_channels`` outside ``[1, 65536]``, ``eps`` not positive and finite
             (``eps <= 0`` divides by zero: NaN); in ``forward``, an input that is not
             ``(B, C, H, W)`` or not on the parameters' device. The checks are skipped under
-            ``torch.fx`` and ``torch.jit`` tracing, so the layer still traces.
+            ``torch.fx`` and ``torch.jit`` tracing, so the layer still traces, and under
+            ``torch.jit.script``, which compiles the layer without them.
 
     Examples:
         >>> import torch
@@ -87,13 +89,22 @@ class LayerNorm2d(nn.LayerNorm):
         super().__init__(num_channels, eps=eps, elementwise_affine=elementwise_affine)
 
     def forward(self, x: Tensor) -> Tensor:
+        if not torch.jit.is_scripting():  # Python-only checks: TorchScript skips the block
+            self._check_input(x)
+        x = x.permute(0, 2, 3, 1)
+        x = F.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)
+        x = x.permute(0, 3, 1, 2)
+        if torch.jit.is_scripting() and x.requires_grad:
+            # TorchScript's autodiff hands this view out as a view of a leaf, which an
+            # in-place activation after the norm may not modify: a copy, same layout.
+            x = x.clone(memory_format=torch.channels_last)
+        return x
+
+    def _check_input(self, x: Tensor) -> None:
         if not is_tracing(x):
             check_image_batch("x", x, self.normalized_shape[0])
             if self.weight is not None:
                 check_device("x", x, self.weight.device, "the module's parameters")
-        x = x.permute(0, 2, 3, 1)
-        x = F.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)
-        return x.permute(0, 3, 1, 2)
 
 
 def group_norm_groups(num_channels: int, max_groups: int = 32) -> int:

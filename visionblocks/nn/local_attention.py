@@ -3,7 +3,11 @@
 `LocalAttention2d`: a ``1 x 1`` convolution projects the input to queries, keys and values;
 every pixel attends to its ``k x k`` neighbourhood (multi-head, masked at the image border);
 a ``1 x 1`` convolution projects the result back. It runs `local_attention2d`, so it never
-materialises the ``k*k``-times unfolded keys or values.
+materialises the ``k*k``-times unfolded keys or values, except under ``torch.export`` and
+``torch.jit.script``: the threaded op neither traces nor compiles, so there it runs the same
+maths on the unfolded windows (``k*k`` times the memory, outputs equal up to rounding). It
+compiles with ``torch.jit.script`` (input checks in Python only; a scripted layer does not
+checkpoint its activations).
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from visionblocks._core.registries import LAYERS
 from visionblocks._core.tensor_checks import check_image_batch, is_tracing
 from visionblocks.nn._export_paths import local_attention_plain
 from visionblocks.nn._limits import MAX_CHANNELS, MAX_KERNEL_SIZE, MAX_WINDOW
+from visionblocks.nn._script import without_checkpointing
 from visionblocks.ops.local_attention import local_attention2d
 
 __all__ = ["LocalAttention2d"]
@@ -109,14 +114,21 @@ class LocalAttention2d(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         """Attend ``x (B, C, H, W)`` to itself within each pixel's window."""
-        if not is_tracing(x):  # reading self.qkv.weight would show in a torch.fx graph
-            check_image_batch("x", x, self.channels, weight=self.qkv.weight)
+        if not torch.jit.is_scripting():  # Python only: TorchScript skips the block
+            if not is_tracing(x):  # reading self.qkv.weight would show in a torch.fx graph
+                check_image_batch("x", x, self.channels, weight=self.qkv.weight)
+            if not torch.compiler.is_exporting():  # the threaded op does not trace
+                q, k, v = self.qkv(x).chunk(3, dim=1)
+                out = local_attention2d(q, k, v, self.kernel_size, self.dilation, self.num_heads)
+                return self.proj(out)
         q, k, v = self.qkv(x).chunk(3, dim=1)
-        if torch.compiler.is_exporting():  # the threaded op does not trace
-            out = local_attention_plain(q, k, v, self.kernel_size, self.dilation, self.num_heads)
-        else:
-            out = local_attention2d(q, k, v, self.kernel_size, self.dilation, self.num_heads)
+        # Export and TorchScript: the same maths on the unfolded windows.
+        out = local_attention_plain(q, k, v, self.kernel_size, self.dilation, self.num_heads)
         return self.proj(out)
+
+    def __prepare_scriptable__(self) -> nn.Module:
+        """What ``torch.jit.script`` compiles: the layer without activation checkpointing."""
+        return without_checkpointing(self)
 
     def extra_repr(self) -> str:
         return (

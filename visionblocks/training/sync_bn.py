@@ -2,13 +2,15 @@
 
 The conversion is in place: each BatchNorm object *becomes* a `SyncBatchNorm` (its class is
 swapped), so every reference to it held elsewhere stays valid: a `Backbone`'s body,
-`IntermediateLayerGetter`'s targets, hooks, an optimizer's parameters. `SyncBatchNorm` is
-``torch.nn.SyncBatchNorm``'s fused synchronisation on CUDA, and synchronises CPU tensors
-too, so DDP on gloo trains with synchronised statistics as well.
+`IntermediateLayerGetter`'s targets, hooks, an optimizer's parameters. `SyncBatchNorm` is a
+``torch.nn.SyncBatchNorm`` (so code that looks for those finds it: mmengine's
+``revert_sync_batchnorm``, parameter-group rules), runs its fused synchronisation on CUDA,
+and synchronises CPU tensors too, so DDP on gloo trains with synchronised statistics as well.
 """
 
 from __future__ import annotations
 
+import functools
 import warnings
 from typing import Any
 
@@ -30,8 +32,9 @@ MAX_FEATURES = 2**16
 _CONVERTED = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm)
 
 
-class SyncBatchNorm(_BatchNorm):
-    """A BatchNorm whose training statistics cover every rank's batch, on CUDA and CPU.
+class SyncBatchNorm(nn.SyncBatchNorm):
+    """A ``torch.nn.SyncBatchNorm`` whose training statistics cover every rank's batch, on
+    CUDA and on the CPU.
 
     In training mode, with an initialized process group of more than one rank, the batch
     statistics are those of every rank's batch together: on CUDA (and the other devices torch
@@ -39,8 +42,13 @@ class SyncBatchNorm(_BatchNorm):
     all-reduces (the sum and count, then the sum of squared deviations: a two-pass variance,
     float32 or wider). Otherwise it is a plain BatchNorm. Made by `convert_sync_batchnorm`.
 
-    It is not a subclass of ``torch.nn.SyncBatchNorm``: ``DistributedDataParallel`` refuses
-    those on the CPU, whose kernels are CUDA-only.
+    A subclass of ``torch.nn.SyncBatchNorm`` (and so of ``_BatchNorm``), with its state dict,
+    so code that looks for those finds it. ``DistributedDataParallel`` refuses
+    ``torch.nn.SyncBatchNorm`` layers in a CPU module (torch's kernels are CUDA-only): the
+    first instance or conversion wraps that check of DDP's (its method
+    ``_passing_sync_batchnorm_handle``) so that it passes over instances of this class, which
+    synchronise CPU tensors themselves; torch's own class is still refused there. Like
+    torch's, it does not compile with ``torch.jit.script``.
 
     Args:
         num_features: Channels ``C``, at most 65,536.
@@ -49,6 +57,8 @@ class SyncBatchNorm(_BatchNorm):
         affine: Learn a per-channel scale and shift.
         track_running_stats: Keep running statistics for eval mode.
         process_group: The group to synchronise over (default: the whole world).
+        device: Device of the parameters and buffers.
+        dtype: Dtype of the parameters and buffers.
 
     Shape:
         - Input: ``(N, C, *)``, at least 2-D.
@@ -59,11 +69,14 @@ class SyncBatchNorm(_BatchNorm):
         >>> bn = SyncBatchNorm(4)
         >>> bn(torch.randn(2, 4, 3, 3)).shape  # no process group: a plain BatchNorm
         torch.Size([2, 4, 3, 3])
+        >>> isinstance(bn, torch.nn.SyncBatchNorm)
+        True
     """
 
     def __init__(
         self, num_features: int, eps: float = 1e-5, momentum: float | None = 0.1,
         affine: bool = True, track_running_stats: bool = True, process_group: Any = None,
+        device: Any = None, dtype: Any = None,
     ) -> None:  # fmt: skip
         check_int("num_features", num_features, 1, MAX_FEATURES)
         check_number("eps", eps, 0.0)
@@ -71,8 +84,21 @@ class SyncBatchNorm(_BatchNorm):
             check_number("momentum", momentum, 0.0, 1.0)
         check_type("affine", affine, bool)
         check_type("track_running_stats", track_running_stats, bool)
-        super().__init__(num_features, eps, momentum, affine, track_running_stats)
-        self.process_group = process_group
+        super().__init__(
+            num_features, eps, momentum, affine, track_running_stats, process_group,
+            device=device, dtype=dtype,
+        )  # fmt: skip
+        _let_ddp_take_cpu_layers()
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        super().__setstate__(state)
+        _let_ddp_take_cpu_layers()  # an unpickled or deep-copied layer goes to DDP too
+
+    @classmethod
+    def convert_sync_batchnorm(cls, module: nn.Module, process_group: Any = None) -> nn.Module:
+        """`convert_sync_batchnorm` (torch's classmethod would make torch's class, which DDP
+        refuses on the CPU)."""
+        return convert_sync_batchnorm(module, process_group)
 
     def _check_input_dim(self, input: Tensor) -> None:
         check_floating("input", input)
@@ -90,13 +116,15 @@ class SyncBatchNorm(_BatchNorm):
             check_device("input", input, reference.device, "the norm's tensors")
 
     def forward(self, input: Tensor) -> Tensor:
-        cpu = isinstance(input, Tensor) and input.device.type == "cpu"
-        if not (self.training and cpu and self._world_size() > 1):
-            # torch's forward runs the two input checks below (ours) itself.
-            return nn.SyncBatchNorm.forward(self, input)  # type: ignore[arg-type]
+        if not (isinstance(input, Tensor) and input.device.type == "cpu"):
+            return super().forward(input)  # it runs the two input checks below (ours)
         self._check_input_dim(input)
         self._check_non_zero_input_channels(input)
-        return self._cpu_sync(input)
+        if self.training and self._world_size() > 1:
+            return self._cpu_sync(input)
+        # A plain BatchNorm (torch's SyncBatchNorm refuses CPU input once a process group
+        # is initialized, even of one rank).
+        return _BatchNorm.forward(self, input)
 
     def _world_size(self) -> int:
         if not (dist.is_available() and dist.is_initialized()):
@@ -136,6 +164,33 @@ class SyncBatchNorm(_BatchNorm):
         assert self.running_mean is not None and self.running_var is not None
         self.running_mean.lerp_(mean.to(self.running_mean.dtype), factor)
         self.running_var.lerp_(var.to(self.running_var.dtype), factor)
+
+
+@functools.cache
+def _let_ddp_take_cpu_layers() -> None:
+    """Let ``DistributedDataParallel`` wrap CPU modules holding our `SyncBatchNorm` (once).
+
+    DDP refuses any ``torch.nn.SyncBatchNorm`` in a CPU module, because torch's kernels are
+    CUDA-only. Its check, ``_passing_sync_batchnorm_handle``, is wrapped to pass over
+    instances of our subclass, which synchronise CPU tensors themselves; a module holding
+    torch's own class (or anything else DDP checks) gets torch's error as before.
+    """
+    ddp = nn.parallel.DistributedDataParallel
+    check = getattr(ddp, "_passing_sync_batchnorm_handle", None)
+    if check is None:  # a torch without the check
+        return
+
+    @functools.wraps(check)
+    def passing_ours(self: Any, module: nn.Module) -> None:
+        if getattr(self, "device_type", None) == "cpu" and all(
+            isinstance(m, SyncBatchNorm)
+            for m in module.modules()
+            if isinstance(m, nn.SyncBatchNorm)
+        ):
+            return
+        check(self, module)
+
+    ddp._passing_sync_batchnorm_handle = passing_ours
 
 
 def _frozen(module: nn.Module) -> bool:
@@ -183,6 +238,7 @@ def convert_sync_batchnorm(module: nn.Module, process_group: Any = None) -> nn.M
         ('BatchNorm2d', 'SyncBatchNorm')
     """
     check_type("module", module, nn.Module)
+    _let_ddp_take_cpu_layers()
     skipped: list[str] = []
     _convert(module, "", process_group, skipped, frozen_scope=False)
     if skipped:
