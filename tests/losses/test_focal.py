@@ -3,14 +3,16 @@ normalizer, dtype policy, numerics, validation. Kernel-vs-torch checks: tests/ke
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 import torch
 from torchvision.ops import sigmoid_focal_loss as tv_focal
 
 import visionblocks
+from tests.conftest import _NO_TRITON, _TRITON_RUNNABLE
 from tests.helpers import assert_close, gradcheck
-from visionblocks.losses import _focal_torch
 from visionblocks.losses.focal import SigmoidFocalLoss, sigmoid_focal_loss
 from visionblocks.registry import LOSSES
 
@@ -107,9 +109,12 @@ def test_ignore_index_float_targets(impl):
     assert torch.all(loss[~keep] == 0)
 
 
-def test_all_ignored_mean_is_zero(impl):
+@pytest.mark.parametrize("index", [False, True])
+def test_all_ignored_mean_is_connected_zero(index, impl):
     x = torch.randn(3, 4, requires_grad=True)
-    loss = sigmoid_focal_loss(x, torch.full((3,), 9), reduction="mean", ignore_index=9, impl=impl)
+    targets = torch.full((3,), 9) if index else torch.full((3, 4), 9.0)
+    loss = sigmoid_focal_loss(x, targets, reduction="mean", ignore_index=9, impl=impl)
+    assert loss.requires_grad and loss.grad_fn is not None
     loss.backward()
     assert loss.item() == 0 and torch.all(x.grad == 0)
 
@@ -222,9 +227,8 @@ def test_gradcheck_index_targets():
     )
 
 
-def test_many_chunks(monkeypatch):
-    """Tiny chunks: many chunks and a partial last one (the torch path's sweep)."""
-    monkeypatch.setattr(_focal_torch, "_CHUNK", 7)
+def test_weight_per_row_and_background_rows(impl):
+    """Class indices with background rows (-1, C) and a per-row weight equal one-hot targets."""
     x, labels = torch.randn(23, 3), torch.randint(-1, 4, (23,))
     t = one_hot(labels, 3)
     weight = torch.rand(23, 1)
@@ -235,7 +239,7 @@ def test_many_chunks(monkeypatch):
         for targets in (t, labels):
             actual, grad = value_and_grad(
                 lambda x, t=targets, r=reduction: sigmoid_focal_loss(
-                    x, t, reduction=r, weight=weight, impl="torch"
+                    x, t, reduction=r, weight=weight, impl=impl
                 ),
                 x,
             )
@@ -243,13 +247,12 @@ def test_many_chunks(monkeypatch):
             assert_close(grad, expected_grad)
 
 
-def test_more_classes_than_a_chunk(monkeypatch):
-    monkeypatch.setattr(_focal_torch, "_CHUNK", 64)
+def test_many_classes(impl):
     x, labels = torch.randn(3, 100), torch.tensor([3, -1, 99])
     t = one_hot(labels, x.shape[1])
     for targets in (t, labels):
         actual, grad = value_and_grad(
-            lambda x, t=targets: sigmoid_focal_loss(x, t, reduction="sum", impl="torch"), x
+            lambda x, t=targets: sigmoid_focal_loss(x, t, reduction="sum", impl=impl), x
         )
         expected, expected_grad = value_and_grad(lambda x: tv_focal(x, t, reduction="sum"), x)
         assert_close(actual, expected)
@@ -419,3 +422,226 @@ def test_value_checks_off_skips_value_checks_and_keeps_results():
         assert sigmoid_focal_loss(x, t, reduction="sum", normalizer=torch.tensor(0.0)).isinf()
     with pytest.raises(ValueError, match="targets must be in"):
         binary_cross_entropy_with_logits(x, t * 255)
+
+
+# ------------------------------------------------------- one formula: script, trace, compile
+def _script_inputs(dtype, shape=(6, 5, 4), seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = (torch.randn(shape, generator=g) * 6).to(dtype)
+    binary = (torch.rand(shape, generator=g) > 0.7).to(dtype)
+    soft = torch.rand(shape, generator=g).to(dtype)
+    index = torch.randint(-1, shape[-1] + 1, shape[:-1], generator=g)  # -1 and C: background
+    return x, {"binary": binary, "soft": soft, "index": index}
+
+
+def _same(eager: torch.Tensor, other: torch.Tensor) -> None:
+    assert other.dtype == eager.dtype and other.shape == eager.shape
+    torch.testing.assert_close(other.double(), eager.double(), rtol=2e-5, atol=1e-7)
+
+
+@pytest.fixture(scope="module")
+def scripted():
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", ".*torch.jit.*", FutureWarning)
+        return torch.jit.script(sigmoid_focal_loss)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16])
+@pytest.mark.parametrize("kind", ["binary", "soft", "index"])
+@pytest.mark.parametrize(("alpha", "gamma"), [(None, 0.0), (0.25, 2.0), (-1.0, 0.5), (0.25, 1.7)])
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+def test_scripted_equals_eager(scripted, dtype, kind, alpha, gamma, reduction):
+    x, targets = _script_inputs(dtype)
+    t = targets[kind]
+    _same(
+        sigmoid_focal_loss(x, t, alpha, gamma, reduction),
+        scripted(x, t, alpha, gamma, reduction),
+    )
+
+
+@pytest.mark.parametrize("kind", ["binary", "index"])
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+@pytest.mark.parametrize("normalizer", [None, 3.0, torch.tensor(2.5), torch.tensor([2.5])])
+def test_scripted_weight_ignore_normalizer_equal_eager(scripted, kind, reduction, normalizer):
+    x, targets = _script_inputs(torch.float32)
+    t = targets[kind].clone()
+    ignore = -1.0
+    if kind == "binary":
+        t[0, 0, :2] = -1.0
+    else:
+        ignore = 2  # a class index (every row whose target is 2)
+    kwargs = {"weight": torch.rand(4), "ignore_index": ignore, "normalizer": normalizer}
+    eager = sigmoid_focal_loss(x, t, 0.25, 2.0, reduction, **kwargs)
+    _same(eager, scripted(x, t, 0.25, 2.0, reduction, **kwargs))
+
+
+def test_scripted_gradients_and_errors(scripted):
+    x, targets = _script_inputs(torch.float64)
+    x.requires_grad_()
+    for t in targets.values():
+        (g_script,) = torch.autograd.grad(scripted(x, t, 0.25, 2.0, "sum"), x)
+        (g_eager,) = torch.autograd.grad(sigmoid_focal_loss(x, t, 0.25, 2.0, "sum"), x)
+        torch.testing.assert_close(g_script, g_eager)
+    x = x.detach()
+    with pytest.raises(torch.jit.Error, match="impl must be 'auto' or 'torch'"):
+        scripted(x, targets["binary"], impl="triton")
+    with pytest.raises(torch.jit.Error, match="reduction must be"):
+        scripted(x, targets["binary"], 0.25, 2.0, "avg")
+    with pytest.raises(torch.jit.Error, match="alpha must be in"):
+        scripted(x, targets["binary"], 1.5)
+    with pytest.raises(torch.jit.Error, match="gamma must be"):
+        scripted(x, targets["binary"], 0.25, -1.0)
+    with pytest.raises(torch.jit.Error, match="shape inputs.shape"):
+        scripted(x, targets["index"][:2])
+
+
+@pytest.mark.filterwarnings("ignore:.*torch.jit.*:FutureWarning")
+def test_scripted_confident_logits_exact_and_matches_scripted_torchvision(scripted):
+    x = torch.tensor([[14.7, -14.7, 30.0, -30.0]])
+    t = torch.tensor([[1.0, 0.0, 1.0, 0.0]])
+    out = scripted(x, t, 0.25, 2.0, "none")
+    torch.testing.assert_close(out, sigmoid_focal_loss(x, t), rtol=1e-5, atol=0)
+    assert (out > 0).all()  # 1 - p_t by subtraction would give 0 at |x| = 30
+    import torchvision.ops as tvo
+
+    theirs = torch.jit.script(tvo.sigmoid_focal_loss)
+    x, targets = _script_inputs(torch.float64)
+    for t in (targets["binary"], targets["soft"]):
+        for reduction in REDUCTIONS:
+            torch.testing.assert_close(
+                scripted(x, t, 0.25, 2.0, reduction), theirs(x, t, 0.25, 2.0, reduction)
+            )
+
+
+class _Head(torch.nn.Module):
+    def forward(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return sigmoid_focal_loss(logits, labels, 0.25, 2.0, "sum", normalizer=2.0)
+
+
+class _Holder(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.loss = SigmoidFocalLoss(alpha=0.5, gamma=1.5, reduction="mean", ignore_index=-1)
+
+    def forward(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return self.loss(logits, labels)
+
+
+@pytest.mark.filterwarnings("ignore:.*torch.jit.*:FutureWarning")
+def test_scripted_modules():
+    x, targets = _script_inputs(torch.float32)
+    labels = targets["index"]
+    out = torch.jit.script(_Head())(x, labels)
+    _same(sigmoid_focal_loss(x, labels, reduction="sum", normalizer=2.0), out)
+    holder = _Holder()
+    _same(holder(x, labels), torch.jit.script(holder)(x, labels))
+    _same(holder.loss(x, labels), torch.jit.script(holder.loss)(x, labels))
+
+
+@pytest.mark.filterwarnings("ignore::torch.jit.TracerWarning")
+@pytest.mark.filterwarnings("ignore:.*torch.jit.*:FutureWarning")
+@pytest.mark.parametrize("kind", ["binary", "index"])
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+@pytest.mark.parametrize("ignore", [None, -1])
+def test_trace_generalises_to_other_sizes(kind, reduction, ignore):
+    def loss(x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        return sigmoid_focal_loss(x, t, 0.25, 2.0, reduction, ignore_index=ignore, impl="torch")
+
+    x, targets = _script_inputs(torch.float64, shape=(64, 5))
+    traced = torch.jit.trace(loss, (x, targets[kind]), check_trace=False)
+    for rows in (7, 64, 300):
+        x2, targets2 = _script_inputs(torch.float64, shape=(rows, 5), seed=rows)
+        t2 = targets2[kind]
+        if ignore is not None and kind == "binary":
+            t2[::3, 0] = -1.0
+        _same(loss(x2, t2), traced(x2, t2))
+
+
+@pytest.mark.parametrize("kind", ["soft", "index"])
+def test_torch_compile_fullgraph_dynamic_equals_eager(kind):
+    """One graph (no host read, no graph break), equal to eager, also after a size change."""
+    torch._dynamo.reset()
+
+    def loss(x, t, w):
+        return sigmoid_focal_loss(x, t, 0.25, 1.5, "mean", weight=w, ignore_index=-1)
+
+    compiled = torch.compile(loss, fullgraph=True, dynamic=True, backend="aot_eager")
+    for rows in (9, 23):
+        x, targets = _script_inputs(torch.float32, shape=(rows, 5), seed=rows)
+        t = targets[kind]
+        if kind == "soft":
+            t[::4, 1] = -1.0
+        w = torch.rand(5)
+        actual, grad = value_and_grad(lambda x, t=t, w=w: compiled(x, t, w), x)
+        expected, expected_grad = value_and_grad(lambda x, t=t, w=w: loss(x, t, w), x)
+        assert_close(actual, expected)
+        assert_close(grad, expected_grad)
+
+
+def test_python_calls_at_most_twice_torchvision():
+    """Small calls cost Python overhead: one call makes at most 2x torchvision's calls."""
+    import cProfile
+    import pstats
+
+    x, t = torch.randn(2000, 80), (torch.rand(2000, 80) > 0.9).float()
+
+    def calls(fn) -> int:
+        fn(x, t, reduction="sum")  # first-call work (imports, caches) not counted
+        profile = cProfile.Profile()
+        profile.runcall(fn, x, t, reduction="sum")
+        return pstats.Stats(profile).total_calls
+
+    ours, theirs = calls(sigmoid_focal_loss), calls(tv_focal)
+    assert ours <= 2 * theirs, (ours, theirs)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA not available")
+@pytest.mark.parametrize("impl_name", ["torch", "auto"])
+def test_cuda_call_does_not_wait_for_the_gpu(impl_name):
+    """No host read of CUDA values (value checks are device-side asserts there)."""
+    x = torch.randn(64, 7, device="cuda", requires_grad=True)
+    labels = torch.randint(-1, 8, (64,), device="cuda")
+    soft = torch.rand(64, 7, device="cuda")
+    soft[::5, 0] = -1.0
+    calls = [
+        lambda: sigmoid_focal_loss(x, labels, reduction="mean", ignore_index=-1, impl=impl_name),
+        lambda: sigmoid_focal_loss(x, soft, reduction="mean", ignore_index=-1, impl=impl_name),
+        lambda: sigmoid_focal_loss(
+            x, soft.clamp(0), reduction="sum", normalizer=torch.tensor(3.0, device="cuda")
+        ),
+    ]
+    for call in calls:
+        call()  # warm-up: first-call work may synchronise
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for call in calls:
+            call().backward()
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+
+
+@pytest.mark.skipif(not _TRITON_RUNNABLE, reason=_NO_TRITON)
+def test_auto_runs_the_formula_while_compiling_and_tracing():
+    """The kernel runs eagerly where "auto" picks it; compiled and traced calls get the formula."""
+    from visionblocks._core.dispatch import use_impl
+    from visionblocks.kernels._launch import record_launches
+
+    torch._dynamo.reset()
+    x, t = torch.randn(6, 5), torch.rand(6, 5)
+
+    def loss(x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        return sigmoid_focal_loss(x, t, reduction="sum")
+
+    compiled = torch.compile(loss, fullgraph=True, backend="aot_eager")
+    with use_impl("triton"):
+        with record_launches() as launched:
+            eager = loss(x, t)
+        assert launched
+        with record_launches() as launched:
+            assert_close(compiled(x, t), eager)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                traced = torch.jit.trace(loss, (x, t), check_trace=False)
+                assert_close(traced(x, t), eager)
+        assert not launched

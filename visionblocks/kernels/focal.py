@@ -2,7 +2,9 @@
 
 Called by `visionblocks.losses.focal.sigmoid_focal_loss` (after validation) as
 ``sigmoid_focal_loss_triton(x, targets, w, alpha, gamma, ignore, reduce_sum, out_dtype,
-reference)``; see that function for the semantics.
+reference)``; see that function for the semantics. ``reference`` is that function's torch
+formula taking the same arguments: the fallback when a kernel fails, and what the kernels
+are tested against (forward and backward, ``tests/kernels/test_focal_kernel.py``).
 
 Layout and fusion:
 
@@ -209,7 +211,7 @@ def _scalars(x: Tensor, targets: Tensor, w_sr: int, w_sc: int, alpha, gamma, ign
 
 
 class _SigmoidFocalTriton(torch.autograd.Function):
-    """Autograd glue: inputs and outputs as `visionblocks.losses._focal_torch`'s Function."""
+    """Autograd glue: the entry point's arguments; outputs the loss and the count."""
 
     @staticmethod
     def forward(ctx, x, targets, w, alpha, gamma, ignore, reduce_sum, out_dtype, reference):
@@ -295,8 +297,8 @@ def sigmoid_focal_loss_triton(
         ignore: Target value to ignore (rows for class indices), or None.
         reduce_sum: Return the 0-d sum (compute dtype) instead of the element-wise loss.
         out_dtype: Dtype of the element-wise loss.
-        reference: The torch path with the same first eight arguments; used for the
-            gradient if the backward kernel fails (None: raise instead).
+        reference: The torch formula with the same first eight arguments and outputs; used
+            for the gradient if the backward kernel fails (None: raise instead).
 
     Returns:
         tuple: The loss, and the number of non-ignored elements (int64, not differentiable).

@@ -1,9 +1,8 @@
 """Sigmoid focal loss (RetinaNet): binary cross entropy down-weighted on easy elements.
 
-Two fast paths behind one validated function: the lean torch path
-(`visionblocks.losses._focal_torch`: loss and analytic gradient in one chunked sweep) and the
-fused Triton kernel (`visionblocks.kernels.focal`). A plain autograd composition of the same
-exact forms serves when float targets or the weight need gradients.
+One torch formula (`_focal_elements`, reduced by `_reduce`) serves eager calls,
+``torch.jit.script``, ``torch.jit.trace`` and ``torch.compile``; the fused Triton kernel
+(`visionblocks.kernels.focal`) is its CUDA fast path, tested against it, and falls back to it.
 """
 
 from __future__ import annotations
@@ -12,13 +11,15 @@ import math
 from typing import Any, Literal
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from visionblocks._core.checks import check_choice, check_range, check_type
 from visionblocks._core.deprecation import deprecated_attribute
-from visionblocks._core.dispatch import IMPLS
+from visionblocks._core.dispatch import IMPLS, get_impl
 from visionblocks._core.namespace import public_dir
 from visionblocks._core.reduce import (
+    REDUCTIONS,
     check_normalizer,
     check_reduction,
     check_target_range,
@@ -28,8 +29,6 @@ from visionblocks._core.reduce import (
 from visionblocks._core.registries import LOSSES
 from visionblocks._core.tensor_checks import check_floating, check_same_device, check_tensor
 from visionblocks.kernels._dispatch import resolve_impl, run_fused
-from visionblocks.losses._focal_script import focal_terms, script_focal
-from visionblocks.losses._focal_torch import SigmoidFocalFunction
 
 __all__ = ["SigmoidFocalLoss", "sigmoid_focal_loss"]
 __dir__ = public_dir(__name__, __all__)
@@ -37,15 +36,98 @@ __dir__ = public_dir(__name__, __all__)
 Reduction = Literal["none", "mean", "sum"]
 
 
-def _check_args(inputs, targets, alpha, gamma, weight, ignore_index) -> tuple[bool, float | None]:
-    """Validate; return ``(index_targets, alpha or None when disabled)``."""
-    check_floating("inputs", inputs)
-    check_tensor("targets", targets)
-    if targets.is_complex():
+def _focal_elements(
+    inputs: Tensor,
+    targets: Tensor,
+    alpha: float | None,
+    gamma: float,
+    weight: Tensor | None,
+    ignore_index: float | None,
+) -> tuple[Tensor, Tensor | None]:
+    """The formula: the element-wise loss in the compute dtype, and the mask of the counted
+    elements (None when nothing is ignored; one column per row for class indices)."""
+    cdt = torch.float64 if inputs.dtype == torch.float64 else torch.float32  # compute_dtype
+    x = inputs if inputs.dtype == cdt else inputs.to(cdt)
+    keep: Tensor | None = None
+    # Exact forms: at t = 0, BCE = softplus(x) and 1 - p_t = sigmoid(x); at t = 1, softplus(-x)
+    # and sigmoid(-x). Never 1 - p, nor softplus(x) - t x: no cancellation.
+    if targets.is_floating_point() or targets.dtype == torch.bool:
+        t = targets if targets.dtype == cdt else targets.to(cdt)
+        if ignore_index is not None:
+            keep = t != ignore_index
+            t = torch.where(keep, t, 0.0)
+        nx = -x
+        ce = torch.lerp(F.softplus(x), F.softplus(nx), t)  # soft t: mixes of positive terms
+        m = torch.lerp(torch.sigmoid(x), torch.sigmoid(nx), t)
+    else:  # class indices (-1 and C, background, match no class): t is 0 or 1, so pick
+        positive = targets.unsqueeze(-1) == torch.arange(x.shape[-1], device=x.device)
+        if ignore_index is not None:
+            keep = (targets != ignore_index).unsqueeze(-1)
+        t = positive.to(cdt)
+        signed = torch.where(positive, -x, x)
+        ce, m = F.softplus(signed), torch.sigmoid(signed)
+    loss = ce
+    if gamma != 0:
+        if gamma < 1:  # clamp to the smallest normal: 0 ** gamma then has a finite gradient
+            tiny = 2.2250738585072014e-308 if cdt == torch.float64 else 1.1754943508222875e-38
+            m = m.clamp_min(tiny)
+        loss = ce * m.pow(gamma)
+    if alpha is not None and alpha >= 0:  # a_t = alpha t + (1 - alpha)(1 - t)
+        loss = loss * (t * (2 * alpha - 1) + (1 - alpha))
+    if weight is not None:
+        loss = loss * weight.to(cdt)
+    if keep is not None:
+        loss = loss * keep
+    return loss, keep
+
+
+def _reduce(
+    loss: Tensor,
+    keep: Tensor | None,
+    reduction: str,
+    normalizer: float | Tensor | None,
+    input_dtype: torch.dtype,
+) -> Tensor:
+    """`visionblocks._core.reduce.reduce_loss`'s policy, scriptable; the count of ``"mean"``
+    from ``keep`` as a tensor (no host read; all ignored gives a connected 0)."""
+    if reduction == "mean" and normalizer is None:
+        if keep is None:
+            return loss.mean() if loss.numel() > 0 else loss.sum() * 0.0
+        count = keep.sum() * (loss.shape[-1] if keep.shape != loss.shape else 1)
+        return loss.sum() / count.to(loss.dtype).clamp_min(1)
+    if reduction != "none":
+        if reduction != "sum" and reduction != "mean":
+            raise ValueError("reduction must be one of 'none', 'mean', 'sum'; got " + reduction)
+        loss = loss.sum()
+    if normalizer is not None:
+        if isinstance(normalizer, Tensor):
+            loss = loss / normalizer.reshape(()).to(loss.dtype)
+        else:
+            loss = loss / normalizer
+    return loss.to(input_dtype) if reduction == "none" else loss
+
+
+def _focal_rows(x, targets, w, alpha, gamma, ignore, reduce_sum, out_dtype):
+    """The formula with the Triton kernel's arguments and outputs (`run_fused`'s reference)."""
+    loss, keep = _focal_elements(x, targets, alpha, gamma, w, ignore)
+    count = torch.tensor(x.numel(), device=x.device) if keep is None else keep.sum()
+    if keep is not None and keep.shape != loss.shape:
+        count = count * x.shape[-1]
+    return (loss.sum() if reduce_sum else loss.to(out_dtype)), count
+
+
+def _check_args(inputs, targets, alpha, gamma, reduction, weight, ignore_index) -> None:
+    """Validate the arguments, and the targets' values (value checks)."""
+    # dtype properties and `type(...) is float` tests: no function calls on the common path
+    if not (isinstance(inputs, Tensor) and inputs.dtype.is_floating_point):
+        check_floating("inputs", inputs)
+    if not isinstance(targets, Tensor):
+        check_tensor("targets", targets)
+    if targets.dtype.is_complex:
         raise TypeError(f"targets must be a real tensor, got dtype {targets.dtype}")
-    index = not (targets.is_floating_point() or targets.dtype == torch.bool)
+    index = not (targets.dtype.is_floating_point or targets.dtype == torch.bool)
     if index:
-        if inputs.dim() == 0 or targets.shape != inputs.shape[:-1]:
+        if inputs.ndim == 0 or targets.shape != inputs.shape[:-1]:
             raise ValueError(
                 "integer targets are class indices and must have shape inputs.shape[:-1] = "
                 f"{tuple(inputs.shape[:-1])}, got {tuple(targets.shape)}"
@@ -57,14 +139,18 @@ def _check_args(inputs, targets, alpha, gamma, weight, ignore_index) -> tuple[bo
             "inputs.shape[:-1])"
         )
     if alpha is not None:
-        if isinstance(alpha, bool) or not isinstance(alpha, int | float):
+        if type(alpha) is not float and (
+            isinstance(alpha, bool) or not isinstance(alpha, int | float)
+        ):
             raise TypeError(f"alpha must be a float or None, got {type(alpha).__name__}")
-        if math.isnan(alpha) or alpha > 1:
+        if not alpha <= 1:  # NaN too
             raise ValueError(f"alpha must be in [0, 1] (negative or None disables it), got {alpha}")
-        alpha = None if alpha < 0 else float(alpha)
-    if isinstance(gamma, bool) or not isinstance(gamma, int | float):
+    if type(gamma) is not float and (isinstance(gamma, bool) or not isinstance(gamma, int | float)):
         raise TypeError(f"gamma must be a non-negative float, got {type(gamma).__name__}")
-    check_range("gamma", float(gamma), 0.0, math.inf, high_inclusive=False)
+    if not 0 <= gamma < math.inf:
+        check_range("gamma", float(gamma), 0.0, math.inf, high_inclusive=False)
+    if reduction not in REDUCTIONS:
+        check_reduction(reduction)
     if weight is not None:
         check_floating("weight", weight)
         try:
@@ -85,51 +171,70 @@ def _check_args(inputs, targets, alpha, gamma, weight, ignore_index) -> tuple[bo
             )
         if not math.isfinite(ignore_index):
             raise ValueError(f"ignore_index must be finite, got {ignore_index}")
-    check_same_device(inputs=inputs, targets=targets, weight=weight)
-    return index, alpha
-
-
-def _check_target_values(targets: Tensor, index: bool, num_classes: int, ignore) -> None:
-    """Value check: float targets in ``[0, 1]``, class indices in ``[-1, C]``."""
+    if targets.device != inputs.device or (weight is not None and weight.device != inputs.device):
+        check_same_device(inputs=inputs, targets=targets, weight=weight)
+    # Value check: float targets in [0, 1], class indices in [-1, C].
     if index:
-        low, high, hint = (
-            -1,
-            num_classes,
-            f" (class indices; -1 and C = {num_classes} mean background)",
-        )
-    else:
-        low, high = 0, 1
-        hint = (
-            ""
-            if ignore is not None
-            else ("; if one value marks elements to ignore (-1...), pass it as ignore_index")
-        )
-    check_target_range("targets", targets, low, high, ignore=ignore, hint=hint)
+        num_classes = inputs.shape[-1]
+        hint = f" (class indices; -1 and C = {num_classes} mean background)"
+        check_target_range("targets", targets, -1, num_classes, ignore=ignore_index, hint=hint)
+    elif targets.dtype != torch.bool:
+        hint = "; if one value marks elements to ignore (-1...), pass it as ignore_index"
+        hint = "" if ignore_index is not None else hint
+        check_target_range("targets", targets, 0, 1, ignore=ignore_index, hint=hint)
 
 
-def _focal_reference(x, targets, w, alpha, gamma, ignore, reduce_sum, out_dtype):
-    """Plain autograd composition, used when targets or weight need gradients. Same arguments
-    and outputs as `SigmoidFocalFunction`, and its exact forms: ``1 - p_t`` mixes
-    ``sigmoid(x)`` and ``sigmoid(-x)``, BCE mixes ``softplus(x)`` and ``softplus(-x)``."""
-    cdt = compute_dtype(x.dtype)
-    keep = None
-    if targets.dim() == 1:  # class indices
-        if ignore is not None:
-            keep = (targets != ignore).unsqueeze(1).expand(x.shape)
-        classes = torch.arange(x.shape[1], device=x.device)
-        t = (targets.unsqueeze(1) == classes).to(cdt)
-    else:
-        t = targets.to(cdt)
-        if ignore is not None:
-            keep = t != ignore
-            t = torch.where(keep, t, 0.0)
-    loss = focal_terms(x.to(cdt), t, alpha, gamma)
-    if w is not None:
-        loss = loss * w.to(cdt)
-    if keep is not None:
-        loss = loss * keep
-    count = torch.tensor(loss.numel(), device=x.device) if keep is None else keep.sum()
-    return (loss.sum() if reduce_sum else loss.to(out_dtype)), count
+def _check_scripted(
+    inputs: Tensor, targets: Tensor, alpha: float | None, gamma: float, impl: str
+) -> None:
+    """The checks of `_check_args` that TorchScript can compile (short messages)."""
+    if impl != "auto" and impl != "torch":
+        raise ValueError("impl must be 'auto' or 'torch' under TorchScript, got " + impl)
+    if alpha is not None and not alpha <= 1:
+        raise ValueError("alpha must be in [0, 1] (negative or None disables it)")
+    if not (gamma >= 0 and gamma < math.inf):
+        raise ValueError("gamma must be a finite number >= 0")
+    if targets.is_floating_point() or targets.dtype == torch.bool:
+        if targets.shape != inputs.shape:
+            raise ValueError("float targets must have the shape of inputs")
+    elif inputs.dim() == 0 or targets.shape != inputs.shape[:-1]:
+        raise ValueError("integer targets must have shape inputs.shape[:-1]")
+
+
+def _uses_kernel(impl: str, inputs: Tensor, targets: Tensor, weight: Tensor | None) -> bool:
+    """Whether an eager call runs the Triton kernel: where `resolve_impl` picks it, unless
+    ``impl="auto"`` while tracing or compiling (the formula's whole-tensor ops are what
+    those record), or float targets or the weight need gradients (the kernel gives the
+    logits' gradient only)."""
+    if impl == "auto" and not inputs.is_cuda and get_impl() == "auto":
+        return False  # what resolve_impl answers for CPU tensors, without its other checks
+    if impl == "torch" or (impl == "auto" and torch.compiler.is_compiling()):
+        return False
+    if resolve_impl(impl, "sigmoid_focal_loss", inputs) != "triton" or torch.jit.is_tracing():
+        return False
+    other = targets.requires_grad or (weight is not None and weight.requires_grad)
+    return not (other and torch.is_grad_enabled())
+
+
+def _focal_triton(inputs, targets, alpha, gamma, reduction, weight, ignore_index, normalizer, impl):
+    """The fused kernel on ``(R, C)`` views, the formula (`_focal_rows`) as its fallback."""
+    num_classes = inputs.shape[-1] if inputs.ndim else 1
+    rows = math.prod(inputs.shape[:-1]) if inputs.ndim else 1
+    x = inputs.reshape(rows, num_classes)
+    index = not (targets.is_floating_point() or targets.dtype == torch.bool)
+    t = targets.reshape(rows) if index else targets.reshape(rows, num_classes)
+    w = None if weight is None else weight.expand(inputs.shape).reshape(rows, num_classes)
+    alpha = None if alpha is None or alpha < 0 else float(alpha)
+    out_dtype = inputs.dtype if normalizer is None else compute_dtype(inputs.dtype)
+    args = (x, t, w, alpha, float(gamma), ignore_index, reduction != "none", out_dtype)
+    loss, count = run_fused("sigmoid_focal_loss", impl, _focal_rows, *args)
+    if reduction == "none":
+        loss = loss.reshape(inputs.shape)
+    if ignore_index is None:
+        count = inputs.numel()  # exact, and what torchvision's "mean" divides by
+    return reduce_loss(
+        loss, reduction, input_dtype=inputs.dtype, count=count, normalizer=normalizer
+    )
 
 
 def sigmoid_focal_loss(
@@ -150,17 +255,19 @@ def sigmoid_focal_loss(
 
         loss = weight * a_t * (1 - p_t) ** gamma * BCEWithLogits(inputs, t)
 
-    Float ``targets`` (binary or soft, ``inputs``' shape) give exactly torchvision's
-    ``sigmoid_focal_loss`` (values and gradients; its ``"mean"`` is over all elements).
+    Float ``targets`` (binary or soft, ``inputs``' shape) give torchvision's
+    ``sigmoid_focal_loss`` within ``rtol=1e-5, atol=1e-6`` (values, and gradients where
+    torchvision's are finite; its ``"mean"`` is over all elements); where the two differ more,
+    this one is the closer to float64 (torchvision forms ``1 - p_t`` by subtraction).
     Integer ``targets`` of shape ``inputs.shape[:-1]`` are class indices, as in mmcv: a value in
     ``[0, C)`` makes that class positive and the others negative; ``C`` (mmdet) or ``-1``
     makes the whole row background. The result equals passing the equivalent one-hot float
-    targets, without building them.
+    targets.
 
     ``ignore_index``: for class-index targets, rows whose target equals it are ignored (all
     ``C`` elements); for float targets, elements whose target equals it are ignored (e.g.
     RetinaNet marks ignored anchors with ``-1``). Ignored elements give loss 0 and gradient 0,
-    and are not counted by ``"mean"``.
+    and are not counted by ``"mean"`` (all ignored: a zero connected to the graph).
 
     ``"mean"`` divides the summed loss by the number of non-ignored elements (``weight`` does
     not change that count, as in ``F.binary_cross_entropy_with_logits``). ``normalizer``
@@ -169,36 +276,29 @@ def sigmoid_focal_loss(
     finite, whatever its type (Python or NumPy number, one-element tensor).
 
     Value checks (see `visionblocks.set_value_checks`; on by default): float targets must be
-    in ``[0, 1]`` and class indices in ``[-1, C]``, ``ignore_index`` excepted (one
-    ``aminmax`` over the targets, a second one when ignored values are present), and a tensor
-    ``normalizer`` positive and finite (one element read).
+    in ``[0, 1]`` and class indices in ``[-1, C]``, ``ignore_index`` excepted, and a tensor
+    ``normalizer`` positive and finite: read on CPU (``ValueError``), device-side asserts on
+    CUDA (nothing waits for the GPU; see `visionblocks._core.reduce.check_target_range`),
+    skipped while tracing or compiling.
 
     Dtype policy: float16/bfloat16 inputs are computed in float32; ``"none"`` returns the
     inputs' dtype (with a ``normalizer`` too: it divides before the cast), ``"sum"``/``"mean"``
     return float32. Logits of any magnitude (+-1e4) give finite values and gradients, also for
     ``0 <= gamma < 1`` (where torchvision's formula can give NaN gradients for saturated
-    logits).
+    logits). Under ``torch.autocast`` the same rule holds, from the logits' dtype; targets,
+    ``weight`` and a tensor ``normalizer`` of any dtype are cast to the compute dtype.
 
-    Under ``torch.autocast``: the same rule, from the logits' dtype (autocast changes no
-    result): float32 logits give float32, half logits are computed in float32. Targets,
-    ``weight`` and a tensor ``normalizer`` of any dtype are cast to the compute dtype;
-    gradients come back in each input's own dtype.
+    Exact numerics: ``1 - p_t`` is computed from ``sigmoid(-x)`` and ``sigmoid(x)`` (never by
+    subtraction) and the BCE term from ``softplus(x)`` and ``softplus(-x)``. For binary and
+    class-index targets the loss has a relative error below ``1e-5`` against float64
+    wherever it exceeds ``1e-30`` (float32, logits in ``[-30, 30]``), also for confident
+    logits where ``1 - p_t`` by subtraction is wrong by 190% (``x = 14.7, t = 1``). With
+    ``gamma = 0`` and ``alpha=None`` it is the exact BCE within 4 float32 eps (relative).
 
-    Exact numerics: ``1 - p_t`` is computed as ``sigmoid(-x)`` / ``sigmoid(x)`` (never by
-    subtraction) and the BCE term from ``log1p(exp(-|x|))``, in every path. For binary and
-    class-index targets the loss has a relative error below ``1e-5`` wherever it exceeds
-    ``1e-30`` (float32, logits in ``[-30, 30]``), also for confident logits where
-    ``1 - p_t`` by subtraction is wrong by 190% (``x = 14.7, t = 1``). With ``gamma = 0`` the
-    loss never exceeds BCE.
-
-    Gradients flow to ``inputs``; both fast paths compute them analytically (no double
-    backward). When float ``targets`` or ``weight`` require grad, a plain autograd composition
-    of the same formula runs instead, so that they receive gradients too.
-
-    Scriptable with ``torch.jit.script``: the scripted function runs the plain reference
-    formula (every option above; ``impl`` ``"auto"`` or ``"torch"``; no value checks; values
-    equal up to rounding; see `visionblocks.losses._focal_script`). Under ``torch.jit.trace``
-    the eager function also runs it, so a traced call is right for any input size.
+    One formula, plain autograd: gradients flow to ``inputs``, to float ``targets`` and to
+    ``weight``. It compiles with ``torch.jit.script`` (``impl`` ``"auto"`` or ``"torch"``; no
+    value checks), traces with ``torch.jit.trace`` and ``torch.compile(fullgraph=True)``
+    (where ``impl="auto"`` runs it, not the kernel).
 
     Args:
         inputs (Tensor[..., C]): Logits, any shape (floating point).
@@ -214,8 +314,9 @@ def sigmoid_focal_loss(
         ignore_index: Target value to ignore (see above); ``None`` ignores nothing.
         normalizer (float or Tensor, optional): Divides the summed loss instead of the count;
             positive and finite (a tensor: one element, on ``inputs``' device or 0-d on CPU).
-        impl: ``"auto"`` | ``"torch"`` | ``"triton"`` (fused kernel, see
-            `visionblocks.kernels.focal`).
+        impl: ``"auto"`` | ``"torch"`` | ``"triton"`` (fused CUDA kernel, see
+            `visionblocks.kernels.focal`; used when float ``targets`` and ``weight`` need
+            no gradient).
 
     Returns:
         Tensor: ``"none"``: the inputs' shape, in the inputs' dtype; otherwise a scalar in the
@@ -245,50 +346,16 @@ def sigmoid_focal_loss(
         https://arxiv.org/abs/1708.02002
     """
     if not torch.jit.is_scripting():
-        return _focal_eager(
-            inputs, targets, alpha, gamma, reduction, weight, ignore_index, normalizer, impl
-        )
-    return script_focal(
-        inputs, targets, alpha, gamma, reduction, weight, ignore_index, normalizer, impl
-    )
-
-
-def _focal_eager(inputs, targets, alpha, gamma, reduction, weight, ignore_index, normalizer, impl):
-    """`sigmoid_focal_loss` outside TorchScript: validate, then dispatch to a fast path."""
-    index, alpha = _check_args(inputs, targets, alpha, gamma, weight, ignore_index)
-    check_reduction(reduction)
-    normalizer = check_normalizer(normalizer, inputs.device)
-    which = resolve_impl(impl, "sigmoid_focal_loss", inputs)
-    gamma = float(gamma)
-
-    num_classes = inputs.shape[-1] if inputs.dim() else 1
-    _check_target_values(targets, index, num_classes, ignore_index)
-    rows = inputs.numel() // num_classes if num_classes else math.prod(inputs.shape[:-1])
-    x = inputs.reshape(rows, num_classes)
-    t = targets.reshape(rows) if index else targets.reshape(rows, num_classes)
-    w = None
-    if weight is not None:
-        w = weight.expand(inputs.shape).reshape(rows, num_classes)
-    reduce_sum = reduction != "none"
-    out_dtype = inputs.dtype if normalizer is None else compute_dtype(inputs.dtype)
-    args = (x, t, w, alpha, gamma, ignore_index, reduce_sum, out_dtype)
-    grad_needed = torch.is_grad_enabled() and (
-        (targets.requires_grad and not index) or (weight is not None and weight.requires_grad)
-    )
-    tracing = torch.jit.is_tracing()
-    if grad_needed or tracing:  # a trace records whole-tensor ops, right for any input size
-        loss, count = _focal_reference(*args)
-    elif which == "triton":
-        loss, count = run_fused("sigmoid_focal_loss", impl, SigmoidFocalFunction.apply, *args)
+        _check_args(inputs, targets, alpha, gamma, reduction, weight, ignore_index)
+        normalizer = check_normalizer(normalizer, inputs.device)
+        if _uses_kernel(impl, inputs, targets, weight):
+            return _focal_triton(
+                inputs, targets, alpha, gamma, reduction, weight, ignore_index, normalizer, impl
+            )
     else:
-        loss, count = SigmoidFocalFunction.apply(*args)
-    if not reduce_sum:
-        loss = loss.reshape(inputs.shape)
-    if ignore_index is None and not tracing:
-        count = inputs.numel()  # exact, and what torchvision's "mean" divides by
-    return reduce_loss(
-        loss, reduction, input_dtype=inputs.dtype, count=count, normalizer=normalizer
-    )
+        _check_scripted(inputs, targets, alpha, gamma, impl)
+    loss, keep = _focal_elements(inputs, targets, alpha, gamma, weight, ignore_index)
+    return _reduce(loss, keep, reduction, normalizer, inputs.dtype)
 
 
 @LOSSES.register(name="focal", aliases=("sigmoid_focal",))
@@ -331,8 +398,7 @@ class SigmoidFocalLoss(nn.Module):
         impl: str = "auto",
     ) -> None:
         super().__init__()
-        _check_args(torch.zeros(1), torch.zeros(1), alpha, gamma, None, ignore_index)
-        check_reduction(reduction)
+        _check_args(torch.zeros(1), torch.zeros(1), alpha, gamma, reduction, None, ignore_index)
         check_type("impl", impl, str)
         check_choice("impl", impl, IMPLS)
         self.alpha = alpha
@@ -340,6 +406,10 @@ class SigmoidFocalLoss(nn.Module):
         self.reduction = reduction
         self.ignore_index = ignore_index
         self.impl = impl
+        # The options as the function's signature types them, for torch.jit.script.
+        self._script_options = tuple(
+            None if v is None else float(v) for v in (alpha, gamma, ignore_index)
+        )
 
     def forward(
         self,
@@ -349,14 +419,17 @@ class SigmoidFocalLoss(nn.Module):
         normalizer: float | Tensor | None = None,
     ) -> Tensor:
         """Apply `sigmoid_focal_loss` with this module's options."""
+        alpha, gamma, ignore_index = self.alpha, self.gamma, self.ignore_index
+        if torch.jit.is_scripting():  # attributes are typed by value there: -1 is an int
+            alpha, gamma, ignore_index = self._script_options
         return sigmoid_focal_loss(
             inputs,
             targets,
-            self.alpha,
-            self.gamma,
+            alpha,
+            gamma,
             self.reduction,
             weight=weight,
-            ignore_index=self.ignore_index,
+            ignore_index=ignore_index,
             normalizer=normalizer,
             impl=self.impl,
         )
