@@ -170,3 +170,17 @@ def test_dispatch_module_does_not_import_triton():
             if isinstance(node, ast.ImportFrom) and node.module
         }
         assert "triton" not in names
+
+
+def test_auto_for_cpu_and_meta_tensors_touches_no_driver(fake_kernel, monkeypatch):
+    """Choosing an implementation never asks triton or the driver for tensors that do not
+    need it (fake CUDA tensors: tests/test_fake_cuda.py)."""
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("touched the driver or probed triton")
+
+    for name in ("init", "current_device", "get_device_capability", "get_device_properties"):
+        monkeypatch.setattr(torch.cuda, name, refuse)
+    monkeypatch.setattr(kernels, "triton_available", refuse)
+    for device in ("cpu", "meta"):
+        assert resolve_impl("auto", fake_kernel, torch.zeros(2, device=device)) == "torch"

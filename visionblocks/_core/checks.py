@@ -7,7 +7,6 @@ input (it disappears under ``python -O``).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -21,6 +20,7 @@ __all__ = [
     "check_range",
     "check_type",
     "format_shape",
+    "is_finite",
 ]
 
 
@@ -155,6 +155,17 @@ def check_number(
     return float(value)
 
 
+def is_finite(value: float) -> bool:
+    """``math.isfinite`` that ``torch.compile`` traces: ``value`` may be symbolic (dynamo
+    makes a float argument's default one), which ``math.isfinite`` cannot take.
+
+    Examples:
+        >>> is_finite(1e308), is_finite(float("inf")), is_finite(float("nan"))
+        (True, False, False)
+    """
+    return value - value == 0  # inf - inf and NaN - NaN are NaN
+
+
 def check_finite(name: str, value: float) -> float:
     """Raise ``ValueError`` unless the number ``value`` is finite (already type-checked).
 
@@ -164,7 +175,7 @@ def check_finite(name: str, value: float) -> float:
         ...
         ValueError: fill must be a finite number, got inf
     """
-    if not math.isfinite(value):
+    if not is_finite(value):
         raise ValueError(f"{name} must be a finite number, got {value!r}")
     return value
 

@@ -26,7 +26,7 @@ import torch
 from torch import Tensor
 
 from visionblocks._core.checks import check_choice, check_type
-from visionblocks._core.tensor_checks import reads_values
+from visionblocks._core.tensor_checks import assert_on_device, asserts_on_device, reads_values
 
 __all__ = [
     "REDUCTIONS",
@@ -70,7 +70,10 @@ def check_normalizer(
 
     Positive and finite whatever its type: a Python or NumPy number (checked always), or a
     one-element real tensor on ``device`` (a 0-d CPU tensor works anywhere), whose value is
-    read only when `visionblocks.value_checks_enabled` (a host sync on CUDA).
+    checked when `visionblocks.value_checks_enabled`: read on CPU (``ValueError``), a
+    device-side assert on CUDA (no host sync; a failure is a CUDA error at the next sync,
+    see `visionblocks._core.tensor_checks.asserts_on_device`), skipped while tracing or
+    compiling.
 
     Examples:
         >>> import torch
@@ -100,6 +103,11 @@ def check_normalizer(
         normalizer = normalizer.reshape(())
         if reads_values(normalizer):
             _check_positive(float(normalizer), "a tensor holding ")
+        elif asserts_on_device(normalizer):
+            n = normalizer.detach()
+            assert_on_device(
+                torch.isfinite(n) & (n > 0), "normalizer must be a positive finite number"
+            )
         return normalizer
     if isinstance(normalizer, bool) or not isinstance(normalizer, numbers.Real):
         raise TypeError(
@@ -122,9 +130,13 @@ def check_target_range(
     """Raise ``ValueError`` unless every value is in ``[low, high]`` or equals ``ignore``.
 
     A value check, skipped unless `visionblocks.value_checks_enabled` (and for meta or bool
-    tensors): one ``torch.aminmax`` pass; only when it finds values outside the range and an
-    ``ignore`` value is given, a second pass with those values masked. NaN fails. ``hint`` is
-    appended to the message.
+    tensors, and while tracing or compiling). On CPU: one ``torch.aminmax`` pass; only when
+    it finds values outside the range and an ``ignore`` value is given, a second pass with
+    those values masked. On CUDA the values are not read on the host: a device-side assert
+    (one ``aminmax``, after masking ``ignore``) with the same message less the values found;
+    a failure is a CUDA error at the next synchronisation
+    (`visionblocks._core.tensor_checks.asserts_on_device`). NaN fails. ``hint`` is appended
+    to the message.
 
     Examples:
         >>> import torch
@@ -134,17 +146,23 @@ def check_target_range(
         ...
         ValueError: targets must be in [0, 1], got values in [0.0, 255.0]
     """
-    if values.numel() == 0 or values.dtype == torch.bool or not reads_values(values):
+    on_host = reads_values(values)
+    checked = on_host or asserts_on_device(values)
+    if not checked or values.dtype == torch.bool or values.numel() == 0:
         return
     values = values.detach()
+    also = "" if ignore is None else f" (or equal ignore_index={ignore})"
+    rule = f"{name} must be in [{low:g}, {high:g}]{also}"
+    if not on_host:
+        masked = values if ignore is None else values.masked_fill(values == ignore, low)
+        lo_t, hi_t = torch.aminmax(masked)
+        assert_on_device((lo_t >= low) & (hi_t <= high), rule + hint)  # NaN fails
+        return
     lo, hi = (float(v) for v in torch.aminmax(values))
     if not (low <= lo and hi <= high) and ignore is not None:
         lo, hi = (float(v) for v in torch.aminmax(values.masked_fill(values == ignore, low)))
     if not (low <= lo and hi <= high):  # also True for NaN
-        also = "" if ignore is None else f" (or equal ignore_index={ignore})"
-        raise ValueError(
-            f"{name} must be in [{low:g}, {high:g}]{also}, got values in [{lo!r}, {hi!r}]{hint}"
-        )
+        raise ValueError(f"{rule}, got values in [{lo!r}, {hi!r}]{hint}")
 
 
 def reduce_loss(

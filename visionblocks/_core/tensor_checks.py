@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
+from torch._subclasses.fake_tensor import is_fake
 
 
 def check_tensor(name: str, value: Any) -> torch.Tensor:
@@ -170,19 +171,73 @@ def check_same_device(**tensors: torch.Tensor | None) -> None:
         raise ValueError(f"{joined} must be on the same device, got {where}")
 
 
-def reads_values(*tensors: torch.Tensor | None) -> bool:
-    """Whether a check that reads these tensors' values should run now.
+def has_values(value: torch.Tensor) -> bool:
+    """Whether ``value`` holds data: False for meta and fake tensors (shape inference).
 
-    True when `visionblocks.value_checks_enabled`, no tensor is on the meta device (meta
-    tensors have shapes but no values: shape inference passes them through unchecked), and
-    nothing is being traced or compiled (a host read there would freeze one input's answer
-    into the trace, or break the compiled graph).
+    Examples:
+        >>> import torch
+        >>> has_values(torch.zeros(1)), has_values(torch.zeros(1, device="meta"))
+        (True, False)
     """
+    return value.device.type != "meta" and not is_fake(value)
+
+
+def _checking(tensors: tuple[torch.Tensor | None, ...]) -> list[torch.Tensor] | None:
+    """The given tensors if value checks apply to this call now, else None."""
     from visionblocks._core.values import value_checks_enabled
 
-    if not value_checks_enabled() or torch.jit.is_tracing() or torch.compiler.is_compiling():
-        return False
-    return not any(t is not None and t.device.type == "meta" for t in tensors)
+    # Compiling first: the other tests are Python state that dynamo need not trace.
+    if torch.compiler.is_compiling() or torch.jit.is_tracing() or not value_checks_enabled():
+        return None
+    given = [t for t in tensors if t is not None]
+    return None if any(t.device.type == "meta" for t in given) else given
+
+
+def reads_values(*tensors: torch.Tensor | None) -> bool:
+    """Whether a check may read these tensors' values on the host now.
+
+    True when `visionblocks.value_checks_enabled`, nothing is being traced or compiled (a
+    host read there would freeze one input's answer into the trace, or break the compiled
+    graph), and every tensor is a real CPU tensor: reading a CUDA tensor would make the host
+    wait for the GPU, and meta or fake tensors (shape inference) have no values. For CUDA
+    tensors a check runs as a device-side assert instead (`asserts_on_device`).
+
+    Examples:
+        >>> import torch
+        >>> reads_values(torch.zeros(1)), reads_values(torch.zeros(1, device="meta"))
+        (True, False)
+    """
+    given = _checking(tensors)
+    return given is not None and all(t.device.type == "cpu" and not is_fake(t) for t in given)
+
+
+def asserts_on_device(*tensors: torch.Tensor | None) -> bool:
+    """Whether a value check of these tensors runs as a device-side assert (`assert_on_device`).
+
+    True when `visionblocks.value_checks_enabled`, nothing is being traced or compiled, no
+    tensor is on the meta device and one is on CUDA (fake CUDA tensors too: the assert is
+    recorded, nothing is read). Such a check costs a kernel or two and no synchronisation; a
+    failure surfaces at the next synchronisation as a CUDA error (``device-side assert
+    triggered``) carrying the message, and leaves the CUDA context unusable, as an
+    out-of-range index in ``F.cross_entropy`` does.
+
+    Examples:
+        >>> import torch
+        >>> asserts_on_device(torch.zeros(1))  # CPU: `reads_values` instead
+        False
+    """
+    given = _checking(tensors)
+    return given is not None and any(t.device.type == "cuda" for t in given)
+
+
+def assert_on_device(ok: torch.Tensor, message: str) -> None:
+    """Assert on the device that every element of the boolean ``ok`` is True.
+
+    ``torch._assert_async``: queued with the tensor's other work, no host synchronisation.
+    Call it when `asserts_on_device` says so; ``message`` cannot quote values (they are not
+    read), so it names the argument and the rule.
+    """
+    torch._assert_async(ok.all(), message)
 
 
 MAX_ALLOCATION_BYTES = 2**48
@@ -191,6 +246,8 @@ MAX_ALLOCATION_BYTES = 2**48
 def check_allocation(what: str, shape: Sequence[int], dtype: torch.dtype) -> None:
     """Raise ``ValueError`` before allocating a tensor of ``shape`` no machine could hold.
 
+    Skipped under ``torch.compile`` (the allocator's own error remains).
+
     Examples:
         >>> import torch
         >>> check_allocation("the windows", (1, 3, 10**9 * 10**9, 4, 4), torch.float32)
@@ -198,8 +255,10 @@ def check_allocation(what: str, shape: Sequence[int], dtype: torch.dtype) -> Non
         ...
         ValueError: the windows would need a tensor of shape (1, 3, 1000000000000000000, 4, 4) (192000000000000000000 bytes); some size is absurdly large
     """
+    if torch.compiler.is_compiling():  # symbolic sizes: int() would specialise them
+        return
     numel = math.prod(int(s) for s in shape)
-    size = numel * torch.empty((), dtype=dtype).element_size()
+    size = numel * dtype.itemsize
     if size > MAX_ALLOCATION_BYTES:
         raise ValueError(
             f"{what} would need a tensor of shape {tuple(int(s) for s in shape)} ({size} bytes); "

@@ -1,12 +1,24 @@
 """The switch for checks that read tensor values (private; re-exported by ``visionblocks``).
 
 Type, dtype, shape and device checks cost nothing and always run. Checks of *values* (finite
-target boxes with ``x2 > x1``, labels in range, binary masks, positive normalizers) read the
-data once, which on a hot path costs time and, for CUDA tensors, a host synchronisation. They
-are on by default, so a mistake gives a clear error instead of a silently wrong loss; a
-training loop that has validated its data can turn them off with
+target boxes with ``x2 > x1``, labels in range, binary masks, positive normalizers) make one
+pass over the data. They are on by default, so a mistake gives a clear error instead of a
+silently wrong loss; a training loop that has validated its data can turn them off with
 ``visionblocks.set_value_checks(False)``, ``with visionblocks.value_checks(False):`` or the
 environment variable ``VISIONBLOCKS_VALUE_CHECKS=0``.
+
+Where they run (`visionblocks._core.tensor_checks.reads_values` and ``asserts_on_device``):
+
+- CPU tensors: the values are read and a mistake raises at once (``ValueError``, quoting the
+  bad values).
+- CUDA tensors: nothing is read on the host, so nothing waits for the GPU. A check that is
+  cheap on the device runs as a device-side assert (``torch._assert_async``): a mistake
+  surfaces at the next synchronisation as a CUDA error (``device-side assert triggered``)
+  carrying the check's message, and leaves the CUDA context unusable. The other checks are
+  skipped on CUDA (each says so in its docstring); to see their clear errors, run one batch
+  on CPU.
+- Meta and fake tensors (shape inference), ``torch.jit.trace``, ``torch.compile`` and
+  ``torch.export``: skipped (a host read would freeze one input's answer into the graph).
 """
 
 from __future__ import annotations
@@ -54,9 +66,11 @@ def set_value_checks(enabled: bool) -> None:
     """Turn the checks that read tensor values on or off for the whole process.
 
     Shape, dtype and device checks always run. Value checks (finite boxes with ``x2 > x1``,
-    labels in range, binary targets, positive normalizers...) read the data: on by default;
-    turn them off in a loop whose data you have validated, to save that pass (and, on CUDA,
-    a host synchronisation).
+    labels in range, binary targets, positive normalizers...) make a pass over the data: on
+    by default; turn them off in a loop whose data you have validated, to save that pass. On
+    CPU they raise at once; on CUDA they never make the host wait: they are device-side
+    asserts (a failure is a CUDA error at the next synchronisation) or skipped, as this
+    module's docstring describes.
 
     Args:
         enabled: True to run them (the default), False to skip them.

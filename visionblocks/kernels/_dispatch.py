@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 import torch
 
 from visionblocks._core.dispatch import forced_triton, get_impl, validate_impl
+from visionblocks._core.tensor_checks import has_values
 from visionblocks.kernels._support import (
     capability_reason,
     nondeterministic_reason,
@@ -44,12 +45,16 @@ def resolve_impl(impl: str, op: str, *tensors: torch.Tensor) -> str:
     nondeterministic ops, or warns with ``warn_only=True``. The triton interpreter (CPU
     tensors) runs programs one after the other, so it is not affected.
 
+    Fake CUDA tensors (``FakeTensorMode``, shape inference): ``"auto"`` is ``"torch"``,
+    chosen without importing triton or touching the CUDA driver; forcing ``"triton"``
+    raises. CPU and meta tensors never touch the driver either.
+
     Raises:
         ValueError: For an unknown ``impl``.
         RuntimeError: If ``"triton"`` is forced but cannot run here (no triton, no kernel for
-            ``op``, CPU tensors without ``TRITON_INTERPRET=1``, or a GPU or dtype the kernels
-            do not support), or would run a nondeterministic kernel on CUDA in deterministic
-            mode; the message says why.
+            ``op``, CPU tensors without ``TRITON_INTERPRET=1``, fake tensors, or a GPU or
+            dtype the kernels do not support), or would run a nondeterministic kernel on
+            CUDA in deterministic mode; the message says why.
 
     Examples:
         >>> import torch
@@ -66,6 +71,14 @@ def resolve_impl(impl: str, op: str, *tensors: torch.Tensor) -> str:
     if impl == "torch":
         return "torch"
     on_cuda = bool(tensors) and all(t.is_cuda for t in tensors)
+    if on_cuda and _shapes_only(tensors):
+        # Shape inference: no kernel runs, so neither triton nor the driver is asked.
+        if impl == "auto":
+            return "torch"
+        raise RuntimeError(
+            f"impl='triton' was requested for {op!r} on fake tensors (shape inference), "
+            "where no kernel can run; use impl='auto' or 'torch'"
+        )
     if impl == "auto":
         if (
             on_cuda
@@ -96,6 +109,13 @@ def resolve_impl(impl: str, op: str, *tensors: torch.Tensor) -> str:
         if _avoid_for_determinism(op):
             _alert_nondeterministic(op)
     return "triton"
+
+
+def _shapes_only(tensors: tuple[torch.Tensor, ...]) -> bool:
+    """Whether these CUDA tensors are fake (``FakeTensorMode``, ``make_fx``): no data, and
+    no reason to touch the driver. Under ``torch.compile`` dynamo passes real tensors'
+    stand-ins, so the choice is the real one's."""
+    return not torch.compiler.is_compiling() and not all(has_values(t) for t in tensors)
 
 
 def _capability(device: torch.device) -> tuple[int, int]:

@@ -1,6 +1,6 @@
 """Which GPUs and dtypes the kernels support, and which are deterministic (no triton import).
 
-`visionblocks._core.dispatch` asks `unsupported_reason` before ``impl="auto"`` picks a kernel, and
+`visionblocks.kernels._dispatch` asks `unsupported_reason` before ``impl="auto"`` picks a kernel, and
 raises with the same reason when ``impl="triton"`` is forced where a kernel cannot run. The
 table follows what `visionblocks.kernels._compile` checks for every kernel: compiled with
 triton's own compiler and ``ptxas`` for ``sm_75``, ``sm_80`` and ``sm_90``.

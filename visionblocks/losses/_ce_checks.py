@@ -103,10 +103,11 @@ def check_class_indices(target: Tensor, num_classes: int, ignore_index: int) -> 
     The error is a ``ValueError`` and an ``IndexError`` (what ``F.cross_entropy`` raises on
     CPU).
 
-    A value check (skipped when `visionblocks.value_checks_enabled` is off): one ``aminmax``,
-    and a second one over the targets with ``ignore_index`` masked when the first finds values
-    outside ``[0, C)``. With value checks off, an out-of-range index hits the device-side
-    assert (CUDA) or the ``IndexError`` (CPU) of ``nll_loss``, exactly as ``F.cross_entropy``.
+    A value check of CPU tensors (skipped when `visionblocks.value_checks_enabled` is off):
+    one ``aminmax``, and a second one over the targets with ``ignore_index`` masked when the
+    first finds values outside ``[0, C)``. Skipped on CUDA (no host read): there, and with
+    value checks off, an out-of-range index hits the device-side assert (CUDA) or the
+    ``IndexError`` (CPU) of ``nll_loss``/``gather``, exactly as ``F.cross_entropy``.
     """
     if target.numel() == 0 or not reads_values(target):
         return

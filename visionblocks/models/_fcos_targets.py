@@ -134,9 +134,12 @@ def _match_chunk(
     classes = torch.full((batch, width), num_classes, dtype=torch.long, device=device)
     valid = torch.zeros(batch, width, dtype=torch.bool, device=device)
     counts = torch.tensor([len(b) for b in boxes], device=device)
-    if int(counts.sum()):
-        image = torch.repeat_interleave(torch.arange(batch, device=device), counts)
-        first = torch.repeat_interleave(torch.cumsum(counts, 0) - counts, counts)
+    total = sum(len(b) for b in boxes)  # from the sizes: no host read of `counts`
+    if total:
+        image = torch.repeat_interleave(
+            torch.arange(batch, device=device), counts, output_size=total
+        )
+        first = torch.repeat_interleave(torch.cumsum(counts, 0) - counts, counts, output_size=total)
         slot = torch.arange(len(image), device=device) - first
         padded[image, slot] = torch.cat(list(boxes)).to(points.dtype)
         classes[image, slot] = torch.cat(list(labels)).to(torch.long)

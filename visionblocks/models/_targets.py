@@ -4,9 +4,10 @@
 Structure (types, dtypes, shapes, devices, lengths) is always checked: it costs a few Python
 attribute reads per image. Values (finite boxes with ``x2 > x1`` and ``y2 > y1``, labels in
 ``[0, num_classes)``, ``iscrowd`` in ``{0, 1}``) are checked when
-`visionblocks.value_checks_enabled` (the default), in one pass over the whole batch with a
-single host synchronisation; only when something is wrong does a second pass find the first
-offending row to name it.
+`visionblocks.value_checks_enabled` (the default), in one pass over the whole batch: on CPU
+one read, and only when something is wrong a second pass finds the first offending row to
+name it; on CUDA a device-side assert (no host sync). Crowd rows (``iscrowd`` 1) are removed,
+a data-dependent size: with an ``iscrowd`` entry, one host sync on CUDA.
 """
 
 from __future__ import annotations
@@ -17,8 +18,12 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from visionblocks._core.tensor_checks import check_device
-from visionblocks._core.values import value_checks_enabled
+from visionblocks._core.tensor_checks import (
+    assert_on_device,
+    asserts_on_device,
+    check_device,
+    reads_values,
+)
 
 __all__ = ["CheckedTargets", "prepare_targets"]
 
@@ -132,12 +137,18 @@ def _bad_crowd(crowd: Tensor) -> Tensor:
     return (crowd != 0) & (crowd != 1)
 
 
+def _allowed(num_classes: int | None) -> str:
+    return "[0, inf)" if num_classes is None else f"[0, {num_classes})"
+
+
 def _check_values(
     items: list[tuple[Tensor, Tensor, Tensor | None]], num_classes: int | None
 ) -> None:
-    """One reduction and one host sync over the batch; then, if needed, find the culprit."""
+    """One reduction over the batch (a value check: read on CPU, then, if needed, find the
+    culprit; a device-side assert on CUDA)."""
     boxes = [b for b, _, _ in items if b.numel()]
-    if not boxes:
+    on_host = bool(boxes) and reads_values(*boxes)
+    if not boxes or not (on_host or asserts_on_device(*boxes)):
         return
     flags = [
         _bad_boxes(torch.cat(boxes)).any(),
@@ -146,7 +157,12 @@ def _check_values(
     crowds = [c for _, _, c in items if c is not None]
     if crowds:
         flags.append(_bad_crowd(torch.cat(crowds)).any())
-    if not bool(torch.stack(flags).any()):
+    bad = torch.stack(flags).any()
+    if not on_host:  # CUDA: no host sync, so the message cannot name the row
+        rule = f"targets: labels in {_allowed(num_classes)}, iscrowd 0 or 1; {_XYXY_HINT}"
+        assert_on_device(~bad, rule)
+        return
+    if not bool(bad):
         return
     for i, (b, label, crowd) in enumerate(items):
         rows = torch.nonzero(_bad_boxes(b)).flatten().tolist()
@@ -158,10 +174,9 @@ def _check_values(
             )
         wrong = torch.nonzero(_bad_labels(label, num_classes)).flatten().tolist()
         if wrong:
-            allowed = "[0, inf)" if num_classes is None else f"[0, {num_classes})"
             raise ValueError(
-                f"{_path(i, 'labels')} must lie in {allowed} (class indices, no background "
-                f"class), got {label[wrong[0]].item()} at index {wrong[0]}"
+                f"{_path(i, 'labels')} must lie in {_allowed(num_classes)} (class indices, no "
+                f"background class), got {label[wrong[0]].item()} at index {wrong[0]}"
             )
         if crowd is not None and bool(_bad_crowd(crowd).any()):
             raise ValueError(f"{_path(i, 'iscrowd')} must hold 0 or 1, got {crowd.tolist()}")
@@ -200,8 +215,7 @@ def prepare_targets(
             crowd = _check_per_box(_path(i, "iscrowd"), crowd, _path(i, "boxes"), n, device,
                                    "crowd flags (0 or 1)", allow_bool=True)  # fmt: skip
         items.append((_to_xyxy(boxes), labels.as_subclass(Tensor), crowd))
-    if value_checks_enabled() and not torch.compiler.is_compiling():
-        _check_values(items, num_classes)
+    _check_values(items, num_classes)
     out = CheckedTargets()
     out.num_classes = num_classes
     for boxes, labels, crowd in items:

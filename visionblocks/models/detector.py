@@ -11,8 +11,13 @@ from torch import Tensor
 from visionblocks._core.checks import check_int
 from visionblocks._core.namespace import public_dir
 from visionblocks._core.registries import MODELS
-from visionblocks._core.tensor_checks import check_device, check_floating
-from visionblocks._core.values import value_checks_enabled
+from visionblocks._core.tensor_checks import (
+    assert_on_device,
+    asserts_on_device,
+    check_device,
+    check_floating,
+    reads_values,
+)
 from visionblocks.models._compose import ComposedModel, build_parts
 from visionblocks.models._targets import prepare_targets
 
@@ -100,7 +105,8 @@ def normalize_images(
             tensors on different devices, ``image_sizes`` not one ``(H, W)`` within the batch
             per image; with value checks on (`visionblocks.value_checks_enabled`), a
             ``mean`` that is not finite, a ``std`` that is not positive and finite, or
-            floating-point images with NaN or inf pixels.
+            floating-point images with NaN or inf pixels (on CUDA these are device-side
+            asserts, no host sync).
 
     Examples:
         >>> import torch
@@ -142,9 +148,11 @@ def normalize_images(
         )
     if not torch.compiler.is_exporting():  # as_subclass of an export input becomes a constant
         batch = batch.as_subclass(Tensor)
-    checking = value_checks_enabled() and not torch.compiler.is_compiling()
-    if checking and batch.is_floating_point() and not bool(torch.isfinite(batch).all()):
-        raise ValueError("images must be finite (0-255 values), got NaN or inf pixels")
+    if batch.is_floating_point() and reads_values(batch):
+        if not bool(torch.isfinite(batch).all()):
+            raise ValueError("images must be finite (0-255 values), got NaN or inf pixels")
+    elif batch.is_floating_point() and asserts_on_device(batch):
+        assert_on_device(torch.isfinite(batch), "images must be finite (0-255 values)")
     batch = batch.to(dtype=mean.dtype)
     return (batch - mean.view(1, -1, 1, 1)) / std.view(1, -1, 1, 1), sizes
 
@@ -158,9 +166,12 @@ def _check_stats(mean: Any, std: Any) -> None:
             f"{tuple(mean.shape)} and {tuple(std.shape)}"
         )
     check_device("std", std, mean.device, "mean")
-    if value_checks_enabled() and not torch.compiler.is_compiling():
+    on_host = reads_values(mean, std)
+    if on_host or asserts_on_device(mean, std):
         ok = torch.isfinite(mean).all() & torch.isfinite(std).all() & (std > 0).all()
-        if not bool(ok):
+        if not on_host:
+            assert_on_device(ok, "mean must be finite and std positive and finite")
+        elif not bool(ok):
             raise ValueError(
                 f"mean must be finite and std positive and finite, got mean={mean.tolist()}, "
                 f"std={std.tolist()}"
@@ -183,7 +194,9 @@ def training_targets(
     ``x2 > x1`` and ``y2 > y1`` (after conversion to XYXY; **zero-size boxes are rejected**:
     no location lies inside them, so they would be silently ignored), labels in
     ``[0, num_classes)`` (``>= 0`` when ``num_classes`` is None) and ``iscrowd`` 0 or 1. The
-    value checks read the whole batch once, with one host synchronisation.
+    value checks make one pass over the whole batch: read on CPU, a device-side assert on
+    CUDA (no host sync). Removing crowd rows is a data-dependent size: with an ``iscrowd``
+    entry, one host sync on CUDA.
 
     Args:
         targets: One dict per image with ``boxes``, ``labels`` and optionally ``iscrowd``.
@@ -240,8 +253,8 @@ class Detector(ComposedModel):
     one ``(H, W)`` per image, ``targets`` one dict per image whose boxes are finite XYXY
     with ``x2 > x1`` and ``y2 > y1`` (zero-size boxes are rejected) and whose labels are
     integers in ``[0, num_classes)``. Checks of values run when
-    `visionblocks.value_checks_enabled` (the default; they cost one pass over the targets
-    and one host synchronisation per step).
+    `visionblocks.value_checks_enabled` (the default; they cost one pass over the targets:
+    read on CPU, device-side asserts on CUDA).
 
     ``forward(images, padded=True)`` (eval mode) gives the export form instead of the list:
     ``{"boxes" (B, K, 4), "scores" (B, K), "labels" (B, K), "num_detections" (B,)}``,

@@ -294,19 +294,22 @@ class FCOSHead(nn.Module):
             reduction="sum",
             normalizer=num_pos,
         )
-        pos_points = points.expand(len(targets), -1, -1)[positive]
-        pred_boxes = decode_ltrb(pos_points, distances[positive].float())
-        target_boxes = matched_t[positive]
-        weights = centerness_target(pos_points, target_boxes)
+        # Every location, with the negatives' terms weighted by zero: boolean indexing would
+        # give a data-dependent size (a host sync on CUDA, a graph break under compile).
+        # Negatives get a unit box around their point as target, so every term is finite.
+        pos = positive.flatten()
+        all_points = points.expand(len(targets), -1, -1).reshape(-1, 2)
+        pred_boxes = decode_ltrb(all_points, distances.reshape(-1, 4).float())
+        unit = all_points.repeat(1, 2) + all_points.new_tensor([-1.0, -1.0, 1.0, 1.0])
+        target_boxes = torch.where(pos[:, None], matched_t.reshape(-1, 4), unit)
+        weights = centerness_target(all_points, target_boxes) * pos
         weight_sum = reduce_mean(weights.sum()).clamp(min=1e-6)
         giou = generalized_box_iou_loss(pred_boxes, target_boxes, reduction="none")
         loss_box = (giou * weights).sum() / weight_sum
-        loss_ctr = (
-            F.binary_cross_entropy_with_logits(
-                centerness[positive].float(), weights, reduction="sum"
-            )
-            / num_pos
+        bce = F.binary_cross_entropy_with_logits(
+            centerness.flatten().float(), weights, reduction="none"
         )
+        loss_ctr = (bce * pos).sum() / num_pos
         return {"loss_cls": loss_cls, "loss_box": loss_box, "loss_centerness": loss_ctr}
 
     @torch.no_grad()

@@ -10,8 +10,13 @@ from torch import Tensor
 
 from visionblocks._core.checks import check_int, check_number
 from visionblocks._core.namespace import public_dir
-from visionblocks._core.tensor_checks import check_device, check_floating
-from visionblocks._core.values import value_checks_enabled
+from visionblocks._core.tensor_checks import (
+    assert_on_device,
+    asserts_on_device,
+    check_device,
+    check_floating,
+    reads_values,
+)
 from visionblocks.models._levels import check_size
 
 __all__ = ["decode_ltrb", "postprocess_detections", "postprocess_padded"]
@@ -71,7 +76,8 @@ def postprocess_detections(
     Per level: the (location, class) pairs scoring above ``score_thresh``, at most
     ``topk_candidates`` of them. Then over all levels: boxes clipped to the image,
     ``torchvision.ops.batched_nms`` per class at ``nms_thresh``, and the
-    ``max_detections`` highest scores.
+    ``max_detections`` highest scores. How many boxes survive depends on the values, so on
+    CUDA this reads on the host (it synchronises), as NMS does.
 
     Args:
         scores (Sequence[Tensor[A_l, C]]): Class scores in ``[0, 1]`` per level.
@@ -93,7 +99,7 @@ def postprocess_detections(
             and ``boxes`` have different numbers of rows (or classes that differ between
             levels), tensors on different devices, options out of range; with value checks
             on (`visionblocks.value_checks_enabled`), scores outside ``[0, 1]`` (logits
-            instead of probabilities) or NaN.
+            instead of probabilities) or NaN (on CUDA a device-side assert).
 
     Examples:
         >>> scores = [torch.tensor([[0.9, 0.1], [0.8, 0.0]])]
@@ -174,9 +180,12 @@ def _check_levels(scores: Any, boxes: Any, batched: bool = False) -> None:
             )
         check_device(f"scores[{level}]", s, scores[0].device, "scores[0]")
         check_device(f"boxes[{level}]", b, scores[0].device, "scores[0]")
-    if value_checks_enabled() and not torch.compiler.is_compiling():
+    on_host = reads_values(*scores)
+    if on_host or asserts_on_device(*scores):
         bad = [((s < 0) | (s > 1) | torch.isnan(s)).any() for s in scores]
-        if bool(torch.stack(bad).any()):
+        if not on_host:  # CUDA: a device-side assert, no host sync
+            assert_on_device(~torch.stack(bad), "scores must hold probabilities in [0, 1]")
+        elif bool(torch.stack(bad).any()):
             level = next(i for i, flag in enumerate(bad) if flag)
             raise ValueError(
                 f"scores[{level}] must hold probabilities in [0, 1] (sigmoid or softmax "

@@ -15,8 +15,12 @@ from torch import Tensor, nn
 from visionblocks._core.checks import check_choice, check_int, check_number, check_type
 from visionblocks._core.namespace import public_dir
 from visionblocks._core.registries import HEADS, MODELS
-from visionblocks._core.tensor_checks import check_device
-from visionblocks._core.values import value_checks_enabled
+from visionblocks._core.tensor_checks import (
+    assert_on_device,
+    asserts_on_device,
+    check_device,
+    reads_values,
+)
 from visionblocks.init import kaiming_init, normal_init
 from visionblocks.losses.ce import cross_entropy
 from visionblocks.losses.softmax_focal import softmax_focal_loss
@@ -49,18 +53,16 @@ def check_label_maps(
         )
     check_device(name, labels, device, "the images")
     num_classes, ignore = getattr(head, "num_classes", None), getattr(head, "ignore_index", None)
-    if isinstance(num_classes, int) and value_checks_enabled() and labels.numel():
-        if torch.compiler.is_compiling():
-            return
+    on_host = reads_values(labels)
+    if isinstance(num_classes, int) and (on_host or asserts_on_device(labels)) and labels.numel():
         bad = (labels < 0) | (labels >= num_classes)
         if isinstance(ignore, int):
             bad &= labels != ignore
-        if bool(bad.any()):
-            value = labels[bad][0].item()
-            raise ValueError(
-                f"{name} must hold classes in [0, {num_classes}) or ignore_index={ignore}, "
-                f"got {value}"
-            )
+        rule = f"{name} must hold classes in [0, {num_classes}) or ignore_index={ignore}"
+        if not on_host:  # CUDA: a device-side assert, no host sync
+            assert_on_device(~bad, rule)
+        elif bool(bad.any()):
+            raise ValueError(f"{rule}, got {labels[bad][0].item()}")
 
 
 def _check_strides(strides: Any) -> list[int]:
@@ -246,7 +248,8 @@ class Segmenter(ComposedModel):
 
     ``targets`` must be an integer tensor of the images' batch size, height and width, on
     their device; with value checks on (`visionblocks.value_checks_enabled`), every label
-    is in ``[0, num_classes)`` or the head's ``ignore_index``.
+    is in ``[0, num_classes)`` or the head's ``ignore_index`` (on CUDA a device-side
+    assert, no host sync).
 
     Raises:
         TypeError: As `visionblocks.models.Detector`; ``targets`` not an integer tensor.

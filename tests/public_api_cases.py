@@ -1,0 +1,252 @@
+"""One small call of every public op, loss and layer, for the whole-API tests.
+
+`CASES` maps each name of ``visionblocks.ops.__all__``, ``visionblocks.losses.__all__`` and
+``visionblocks.nn.__all__`` to a builder: ``build(device)`` returns ``(fn, inputs)``, where
+``fn(*inputs)`` is one typical call (a module is built, on ``device``, inside the builder)
+and returns a tensor or a tuple of tensors. `NOT_TENSOR_OPS` holds the names that take no
+tensors, with the reason. `test_fake_cuda.py` runs every case on fake CUDA tensors and
+`test_compile_fullgraph.py` under ``torch.compile(fullgraph=True)``; both check that every
+public name has a case, so a new name without one fails. Builders run with ``device`` as the
+default device (``with device:``), so modules are built on it; they draw random values on the
+CPU and move them (the same values on every device).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+import visionblocks.losses as L
+import visionblocks.nn as vnn
+import visionblocks.ops as O
+
+Case = Callable[[torch.device], tuple[Callable[..., Any], tuple[Tensor, ...]]]
+
+NOT_TENSOR_OPS = {
+    "ops.BOX_FORMATS": "a tuple of format names",
+}
+
+# Names whose case is the losses' backward as well as their forward.
+LOSS_NAMES = {f"losses.{name}" for name in L.__all__}
+
+# Model transforms, run once on real weights (``FakeTensorMode`` cannot copy or re-create
+# modules); their case returns the transformed module, whose forward is what runs on a GPU.
+MODEL_TRANSFORMS = {"nn.find_conv_bn_pairs", "nn.fuse_conv_bn", "nn.fuse_modules"}
+
+
+def _gen() -> torch.Generator:
+    return torch.Generator().manual_seed(0)
+
+
+def _randn(device: torch.device, *shape: int, g: torch.Generator | None = None) -> Tensor:
+    # Drawn on CPU (same values on every device), then moved: fake CUDA tensors get no data.
+    return torch.randn(*shape, generator=g or _gen(), device="cpu").to(device)
+
+
+def _boxes(device: torch.device, n: int, seed: int = 0) -> Tensor:
+    g = torch.Generator().manual_seed(seed)
+    xy = torch.rand(n, 2, generator=g, device="cpu") * 10
+    wh = torch.rand(n, 2, generator=g, device="cpu") * 10 + 1
+    return torch.cat((xy, xy + wh), -1).to(device)
+
+
+def _matrix(device: torch.device, batch: int | None = None) -> Tensor:
+    m = O.affine_matrix(angle=15.0, translate=(1.0, -2.0), scale=1.2, center=(4.0, 3.0))
+    if batch is not None:
+        m = m.expand(batch, 2, 3).clone()
+    return m.to(device)
+
+
+def _module(device: torch.device, module: nn.Module, *inputs: Tensor):
+    return module.eval(), inputs  # built on `device`, the default device
+
+
+def _iou(fn):
+    return lambda d: (fn, (_boxes(d, 5, 0), _boxes(d, 3, 1)))
+
+
+def _iou_loss(fn):
+    return lambda d: (
+        lambda p, t: fn(p, t, reduction="mean"),
+        (_boxes(d, 6, 0), _boxes(d, 6, 1)),
+    )
+
+
+def _iou_loss_module(cls):
+    return lambda d: _module(d, cls(), _boxes(d, 6, 0), _boxes(d, 6, 1))
+
+
+def _focal_inputs(d: torch.device) -> tuple[Tensor, Tensor]:
+    g = _gen()
+    return _randn(d, 4, 3, g=g), (torch.rand(4, 3, generator=g, device="cpu") > 0.5).float().to(d)
+
+
+def _ce_inputs(d: torch.device) -> tuple[Tensor, Tensor]:
+    g = _gen()
+    target = torch.randint(0, 3, (2, 4, 4), generator=g, device="cpu")
+    target[0, 0, 0] = -100  # ignored
+    return _randn(d, 2, 3, 4, 4, g=g), target.to(d)
+
+
+def _image(d: torch.device, c: int = 4, h: int = 6, w: int = 7) -> Tensor:
+    return _randn(d, 2, c, h, w)
+
+
+def _conv_bn(d: torch.device) -> nn.Module:
+    model = nn.Sequential(nn.Conv2d(4, 6, 3, padding=1), nn.BatchNorm2d(6), nn.ReLU())
+    with torch.no_grad():
+        model[1].running_mean.copy_(torch.linspace(-1, 1, 6))
+        model[1].running_var.copy_(torch.linspace(0.5, 2, 6))
+    return model.eval()
+
+
+def _found(model: nn.Module) -> nn.Module:
+    assert vnn.find_conv_bn_pairs(model) == [("0", "1")]
+    return model
+
+
+CASES: dict[str, Case] = {
+    # ------------------------------------------------------------------------------ ops
+    "ops.affine_matrix": lambda d: (
+        lambda angle, t, s: O.affine_matrix(angle=angle, translate=t, scale=s, center=(4.0, 3.0)),
+        (_randn(d, 3) * 30, _randn(d, 3, 2), _randn(d, 3).abs() + 0.5),
+    ),
+    "ops.box_area": lambda d: (O.box_area, (_boxes(d, 5),)),
+    "ops.box_convert": lambda d: (lambda b: O.box_convert(b, "xyxy", "cxcywh"), (_boxes(d, 5),)),
+    "ops.box_iou": _iou(O.box_iou),
+    "ops.complete_box_iou": _iou(O.complete_box_iou),
+    "ops.distance_box_iou": _iou(O.distance_box_iou),
+    "ops.generalized_box_iou": _iou(O.generalized_box_iou),
+    "ops.complete_box_iou_loss": _iou_loss(O.complete_box_iou_loss),
+    "ops.distance_box_iou_loss": _iou_loss(O.distance_box_iou_loss),
+    "ops.generalized_box_iou_loss": _iou_loss(O.generalized_box_iou_loss),
+    "ops.invert_affine": lambda d: (O.invert_affine, (_matrix(d, 2),)),
+    "ops.local_attention2d": lambda d: (
+        lambda q, k, v: O.local_attention2d(q, k, v, 3, num_heads=2),
+        (_image(d), _image(d) * 0.5, _image(d) + 1),
+    ),
+    "ops.local_filter2d": lambda d: (
+        lambda x, k: O.local_filter2d(x, k, 3),
+        (_image(d), _randn(d, 2, 2 * 9, 6, 7)),
+    ),
+    "ops.matrix_to_theta": lambda d: (
+        lambda m: O.matrix_to_theta(m, (6, 7), (5, 4)),
+        (_matrix(d, 2),),
+    ),
+    "ops.theta_to_matrix": lambda d: (
+        lambda t: O.theta_to_matrix(t, (6, 7), (5, 4)),
+        (_matrix(d, 2) * 0.3,),
+    ),
+    "ops.sliding_windows": lambda d: (lambda x: O.sliding_windows(x, 3), (_image(d),)),
+    "ops.warp_affine": lambda d: (
+        lambda x, m: O.warp_affine(x, m, (5, 8)),
+        (_image(d), _matrix(d, 2)),
+    ),
+    "ops.warp_boxes": lambda d: (
+        lambda b, m: O.warp_boxes(b, m, (12, 14)),
+        (_boxes(d, 5), _matrix(d)),
+    ),
+    "ops.warp_masks": lambda d: (
+        lambda mk, m: O.warp_masks(mk, m, (5, 8)),
+        ((_image(d, 3)[0] > 0), _matrix(d)),
+    ),
+    "ops.warp_points": lambda d: (O.warp_points, (_randn(d, 2, 5, 2), _matrix(d, 2)[:, None])),
+    # target=None: with boxes and min_size set, which boxes survive is data dependent.
+    "ops.warp_sample": lambda d: (
+        lambda x, m: O.warp_sample(x, None, m, (5, 8))[0],
+        (_image(d)[0], _matrix(d)),
+    ),
+    # --------------------------------------------------------------------------- losses
+    "losses.BCEWithLogitsLoss": lambda d: _module(
+        d, L.BCEWithLogitsLoss(label_smoothing=0.1), *_focal_inputs(d)
+    ),
+    "losses.binary_cross_entropy_with_logits": lambda d: (
+        lambda x, t: L.binary_cross_entropy_with_logits(x, t, ignore_index=-1.0),
+        _focal_inputs(d),
+    ),
+    "losses.CrossEntropyLoss": lambda d: _module(d, L.CrossEntropyLoss(top_k=0.5), *_ce_inputs(d)),
+    "losses.cross_entropy": lambda d: (
+        lambda x, t: L.cross_entropy(x, t, label_smoothing=0.1),
+        _ce_inputs(d),
+    ),
+    "losses.SoftmaxFocalLoss": lambda d: _module(d, L.SoftmaxFocalLoss(), *_ce_inputs(d)),
+    "losses.softmax_focal_loss": lambda d: (
+        lambda x, t: L.softmax_focal_loss(x, t, alpha=0.25, reduction="sum"),
+        _ce_inputs(d),
+    ),
+    "losses.SigmoidFocalLoss": lambda d: _module(d, L.SigmoidFocalLoss(), *_focal_inputs(d)),
+    "losses.sigmoid_focal_loss": lambda d: (
+        lambda x, t, n: L.sigmoid_focal_loss(x, t, reduction="sum", normalizer=n),
+        (*_focal_inputs(d), torch.tensor(3.0, device=d)),
+    ),
+    "losses.CompleteBoxIoULoss": _iou_loss_module(L.CompleteBoxIoULoss),
+    "losses.DistanceBoxIoULoss": _iou_loss_module(L.DistanceBoxIoULoss),
+    "losses.GeneralizedBoxIoULoss": _iou_loss_module(L.GeneralizedBoxIoULoss),
+    "losses.complete_box_iou_loss": _iou_loss(L.complete_box_iou_loss),
+    "losses.distance_box_iou_loss": _iou_loss(L.distance_box_iou_loss),
+    "losses.generalized_box_iou_loss": _iou_loss(L.generalized_box_iou_loss),
+    # ------------------------------------------------------------------------------- nn
+    "nn.ChannelShuffle": lambda d: _module(d, vnn.ChannelShuffle(2), _image(d)),
+    "nn.channel_shuffle": lambda d: (lambda x: vnn.channel_shuffle(x, 2), (_image(d),)),
+    "nn.ConvNormAct": lambda d: _module(d, vnn.ConvNormAct(4, 6, 3), _image(d)),
+    "nn.DepthwiseConv2d": lambda d: _module(d, vnn.DepthwiseConv2d(4, 3, stride=2), _image(d)),
+    "nn.DepthwiseSeparableConv2d": lambda d: _module(
+        d, vnn.DepthwiseSeparableConv2d(4, 6), _image(d)
+    ),
+    "nn.Involution2d": lambda d: _module(
+        d, vnn.Involution2d(4, kernel_size=3, groups=2, reduction=2), _image(d)
+    ),
+    "nn.LayerNorm2d": lambda d: _module(d, vnn.LayerNorm2d(4), _image(d)),
+    "nn.LocalAttention2d": lambda d: _module(
+        d, vnn.LocalAttention2d(4, kernel_size=3, num_heads=2), _image(d)
+    ),
+    "nn.LocalFilter2d": lambda d: _module(d, vnn.LocalFilter2d(4, kernel_size=3), _image(d)),
+    "nn.make_activation": lambda d: _module(d, vnn.make_activation("silu"), _image(d)),
+    "nn.make_norm": lambda d: _module(d, vnn.make_norm("gn", 4), _image(d)),
+    # Fusion is arithmetic on the weights (run by the builder); then the fused forward.
+    "nn.fuse_conv_bn": lambda d: _module(d, vnn.fuse_conv_bn(*_conv_bn(d)[:2]), _image(d)),
+    "nn.fuse_modules": lambda d: _module(d, vnn.fuse_modules(_conv_bn(d)), _image(d)),
+    "nn.find_conv_bn_pairs": lambda d: _module(d, _found(_conv_bn(d)), _image(d)),
+}
+
+
+# Other options of the losses, whose checks and paths differ (fake CUDA test only: fast).
+OPTION_CASES: dict[str, Case] = {
+    "cross_entropy(weight, top_k)": lambda d: (
+        lambda x, t, w: L.cross_entropy(x, t, weight=w, top_k=0.3),
+        (*_ce_inputs(d), _randn(d, 3).abs()),
+    ),
+    "cross_entropy(probabilities)": lambda d: (
+        lambda x, t: L.cross_entropy(x, t.softmax(1)),
+        (_randn(d, 2, 3, 4, 4), _randn(d, 2, 3, 4, 4)),
+    ),
+    "softmax_focal_loss(weight, alpha tensor, smoothing)": lambda d: (
+        lambda x, t, w: L.softmax_focal_loss(x, t, alpha=w, weight=w, label_smoothing=0.1),
+        (*_ce_inputs(d), _randn(d, 3).abs()),
+    ),
+    "binary_cross_entropy_with_logits(weight, pos_weight)": lambda d: (
+        lambda x, t, w: L.binary_cross_entropy_with_logits(x, t, weight=w, pos_weight=w[0]),
+        (*_focal_inputs(d), _randn(d, 4, 3).abs()),
+    ),
+    "sigmoid_focal_loss(index targets, ignore, weight, mean)": lambda d: (
+        lambda x, t, w: L.sigmoid_focal_loss(x, t, weight=w, ignore_index=-1, reduction="mean"),
+        (_randn(d, 4, 3), torch.tensor([0, 2, -1, 3], device=d), _randn(d, 4, 3).abs()),
+    ),
+}
+
+
+def public_names() -> list[str]:
+    """Every public name of ops, losses and nn, as ``"<package>.<name>"``."""
+    return [
+        f"{package.__name__.rsplit('.', 1)[-1]}.{name}"
+        for package in (O, L, vnn)
+        for name in package.__all__
+    ]
+
+
+def missing_cases() -> list[str]:
+    """Public names with neither a case nor a reason in `NOT_TENSOR_OPS`."""
+    return [n for n in public_names() if n not in CASES and n not in NOT_TENSOR_OPS]
