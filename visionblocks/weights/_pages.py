@@ -13,8 +13,9 @@ that `load_partial` can
 Both only act on byte ranges that lie inside a private mapping of the file (checked in
 ``/proc/self/maps``, or known from `visionblocks.weights._zipmap`, which made the mapping:
 `FilePages.for_mapping`), so no other memory is ever touched; elsewhere (not Linux, no
-mapping) they do nothing and the caller copies as usual. `copy_tensors` gathers the reads
-and does them last, in pieces of a few MiB spread over threads (`FilePages.read`).
+mapping) they do nothing and the caller copies as usual. `copy_tensors` reads or copies
+each tensor in turn, on the calling thread: spreading the reads over threads measured no
+faster (issue 29, ``benchmarks/cases/weights.py``).
 """
 
 from __future__ import annotations
@@ -23,7 +24,6 @@ import contextlib
 import ctypes
 import ctypes.util
 import functools
-import itertools
 import mmap as _mmap
 import os
 import sys
@@ -33,14 +33,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from visionblocks._core.parallel import parallel_for
 from visionblocks.weights._adapt import adapt_input_conv_weight
 
 __all__ = ["FilePages", "copy_tensors"]
 
 _MADV_DONTNEED = 4  # Linux
 _PLAIN = (torch.Tensor, nn.Parameter)
-_PIECE = 1 << 22  # bytes: the reads of `FilePages.read` go in pieces of about this size
 
 
 @functools.lru_cache(maxsize=1)
@@ -149,7 +147,7 @@ class FilePages:
             if not keep:
                 os.close(fd)
 
-    def plan(self, target: torch.Tensor, value: torch.Tensor) -> tuple[int, int, int] | None:
+    def _plan(self, target: torch.Tensor, value: torch.Tensor) -> tuple[int, int, int] | None:
         """``(address, bytes, file offset)`` to read ``value``, a tensor of the mapped file,
         into ``target`` (see `read_into`), or None where it must be copied instead."""
         if not (
@@ -176,27 +174,6 @@ class FilePages:
             return None
         return target.data_ptr(), nbytes, offset
 
-    def read(self, jobs: list[tuple[int, int, int]]) -> None:
-        """Do the reads planned by `plan` (large ones cut into pieces, spread over threads:
-        copying from the page cache is memory-bound, and two cores copy faster than one)."""
-        groups: list[list[tuple[int, int, int]]] = [[]]
-        size = 0
-        for address, nbytes, offset in sorted(jobs, key=lambda job: job[2]):
-            for start in range(0, nbytes, _PIECE):
-                n = min(_PIECE, nbytes - start)
-                if size + n > _PIECE and groups[-1]:
-                    groups.append([])
-                    size = 0
-                groups[-1].append((address + start, n, offset + start))
-                size += n
-
-        def run(first: int, stop: int) -> None:
-            for group in groups[first:stop]:
-                for address, n, offset in group:
-                    self._read_exact(address, n, offset)
-
-        parallel_for(run, len(groups) if jobs else 0, 1)
-
     def _read_exact(self, address: int, nbytes: int, offset: int) -> None:
         view = memoryview((ctypes.c_char * nbytes).from_address(address)).cast("B")
         done = 0
@@ -214,7 +191,7 @@ class FilePages:
         same dtype and shape whose bytes lie in the mapping; returns False (nothing done)
         otherwise, and the caller copies. Bumps ``target``'s version counter as ``copy_``.
         """
-        job = self.plan(target, value)
+        job = self._plan(target, value)
         if job is None:
             return False
         self._read_exact(*job)
@@ -233,17 +210,6 @@ class FilePages:
             self.close()
 
 
-def _disjoint(tensors: list[torch.Tensor]) -> bool:
-    """No two of ``tensors`` share a byte of storage (the order of their writes is free)."""
-    spans = []
-    for tensor in tensors:
-        storage = tensor.untyped_storage()
-        if storage.nbytes():
-            spans.append((storage.data_ptr(), storage.data_ptr() + storage.nbytes()))
-    spans.sort()
-    return all(a[1] <= b[0] for a, b in itertools.pairwise(spans))
-
-
 def copy_tensors(
     updates: dict[str, str],
     model_state: dict[str, torch.Tensor],
@@ -251,36 +217,21 @@ def copy_tensors(
     adapted: set[str],
     pages: FilePages | None,
 ) -> None:
-    """Copy ``state[updates[name]]`` into each ``model_state[name]`` (``adapted`` names through
-    `adapt_input_conv_weight`). From a file we mapped (``pages``), a tensor is read from the
-    file straight into the model's where it can be, and one copied from the mapping gets its
-    pages given back once copied. When no two targets share storage, the reads are gathered
-    and done last, spread over threads (`FilePages.read`); else each is done in turn."""
+    """Copy ``state[updates[name]]`` into each ``model_state[name]``, in order (``adapted``
+    names through `adapt_input_conv_weight`). From a mapped file (``pages``), a tensor is read
+    from the file straight into the model's where it can be (`FilePages.read_into`), and one
+    copied from the mapping gets its pages given back once copied (`FilePages.release`)."""
     try:
         with torch.no_grad():
-            gather = pages is not None and _disjoint([model_state[name] for name in updates])
-            jobs: list[tuple[int, int, int]] = []
-            read: list[torch.Tensor] = []
             for name, old in updates.items():
                 target, value = model_state[name], state[old]
                 if name in adapted:
                     value = adapt_input_conv_weight(value, target.shape[1])
-                elif pages is not None:
-                    job = pages.plan(target, value)
-                    if job is not None:
-                        if gather:
-                            jobs.append(job)
-                            read.append(target)
-                        else:
-                            pages.read([job])
-                            torch.autograd.graph.increment_version(target)
-                        continue
+                elif pages is not None and pages.read_into(target, value):
+                    continue
                 target.copy_(value)
                 if pages is not None:
                     pages.release(state[old])
-            if jobs:
-                pages.read(jobs)
-                torch.autograd.graph.increment_version(read)
     finally:
         if pages is not None:
             pages.close()
