@@ -10,6 +10,12 @@ quiet machine and/or while busy neighbours compete for the cores
 them as Markdown tables (`benchmarks.harness.table`). ``visionblocks bench`` (and
 ``benchmarks/run.py``) run it from the command line.
 
+Cases belong to a group (`GROUPS`): ``workload`` (what users run: a model's training step,
+an augmentation pipeline), ``micro`` (one op at one size) and ``sweep`` (one op at one point
+of a size sweep); reports list them in that order. Tiny calls are timed in calibrated loops
+(``BenchCase.min_sample_ms``) and their Python-level calls counted with cProfile
+(`count_calls`).
+
 Adding a case: put it in a ``benchmarks/cases/*.py`` module listed in
 `CASES`' modules, and call `register_case` at import time.
 
@@ -19,8 +25,10 @@ Only the standard library and torch are imported here; cases import their peers 
 from __future__ import annotations
 
 from benchmarks.harness.busy import BusyNeighbours
+from benchmarks.harness.calls import count_calls
 from benchmarks.harness.case import (
     CASES,
+    GROUPS,
     BenchCase,
     get_case,
     list_cases,
@@ -37,6 +45,7 @@ from benchmarks.harness.timing import TimingResult, num_threads, time_pair
 
 __all__ = [
     "CASES",
+    "GROUPS",
     "LOADS",
     "MEMORY_COLUMNS",
     "SPEED_COLUMNS",
@@ -47,6 +56,7 @@ __all__ = [
     "TimingResult",
     "add_arguments",
     "assert_same",
+    "count_calls",
     "format_table",
     "get_case",
     "list_cases",

@@ -22,6 +22,7 @@ from visionblocks.registry import Registry
 
 __all__ = [
     "CASES",
+    "GROUPS",
     "BenchCase",
     "get_case",
     "list_cases",
@@ -44,12 +45,19 @@ CASES = Registry(
         "benchmarks.cases.coco",
         "benchmarks.cases.checkpointing",
         "benchmarks.cases.cuda",
+        "benchmarks.cases.workloads",
+        "benchmarks.cases.sweep",
     ),
     description="BenchCase, or a zero-argument callable returning one",
 )
 """The registry of benchmark cases (a `visionblocks.registry.Registry`): case name →
 `BenchCase`. It imports the ``benchmarks.cases`` modules listed here on its first lookup
 miss, listing or iteration, and each of them registers its cases with `register_case`."""
+
+GROUPS: tuple[str, ...] = ("workload", "micro", "sweep")
+"""Kinds of case, in report order: ``"workload"`` (what users run: a model's training step, a
+per-sample augmentation pipeline), ``"micro"`` (one op at one size: the microbenchmarks) and
+``"sweep"`` (one op at one point of a size sweep, `benchmarks.cases.sweep`)."""
 
 
 @dataclass(eq=False)
@@ -90,8 +98,20 @@ class BenchCase:
         outputs: ``outputs(state)`` returns ``(ours_out, peer_out)`` for ``check`` when the
             timed calls return nothing comparable (a count, a load report); by default the
             check compares ``ours(state)`` with ``peer(state)``.
-        small_setup: A faster ``setup`` on reduced sizes, used by the output check only
-            (never timed); ``None`` to check on ``setup``'s inputs.
+        small_setup: A faster ``setup`` on reduced sizes, used by the output check and by
+            quick runs (``--quick``); ``None`` to use ``setup``'s inputs there too.
+        group: ``"workload"``, ``"micro"`` (default) or ``"sweep"`` (see `GROUPS`): where the
+            report lists the case, and what ``--group`` selects.
+        params: What the case's point is, for reports and plots (e.g. ``{"op": "box_iou",
+            "size": "100x100", "elements": 10000}``); ``None`` for none.
+        min_sample_ms: Time calls in a loop, long enough that one timed sample takes at least
+            this many milliseconds (the loop count is calibrated per side during warm-up; the
+            time per call is the sample divided by it). For calls of microseconds, which one
+            `time.perf_counter` pair cannot time; ``None`` (default): one call per sample.
+        count_calls: Also count the Python-level function calls of one call of each side
+            (`benchmarks.harness.calls.count_calls`, cProfile), shown in the report.
+        verify: Run ``check`` (on ``small_setup``) as part of every benchmark run, not only
+            in the tests; a mismatch makes the verdict ``error``.
 
     Examples:
         >>> import torch
@@ -126,6 +146,11 @@ class BenchCase:
     check: Callable[[Any, Any], None] | None = None
     outputs: Callable[[Any], tuple[Any, Any]] | None = None
     small_setup: Callable[[], Any] | None = None
+    group: str = "micro"
+    params: dict[str, Any] | None = None
+    min_sample_ms: float | None = None
+    count_calls: bool = False
+    verify: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -137,12 +162,22 @@ class BenchCase:
             value = getattr(self, field)
             if value is not None and not callable(value):
                 raise TypeError(f"BenchCase {field} must be callable or None, got {value!r}")
-        for field in ("min_speedup", "max_memory_ratio", "max_memory_mib", "min_busy_speedup"):
+        for field in (
+            "min_speedup",
+            "max_memory_ratio",
+            "max_memory_mib",
+            "min_busy_speedup",
+            "min_sample_ms",
+        ):
             value = getattr(self, field)
             if value is not None and not (isinstance(value, (int, float)) and value > 0):
                 raise ValueError(
                     f"BenchCase {field} must be a positive number or None, got {value!r}"
                 )
+        if self.group not in GROUPS:
+            raise ValueError(
+                f"BenchCase group must be one of {', '.join(map(repr, GROUPS))}, got {self.group!r}"
+            )
         if self.device not in ("cpu", "cuda"):
             raise ValueError(f"BenchCase device must be 'cpu' or 'cuda', got {self.device!r}")
         if not isinstance(self.threads, int) or isinstance(self.threads, bool) or self.threads < 1:

@@ -18,9 +18,10 @@ from benchmarks.harness.timing import TimingResult
 
 __all__ = ["JSON_SCHEMA", "BenchResult", "results_from_json", "results_to_json"]
 
-JSON_SCHEMA = 2
-"""Version of the JSON form; 2 added the busy-neighbour fields (schema 1 still reads)."""
-_READABLE_SCHEMAS = (1, 2)
+JSON_SCHEMA = 3
+"""Version of the JSON form; 2 added the busy-neighbour fields, 3 the case group, point
+parameters, call counts, output verification and quick runs (schemas 1 and 2 still read)."""
+_READABLE_SCHEMAS = (1, 2, 3)
 MIB = 1024 * 1024
 
 
@@ -51,6 +52,14 @@ class BenchResult:
             ``None`` when not run (``--load quiet``) or the case failed.
         min_busy_speedup: Speed target under load, or ``None`` (no target, or no peer).
         busy_load: What ran beside the case during ``busy_timing``, or ``None``.
+        group: The case's group (``"workload"``, ``"micro"``, ``"sweep"``).
+        params: The case's point parameters (`BenchCase.params`), or ``None``.
+        ours_calls: Python-level calls of one ``ours`` call (cProfile), or ``None`` when not
+            counted.
+        peer_calls: The same for ``peer``.
+        verified: ``True`` when the case's ``check`` ran in this run and both sides agreed
+            (a mismatch is an ``error``), ``None`` when it did not run.
+        quick: Timed by a quick run (``--quick``: reduced inputs and repeats): not for quoting.
 
     A target is *checked* when what it needs was measured without error: the quiet speed
     target needs ``timing``, the busy one ``busy_timing``. The verdict is ``"error"`` if the
@@ -75,6 +84,12 @@ class BenchResult:
     busy_timing: TimingResult | None = None
     min_busy_speedup: float | None = None
     busy_load: str | None = None
+    group: str = "micro"
+    params: dict[str, Any] | None = None
+    ours_calls: int | None = None
+    peer_calls: int | None = None
+    verified: bool | None = None
+    quick: bool = False
 
     @property
     def gbps(self) -> float | None:
@@ -205,7 +220,8 @@ def results_from_json(data: dict[str, Any]) -> list[BenchResult]:
     """
     schema = data.get("schema") if isinstance(data, dict) else type(data).__name__
     if schema not in _READABLE_SCHEMAS or "results" not in data:
-        known = " or ".join(map(str, _READABLE_SCHEMAS))
+        *first, last = map(str, _READABLE_SCHEMAS)
+        known = f"{', '.join(first)} or {last}" if first else last
         raise ValueError(f"expected benchmark results of schema {known}, got {schema!r}")
     names = {f.name for f in dataclasses.fields(BenchResult)}
     results = []

@@ -11,11 +11,20 @@ from pathlib import Path
 from typing import Literal
 
 from benchmarks.harness.busy import BusyNeighbours
-from benchmarks.harness.case import CASES, BenchCase, get_case, list_cases, select_cases
+from benchmarks.harness.calls import count_calls
+from benchmarks.harness.case import (
+    CASES,
+    GROUPS,
+    BenchCase,
+    get_case,
+    list_cases,
+    select_cases,
+)
+from benchmarks.harness.check import verify_outputs
 from benchmarks.harness.memory import measure_memory
 from benchmarks.harness.report import BenchResult, results_to_json
 from benchmarks.harness.table import format_table
-from benchmarks.harness.timing import TimingResult, time_pair
+from benchmarks.harness.timing import TimingResult, num_threads, time_pair
 
 __all__ = ["LOADS", "add_arguments", "copy_bandwidth", "run_cases", "run_from_cli"]
 
@@ -23,9 +32,11 @@ Load = Literal["quiet", "busy", "both"]
 LOADS: tuple[str, ...] = ("quiet", "busy", "both")
 """Values of ``load``: time on a quiet machine, beside busy neighbours, or each case both ways."""
 _TRACEBACK_LINES = 15
+QUICK_REPEATS, QUICK_WARMUP = 3, 1
+"""Timed pairs and warm-up calls of a quick run (``--quick``)."""
 
 
-def _new_result(case: BenchCase, copy_gbps: float | None) -> BenchResult:
+def _new_result(case: BenchCase, copy_gbps: float | None, quick: bool = False) -> BenchResult:
     return BenchResult(
         case=case.name,
         peer_name=case.peer_name,
@@ -38,17 +49,52 @@ def _new_result(case: BenchCase, copy_gbps: float | None) -> BenchResult:
         bytes_moved=case.bytes_moved,
         copy_gbps=copy_gbps,
         min_busy_speedup=case.min_busy_speedup if case.peer is not None else None,
+        group=case.group,
+        params=dict(case.params) if case.params is not None else None,
+        quick=quick,
     )
 
 
-def _time(case: BenchCase, result: BenchResult, repeats: int, warmup: int) -> TimingResult | None:
+def _failed(result: BenchResult, prefix: str = "") -> None:
+    """Record the traceback tail of the exception being handled in ``result.error``."""
+    lines = traceback.format_exc().strip().splitlines()
+    result.error = prefix + "\n".join(lines[-_TRACEBACK_LINES:])
+
+
+def _time(
+    case: BenchCase, result: BenchResult, repeats: int, warmup: int, small: bool = False
+) -> TimingResult | None:
     """Time the case; on failure record the traceback tail in ``result.error``."""
     try:
-        return time_pair(case, repeats=repeats, warmup=warmup)
+        return time_pair(case, repeats=repeats, warmup=warmup, small=small)
     except Exception:
-        lines = traceback.format_exc().strip().splitlines()
-        result.error = "\n".join(lines[-_TRACEBACK_LINES:])
+        _failed(result)
         return None
+
+
+def _verify(case: BenchCase, result: BenchResult) -> None:
+    """Run the case's output check (``verify=True``); a mismatch becomes ``result.error``."""
+    try:
+        verify_outputs(case)
+    except Exception:
+        _failed(result, "outputs differ or the check failed:\n")
+        return
+    result.verified = True
+
+
+def _count(case: BenchCase, result: BenchResult, small: bool) -> None:
+    """Python-level calls of one call of each side (``count_calls=True``), after a warm call."""
+    setup = case.small_setup if small and case.small_setup is not None else case.setup
+    try:
+        with num_threads(case.threads):
+            state = setup()
+            case.ours(state)
+            result.ours_calls = count_calls(case.ours, state)
+            if case.peer is not None:
+                case.peer(state)
+                result.peer_calls = count_calls(case.peer, state)
+    except Exception:
+        _failed(result, "counting calls failed:\n")
 
 
 def _line(timing: TimingResult | None) -> str:
@@ -67,6 +113,8 @@ def run_cases(
     neighbours: int = 2,
     device: str = "cpu",
     progress: Callable[[str], None] | None = None,
+    groups: Sequence[str] | None = None,
+    quick: bool = False,
 ) -> list[BenchResult]:
     """Time (and measure the memory of) every case matching ``patterns``.
 
@@ -91,13 +139,17 @@ def run_cases(
         device: Run the cases of this device (``"cpu"`` or ``"cuda"``); a pattern that
             names cases of the other device only matches nothing.
         progress: Called with a line of text after each case and pass (e.g. ``print``).
+        groups: Run only the cases of these groups (`benchmarks.harness.case.GROUPS`:
+            ``"workload"``, ``"micro"``, ``"sweep"``); ``None`` or empty: every group.
+        quick: A smoke run: each case on its ``small_setup`` inputs where it has one, with
+            ``repeats`` and ``warmup`` capped at 3 and 1; results are marked ``quick``.
 
     Returns:
         list[BenchResult]: One result per case, in name order.
 
     Raises:
         ValueError: If a pattern matches no case, ``repeats < 1``, ``warmup < 0``,
-            ``neighbours < 1`` or ``load`` is not one of `LOADS`.
+            ``neighbours < 1``, ``load`` is not one of `LOADS` or a group not one of `GROUPS`.
         RuntimeError: If the busy neighbours cannot start (none is left running).
 
     Examples:
@@ -116,13 +168,23 @@ def run_cases(
         raise ValueError(f"load must be one of {', '.join(map(repr, LOADS))}, got {load!r}")
     if not isinstance(neighbours, int) or neighbours < 1:
         raise ValueError(f"neighbours must be an int >= 1, got {neighbours!r}")
-    cases = [c for c in select_cases(patterns) if c.device == device]
+    unknown = [g for g in groups or () if g not in GROUPS]
+    if unknown:
+        raise ValueError(f"groups must be among {', '.join(map(repr, GROUPS))}, got {unknown}")
+    cases = [
+        c
+        for c in select_cases(patterns)
+        if c.device == device and (not groups or c.group in groups)
+    ]
     if not cases:
-        raise ValueError(f"no {device} benchmark case matches {list(patterns or ['*'])}")
+        where = f" in group {', '.join(groups)}" if groups else ""
+        raise ValueError(f"no {device} benchmark case{where} matches {list(patterns or ['*'])}")
+    if quick:
+        repeats, warmup = min(repeats, QUICK_REPEATS), min(warmup, QUICK_WARMUP)
     copy_gbps = copy_bandwidth(device) if any(c.bytes_moved for c in cases) else None
-    pairs = [(case, _new_result(case, copy_gbps)) for case in cases]
+    pairs = [(case, _new_result(case, copy_gbps, quick)) for case in cases]
     say = progress or (lambda line: None)
-    _quiet_pass(pairs, repeats, warmup, memory, load, say)
+    _quiet_pass(pairs, repeats, warmup, memory, load, say, quick)
     if load != "quiet":
         _busy_pass(pairs, repeats, warmup, neighbours, say)
     return [result for _, result in pairs]
@@ -135,11 +197,17 @@ def _quiet_pass(
     memory: bool,
     load: Load,
     say: Callable[[str], None],
+    quick: bool = False,
 ) -> None:
-    """Quiet timings (unless ``load="busy"``) and the memory measurements, case by case."""
+    """Output checks (``verify``), quiet timings (unless ``load="busy"``), call counts and
+    memory measurements, case by case."""
     for i, (case, result) in enumerate(pairs, 1):
+        if case.verify and case.check is not None and case.peer is not None:
+            _verify(case, result)
         if load != "busy":
-            result.timing = _time(case, result, repeats, warmup)
+            result.timing = _time(case, result, repeats, warmup, quick)
+        if case.count_calls and result.error is None:
+            _count(case, result, quick)
         if memory and case.memory and case.device == "cpu" and result.error is None:
             result.ours_memory = measure_memory(case, "ours")
             if case.peer is not None:
@@ -161,7 +229,7 @@ def _busy_pass(
         for i, (case, result) in enumerate(pairs, 1):
             if result.error is None:
                 busy.ensure_running()
-                result.busy_timing = _time(case, result, repeats, warmup)
+                result.busy_timing = _time(case, result, repeats, warmup, result.quick)
                 result.busy_load = busy.description
             line = f"{case.name} busy: {_line(result.busy_timing)} -> {result.verdict}"
             say(f"[{i}/{len(pairs)}] {line}")
@@ -248,6 +316,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--markdown", metavar="PATH", default=None, help="write the results tables as Markdown"
     )
+    parser.add_argument(
+        "--group",
+        dest="groups",
+        action="append",
+        choices=GROUPS,
+        default=None,
+        help="run only the cases of this group: workload (a model's training step, an "
+        "augmentation pipeline), micro (one op at one size) or sweep (ops across sizes and "
+        "thread counts); repeat for several (default: every group)",
+    )
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help=f"smoke run: reduced inputs (each case's small_setup), at most {QUICK_REPEATS} "
+        f"repeats and {QUICK_WARMUP} warm-up, no memory, quiet only; not for quoting",
+    )
     parser.add_argument("--list", action="store_true", help="list the case names and exit")
     parser.add_argument(
         "--device",
@@ -257,8 +341,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _print_list(patterns: Sequence[str]) -> None:
+def _print_list(patterns: Sequence[str], groups: Sequence[str] = ()) -> None:
     names = sorted({n for p in (patterns or ["*"]) for n in list_cases(p)})
+    names = [n for n in names if not groups or get_case(n).group in groups]
     if not names:
         what = f"match {', '.join(map(repr, patterns))}" if patterns else "are registered yet"
         print(f"no benchmark cases {what}")
@@ -286,8 +371,10 @@ def run_from_cli(args: argparse.Namespace) -> int:
     cases registered at all (and no pattern), says so and returns 0.
     """
     patterns = list(args.patterns or [])
+    groups = list(getattr(args, "groups", None) or [])
+    quick = bool(getattr(args, "quick", False))
     if args.list:
-        _print_list(patterns)
+        _print_list(patterns, groups)
         return 0
     if not patterns and not CASES.list():
         print(
@@ -311,10 +398,12 @@ def run_from_cli(args: argparse.Namespace) -> int:
             patterns,
             repeats=args.repeats,
             warmup=args.warmup,
-            memory=args.memory,
-            load=getattr(args, "load", "quiet"),
+            memory=args.memory and not quick,
+            load="quiet" if quick else getattr(args, "load", "quiet"),
             device=device,
             progress=lambda line: print(line, file=sys.stderr, flush=True),
+            groups=groups,
+            quick=quick,
         )
     except (ValueError, RuntimeError) as exc:
         print(f"visionblocks bench: {exc}", file=sys.stderr)

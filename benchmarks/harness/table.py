@@ -1,9 +1,11 @@
-"""The results as Markdown: a speed table and a memory-and-bandwidth table.
+"""The results as Markdown: workloads first, then the microbenchmarks, then the size sweep.
 
-One wide table did not fit the docs page, so `format_table` prints two that share the case
-column: speed (quiet and busy speed-ups side by side, the targets and the verdict) and
-memory and bandwidth (peak extra memory of each side, their ratio, and the achieved GB/s of
-cases that state the bytes they move).
+Each group of cases (`benchmarks.harness.case.GROUPS`) gets its own speed table, workloads
+first (what users run), then the microbenchmarks (one op at one size). One wide table did not
+fit the docs page, so memory and bandwidth are a second table sharing the case column: peak
+extra memory of each side, their ratio, and the achieved GB/s of cases that state the bytes
+they move. The size sweep is one row per point (op, threads, size) with the ours/peer speed
+ratio and the Python-level calls of each side.
 """
 
 from __future__ import annotations
@@ -14,7 +16,14 @@ from benchmarks.harness.memory import MemoryResult
 from benchmarks.harness.report import MIB, BenchResult
 from benchmarks.harness.timing import TimingResult
 
-__all__ = ["BANDWIDTH_COLUMNS", "MEMORY_COLUMNS", "SPEED_COLUMNS", "format_table"]
+__all__ = [
+    "BANDWIDTH_COLUMNS",
+    "MEMORY_COLUMNS",
+    "SPEED_COLUMNS",
+    "SWEEP_COLUMNS",
+    "WORKLOAD_COLUMNS",
+    "format_table",
+]
 
 SPEED_COLUMNS = (
     "case",
@@ -31,8 +40,28 @@ MEMORY_COLUMNS = ("case", "ours MiB", "peer MiB", "mem ratio")
 """Columns of the memory-and-bandwidth table ..."""
 BANDWIDTH_COLUMNS = ("GB/s", "% of copy")
 """... followed by these when a case states its ``bytes_moved``."""
-SPEED_CAPTION = "**Speed**"
+WORKLOAD_COLUMNS = (*SPEED_COLUMNS[:-1], "same result", "verdict")
+"""Columns of the workload table: the speed columns and whether both sides' outputs were
+checked equal in this run (``yes``; ``-`` when not checked; a mismatch is an ``error``)."""
+SWEEP_COLUMNS = (
+    "op",
+    "threads",
+    "size",
+    "ours ms",
+    "peer ms",
+    "ours/peer speed",
+    "Python calls ours / peer",
+    "target",
+    "verdict",
+)
+"""Columns of the size-sweep table (quiet timings; busy ones where only they ran)."""
+WORKLOAD_CAPTION = "**Workloads: speed**"
+SPEED_CAPTION = "**Microbenchmarks: speed**"
 MEMORY_CAPTION = "**Memory and bandwidth**"
+SWEEP_CAPTION = "**Size sweep: ours/peer speed per size**"
+QUICK_NOTE = (
+    "*Quick run (`--quick`): reduced inputs and repeats, for a smoke test; not for quoting.*"
+)
 
 
 def _ms(value: float | None) -> str:
@@ -104,19 +133,57 @@ def _markdown(columns: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str
     return lines + ["| " + " | ".join(row) + " |" for row in rows]
 
 
-def _speed_rows(results: Sequence[BenchResult], label: str) -> list[tuple[str, ...]]:
+def _speed_rows(
+    results: Sequence[BenchResult], label: str, verified: bool = False
+) -> list[tuple[str, ...]]:
     rows = []
     for r in results:
         ms = r.timing if label == "quiet" else r.busy_timing
+        row: tuple[str, ...] = (
+            r.case,
+            r.peer_name or "-",
+            _ms(ms.ours_ms if ms else None),
+            _ms(ms.peer_ms if ms else None),
+            _speedup(r.timing),
+            _speedup(r.busy_timing),
+            _target(r),
+        )
+        if verified:
+            row += ("yes" if r.verified else "-",)
+        rows.append((*row, r.verdict))
+    return rows
+
+
+def _calls(r: BenchResult) -> str:
+    if r.ours_calls is None:
+        return "-"
+    return f"{r.ours_calls} / {'-' if r.peer_calls is None else r.peer_calls}"
+
+
+def _sweep_rows(results: Sequence[BenchResult], label: str) -> list[tuple[str, ...]]:
+    ops: dict[str, int] = {}
+    for r in results:
+        ops.setdefault(str((r.params or {}).get("op", r.case)), len(ops))
+
+    def order(r: BenchResult) -> tuple[int, int, float]:
+        params = r.params or {}
+        op = str(params.get("op", r.case))
+        return ops[op], r.threads, float(params.get("elements", 0))
+
+    rows = []
+    for r in sorted(results, key=order):
+        params = r.params or {}
+        ms = r.timing if label == "quiet" else r.busy_timing
         rows.append(
             (
-                r.case,
-                r.peer_name or "-",
+                str(params.get("op", r.case)),
+                str(r.threads),
+                str(params.get("size", "-")),
                 _ms(ms.ours_ms if ms else None),
                 _ms(ms.peer_ms if ms else None),
-                _speedup(r.timing),
-                _speedup(r.busy_timing),
-                _target(r),
+                _speedup(ms),
+                _calls(r),
+                f"≥{r.min_speedup:g}x" if r.min_speedup is not None else "-",
                 r.verdict,
             )
         )
@@ -138,12 +205,19 @@ def _memory_rows(results: Sequence[BenchResult], bandwidth: bool) -> list[tuple[
 
 
 def format_table(results: Sequence[BenchResult]) -> str:
-    """The results as two Markdown tables, followed by error details when something failed.
+    """The results as Markdown tables, one per group, followed by error details.
 
-    **Speed** (`SPEED_COLUMNS`): median times in ms of the quiet run (of the busy run when
-    only that ran: the columns then say ``busy``), and the quiet and busy speed-ups, each the
-    median paired ratio with its interquartile range; the target column lists every target
-    (quiet speed-up, busy speed-up, memory), and the verdict checks them all.
+    A table is left out when its group has no result; a quick run (``--quick``) starts with
+    a line saying it is not for quoting.
+    **Workloads: speed** (`WORKLOAD_COLUMNS`) and **Microbenchmarks: speed**
+    (`SPEED_COLUMNS`): median times in ms of the quiet run (of the busy run when only that
+    ran: the columns then say ``busy``), and the quiet and busy speed-ups, each the median
+    paired ratio with its interquartile range; the target column lists every target (quiet
+    speed-up, busy speed-up, memory), and the verdict checks them all. The workload table
+    also says whether the two sides' outputs were checked equal in the run.
+    **Size sweep** (`SWEEP_COLUMNS`): one row per point, by op, thread count and size: the
+    median times, the ours/peer speed ratio (median paired ratio, interquartile range) and
+    the Python-level calls of one call of each side.
     **Memory and bandwidth** (`MEMORY_COLUMNS`): the peak extra memory of one call of each
     side in MiB and their ratio; when a case states the bytes it moves, two more columns
     (`BANDWIDTH_COLUMNS`) give the achieved GB/s of the quiet run and its share of the
@@ -157,7 +231,7 @@ def format_table(results: Sequence[BenchResult]) -> str:
         ...                      timing=TimingResult(0.5, 1.5, 3.0, 2.9, 3.1),
         ...                      busy_timing=TimingResult(2.0, 1.6, 0.8, 0.7, 0.9))
         >>> print(format_table([result]))
-        **Speed**
+        **Microbenchmarks: speed**
         <BLANKLINE>
         | case | peer | quiet ours ms | quiet peer ms | quiet speedup | busy speedup | target | verdict |
         |---|---|---|---|---|---|---|---|
@@ -165,15 +239,31 @@ def format_table(results: Sequence[BenchResult]) -> str:
     """
     quiet = any(r.timing is not None for r in results)
     label = "busy" if not quiet and any(r.busy_timing is not None for r in results) else "quiet"
-    columns = list(SPEED_COLUMNS)
-    columns[2:4] = [f"{label} ours ms", f"{label} peer ms"]
-    lines = [SPEED_CAPTION, "", *_markdown(columns, _speed_rows(results, label))]
-    bandwidth = any(r.bytes_moved is not None for r in results)
-    memory_rows = _memory_rows(results, bandwidth)
+    workloads = [r for r in results if r.group == "workload"]
+    micro = [r for r in results if r.group not in ("workload", "sweep")]
+    sweep = [r for r in results if r.group == "sweep"]
+    lines = [QUICK_NOTE, ""] if any(r.quick for r in results) else []
+    for caption, group, names in (
+        (WORKLOAD_CAPTION, workloads, WORKLOAD_COLUMNS),
+        (SPEED_CAPTION, micro, SPEED_COLUMNS),
+    ):
+        if not group:
+            continue
+        columns = list(names)
+        columns[2:4] = [f"{label} ours ms", f"{label} peer ms"]
+        rows = _speed_rows(group, label, verified=names is WORKLOAD_COLUMNS)
+        lines += [caption, "", *_markdown(columns, rows), ""]
+    bandwidth = any(r.bytes_moved is not None for r in workloads + micro)
+    memory_rows = _memory_rows(workloads + micro, bandwidth)
     if memory_rows:
         columns = list(MEMORY_COLUMNS) + (list(BANDWIDTH_COLUMNS) if bandwidth else [])
-        lines += ["", MEMORY_CAPTION, "", *_markdown(columns, memory_rows)]
+        lines += [MEMORY_CAPTION, "", *_markdown(columns, memory_rows), ""]
+    if sweep:
+        columns = list(SWEEP_COLUMNS)
+        if label == "busy":
+            columns[3:6] = ["busy ours ms", "busy peer ms", "busy ours/peer speed"]
+        lines += [SWEEP_CAPTION, "", *_markdown(columns, _sweep_rows(sweep, label)), ""]
     notes = _notes(results)
     if notes:
-        lines += ["", "Errors:", "", *notes]
+        lines += ["Errors:", "", *notes]
     return "\n".join(lines).rstrip("\n")

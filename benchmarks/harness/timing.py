@@ -13,10 +13,17 @@ after an idle period the first memory accesses of a virtual machine are much slo
 16 MB copy took 7.9 ms after a 100 ms sleep, 1.4 ms after a 100 ms spin), which would tax the
 shorter call most. When the state holds CUDA tensors, every timed call is bracketed by
 ``torch.cuda.synchronize()``.
+
+Calls of microseconds (a 10×10 IoU) are below what one `time.perf_counter` pair resolves
+against the noise of a shared machine, so a case with ``min_sample_ms`` times each sample as
+a loop of ``k`` calls, ``k`` calibrated per side after the warm-up (as `timeit.Timer.autorange`
+does) so that one sample takes at least ``min_sample_ms``; the time per call is the sample's
+time divided by ``k``. The settling pause then precedes each loop, not each call.
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -44,6 +51,9 @@ class TimingResult:
         speedup_q3: Third quartile of the paired ratios.
         ours_times_ms: Every timed ``ours`` call, in order.
         peer_times_ms: Every timed ``peer`` call, in order (empty without a peer).
+        ours_loops: Calls of ``ours`` per timed sample (1 unless the case sets
+            ``min_sample_ms``); the times above are per call.
+        peer_loops: Calls of ``peer`` per timed sample.
     """
 
     ours_ms: float
@@ -53,6 +63,8 @@ class TimingResult:
     speedup_q3: float | None = None
     ours_times_ms: list[float] = field(default_factory=list)
     peer_times_ms: list[float] = field(default_factory=list)
+    ours_loops: int = 1
+    peer_loops: int = 1
 
 
 @contextmanager
@@ -117,22 +129,63 @@ def _spin(seconds: float) -> None:
         pass
 
 
-def _timed(fn: Callable[[Any], Any], state: Any, sync: Callable[[], None]) -> float:
+def _timed(fn: Callable[[Any], Any], state: Any, sync: Callable[[], None], loops: int = 1) -> float:
+    """Milliseconds per call of ``fn(state)``, over ``loops`` calls after the settling pause."""
     sync()
     _spin(SETTLE_S)
     start = time.perf_counter()
-    fn(state)
+    for _ in range(loops):
+        fn(state)
     sync()
-    return (time.perf_counter() - start) * 1e3
+    return (time.perf_counter() - start) * 1e3 / loops
 
 
-def time_pair(case: BenchCase, repeats: int = 20, warmup: int = 3) -> TimingResult:
+MAX_LOOPS = 1_000_000
+"""Most calls per timed sample that calibration picks."""
+QUICK_SAMPLE_MS = 1.0
+"""The longest timed sample of a quick run (``small=True``): loops are calibrated to this."""
+CALIBRATION_TRIALS = 3
+"""Independent calibrations per side; the largest loop count wins."""
+
+
+def calibrate_loops(
+    fn: Callable[[Any], Any], state: Any, sync: Callable[[], None], min_sample_ms: float
+) -> int:
+    """Calls per sample so that a sample takes at least ``min_sample_ms`` (1 for slow calls).
+
+    Doubles a trial loop (1, 2, 4, ... calls) until it takes a tenth of the target, then
+    scales the count to the target with a 20 % margin; does so `CALIBRATION_TRIALS` times
+    and keeps the largest count (a trial slowed by a neighbour gives too small a count).
+
+    Examples:
+        >>> calibrate_loops(lambda s: None, None, lambda: None, 0.5) > 10
+        True
+    """
+    best = 1
+    for _ in range(CALIBRATION_TRIALS):  # a pre-empted trial only lowers its count: take the max
+        loops = 1
+        while True:
+            elapsed = _timed(fn, state, sync, loops) * loops
+            if elapsed >= min_sample_ms / 10 or loops >= MAX_LOOPS:
+                break
+            loops *= 2
+        if elapsed < min_sample_ms:
+            loops = math.ceil(1.2 * loops * min_sample_ms / max(elapsed, 1e-6))
+        best = max(best, min(MAX_LOOPS, loops))
+    return best
+
+
+def time_pair(
+    case: BenchCase, repeats: int = 20, warmup: int = 3, *, small: bool = False
+) -> TimingResult:
     """Time ``case.ours`` against ``case.peer``, interleaved (see the module docstring).
 
     Args:
         case: The case; ``setup`` runs once, under ``torch.set_num_threads(case.threads)``.
         repeats: Timed pairs (>= 1).
         warmup: Untimed calls of each side before timing (>= 0).
+        small: A quick run: time on ``case.small_setup``'s inputs where the case has one, and
+            calibrate loops to at most `QUICK_SAMPLE_MS` per sample.
 
     Returns:
         TimingResult: Medians, the median paired speedup and its interquartile range; the peer
@@ -153,31 +206,39 @@ def time_pair(case: BenchCase, repeats: int = 20, warmup: int = 3) -> TimingResu
         raise ValueError(f"repeats must be an int >= 1, got {repeats!r}")
     if not isinstance(warmup, int) or warmup < 0:
         raise ValueError(f"warmup must be an int >= 0, got {warmup!r}")
+    setup = case.small_setup if small and case.small_setup is not None else case.setup
     with num_threads(case.threads):
-        state = case.setup()
+        state = setup()
         sync = torch.cuda.synchronize if uses_cuda(state) else (lambda: None)
         for _ in range(warmup):
             case.ours(state)
             if case.peer is not None:
                 case.peer(state)
+        n_ours = n_peer = 1
+        if case.min_sample_ms is not None:
+            sample_ms = min(case.min_sample_ms, QUICK_SAMPLE_MS) if small else case.min_sample_ms
+            n_ours = calibrate_loops(case.ours, state, sync, sample_ms)
+            if case.peer is not None:
+                n_peer = calibrate_loops(case.peer, state, sync, sample_ms)
         ours: list[float] = []
         peer: list[float] = []
         for i in range(repeats):
             if case.peer is None:
-                ours.append(_timed(case.ours, state, sync))
+                ours.append(_timed(case.ours, state, sync, n_ours))
             elif i % 2 == 0:
-                ours.append(_timed(case.ours, state, sync))
-                peer.append(_timed(case.peer, state, sync))
+                ours.append(_timed(case.ours, state, sync, n_ours))
+                peer.append(_timed(case.peer, state, sync, n_peer))
             else:
-                peer.append(_timed(case.peer, state, sync))
-                ours.append(_timed(case.ours, state, sync))
+                peer.append(_timed(case.peer, state, sync, n_peer))
+                ours.append(_timed(case.ours, state, sync, n_ours))
         del state
-    result = TimingResult(ours_ms=statistics.median(ours), ours_times_ms=ours)
+    result = TimingResult(ours_ms=statistics.median(ours), ours_times_ms=ours, ours_loops=n_ours)
     if peer:
         # A timer tick can read 0.0 for very fast calls; clamp so the ratio stays finite.
         ratios = [p / max(o, 1e-9) for o, p in zip(ours, peer)]
         result.peer_ms = statistics.median(peer)
         result.peer_times_ms = peer
+        result.peer_loops = n_peer
         result.speedup = statistics.median(ratios)
         result.speedup_q1, result.speedup_q3 = _quartiles(ratios)
     return result

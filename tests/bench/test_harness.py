@@ -285,7 +285,7 @@ def test_cli_run_writes_json_and_markdown(registered, capsys, tmp_path):
     argv += ["--json", str(tmp_path / "r.json"), "--markdown", str(tmp_path / "r.md")]
     assert main(argv) == 0
     out = capsys.readouterr().out
-    assert out.startswith("**Speed**\n\n| case | peer | quiet ours ms |")
+    assert out.startswith("**Microbenchmarks: speed**\n\n| case | peer | quiet ours ms |")
     data = json.loads((tmp_path / "r.json").read_text())
     verdicts = {r["case"]: r["verdict"] for r in data["results"]}
     assert verdicts == {"_vbtest_add": "ok", "_vbtest_missed": "MISSED"}

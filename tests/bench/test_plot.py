@@ -47,3 +47,28 @@ def test_empty_or_missing_results_fail_with_a_message(tmp_path, content):
     assert done.returncode != 0
     assert str(results) in done.stderr
     assert not (tmp_path / "chart.png").exists()
+
+
+def test_sweep_results_draw_the_sweep_chart_only(tmp_path):
+    from benchmarks.harness import BenchResult, TimingResult
+
+    results = [
+        BenchResult(
+            f"sweep_focal_1e{k}_t{t}",
+            peer_name="torchvision",
+            min_speedup=0.9,
+            threads=t,
+            timing=TimingResult(1.0, 1.0 + k / 10, 1.0 + k / 10, 1.0, 1.2),
+            group="sweep",
+            params={"op": "sigmoid_focal_loss", "size": f"1e{k}", "elements": 10**k},
+        )
+        for k in (1, 2, 3)
+        for t in (1, 2)
+    ]
+    data = tmp_path / "sweep.json"
+    data.write_text(json.dumps(results_to_json(results)))
+    main, sweep = tmp_path / "chart.png", tmp_path / "sweep.png"
+    done = _run(str(data), str(main), "--sweep-output", str(sweep), cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == [str(sweep)]
+    assert sweep.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and not main.exists()

@@ -91,7 +91,7 @@ def test_absolute_memory_target():
 # ------------------------------------------------------------------ tables
 def test_speed_table_has_quiet_and_busy_columns_side_by_side():
     lines = format_table(_sample_results()).splitlines()
-    assert lines[:2] == ["**Speed**", ""]
+    assert lines[:2] == ["**Microbenchmarks: speed**", ""]
     assert lines[2] == "| " + " | ".join(SPEED_COLUMNS) + " |"
     assert "| quiet speedup | busy speedup |" in lines[2]
     assert lines[3] == "|" + "---|" * len(SPEED_COLUMNS)
@@ -157,7 +157,7 @@ def test_tables_fit_the_page():
 def test_json_round_trip_with_busy_fields():
     results = _sample_results()
     data = json.loads(json.dumps(results_to_json(results)))
-    assert data["schema"] == 2 and data["environment"]["torch"] == torch.__version__
+    assert data["schema"] == 3 and data["environment"]["torch"] == torch.__version__
     assert data["environment"]["cpu_count"] >= 1
     first = data["results"][0]
     assert [r["verdict"] for r in data["results"]] == ["ok", "MISSED", "-"]
@@ -173,7 +173,7 @@ def test_json_round_trip_with_busy_fields():
 def test_json_reads_schema_1_and_rejects_unknown():
     old = {"schema": 1, "results": [{"case": "a", "timing": None, "speedup": None}]}
     assert results_from_json(old) == [BenchResult("a")]
-    with pytest.raises(ValueError, match="expected benchmark results of schema 1 or 2, got 99"):
+    with pytest.raises(ValueError, match="expected benchmark results of schema 1, 2 or 3, got 99"):
         results_from_json({"schema": 99})
     with pytest.raises(ValueError, match="got 'list'"):
         results_from_json([])  # type: ignore[arg-type]
