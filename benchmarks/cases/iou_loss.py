@@ -4,8 +4,9 @@ One million aligned box pairs, float32, as the box-regression loss of a large de
 a third of the targets overlap their prediction (jittered copies), the rest lie anywhere.
 Both sides compute the summed loss and its gradient with respect to the predictions
 (``torch.autograd.grad``, so no ``.grad`` accumulation is timed) and return both; the output
-check compares them on 100,000 pairs. Ours runs the lean torch path
-(`visionblocks.ops._iou_loss_torch`).
+check compares them on 100,000 pairs. Ours runs its one torch formula (``impl="torch"``,
+plain autograd), as torchvision does; target: never slower (``min_speedup`` 0.9, a 10%
+allowance for timing noise).
 
 Performance model (``bytes_moved``, the GB/s column): the least one call must move is to
 read both boxes and write the gradient, 3 x 16 bytes per pair.
@@ -79,6 +80,6 @@ def _case(name: str, op: str, min_speedup: float) -> BenchCase:
     )
 
 
-GIOU_LOSS_1M = _case("giou_loss_1m", "generalized_box_iou_loss", 5.0)
-DIOU_LOSS_1M = _case("diou_loss_1m", "distance_box_iou_loss", 5.0)
-CIOU_LOSS_1M = _case("ciou_loss_1m", "complete_box_iou_loss", 5.0)
+GIOU_LOSS_1M = _case("giou_loss_1m", "generalized_box_iou_loss", 0.9)
+DIOU_LOSS_1M = _case("diou_loss_1m", "distance_box_iou_loss", 0.9)
+CIOU_LOSS_1M = _case("ciou_loss_1m", "complete_box_iou_loss", 0.9)

@@ -129,7 +129,7 @@ def test_the_inventory_reader(tmp_path):
     body = "\n".join(
         [
             "visionblocks.ops.box_iou py:function 1 reference/ops-boxes/#$ -",
-            "visionblocks.ops._box_iou.box_iou py:function 2 reference/ops-boxes/#x -",
+            "visionblocks.ops._private.box_iou py:function 2 reference/ops-boxes/#x -",
             "Box ops std:doc -1 reference/ops-boxes/ Box ops",
         ]
     )
@@ -141,7 +141,7 @@ def test_the_inventory_reader(tmp_path):
     path.write_bytes(header.encode() + zlib.compress(body.encode()))
     assert read_inventory(path) == {
         "visionblocks.ops.box_iou": "function",
-        "visionblocks.ops._box_iou.box_iou": "function",
+        "visionblocks.ops._private.box_iou": "function",
     }
 
 

@@ -27,8 +27,6 @@ import visionblocks.losses as L
 import visionblocks.ops
 from tests.helpers import TOLERANCES
 from visionblocks import kernels
-from visionblocks.losses import _focal_native
-from visionblocks.ops import _iou_loss_native
 
 REDUCTIONS = ("none", "mean", "sum")
 _CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA not available")
@@ -272,22 +270,6 @@ def test_fused_kernels_follow_the_same_rule(impl, kind, reduction):
         torch.testing.assert_close(out, expected, rtol=RTOL[out.dtype], atol=1e-6)
         (grad,) = torch.autograd.grad(out.float().sum(), x)
         assert grad.dtype == torch.bfloat16 and torch.isfinite(grad).all()
-
-
-@pytest.mark.parametrize("reduction", REDUCTIONS)
-@pytest.mark.parametrize(
-    "case",
-    [c for c in CASES if c.kind in ("binary", "index", "boxes") and c.rule == "policy"],
-    ids=str,
-)
-def test_torch_ops_path_under_autocast(monkeypatch, case, reduction):
-    """Without the C kernels, float32 inputs run torch ops, which autocast must not narrow."""
-    monkeypatch.setattr(_focal_native.LIBRARY, "functions", lambda: None)
-    monkeypatch.setattr(_iou_loss_native.LIBRARY, "functions", lambda: None)
-    out, grad, ref, ref_grad, *_ = _run(case, "f32-autocast", torch.bfloat16, "cpu", reduction)
-    assert out.dtype == grad.dtype == torch.float32
-    _near(out, ref, RTOL[torch.float32], "value: ")
-    _near(grad, ref_grad, GRAD_RTOL[torch.float32], "grad: ")
 
 
 # ------------------------------------------------------------------------- other inputs

@@ -1,7 +1,8 @@
 """The IoU family against the float64 reference (tests/reference/boxes.py) and torchvision.
 
-Values and gradients, pairwise and aligned, batched, pieced, degenerate and inverted boxes.
-The eps rule, dtypes, huge and tiny boxes and thread independence: test_box_iou_numerics.py.
+Values and gradients, pairwise and aligned, batched, degenerate and inverted boxes, and
+``torch.compile``. The eps rule, dtypes, the coordinate range and thread independence:
+test_box_iou_numerics.py.
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ from hypothesis import strategies as st
 from tests.helpers import assert_close, gradcheck
 from tests.ops.test_boxes import random_boxes
 from tests.reference import boxes as ref
-from visionblocks.ops import _iou_core, _iou_loss_torch, _pairwise_iou
 from visionblocks.ops.boxes import (
     box_iou,
     complete_box_iou,
@@ -49,19 +49,6 @@ def values_and_grads(fn, boxes1, boxes2, weight):
     b = boxes2.detach().clone().requires_grad_()
     out = fn(a, b)
     return (out, *torch.autograd.grad((out * weight.to(out.dtype)).sum(), (a, b)))
-
-
-@pytest.fixture
-def small_pieces(monkeypatch):
-    """Force many pieces: at most ``pairs`` pairs per piece (at least one row)."""
-
-    def set_pieces(pairs: int) -> None:
-        monkeypatch.setattr(_pairwise_iou, "_PIECE", pairs)
-        monkeypatch.setattr(_pairwise_iou, "_CUDA_PIECE", pairs)
-        monkeypatch.setattr(_iou_loss_torch, "_PIECE", pairs)
-        monkeypatch.setattr(_iou_loss_torch, "_CUDA_PIECE", pairs)
-
-    return set_pieces
 
 
 # --- the reference and torchvision -------------------------------------------------------
@@ -223,8 +210,7 @@ def same_aspect_ratio(boxes: torch.Tensor) -> torch.Tensor:
 
 @pytest.mark.parametrize("aligned", [False, True])
 @pytest.mark.parametrize("name", NAMES)
-def test_gradcheck(name, aligned, small_pieces):
-    small_pieces(5)  # several pieces and parts
+def test_gradcheck(name, aligned):
     fn = FUNCTIONS[name]
     boxes1, boxes2 = random_boxes(2, 4), random_boxes(2, 4 if aligned else 3)
     if name == "ciou":
@@ -255,40 +241,7 @@ def test_gradient_for_one_input_only():
     assert_close(grad, oracle)
 
 
-# --- pieces --------------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("pairs", [1, 7, 40, 100])
-@pytest.mark.parametrize("name", NAMES)
-def test_pieces_give_the_same_values_and_gradients(name, pairs, small_pieces):
-    fn = FUNCTIONS[name]
-    boxes1 = random_boxes(3, 9, dtype=torch.float64)
-    boxes2 = random_boxes(1, 7, dtype=torch.float64)  # broadcast batch dim
-    weight = torch.randn(3, 9, 7, dtype=torch.float64)
-    whole = values_and_grads(fn, boxes1, boxes2, weight)
-    small_pieces(pairs)  # 1 and 7: one row per piece; 100: rows of several batch items
-    pieced = values_and_grads(fn, boxes1, boxes2, weight)
-    assert pieced[0].shape == (3, 9, 7)
-    torch.testing.assert_close(pieced[0], whole[0], rtol=0, atol=0)
-    for g, e in zip(pieced[1:], whole[1:], strict=True):  # sums in another order
-        torch.testing.assert_close(g, e, rtol=1e-13, atol=1e-13)
-
-
-@pytest.mark.parametrize("m", [1, 50, 3000])
-def test_piece_temporaries_stay_within_budget(m, small_pieces, monkeypatch):
-    small_pieces(600)
-    seen = []
-    core = _iou_core.terms
-
-    def spy(a, b, kind, eps, out, *args, **kwargs):
-        seen.append(out.numel())
-        return core(a, b, kind, eps, out, *args, **kwargs)
-
-    monkeypatch.setattr(_pairwise_iou, "terms", spy)
-    out = generalized_box_iou(random_boxes(2, 40), random_boxes(m))
-    assert out.shape == (2, 40, m)
-    assert max(seen) <= max(600, m)  # a piece is at least one row
-    assert len(seen) > 1 and sum(seen) == out.numel()
+# --- shapes ----------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -296,8 +249,7 @@ def test_piece_temporaries_stay_within_budget(m, small_pieces, monkeypatch):
     [((0, 4), (5, 4), (0, 5)), ((3, 4), (0, 4), (3, 0)), ((0, 3, 4), (0, 2, 4), (0, 3, 2))],
 )
 @pytest.mark.parametrize("name", NAMES)
-def test_empty_inputs(name, shape1, shape2, expected_shape, small_pieces):
-    small_pieces(1)
+def test_empty_inputs(name, shape1, shape2, expected_shape):
     fn = FUNCTIONS[name]
     boxes1 = torch.zeros(shape1, requires_grad=True)
     boxes2 = torch.zeros(shape2, requires_grad=True)
@@ -309,12 +261,11 @@ def test_empty_inputs(name, shape1, shape2, expected_shape, small_pieces):
 
 
 def test_large_problem_matches_torchvision():
-    boxes1, boxes2 = random_boxes(700), random_boxes(800)  # 560k pairs: several parts
+    boxes1, boxes2 = random_boxes(700), random_boxes(800)
     assert_close(generalized_box_iou(boxes1, boxes2), tvo.generalized_box_iou(boxes1, boxes2))
 
 
-def test_non_contiguous_inputs(small_pieces):
-    small_pieces(10)
+def test_non_contiguous_inputs():
     boxes1 = random_boxes(9, 4).transpose(0, 1)  # (4, 9, 4), non-contiguous
     boxes2 = random_boxes(4, 4, 6)[:, 1]  # a strided slice
     assert not boxes1.is_contiguous() and not boxes2.is_contiguous()
@@ -326,3 +277,47 @@ def test_non_contiguous_inputs(small_pieces):
 def test_boxes_on_different_devices_raise(name):
     with pytest.raises(ValueError, match="boxes1 and boxes2 must be on the same device"):
         FUNCTIONS[name](torch.zeros(2, 4), torch.zeros(3, 4, device="meta"))
+
+
+# --- torch.compile -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("aligned", [False, True])
+def test_compiles_fullgraph_dynamic_and_equals_eager(aligned):
+    # One graph for the four measures, traced with dynamic shapes, then run on two sizes.
+    def all_four(a, b):
+        return torch.stack([fn(a, b, aligned=aligned) for fn in FUNCTIONS.values()])
+
+    torch._dynamo.reset()
+    compiled = torch.compile(all_four, fullgraph=True, dynamic=True, backend="aot_eager")
+    for n, m in ((7, 7), (4, 1)) if aligned else ((7, 5), (9, 3)):
+        boxes1 = torch.cat([random_boxes(n - 2), DEGENERATE[:2].float()])
+        boxes2 = random_boxes(m)
+        weight = torch.randn(4, n) if aligned else torch.randn(4, n, m)
+        actual = values_and_grads(compiled, boxes1, boxes2, weight)
+        eager = values_and_grads(all_four, boxes1, boxes2, weight)
+        for a, e in zip(actual, eager, strict=True):
+            torch.testing.assert_close(a, e, rtol=1e-6, atol=1e-6)
+
+
+# --- Python overhead --------------------------------------------------------------------------
+
+
+def python_calls(fn) -> int:
+    """Python-level function calls (cProfile's count, builtins included) of one ``fn()``."""
+    import cProfile
+    import pstats
+
+    fn()  # warm: lazy imports and caches
+    profiler = cProfile.Profile()
+    profiler.enable()
+    fn()
+    profiler.disable()
+    return pstats.Stats(profiler).total_calls
+
+
+def test_python_calls_at_most_twice_torchvision():
+    boxes1, boxes2 = random_boxes(10), random_boxes(8)
+    ours = python_calls(lambda: box_iou(boxes1, boxes2))
+    peer = python_calls(lambda: tvo.box_iou(boxes1, boxes2))
+    assert ours <= 2 * peer, (ours, peer)

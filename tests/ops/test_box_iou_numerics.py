@@ -1,6 +1,6 @@
-"""The eps rule, dtypes, huge and tiny boxes, and reproducibility of the IoU family.
+"""The eps rule, dtypes, the coordinate range, and reproducibility of the IoU family.
 
-The eps rule (visionblocks.ops._box_iou): eps replaces a denominator only where it is exactly
+The eps rule (visionblocks.ops.boxes): eps replaces a denominator only where it is exactly
 zero, so identical boxes give exactly 1 at every scale and in every dtype.
 """
 
@@ -15,7 +15,6 @@ from hypothesis import strategies as st
 from tests.helpers import assert_close
 from tests.ops.test_boxes import random_boxes
 from tests.reference import boxes as ref
-from visionblocks.ops import _iou_core, _iou_loss_torch, _pairwise_iou
 from visionblocks.ops.boxes import (
     box_iou,
     complete_box_iou,
@@ -40,10 +39,10 @@ def identical_ones(fn, boxes: torch.Tensor) -> None:
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("fn", FUNCTIONS, ids=IDS)
-@pytest.mark.parametrize("scale", [2e-4, 1e-20, 1.0, 640.0, 1e19, 1e36])
+@pytest.mark.parametrize("scale", [2e-4, 1e-15, 1.0, 640.0, 1e15])
 def test_identical_boxes_give_one_at_every_scale_and_dtype(fn, scale, dtype):
     if dtype in (torch.float16, torch.bfloat16) and not 1e-3 <= scale <= 1e3:
-        scale = min(max(scale, 1e-3), 1e3)  # half coordinates cannot hold 1e-20 or 1e19
+        scale = min(max(scale, 1e-3), 1e3)  # half coordinates cannot hold 1e-15 or 1e15
     unit = torch.tensor([[0.5, 0.5, 0.7, 0.9], [0.0, 0.0, 1.0, 1.0], [0.1, 0.3, 0.2, 0.4]])
     identical_ones(fn, (unit * scale).to(dtype))
 
@@ -55,7 +54,7 @@ def test_the_issue_case_two_identical_2e_4_wide_boxes():
         assert fn(boxes, boxes).item() == 1.0 and fn(boxes, boxes, aligned=True).item() == 1.0
 
 
-_scale = st.sampled_from([1e-30, 1e-12, 2e-4, 1.0, 1e3, 1e12, 1e30])
+_scale = st.sampled_from([1e-15, 1e-12, 2e-4, 1.0, 1e3, 1e12, 1e15])  # the documented range
 _box = st.tuples(
     st.floats(-1, 1), st.floats(-1, 1), st.floats(1e-3, 1), st.floats(1e-3, 1)
 )  # x, y, w, h
@@ -135,17 +134,16 @@ def test_half_zero_width_line_gradients_are_finite(fn, aligned, dtype):
         assert grads[0].abs().max() == torch.finfo(dtype).max
 
 
-# --- huge coordinates ----------------------------------------------------------------------
+# --- the coordinate range ------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("fn", FUNCTIONS, ids=IDS)
 @pytest.mark.parametrize("aligned", [False, True])
-@pytest.mark.parametrize("offset", [1e19, 3e37, 1e-30])
-def test_scaled_boxes_give_the_unit_values(fn, aligned, offset):
-    # Scale invariance: boxes of 1e19 (areas overflow float32) or 1e-30 (areas underflow)
-    # give the values of boxes of 1.
+@pytest.mark.parametrize("scale", [1e15, 1e-15])
+def test_scaled_boxes_give_the_unit_values(fn, aligned, scale):
+    # Scale invariance inside the documented float32 range (no rescaling is done).
     unit = torch.tensor([[0.0, 0.0, 2.0, 2.0], [1.0, 0.0, 3.0, 2.0], [0.5, 1.0, 4.0, 1.5]])
-    out = fn(unit * offset, unit * offset, aligned=aligned)
+    out = fn(unit * scale, unit * scale, aligned=aligned)
     assert torch.isfinite(out).all()
     assert_close(out, fn(unit, unit, aligned=aligned))
     assert torch.equal(out if aligned else out.diagonal(), torch.ones(3))
@@ -155,9 +153,9 @@ def test_scaled_boxes_give_the_unit_values(fn, aligned, offset):
 def test_scaled_gradients(fn):
     unit = torch.tensor([[0.0, 0.0, 2.0, 2.0], [1.0, 0.5, 3.0, 2.0]], requires_grad=True)
     (small,) = torch.autograd.grad(fn(unit, unit.detach().flip(0)).sum(), unit)
-    huge = (unit.detach() * 1e19).requires_grad_()
+    huge = (unit.detach() * 1e15).requires_grad_()
     (grad,) = torch.autograd.grad(fn(huge, huge.detach().flip(0)).sum(), huge)
-    assert_close(grad * 1e19, small)
+    assert_close(grad * 1e15, small)
 
 
 def test_huge_offset_keeps_small_boxes_in_float64():
@@ -188,26 +186,3 @@ def test_results_do_not_depend_on_the_thread_count(fn):
     for other in results[1:]:
         for a, b in zip(other, results[0], strict=True):
             assert torch.equal(a, b)
-
-
-@pytest.mark.parametrize("aligned", [False, True])
-@pytest.mark.parametrize("fn", FUNCTIONS, ids=IDS)
-def test_gpu_layout_on_the_cpu(fn, aligned, monkeypatch):
-    # Whole-tensor pieces with fresh buffers, as on GPUs (without a GPU: the layout only).
-    monkeypatch.setattr(_iou_core, "on_cpu", lambda device: False)
-    monkeypatch.setattr(_pairwise_iou, "_CUDA_PIECE", 20)  # several pieces
-    monkeypatch.setattr(_iou_loss_torch, "_CUDA_PIECE", 3)
-    boxes1 = random_boxes(2, 7, dtype=torch.float64).requires_grad_()
-    boxes2 = random_boxes(2, 7, dtype=torch.float64).requires_grad_()
-    name = IDS[FUNCTIONS.index(fn)]
-    combine = ref.aligned if aligned else ref.pairwise
-    results = []
-    for f in (
-        lambda a, b: fn(a, b, aligned=aligned),
-        lambda a, b: combine(ref.MEASURES[name], a, b),
-    ):
-        out = f(boxes1, boxes2)
-        weight = torch.linspace(-1, 1, out.numel(), dtype=torch.float64).view(out.shape)
-        results.append((out, *torch.autograd.grad((out * weight).sum(), (boxes1, boxes2))))
-    for a, e in zip(*results, strict=True):
-        assert_close(a, e)

@@ -141,16 +141,19 @@ def test_iou_rejects_bad_inputs(fn):
         fn(random_boxes(2, 5), random_boxes(3, 4))
     with pytest.raises(ValueError, match=r"all but the last dim.* got \(3,\) and \(4,\)"):
         fn(boxes, random_boxes(4), aligned=True)
-    with pytest.raises(ValueError, match=r"eps must be in \[0.0, inf\), got -1e-07"):
+    with pytest.raises(ValueError, match=r"eps must be a finite number >= 0, got -1e-07"):
         fn(boxes, boxes, eps=-1e-7)
-    with pytest.raises(TypeError, match="eps must be float"):
+    with pytest.raises(TypeError, match="eps must be a float, got str"):
         fn(boxes, boxes, eps="1e-7")
-    with pytest.raises(TypeError, match="eps must be float, got bool"):
+    with pytest.raises(TypeError, match="eps must be a float, got bool"):
         fn(boxes, boxes, eps=True)
     with pytest.raises(TypeError, match="aligned must be bool, got int"):
         fn(boxes, boxes, aligned=1)
     with pytest.raises(TypeError, match="must be real"):
         fn(boxes.to(torch.complex64), boxes)
+    for eps in (float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="eps must be a finite number"):
+            fn(boxes, boxes, eps=eps)
 
 
 def test_iou_positional_options_match_keywords():

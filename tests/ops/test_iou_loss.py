@@ -10,26 +10,17 @@ import torchvision.ops as tvops
 
 from tests.helpers import assert_close, gradcheck
 from tests.reference import boxes as ref
-from visionblocks.ops import _iou_loss_torch
-from visionblocks.ops._iou_core import eps_tensor
-from visionblocks.ops._iou_loss_torch import CIOU, DIOU, GIOU, AlignedIoUFunction
 from visionblocks.ops.iou_loss import (
     complete_box_iou_loss,
     distance_box_iou_loss,
     generalized_box_iou_loss,
 )
 
-LOSSES = {
-    "giou": (generalized_box_iou_loss, tvops.generalized_box_iou_loss, GIOU),
-    "diou": (distance_box_iou_loss, tvops.distance_box_iou_loss, DIOU),
-    "ciou": (complete_box_iou_loss, tvops.complete_box_iou_loss, CIOU),
+LOSSES = {  # name: (ours, torchvision's, is CIoU)
+    "giou": (generalized_box_iou_loss, tvops.generalized_box_iou_loss, False),
+    "diou": (distance_box_iou_loss, tvops.distance_box_iou_loss, False),
+    "ciou": (complete_box_iou_loss, tvops.complete_box_iou_loss, True),
 }
-
-
-def _loss_function(pred, target, mode, eps=1e-7):
-    """The autograd Function of the torch path, per-pair losses."""
-    eps_t = eps_tensor(eps, None, pred.dtype, pred.device)
-    return AlignedIoUFunction.apply(pred, target, mode, eps_t, True, False)
 
 
 def random_pairs(n: int, dtype=torch.float32, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -199,7 +190,7 @@ def _ciou_frozen_alpha(pred, target, alpha0):
     exactly that function.
     """
     alpha, v = _alpha_v(pred, target)
-    return _loss_function(pred, target, CIOU) + (alpha0 - alpha).detach() * v
+    return complete_box_iou_loss(pred, target, impl="torch") + (alpha0 - alpha).detach() * v
 
 
 def _alpha_v(pred, target):
@@ -217,23 +208,33 @@ def _alpha_v(pred, target):
 
 
 @pytest.mark.parametrize("name", sorted(LOSSES))
-def test_gradcheck_analytic_backward(name):
-    mode = LOSSES[name][2]
+def test_gradcheck(name):
+    fn, _, is_ciou = LOSSES[name]
     pred, target = random_pairs(9, torch.float64, seed=3)
-    if mode == CIOU:
+    if is_ciou:
         alpha0 = _alpha_v(pred, target)[0]
         assert gradcheck(lambda p, t: _ciou_frozen_alpha(p, t, alpha0), (pred, target))
     else:
-        assert gradcheck(lambda p, t: _loss_function(p, t, mode), (pred, target))
+        assert gradcheck(lambda p, t: fn(p, t, impl="torch"), (pred, target))
 
 
-def test_chunked_sweep_equals_single_chunk(monkeypatch):
-    pred, target = random_pairs(50, torch.float64)
-    expected = [loss_and_grads(complete_box_iou_loss, pred, target, impl="torch")]
-    monkeypatch.setattr(_iou_loss_torch, "_PIECE", 7)  # 8 chunks, the last one partial
-    actual = loss_and_grads(complete_box_iou_loss, pred, target, impl="torch")
-    for a, e in zip(actual, expected[0], strict=True):
-        assert torch.equal(a, e)
+@pytest.mark.parametrize("reduction", ["none", "sum", "mean"])
+def test_compiles_fullgraph_dynamic_and_equals_eager(reduction):
+    # One graph for the three losses, traced with dynamic shapes, then run on two sizes.
+    def all_three(p, t):
+        return torch.stack([fn(p, t, reduction, impl="torch") for fn, _, _ in LOSSES.values()])
+
+    torch._dynamo.reset()
+    compiled = torch.compile(all_three, fullgraph=True, dynamic=True, backend="aot_eager")
+    for n in (11, 4):
+        pred, target = random_pairs(n)
+        pred[0, 2] = pred[0, 0]  # a zero-width box
+        target[1] = pred[1]  # identical boxes
+        grad_out = torch.rand(3, n) if reduction == "none" else torch.rand(3)
+        actual = loss_and_grads(compiled, pred, target, grad_out)
+        eager = loss_and_grads(all_three, pred, target, grad_out)
+        for a, e in zip(actual, eager, strict=True):
+            torch.testing.assert_close(a, e, rtol=1e-6, atol=1e-6)
 
 
 def test_grad_for_target_only_and_no_grad():
@@ -360,3 +361,12 @@ def test_bad_inputs(pred, target, kwargs, error, match):
     for fn, _, _ in LOSSES.values():
         with pytest.raises(error, match=match):
             fn(pred, target, **kwargs)
+
+
+def test_python_calls_at_most_twice_torchvision():
+    from tests.ops.test_box_iou import python_calls
+
+    pred, target = random_pairs(10)
+    ours = python_calls(lambda: generalized_box_iou_loss(pred, target))
+    peer = python_calls(lambda: tvops.generalized_box_iou_loss(pred, target))
+    assert ours <= 2 * peer, (ours, peer)

@@ -1,5 +1,5 @@
-"""GIoU / DIoU / CIoU losses: huge and tiny boxes, value checks, the eps rule in half
-precision, reproducible sums, and the GPU layout of the torch path (run on the CPU)."""
+"""GIoU / DIoU / CIoU losses: the coordinate range, no host reads, the eps rule in half
+precision."""
 
 from __future__ import annotations
 
@@ -7,30 +7,30 @@ import pytest
 import torch
 
 from tests.helpers import assert_close
-from tests.ops.test_iou_loss import LOSSES, loss_and_grads, random_pairs, reference
-from visionblocks.ops import _iou_core, _iou_loss_torch
+from tests.ops.test_iou_loss import LOSSES
 from visionblocks.ops.iou_loss import generalized_box_iou_loss
 
-# --- huge coordinates, devices and value checks (issue 19) ------------------------------------
+# --- the coordinate range, devices, values ------------------------------------------------------
 
 FNS = [fn for fn, _, _ in LOSSES.values()]
 FN_IDS = list(LOSSES)
 
 
 @pytest.mark.parametrize("fn", FNS, ids=FN_IDS)
-@pytest.mark.parametrize("offset", [1e19, 3e37])
-def test_huge_boxes_give_exact_losses_and_gradients(fn, offset):
+@pytest.mark.parametrize("scale", [1e15, 1e-15])
+def test_scaled_boxes_give_exact_losses_and_gradients(fn, scale, impl):
+    # Scale invariance inside the documented float32 range (no rescaling is done).
     pred = torch.tensor([[0.0, 0.0, 2.0, 2.0], [1.0, 0.0, 3.0, 2.0], [0.5, 1.0, 4.0, 1.5]])
     target = torch.tensor([[0.0, 0.0, 2.0, 2.0], [0.0, 0.0, 2.0, 2.0], [1.0, 0.5, 2.0, 3.0]])
     small = pred.clone().requires_grad_(True)
-    expected = fn(small, target)
+    expected = fn(small, target, impl=impl)
     expected.sum().backward()
-    huge = (pred * offset).requires_grad_(True)
-    out = fn(huge, target * offset)
+    scaled = (pred * scale).requires_grad_(True)
+    out = fn(scaled, target * scale, impl=impl)
     out.sum().backward()
     assert out[0].item() == 0.0  # identical boxes: IoU 1, no penalty
     assert_close(out, expected)
-    assert_close(huge.grad * offset, small.grad)  # scale invariance: d/dx scales by 1/offset
+    assert_close(scaled.grad * scale, small.grad)  # d/dx scales by 1/scale
 
 
 @pytest.mark.parametrize("fn", FNS, ids=FN_IDS)
@@ -40,19 +40,26 @@ def test_loss_inputs_on_different_devices_raise(fn):
 
 
 @pytest.mark.parametrize("fn", FNS, ids=FN_IDS)
-def test_non_finite_target_raises_but_pred_may_overflow(fn):
-    target = torch.tensor([[0.0, 0.0, 1.0, float("nan")]])
-    with pytest.raises(ValueError, match="target must hold finite box coordinates"):
-        fn(torch.zeros(1, 4), target)
-    pred = torch.tensor([[0.0, 0.0, 1.0, float("inf")]])  # mixed precision: the scaler's job
-    assert torch.isnan(fn(pred, torch.tensor([[0.0, 0.0, 1.0, 1.0]]))).all()
+def test_non_finite_boxes_give_nan_without_a_host_read(fn, monkeypatch):
+    # No value checks: a non-finite coordinate gives NaN, as in torchvision; nothing is read.
+    def no_read(*args, **kwargs):
+        raise AssertionError("a host read")
+
+    target = torch.tensor([[0.0, 0.0, 1.0, float("nan")], [0.0, 0.0, 1.0, 1.0]])
+    pred = torch.tensor([[0.0, 0.0, 1.0, 1.0], [0.0, 0.0, 1.0, float("inf")]])
+    for name in ("item", "tolist", "__bool__", "__float__"):
+        monkeypatch.setattr(torch.Tensor, name, no_read)
+    out = fn(pred, target)
+    monkeypatch.undo()
+    assert torch.isnan(out).all()
+    assert fn(torch.zeros(0, 4, device="meta"), torch.zeros(0, 4, device="meta")).shape == (0,)
 
 
 # --- the eps rule, half precision, reproducibility (issue 14) ---------------------------------
 
 
 @pytest.mark.parametrize("fn", FNS, ids=FN_IDS)
-@pytest.mark.parametrize("scale", [1e-30, 2e-4, 1.0, 1e30])
+@pytest.mark.parametrize("scale", [1e-15, 2e-4, 1.0, 1e15])
 def test_identical_boxes_give_zero_loss_at_every_scale(fn, scale, impl):
     boxes = torch.tensor([[0.5, 0.5, 0.7, 0.9], [0.0, 0.0, 1.0, 1.0], [0.3, 0.3, 0.3002, 0.3002]])
     boxes = boxes * scale
@@ -75,36 +82,3 @@ def test_half_zero_width_line_gradients_are_finite(fn, dtype, impl):
         assert g.dtype == dtype and torch.isfinite(g).all()
     if fn is generalized_box_iou_loss and dtype == torch.float16:
         assert grads[0].abs().max() == torch.finfo(dtype).max
-
-
-@pytest.mark.parametrize("fn", FNS, ids=FN_IDS)
-def test_sums_do_not_depend_on_the_thread_count(fn, monkeypatch):
-    monkeypatch.setattr(_iou_loss_torch, "_PIECE", 64)  # several parts
-    pred, target = random_pairs(3000)
-    pred.requires_grad_(True)
-    results = []
-    before = torch.get_num_threads()
-    try:
-        for threads in (1, 2, 3):
-            torch.set_num_threads(threads)
-            loss = fn(pred, target, reduction="sum", impl="torch")
-            results.append((loss, *torch.autograd.grad(loss * 2, pred)))
-    finally:
-        torch.set_num_threads(before)
-    for other in results[1:]:
-        for a, b in zip(other, results[0], strict=True):
-            assert torch.equal(a, b)
-    assert_close(results[0][0], fn(pred, target, impl="torch").sum())
-
-
-@pytest.mark.parametrize("name", sorted(LOSSES))
-@pytest.mark.parametrize("reduction", ["none", "sum"])
-def test_gpu_layout_on_the_cpu(name, reduction, monkeypatch):
-    # Whole-tensor pieces with fresh buffers, as on GPUs (without a GPU: the layout only).
-    monkeypatch.setattr(_iou_core, "on_cpu", lambda device: False)
-    monkeypatch.setattr(_iou_loss_torch, "_CUDA_PIECE", 50)  # several pieces
-    pred, target = random_pairs(120, torch.float64)
-    actual = loss_and_grads(LOSSES[name][0], pred, target, reduction=reduction, impl="torch")
-    expected = loss_and_grads(reference(name), pred, target, reduction=reduction)
-    for a, e in zip(actual, expected, strict=True):
-        assert_close(a, e)

@@ -1,9 +1,8 @@
-"""TorchScript of the box ops and the IoU losses (visionblocks.ops._boxes_script).
+"""TorchScript of the box ops and the IoU losses.
 
-``torch.jit.script`` compiles every function to a plain whole-tensor form of the same formulas;
-the scripted results must equal the eager ones (exactly where the eager torch path runs the
-same ops, to a few float eps against the float32 C kernel of the aligned ops and losses) and
-torchvision's scripted ops on valid boxes.
+``torch.jit.script`` compiles the same formula the eager functions run (their input checks sit
+under ``if not torch.jit.is_scripting()``): the scripted results must equal the eager ones
+exactly, and torchvision's scripted ops on valid boxes up to its ``eps``.
 """
 
 from __future__ import annotations
@@ -60,7 +59,7 @@ def test_scripts(name):
 
 @pytest.mark.parametrize("name", IOU_NAMES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-@pytest.mark.parametrize("scale", [10.0, 2e-4, 1e-30, 1e19])
+@pytest.mark.parametrize("scale", [10.0, 2e-4, 1e-15, 1e15])
 @pytest.mark.parametrize("shapes", [((7,), (5,)), ((2, 6), (6,)), ((3, 1, 4), (2, 5))])
 def test_pairwise_equals_eager(name, dtype, scale, shapes):
     a = boxes_with_degenerates(*shapes[0], dtype=dtype, scale=scale)
@@ -72,15 +71,14 @@ def test_pairwise_equals_eager(name, dtype, scale, shapes):
 
 @pytest.mark.parametrize("name", IOU_NAMES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-@pytest.mark.parametrize("scale", [10.0, 1e-30, 1e19])
+@pytest.mark.parametrize("scale", [10.0, 1e-15, 1e15])
 @pytest.mark.parametrize("shapes", [((9,), (9,)), ((2, 6), (6,)), ((3, 1, 5), (2, 5))])
 def test_aligned_equals_eager(name, dtype, scale, shapes):
     a = boxes_with_degenerates(*shapes[0], dtype=dtype, scale=scale)
     b = boxes_with_degenerates(*shapes[1], dtype=dtype, scale=scale)
     eager = getattr(B, name)(a, b, aligned=True, eps=1e-6)
     script = scripted(B, name)(a, b, aligned=True, eps=1e-6)
-    # float32 aligned pairs run the eager C kernel: the same formulas, other rounding.
-    close(eager, script, exact=dtype == torch.float64)
+    close(eager, script, exact=True)
 
 
 @pytest.mark.parametrize("name", IOU_NAMES)
@@ -109,12 +107,6 @@ def test_dtypes_and_eps_match_eager(name):
     mixed = fn(a.float(), a)
     assert mixed.dtype == torch.float64
     close(eager(a, a, eps=0.0), fn(a, a, False, 0.0), exact=True)  # NaN where 0 / 0
-    with pytest.raises(torch.jit.Error, match="eps must be a finite number >= 0"):
-        fn(a, a, False, -1.0)
-    with pytest.raises(torch.jit.Error, match="at least 2 dims"):
-        fn(a[0], a[0])
-    with pytest.raises(torch.jit.Error, match=r"shape \(\.\.\., 4\)"):
-        fn(a[:, :3], a)
 
 
 @pytest.mark.parametrize("name", IOU_NAMES)
@@ -152,7 +144,7 @@ def test_box_convert_and_area_equal_eager():
 @pytest.mark.parametrize(
     ("dtype", "scale"),
     [(torch.float16, 10.0)]
-    + [(d, s) for d in (torch.float32, torch.float64) for s in (10.0, 1e-30, 1e19)],
+    + [(d, s) for d in (torch.float32, torch.float64) for s in (10.0, 1e-15, 1e15)],
 )
 def test_losses_equal_eager(name, dtype, reduction, scale):
     pred = boxes_with_degenerates(3, 7, dtype=dtype, scale=scale)
@@ -160,7 +152,7 @@ def test_losses_equal_eager(name, dtype, reduction, scale):
     target[0, 4] = pred[0, 4]  # identical: loss exactly 0
     eager = getattr(L, name)(pred, target, reduction)
     script = scripted(L, name)(pred, target, reduction)
-    close(eager, script, exact=dtype == torch.float64 and reduction == "none")
+    close(eager, script, exact=True)
     if reduction == "none":
         assert script[0, 4] == 0
 
@@ -176,19 +168,16 @@ def test_losses_match_torchvision_scripted_and_reject_triton(name):
         fn(pred, target, "mean", 1e-7, "triton")
     with pytest.raises(torch.jit.Error, match="reduction must be"):
         fn(pred, target, "avg")
-    with pytest.raises(torch.jit.Error, match="same shape"):
-        fn(pred, target[:2])
 
 
-def test_losses_gradients_finite_and_close_to_eager():
+def test_losses_gradients_finite_and_equal_to_eager():
     pred = boxes_with_degenerates(9, dtype=torch.float64).requires_grad_()
     target = boxes_with_degenerates(9, dtype=torch.float64, scale=8.0)
     for name in LOSS_NAMES:
         (g_script,) = torch.autograd.grad(scripted(L, name)(pred, target, "sum"), pred)
         (g_eager,) = torch.autograd.grad(getattr(L, name)(pred, target, "sum"), pred)
         assert torch.isfinite(g_script).all()
-        rows = (pred[:, 2:] - pred[:, :2]).detach().prod(-1) > 0  # positive-area predictions
-        torch.testing.assert_close(g_script[rows], g_eager[rows])
+        torch.testing.assert_close(g_script, g_eager, rtol=0, atol=0)
 
 
 class _Matcher(nn.Module):

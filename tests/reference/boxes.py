@@ -9,7 +9,7 @@ For boxes ``A``, ``B`` in ``(x1, y1, x2, y2)``, with the smallest enclosing box 
   alpha = v / (1 - IoU + v), a constant weight (no gradient)   (Zheng et al., AAAI 2020)
 - the losses are ``1 - GIoU``, ``1 - DIoU``, ``1 - CIoU``.
 
-The library's conventions, written in the plainest form (see `visionblocks.ops._box_iou`):
+The library's conventions, written in the plainest form (see `visionblocks.ops.boxes`):
 
 - eps rule: a denominator gets ``eps`` only where it is exactly zero (`_den`);
   ``alpha`` is 0 where ``v = 0``;

@@ -20,7 +20,8 @@ compute dtype before any math (which also keeps bfloat16 working in the interpre
 The formulas (the measure ``m`` and its gradient; the loss is ``1 - m``), the eps rule (``eps``
 replaces a denominator only where it is exactly zero: `_nonzero`), the tie convention of
 ``max``/``min`` (ties split the gradient half and half, as autograd does) and the
-degenerate-box policy are those of the torch path, `visionblocks.ops._iou_core`. ``atan`` is
+degenerate-box policy are those of the torch formula, `visionblocks.ops.boxes._measure`
+(the ``reference`` of each entry point, and of the tests). ``atan`` is
 a Cephes rational approximation (relative error below 3e-16 in float64), since libdevice
 functions do not run in the interpreter; the angle is formed as ``atan(min / max)`` of
 ``|w|, |h|``, so no division by zero occurs.
@@ -168,7 +169,7 @@ def _pair_terms(p_ptr, g_ptr, base, mask, eps, MODE: tl.constexpr, CDT: tl.const
         dist = (ex * ex + ey * ey) * 0.25
         m = iou - dist / qe
         g_u = -iou / ue
-        g2q = 2.0 * dist / (qe * qe)  # twice dm/dQ
+        g2q = 2.0 * (dist / qe) / qe  # twice dm/dQ (no qe * qe: it overflows for big boxes)
         kc_x = g2q * cw
         kc_y = g2q * ch
         kd_x = -0.5 * ex / qe  # dm/d(x1 or x2) through the centre

@@ -20,8 +20,8 @@ from visionblocks._core.dispatch import IMPLS
 from visionblocks._core.namespace import public_dir
 from visionblocks._core.reduce import check_reduction
 from visionblocks._core.registries import LOSSES
+from visionblocks.ops.boxes import check_eps
 from visionblocks.ops.iou_loss import (
-    check_eps,
     complete_box_iou_loss,
     distance_box_iou_loss,
     generalized_box_iou_loss,

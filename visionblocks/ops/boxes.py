@@ -11,10 +11,11 @@ predictions ``(B, N, 4)`` gives ``(B, N, M)``.
 
 The pairwise results equal torchvision's `box_iou`, `generalized_box_iou`, `distance_box_iou`
 and `complete_box_iou` for valid boxes, up to torchvision's ``eps`` (see below). Unlike
-torchvision, identical boxes give exactly 1 however small, degenerate boxes give finite
-values and gradients, and nothing ``N×M`` beyond the output is materialised or kept for the
-backward pass: the work runs on cache-sized pieces of rows, spread over the CPU threads (see
-the benchmarks page for the measured speed and memory).
+torchvision, identical boxes give exactly 1 however small, and degenerate boxes give finite
+values and gradients. Each measure is one broadcast torch formula (`_measure`, plain
+autograd), the one that ``torch.jit.script``, ``torch.compile`` and the Triton kernels of
+the losses (`visionblocks.kernels.iou`) are tested against. Pairwise results materialise a
+few ``(..., N, M)`` temporaries, as torchvision's do.
 
 Convention:
     Formats (``fmt`` strings of `box_convert`):
@@ -41,12 +42,9 @@ Convention:
     intersection with anything is 0, so its IoU is 0 — also against an identical box, which
     torchvision answers with 0 / 0 = NaN.
 
-    **Huge and tiny coordinates**: the four measures are scale invariant, so boxes whose
-    largest ``|coordinate|`` reaches ``2**28``, or stays below 0.5, are first multiplied by a
-    power of two that brings it below ``2**28`` (or into ``[0.5, 1)``), ``eps`` by its square,
-    found on the device without a host sync: exactly the unscaled arithmetic, so coordinates
-    of ``1e19`` (whose areas overflow float32), ``3e38`` or ``1e-30`` give the values of
-    ordinary ones.
+    **Range**: areas, and for DIoU and CIoU squared diagonals, must be finite normal
+    numbers for exact results: in float32, coordinates (and sizes) between about ``1e-18``
+    and ``1e18`` (float64: ``1e-150`` to ``1e150``). Nothing is rescaled.
 
     An **inverted** box (``x2 < x1`` or ``y2 < y1``) is not valid. It is not rejected (a check
     would make the GPU wait for the host); the IoU family collapses it to a zero-width
@@ -58,7 +56,7 @@ Dtypes:
     (torchvision upcasts half boxes with ``_upcast`` and divides integer areas, giving
     float32), float64 for float64 boxes; mixed inputs promote first. Gradients flowing back
     to float16 or bfloat16 boxes are computed in float32 and clamped to the half dtype's
-    finite range, so they stay finite. Gradients are analytic (no double backward). `box_area` follows
+    finite range, so they stay finite. `box_area` follows
     torchvision's ``_upcast``: float16/bfloat16 → float32, integers narrower than 32 bits →
     int32, otherwise the input dtype. `box_convert` keeps the input dtype (integer boxes
     give floating centres for ``"cxcywh"``, as torchvision's do). ``torch.autocast``
@@ -67,20 +65,14 @@ Dtypes:
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 
 from visionblocks._core.checks import check_choice, check_type
 from visionblocks._core.namespace import public_dir
 from visionblocks._core.tensor_checks import check_last_dim, check_tensor
-from visionblocks.ops._box_iou import overlap
-from visionblocks.ops._boxes_script import (
-    from_xyxy,
-    script_area,
-    script_convert,
-    script_overlap,
-    to_xyxy,
-)
 
 __all__ = [
     "BOX_FORMATS",
@@ -98,14 +90,35 @@ BOX_FORMATS: tuple[str, ...] = ("xyxy", "xywh", "cxcywh")
 ``"xywh"`` top-left corner and size ``(x1, y1, w, h)`` (COCO's ``bbox``), ``"cxcywh"`` centre
 and size ``(cx, cy, w, h)``."""
 
+# The measures, as `_measure`'s ``kind`` (TorchScript reads no module globals: the public
+# functions pass the numbers).
+_IOU, _GIOU, _DIOU, _CIOU = 0, 1, 2, 3
 
-def _check_convert(boxes: Tensor, in_fmt: str, out_fmt: str) -> Tensor:
-    boxes = check_tensor("boxes", boxes)
+
+def _to_xyxy(boxes: Tensor, fmt: str) -> Tensor:
+    a, b, c, d = boxes.unbind(-1)
+    if fmt == "xywh":
+        return torch.stack((a, b, a + c, b + d), dim=-1)
+    if fmt == "cxcywh":
+        return torch.stack((a - 0.5 * c, b - 0.5 * d, a + 0.5 * c, b + 0.5 * d), dim=-1)
+    return boxes
+
+
+def _from_xyxy(boxes: Tensor, fmt: str) -> Tensor:
+    x1, y1, x2, y2 = boxes.unbind(-1)
+    if fmt == "xywh":
+        return torch.stack((x1, y1, x2 - x1, y2 - y1), dim=-1)
+    if fmt == "cxcywh":
+        return torch.stack(((x1 + x2) / 2, (y1 + y2) / 2, x2 - x1, y2 - y1), dim=-1)
+    return boxes
+
+
+def _check_convert(boxes: Tensor, in_fmt: str, out_fmt: str) -> None:
+    check_tensor("boxes", boxes)
     for name, fmt in (("in_fmt", in_fmt), ("out_fmt", out_fmt)):
         check_type(name, fmt, str)
         check_choice(name, fmt, BOX_FORMATS)
     check_last_dim("boxes", boxes, 4, what=f"in {in_fmt!r} format")
-    return boxes
 
 
 def box_convert(boxes: Tensor, in_fmt: str, out_fmt: str) -> Tensor:
@@ -114,7 +127,7 @@ def box_convert(boxes: Tensor, in_fmt: str, out_fmt: str) -> Tensor:
     Same values as ``torchvision.ops.box_convert`` for these formats (conversions between
     ``"xywh"`` and ``"cxcywh"`` go through ``"xyxy"``, as there).
 
-    Scriptable with ``torch.jit.script`` (same values; see `visionblocks.ops._boxes_script`).
+    Scriptable with ``torch.jit.script`` (the same code, without the input checks).
 
     Args:
         boxes (Tensor[..., 4]): Boxes in ``in_fmt``; any leading dims.
@@ -145,17 +158,20 @@ def box_convert(boxes: Tensor, in_fmt: str, out_fmt: str) -> Tensor:
         tensor([[10., 20., 30., 60.]])
     """
     if not torch.jit.is_scripting():
-        boxes = _check_convert(boxes, in_fmt, out_fmt)
-        if in_fmt == out_fmt:
-            return boxes.clone()
-        return from_xyxy(to_xyxy(boxes, in_fmt), out_fmt)
-    return script_convert(boxes, in_fmt, out_fmt)
+        _check_convert(boxes, in_fmt, out_fmt)
+    elif in_fmt not in ["xyxy", "xywh", "cxcywh"] or out_fmt not in ["xyxy", "xywh", "cxcywh"]:
+        raise ValueError(
+            "box formats must be 'xyxy', 'xywh' or 'cxcywh', got " + in_fmt + ", " + out_fmt
+        )
+    if in_fmt == out_fmt:
+        return boxes.clone()
+    return _from_xyxy(_to_xyxy(boxes, in_fmt), out_fmt)
 
 
 def box_area(boxes: Tensor) -> Tensor:
     """Area ``(x2 - x1) * (y2 - y1)`` of ``"xyxy"`` boxes.
 
-    Scriptable with ``torch.jit.script`` (same values; see `visionblocks.ops._boxes_script`).
+    Scriptable with ``torch.jit.script`` (the same code, without the input checks).
 
     Args:
         boxes (Tensor[..., 4]): Boxes in ``(x1, y1, x2, y2)``; any leading dims.
@@ -181,9 +197,164 @@ def box_area(boxes: Tensor) -> Tensor:
         tensor(9, dtype=torch.int32)
     """
     if not torch.jit.is_scripting():
-        boxes = check_tensor("boxes", boxes)
+        check_tensor("boxes", boxes)
         check_last_dim("boxes", boxes, 4, what="(x1, y1, x2, y2)")
-    return script_area(boxes)
+    if boxes.is_floating_point():  # torchvision's _upcast
+        if boxes.dtype != torch.float32 and boxes.dtype != torch.float64:
+            boxes = boxes.float()
+    elif boxes.dtype != torch.int32 and boxes.dtype != torch.int64:
+        boxes = boxes.int()
+    return (boxes[..., 2] - boxes[..., 0]) * (boxes[..., 3] - boxes[..., 1])
+
+
+def check_eps(eps: float) -> float:
+    """Validate an ``eps``: a finite real number ``>= 0``; return it as a float.
+
+    Examples:
+        >>> check_eps(-1.0)
+        Traceback (most recent call last):
+        ...
+        ValueError: eps must be a finite number >= 0, got -1.0
+    """
+    if isinstance(eps, bool) or not isinstance(eps, int | float):
+        raise TypeError(f"eps must be a float, got {type(eps).__name__} ({eps!r})")
+    if not 0 <= eps < math.inf:  # also False for NaN
+        raise ValueError(f"eps must be a finite number >= 0, got {eps!r}")
+    return float(eps)
+
+
+def _check_iou_inputs(boxes1: Tensor, boxes2: Tensor, aligned: bool, eps: float) -> None:
+    """The input checks of the IoU family (shapes, dtypes, devices and options; no values)."""
+    if not isinstance(aligned, bool):
+        raise TypeError(f"aligned must be bool, got {type(aligned).__name__} ({aligned!r})")
+    check_eps(eps)
+    lead = 1 if aligned else 2  # dims kept out of the batch dims
+    for name, boxes in (("boxes1", boxes1), ("boxes2", boxes2)):
+        if not isinstance(boxes, Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(boxes).__name__}")
+        shape = tuple(boxes.shape)
+        if shape[-1:] != (4,):
+            raise ValueError(f"{name} must have shape (..., 4) (x1, y1, x2, y2), got {shape}")
+        if len(shape) < lead:
+            raise ValueError(
+                f"{name} must have shape (..., N, 4) with at least 2 dims, got {shape}"
+            )
+        if boxes.is_complex():
+            raise TypeError(f"boxes must be real (floating-point or integer), got {boxes.dtype}")
+    if boxes1.device != boxes2.device:
+        raise ValueError(
+            "boxes1 and boxes2 must be on the same device, "
+            f"got boxes1 on {boxes1.device}, boxes2 on {boxes2.device}"
+        )
+    batch1, batch2 = boxes1.shape[:-lead], boxes2.shape[:-lead]
+    if batch1 != batch2:
+        try:
+            torch.broadcast_shapes(batch1, batch2)
+        except RuntimeError:
+            what = (
+                "shapes (all but the last dim)" if aligned else "batch dims (all but the last two)"
+            )
+            raise ValueError(
+                f"{what} of boxes1 and boxes2 must be equal or broadcastable, "
+                f"got {tuple(batch1)} and {tuple(batch2)}"
+            ) from None
+
+
+class _CastClamped(torch.autograd.Function):
+    """``x.to(dtype)``, whose gradient is clamped to ``x.dtype``'s finite range before the
+    cast back (a float32 gradient of 1e7 reaches float16 boxes as 65504, not ``inf``)."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, dtype: torch.dtype) -> Tensor:  # type: ignore[override]
+        ctx.input_dtype = x.dtype
+        return x.to(dtype)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> tuple[Tensor, None]:  # type: ignore[override]
+        big = torch.finfo(ctx.input_dtype).max
+        return grad.clamp(-big, big).to(ctx.input_dtype), None
+
+
+def _upcast(boxes: Tensor, dtype: torch.dtype) -> Tensor:
+    """``boxes`` in the compute ``dtype``; gradients to half boxes stay finite (eager only)."""
+    if boxes.dtype == dtype:
+        return boxes
+    if not torch.jit.is_scripting():  # noqa: SIM102 (TorchScript skips this block)
+        if boxes.requires_grad and boxes.dtype in (torch.float16, torch.bfloat16):
+            return _CastClamped.apply(boxes, dtype)
+    return boxes.to(dtype)
+
+
+def _columns(boxes: Tensor, collapse: bool, contiguous: bool = False) -> list[Tensor]:
+    """``x1, y1, x2, y2`` of ``(..., 4)`` boxes as ``(...)`` columns (contiguous ones with
+    ``contiguous``: the inner loop of the pairwise ops runs along them); with ``collapse``,
+    inverted boxes as zero-width (zero-height) boxes at ``x1`` (``y1``), the gradient of a
+    collapsed corner going to ``x1`` (``y1``), of a zero-width box to ``x2`` (``y2``)."""
+    if contiguous:
+        x1, y1, x2, y2 = boxes.movedim(-1, 0).contiguous().unbind(0)
+    else:
+        x1, y1, x2, y2 = boxes.unbind(-1)
+    if collapse:
+        x2, y2 = torch.where(x2 < x1, x1, x2), torch.where(y2 < y1, y1, y2)
+    return [x1, y1, x2, y2]
+
+
+def _nonzero(x: Tensor, eps: float) -> Tensor:
+    """The eps rule: ``eps`` where the denominator ``x`` is exactly zero, ``x`` elsewhere."""
+    return x.masked_fill(x == 0, eps)
+
+
+def _angle(w: Tensor, h: Tensor) -> Tensor:
+    """``atan(w / h)`` of boxes with ``w, h >= 0``: ``pi / 2`` for ``h = 0`` (``atan2``, with
+    its finite gradient ``(h, -w) / (w² + h²)``), 0 with no gradient for a point box."""
+    point = (w == 0) & (h == 0)
+    return torch.atan2(w, h.masked_fill(point, 1.0)).masked_fill(point, 0.0)
+
+
+def _measure(a: list[Tensor], b: list[Tensor], kind: int, eps: float) -> Tensor:
+    """IoU (``kind`` 0), GIoU (1), DIoU (2) or CIoU (3) of boxes ``a`` and ``b`` given as
+    `_columns` of broadcastable shapes: ``(N, 1)`` and ``(M,)`` give every pair."""
+    ax1, ay1, ax2, ay2 = a[0], a[1], a[2], a[3]
+    bx1, by1, bx2, by2 = b[0], b[1], b[2], b[3]
+    aw, ah, bw, bh = ax2 - ax1, ay2 - ay1, bx2 - bx1, by2 - by1
+    if kind == 0:  # sides clamped at 0: the values and gradients of collapsed boxes
+        aw, ah, bw, bh = aw.clamp_min(0), ah.clamp_min(0), bw.clamp_min(0), bh.clamp_min(0)
+    area_a, area_b = aw * ah, bw * bh
+    dx = torch.minimum(ax2, bx2) - torch.maximum(ax1, bx1)  # overlap sides, < 0 if apart
+    dy = torch.minimum(ay2, by2) - torch.maximum(ay1, by1)
+    inter = dx.relu() * dy.relu()  # relu: no gradient through a side that is 0
+    if kind == 0:
+        # A union is zero only where both areas are, and beside a zero-area box inter = 0:
+        # eps in place of a zero area_a (O(N), not O(NM)) is the eps rule, value and gradient.
+        return inter / ((area_a.masked_fill(area_a == 0, eps) + area_b) - inter)
+    union = (area_a + area_b) - inter
+    iou = inter / _nonzero(union, eps)
+    cw, ch = (aw + bw) - dx, (ah + bh) - dy  # sides of the smallest enclosing box
+    if kind == 1:
+        hull = cw * ch
+        return iou - (hull - union) / _nonzero(hull, eps)
+    ex, ey = (ax1 + ax2) - (bx1 + bx2), (ay1 + ay2) - (by1 + by2)  # twice the centre offset
+    diou = iou - 0.25 * (ex * ex + ey * ey) / _nonzero(cw * cw + ch * ch, eps)
+    if kind == 2:
+        return diou
+    v = (4 / math.pi**2) * (_angle(bw, bh) - _angle(aw, ah)) ** 2
+    v_c = v.detach()  # alpha = v / (1 - IoU + v) is a constant weight, 0 where v = 0
+    alpha = (v_c / ((1 - iou.detach()) + v_c)).masked_fill(v_c == 0, 0.0)
+    return diou - alpha * v
+
+
+def _overlap(boxes1: Tensor, boxes2: Tensor, kind: int, aligned: bool, eps: float) -> Tensor:
+    """`_measure` of checked boxes: float32 (float64) columns, inverted boxes collapsed."""
+    dtype = torch.promote_types(boxes1.dtype, boxes2.dtype)
+    if dtype != torch.float64:
+        dtype = torch.float32
+    if not aligned:  # (..., N, 1, 4) with (..., 1, M, 4)
+        boxes1, boxes2 = boxes1.unsqueeze(-2), boxes2.unsqueeze(-3)
+    collapse = kind != 0  # IoU: `_measure` clamps the sides instead, which is the same
+    a = _columns(_upcast(boxes1, dtype), collapse)
+    # Pairwise, the inner loop runs along boxes2: contiguous columns pay off from ~100 boxes.
+    b = _columns(_upcast(boxes2, dtype), collapse, not aligned and boxes2.shape[-2] > 64)
+    return _measure(a, b, kind, eps)
 
 
 def box_iou(boxes1: Tensor, boxes2: Tensor, aligned: bool = False, eps: float = 1e-7) -> Tensor:
@@ -193,9 +364,9 @@ def box_iou(boxes1: Tensor, boxes2: Tensor, aligned: bool = False, eps: float = 
     zero-area box gives 0 (torchvision: NaN). Otherwise equal to ``torchvision.ops.box_iou``;
     identical boxes give exactly 1.
 
-    Scriptable with ``torch.jit.script``: the scripted function runs a plain whole-tensor form
-    of the same formulas (values equal up to rounding; gradients by autograd, not clamped for
-    half boxes; no check that needs a host read; see `visionblocks.ops._boxes_script`).
+    Scriptable with ``torch.jit.script`` (the same formula, without the input checks, and
+    gradients to half boxes not clamped); compiles with ``torch.compile(fullgraph=True)``;
+    reads no tensor values on the host.
 
     Args:
         boxes1 (Tensor[..., N, 4]): First set, ``(x1, y1, x2, y2)``.
@@ -233,8 +404,8 @@ def box_iou(boxes1: Tensor, boxes2: Tensor, aligned: bool = False, eps: float = 
         tensor([[1.]])
     """
     if not torch.jit.is_scripting():
-        return overlap(boxes1, boxes2, "iou", aligned=aligned, eps=eps)
-    return script_overlap(boxes1, boxes2, 0, aligned, eps)
+        _check_iou_inputs(boxes1, boxes2, aligned, eps)
+    return _overlap(boxes1, boxes2, 0, aligned, eps)
 
 
 def generalized_box_iou(
@@ -247,9 +418,9 @@ def generalized_box_iou(
     enclosing box is the union). Otherwise equal to ``torchvision.ops.generalized_box_iou``
     up to its ``eps``.
 
-    Scriptable with ``torch.jit.script``: the scripted function runs a plain whole-tensor form
-    of the same formulas (values equal up to rounding; gradients by autograd, not clamped for
-    half boxes; no check that needs a host read; see `visionblocks.ops._boxes_script`).
+    Scriptable with ``torch.jit.script`` (the same formula, without the input checks, and
+    gradients to half boxes not clamped); compiles with ``torch.compile(fullgraph=True)``;
+    reads no tensor values on the host.
 
     Args:
         boxes1 (Tensor[..., N, 4]): First set, ``(x1, y1, x2, y2)``.
@@ -286,8 +457,8 @@ def generalized_box_iou(
         tensor([[ 0.3333, -0.3333]])
     """
     if not torch.jit.is_scripting():
-        return overlap(boxes1, boxes2, "giou", aligned=aligned, eps=eps)
-    return script_overlap(boxes1, boxes2, 1, aligned, eps)
+        _check_iou_inputs(boxes1, boxes2, aligned, eps)
+    return _overlap(boxes1, boxes2, 1, aligned, eps)
 
 
 def distance_box_iou(
@@ -300,9 +471,9 @@ def distance_box_iou(
     points). Equal to ``torchvision.ops.distance_box_iou`` for valid boxes, up to
     torchvision's ``eps`` (``c² + eps``).
 
-    Scriptable with ``torch.jit.script``: the scripted function runs a plain whole-tensor form
-    of the same formulas (values equal up to rounding; gradients by autograd, not clamped for
-    half boxes; no check that needs a host read; see `visionblocks.ops._boxes_script`).
+    Scriptable with ``torch.jit.script`` (the same formula, without the input checks, and
+    gradients to half boxes not clamped); compiles with ``torch.compile(fullgraph=True)``;
+    reads no tensor values on the host.
 
     Args:
         boxes1 (Tensor[..., N, 4]): First set, ``(x1, y1, x2, y2)``.
@@ -339,8 +510,8 @@ def distance_box_iou(
         tensor([[0.2564, 1.0000]])
     """
     if not torch.jit.is_scripting():
-        return overlap(boxes1, boxes2, "diou", aligned=aligned, eps=eps)
-    return script_overlap(boxes1, boxes2, 2, aligned, eps)
+        _check_iou_inputs(boxes1, boxes2, aligned, eps)
+    return _overlap(boxes1, boxes2, 2, aligned, eps)
 
 
 def complete_box_iou(
@@ -354,9 +525,9 @@ def complete_box_iou(
     up to torchvision's ``eps``. A box with ``h == 0`` gets the angle π/2 and a finite
     gradient (torchvision divides by zero there), a point box gets 0.
 
-    Scriptable with ``torch.jit.script``: the scripted function runs a plain whole-tensor form
-    of the same formulas (values equal up to rounding; gradients by autograd, not clamped for
-    half boxes; no check that needs a host read; see `visionblocks.ops._boxes_script`).
+    Scriptable with ``torch.jit.script`` (the same formula, without the input checks, and
+    gradients to half boxes not clamped); compiles with ``torch.compile(fullgraph=True)``;
+    reads no tensor values on the host.
 
     Args:
         boxes1 (Tensor[..., N, 4]): First set, ``(x1, y1, x2, y2)``.
@@ -393,5 +564,5 @@ def complete_box_iou(
         tensor([[0.2564, 0.4468]])
     """
     if not torch.jit.is_scripting():
-        return overlap(boxes1, boxes2, "ciou", aligned=aligned, eps=eps)
-    return script_overlap(boxes1, boxes2, 3, aligned, eps)
+        _check_iou_inputs(boxes1, boxes2, aligned, eps)
+    return _overlap(boxes1, boxes2, 3, aligned, eps)

@@ -1,9 +1,8 @@
 """GIoU, DIoU and CIoU losses of aligned box pairs (``1 -`` the IoU variant, plus penalties).
 
-Two fast paths behind one validated function: the lean torch path
-(`visionblocks.ops._iou_loss_torch`: loss and analytic gradient in one sweep over pieces of
-pairs, spread over the CPU threads) and the fused Triton kernels (`visionblocks.kernels.iou`).
-Both follow the numerics of `visionblocks.ops.boxes` (one eps rule for every box op and loss).
+One torch formula, `visionblocks.ops.boxes`'s `_measure` (plain autograd, one eps rule for
+every box op and loss), and for CUDA tensors the fused Triton kernels
+(`visionblocks.kernels.iou`), tested against it.
 
 Convention:
     Boxes are ``(x1, y1, x2, y2)`` corners (``"xyxy"``) in any one unit (pixels or normalised),
@@ -21,116 +20,94 @@ Degenerate boxes (zero width and/or height): values and gradients are finite and
 torchvision's are finite, equal to torchvision's. A zero-area box has IoU 0, so a degenerate
 pair, even two identical points, has loss 1 (torchvision issue #7746 keeps this too). Only
 CIoU's angle term differs: torchvision's ``atan(w / h)`` gives NaN gradients at ``h = 0``
-(and a NaN value for a point box); here the angle is ``atan(w / h)`` for ``h != 0``, its limit
-``+-pi/2`` for ``h = 0``, and ``0`` for a point box, with gradient ``(h, -w) / (w^2 + h^2)``
-(the true derivative wherever ``w^2 + h^2 > 0``) and ``0`` for a point box. Gradients stay
-finite but can reach about ``1 / eps`` for two collinear zero-width (or zero-height) boxes,
-as in torchvision: their enclosing box has zero area. ``eps = 0`` gives NaN for those
-degenerate pairs.
+(and a NaN value for a point box); here the angle is ``atan2(w, h)``: ``atan(w / h)`` for
+``h > 0``, ``pi/2`` for ``h = 0`` with gradient ``(h, -w) / (w^2 + h^2)``, and ``0`` with no
+gradient for a point box. Gradients stay finite but can reach about ``1 / eps`` for two
+collinear zero-width (or zero-height) boxes, as in torchvision: their enclosing box has zero
+area. ``eps = 0`` gives NaN for those degenerate pairs.
+
+Range: as for the box ops (`visionblocks.ops.boxes`), areas and squared diagonals must be
+finite normal numbers for exact results: float32 coordinates and sizes between about
+``1e-18`` and ``1e18``. Nothing is rescaled.
 
 Dtype policy: float16/bfloat16 are computed in float32; ``"none"`` returns the inputs'
 dtype, ``"sum"``/``"mean"`` return the compute dtype (`visionblocks._core.reduce`). Gradients of
 half inputs are computed in float32 and clamped to the half dtype's finite range (the ~1/eps
 gradients above stay finite). ``pred`` and ``target`` of different floating dtypes are
-promoted first. On CPU, ``"sum"`` and ``"mean"`` add partial sums in a fixed order: the
-result does not depend on the number of threads. ``torch.autocast`` changes none of this (the
-same results inside it as outside).
+promoted first. ``torch.autocast`` changes none of this (the same results inside it as
+outside).
 
-Value checks (`visionblocks.set_value_checks`, on by default) cost one ``aminmax`` over
-``pred`` and one over ``target`` (and a host sync on CUDA): ``target`` must hold finite
-coordinates (``pred`` may not: under mixed precision an overflowing prediction is the
-gradient scaler's business), and when the largest finite ``|coordinate|`` reaches
-``2**28`` or stays below 0.5, both are multiplied by the power of two that brings it below
-``2**28`` or into ``[0.5, 1)`` (every loss is scale invariant; ``eps`` is scaled by its
-square), so any finite boxes, ``1e-30`` or ``3e38`` included, give exact values and
-gradients. With value checks off, coordinates must stay below about ``2**28`` for exact
-gradients (``2**60`` for finite values, float32).
+No value checks: nothing reads tensor values on the host (a non-finite coordinate gives a
+NaN loss, as in torchvision).
 """
 
 from __future__ import annotations
-
-import math
 
 import torch
 from torch import Tensor
 
 from visionblocks._core.namespace import public_dir
-from visionblocks._core.reduce import check_reduction, compute_dtype, reduce_loss
-from visionblocks._core.tensor_checks import (
-    check_floating,
-    check_last_dim,
-    check_same_device,
-    check_same_shape,
-    reads_values,
-)
+from visionblocks._core.reduce import REDUCTIONS, check_reduction, reduce_loss
+from visionblocks._core.tensor_checks import check_floating, check_same_device, check_same_shape
 from visionblocks.kernels._dispatch import resolve_impl, run_fused
-from visionblocks.ops._box_iou import cast_clamped, scale_shift
-from visionblocks.ops._boxes_script import script_iou_loss
-from visionblocks.ops._iou_core import eps_tensor
-from visionblocks.ops._iou_loss_torch import CIOU, DIOU, GIOU, AlignedIoUFunction
+from visionblocks.ops.boxes import _columns, _measure, _upcast, check_eps
 
 __all__ = ["complete_box_iou_loss", "distance_box_iou_loss", "generalized_box_iou_loss"]
 __dir__ = public_dir(__name__, __all__)
 
 
-def check_eps(eps: float) -> float:
-    """Validate a loss ``eps``: a finite real number ``>= 0``; return it as a float."""
-    if isinstance(eps, bool) or not isinstance(eps, int | float):
-        raise TypeError(f"eps must be a float, got {type(eps).__name__} ({eps!r})")
-    if not (math.isfinite(eps) and eps >= 0):
-        raise ValueError(f"eps must be a finite number >= 0, got {eps!r}")
-    return float(eps)
+def _pair_losses(pred: Tensor, target: Tensor, kind: int, eps: float) -> Tensor:
+    """``1 -`` `_measure` ``kind`` of ``(..., 4)`` pairs, in float32 (float64) (scriptable)."""
+    dtype = torch.promote_types(pred.dtype, target.dtype)
+    if dtype != torch.float64:
+        dtype = torch.float32
+    p = _columns(_upcast(pred, dtype), False)
+    g = _columns(_upcast(target, dtype), False)
+    return torch.rsub(_measure(p, g, kind, eps), 1.0)  # 1 - measure
 
 
-def _rescaled(pred: Tensor, target: Tensor, eps: float) -> tuple[Tensor, Tensor, float]:
-    """The value checks of the module notes: finite ``target``; huge or tiny boxes rescaled."""
-    if not reads_values(pred, target) or pred.numel() == 0:
-        return pred, target, eps
-    extremes = torch.stack([*torch.aminmax(pred.detach()), *torch.aminmax(target.detach())])
-    p_lo, p_hi, g_lo, g_hi = extremes.double().tolist()  # one host read
-    if not (math.isfinite(g_lo) and math.isfinite(g_hi)):
-        raise ValueError(f"target must hold finite box coordinates, got values in [{g_lo}, {g_hi}]")
-    largest = max(-g_lo, g_hi, *(v for v in (-p_lo, p_hi) if math.isfinite(v)))
-    dtype = compute_dtype(torch.promote_types(pred.dtype, target.dtype))
-    shift = scale_shift(largest, dtype)
-    if shift == 0:
-        return pred, target, eps
-    scale = math.ldexp(1.0, -shift)  # exact: a power of two
-    area_eps = max(eps * scale * scale, torch.finfo(torch.float64).tiny) if eps > 0 else 0.0
-    return pred * scale, target * scale, area_eps
-
-
-def _box_iou_loss(
-    op: str, mode: int, pred: Tensor, target: Tensor, reduction: str, eps: float, impl: str
-) -> Tensor:
-    check_floating("pred", pred)
-    check_floating("target", target)
-    check_last_dim("pred", pred, 4, what="(x1, y1, x2, y2)")
-    check_last_dim("target", target, 4, what="(x1, y1, x2, y2)")
-    check_same_shape("pred", pred, "target", target)
-    check_same_device(pred=pred, target=target)
-    check_reduction(reduction)
-    eps = check_eps(eps)
-    which = resolve_impl(impl, op, pred, target)
-    input_dtype = torch.promote_types(pred.dtype, target.dtype)
-    cdt = compute_dtype(input_dtype)
-    pred, target, eps = _rescaled(pred, target, eps)
-    p, g = pred.reshape(-1, 4), target.reshape(-1, 4)
-
-    def reference(p: Tensor, g: Tensor, eps: float, reduce_sum: bool = False) -> Tensor:
-        eps_t = eps_tensor(eps, None, cdt, p.device)
-        p, g = cast_clamped(p, cdt), cast_clamped(g, cdt)
-        return AlignedIoUFunction.apply(p, g, mode, eps_t, True, reduce_sum)
-
-    if which == "triton":
-        loss = run_fused(op, impl, reference, p.to(input_dtype), g.to(input_dtype), eps)
-        return reduce_loss(loss.view(pred.shape[:-1]), reduction, input_dtype=input_dtype)
+def _box_iou_loss(pred: Tensor, target: Tensor, kind: int, reduction: str, eps: float) -> Tensor:
+    """The torch path: `_pair_losses`, reduced by the dtype policy of the module notes."""
+    loss = _pair_losses(pred, target, kind, eps)
     if reduction == "none":
-        return reference(p, g, eps).view(pred.shape[:-1]).to(input_dtype)
-    total = reference(p, g, eps, reduce_sum=True)  # per-part sums added in part order
+        return loss.to(torch.promote_types(pred.dtype, target.dtype))
     if reduction == "sum":
-        return total
-    return total / p.shape[0] if p.shape[0] else total * 0.0
+        return loss.sum()
+    if reduction == "mean":
+        return loss.sum() / max(loss.numel(), 1)  # empty: 0, still connected to the graph
+    raise ValueError("reduction must be one of 'none', 'mean', 'sum'; got " + reduction)
+
+
+def _check_loss_inputs(pred: Tensor, target: Tensor, reduction: str, eps: float) -> None:
+    """Shapes, dtypes, devices and options (no values)."""
+    for name, boxes in (("pred", pred), ("target", target)):
+        if not isinstance(boxes, Tensor) or not boxes.is_floating_point():
+            check_floating(name, boxes)
+        if boxes.shape[-1:] != (4,):
+            raise ValueError(
+                f"{name} must have shape (..., 4) (x1, y1, x2, y2), got {tuple(boxes.shape)}"
+            )
+    if pred.shape != target.shape:
+        check_same_shape("pred", pred, "target", target)
+    if pred.device != target.device:
+        check_same_device(pred=pred, target=target)
+    if reduction not in REDUCTIONS:
+        check_reduction(reduction)
+    check_eps(eps)
+
+
+def _fused_loss(
+    op: str, kind: int, impl: str, pred: Tensor, target: Tensor, reduction: str, eps: float
+) -> Tensor:
+    """The Triton kernel of ``op``, with `_pair_losses` as its reference (fallback)."""
+    input_dtype = torch.promote_types(pred.dtype, target.dtype)
+
+    def reference(p: Tensor, g: Tensor, eps: float) -> Tensor:
+        return _pair_losses(p, g, kind, eps)
+
+    p, g = pred.reshape(-1, 4).to(input_dtype), target.reshape(-1, 4).to(input_dtype)
+    loss = run_fused(op, impl, reference, p, g, float(eps))
+    return reduce_loss(loss.view(pred.shape[:-1]), reduction, input_dtype=input_dtype)
 
 
 def generalized_box_iou_loss(
@@ -146,11 +123,10 @@ def generalized_box_iou_loss(
     and ``C`` the area of the smallest box enclosing both (``eps`` replaces a zero ``U`` or
     ``C``). Equals torchvision's ``generalized_box_iou_loss`` (values and gradients, for
     ``pred`` and ``target``) up to its ``eps``; degenerate boxes: see the module notes.
-    Gradients are analytic (no double backward).
 
-    Scriptable with ``torch.jit.script``: the scripted function runs a plain whole-tensor form
-    of the same formula (``impl`` ``"auto"`` or ``"torch"``; values equal up to rounding,
-    gradients by autograd, no value checks; see `visionblocks.ops._boxes_script`).
+    Scriptable with ``torch.jit.script`` (the same formula; ``impl`` ``"auto"`` or
+    ``"torch"``; no input or value checks, gradients to half boxes not clamped); compiles with
+    ``torch.compile(fullgraph=True)``.
 
     Under ``torch.autocast``: the dtype policy of the module notes, from ``pred`` and
     ``target`` promoted (autocast changes no result): half boxes are computed in float32, and
@@ -172,8 +148,7 @@ def generalized_box_iou_loss(
     Raises:
         TypeError: Non-floating (e.g. integer) boxes, or an ``eps`` that is not a number.
         ValueError: A last dimension other than 4, ``pred``/``target`` shapes or devices that
-            differ, a negative ``eps``, an unknown ``reduction`` or ``impl``, or (a value
-            check) a non-finite ``target`` coordinate.
+            differ, a negative ``eps``, an unknown ``reduction`` or ``impl``.
         RuntimeError: ``impl="triton"`` where triton cannot run (triton missing, or a CPU
             tensor without ``TRITON_INTERPRET=1``).
 
@@ -194,8 +169,12 @@ def generalized_box_iou_loss(
         Bounding Box Regression", CVPR 2019. https://arxiv.org/abs/1902.09630
     """
     if not torch.jit.is_scripting():
-        return _box_iou_loss("generalized_box_iou_loss", GIOU, pred, target, reduction, eps, impl)
-    return script_iou_loss(pred, target, 1, reduction, eps, impl)
+        _check_loss_inputs(pred, target, reduction, eps)
+        if resolve_impl(impl, "generalized_box_iou_loss", pred, target) == "triton":
+            return _fused_loss("generalized_box_iou_loss", 1, impl, pred, target, reduction, eps)
+    elif impl == "triton":
+        raise ValueError("impl must be 'auto' or 'torch' under TorchScript, got 'triton'")
+    return _box_iou_loss(pred, target, 1, reduction, eps)
 
 
 def distance_box_iou_loss(
@@ -211,11 +190,10 @@ def distance_box_iou_loss(
     ``c`` the diagonal of the smallest box enclosing both (``eps`` replaces a zero ``U`` or
     ``c^2``). Equals torchvision's ``distance_box_iou_loss`` (values and gradients, for
     ``pred`` and ``target``) up to its ``eps``; degenerate boxes: see the module notes.
-    Gradients are analytic (no double backward).
 
-    Scriptable with ``torch.jit.script``: the scripted function runs a plain whole-tensor form
-    of the same formula (``impl`` ``"auto"`` or ``"torch"``; values equal up to rounding,
-    gradients by autograd, no value checks; see `visionblocks.ops._boxes_script`).
+    Scriptable with ``torch.jit.script`` (the same formula; ``impl`` ``"auto"`` or
+    ``"torch"``; no input or value checks, gradients to half boxes not clamped); compiles with
+    ``torch.compile(fullgraph=True)``.
 
     Under ``torch.autocast``: the dtype policy of the module notes, from ``pred`` and
     ``target`` promoted (autocast changes no result): half boxes are computed in float32, and
@@ -237,8 +215,7 @@ def distance_box_iou_loss(
     Raises:
         TypeError: Non-floating (e.g. integer) boxes, or an ``eps`` that is not a number.
         ValueError: A last dimension other than 4, ``pred``/``target`` shapes or devices that
-            differ, a negative ``eps``, an unknown ``reduction`` or ``impl``, or (a value
-            check) a non-finite ``target`` coordinate.
+            differ, a negative ``eps``, an unknown ``reduction`` or ``impl``.
         RuntimeError: ``impl="triton"`` where triton cannot run (triton missing, or a CPU
             tensor without ``TRITON_INTERPRET=1``).
 
@@ -254,8 +231,12 @@ def distance_box_iou_loss(
         Regression", AAAI 2020. https://arxiv.org/abs/1911.08287
     """
     if not torch.jit.is_scripting():
-        return _box_iou_loss("distance_box_iou_loss", DIOU, pred, target, reduction, eps, impl)
-    return script_iou_loss(pred, target, 2, reduction, eps, impl)
+        _check_loss_inputs(pred, target, reduction, eps)
+        if resolve_impl(impl, "distance_box_iou_loss", pred, target) == "triton":
+            return _fused_loss("distance_box_iou_loss", 2, impl, pred, target, reduction, eps)
+    elif impl == "triton":
+        raise ValueError("impl must be 'auto' or 'torch' under TorchScript, got 'triton'")
+    return _box_iou_loss(pred, target, 2, reduction, eps)
 
 
 def complete_box_iou_loss(
@@ -271,12 +252,11 @@ def complete_box_iou_loss(
     ``alpha = v / (1 - IoU + v)`` (0 where ``v = 0``), held constant in the gradient
     (torchvision computes it under ``torch.no_grad()``). Equals torchvision's
     ``complete_box_iou_loss`` (values and gradients, for ``pred`` and ``target``) up to its
-    ``eps``. Degenerate boxes, where torchvision gives NaN: see the module notes. Gradients
-    are analytic (no double backward).
+    ``eps``. Degenerate boxes, where torchvision gives NaN: see the module notes.
 
-    Scriptable with ``torch.jit.script``: the scripted function runs a plain whole-tensor form
-    of the same formula (``impl`` ``"auto"`` or ``"torch"``; values equal up to rounding,
-    gradients by autograd, no value checks; see `visionblocks.ops._boxes_script`).
+    Scriptable with ``torch.jit.script`` (the same formula; ``impl`` ``"auto"`` or
+    ``"torch"``; no input or value checks, gradients to half boxes not clamped); compiles with
+    ``torch.compile(fullgraph=True)``.
 
     Under ``torch.autocast``: the dtype policy of the module notes, from ``pred`` and
     ``target`` promoted (autocast changes no result): half boxes are computed in float32, and
@@ -298,8 +278,7 @@ def complete_box_iou_loss(
     Raises:
         TypeError: Non-floating (e.g. integer) boxes, or an ``eps`` that is not a number.
         ValueError: A last dimension other than 4, ``pred``/``target`` shapes or devices that
-            differ, a negative ``eps``, an unknown ``reduction`` or ``impl``, or (a value
-            check) a non-finite ``target`` coordinate.
+            differ, a negative ``eps``, an unknown ``reduction`` or ``impl``.
         RuntimeError: ``impl="triton"`` where triton cannot run (triton missing, or a CPU
             tensor without ``TRITON_INTERPRET=1``).
 
@@ -318,5 +297,9 @@ def complete_box_iou_loss(
         Regression", AAAI 2020. https://arxiv.org/abs/1911.08287
     """
     if not torch.jit.is_scripting():
-        return _box_iou_loss("complete_box_iou_loss", CIOU, pred, target, reduction, eps, impl)
-    return script_iou_loss(pred, target, 3, reduction, eps, impl)
+        _check_loss_inputs(pred, target, reduction, eps)
+        if resolve_impl(impl, "complete_box_iou_loss", pred, target) == "triton":
+            return _fused_loss("complete_box_iou_loss", 3, impl, pred, target, reduction, eps)
+    elif impl == "triton":
+        raise ValueError("impl must be 'auto' or 'torch' under TorchScript, got 'triton'")
+    return _box_iou_loss(pred, target, 3, reduction, eps)
