@@ -188,3 +188,182 @@ def test_wide_outputs_whose_scratch_is_not_kept(team):
     m = affine_matrix(angle=0.3, translate=(1.25, -0.5), center=(5999.5, 39.5))
     out, expected = warp_affine(img, m), reference.warp_affine(img, m, (80, 12000))
     assert (out.double() - expected).abs().max() < 2e-6
+
+
+# ---------------------------------------------------------------------------- uint8, nearest, fill
+
+
+def both_paths(monkeypatch, *args, **kwargs):
+    """``warp_affine(*args, **kwargs)`` with the C kernel, then with the torch path."""
+    native = warp_affine(*args, **kwargs)
+    with monkeypatch.context() as patch:
+        patch.setattr(_warp_native.LIBRARY, "functions", lambda: None)
+        fallback = warp_affine(*args, **kwargs)
+    return native, fallback
+
+
+def no_torch_sampling(monkeypatch):
+    def fail(*args, **kwargs):
+        raise AssertionError("the torch path ran: the C kernel should have")
+
+    monkeypatch.setattr(_warp_sampling.F, "grid_sample", fail)
+    monkeypatch.setattr(_warp_sampling, "source_coords", fail)
+
+
+def test_uint8_bilinear_rounds_the_reference(native, monkeypatch):
+    """uint8 in the kernel: the float32 result rounded half to even, clamped; within float
+    rounding of the exact (float64) value, so never more than half a level off, and within
+    one level of the torch path (which rounds its own float32 value)."""
+    gen = torch.Generator().manual_seed(5)
+    for i in range(120):
+        img, m, size = random_case(i, gen)
+        c = (3, 1, 4)[i % 3]
+        u8 = (torch.rand((c, *img.shape[-2:]), generator=gen) * 255).to(torch.uint8)
+        padding, fill = ("fill", tuple(range(7, 7 + 40 * c, 40))) if i % 4 == 0 else ("zeros", 0.0)
+        with monkeypatch.context() as patch:
+            no_torch_sampling(patch)
+            out = warp_affine(u8, m, size, padding_mode=padding, fill=fill)
+        expected = reference.warp_affine(u8, m, size, padding_mode=padding, fill=fill)
+        assert out.dtype == torch.uint8 and out.shape == expected.shape
+        assert (out.double() - expected).abs().max() <= 0.5 + 1e-3, i
+        _, fallback = both_paths(monkeypatch, u8, m, size, padding_mode=padding, fill=fill)
+        assert (out.int() - fallback.int()).abs().max() <= 1, i
+
+
+def test_uint8_bilinear_within_one_level_of_opencv(native):
+    cv2 = pytest.importorskip("cv2")
+    gen = torch.Generator().manual_seed(6)
+    u8 = (torch.rand(3, 97, 131, generator=gen) * 255).to(torch.uint8)
+    m = affine_matrix(
+        angle=12.0, scale=0.85, shear=(4.0, 0.0), translate=(3.5, -2.0), center=(65.0, 48.0)
+    )
+    for padding, fill in (("zeros", 0.0), ("fill", (114.0, 114.0, 114.0))):
+        out = warp_affine(u8, m, (90, 140), padding_mode=padding, fill=fill)
+        ref = cv2.warpAffine(
+            u8.permute(1, 2, 0).numpy(),
+            m.double().numpy(),
+            (140, 90),
+            flags=cv2.INTER_LINEAR,
+            borderMode=cv2.BORDER_CONSTANT,
+            borderValue=fill if padding == "fill" else 0,
+        )
+        diff = (out.permute(1, 2, 0).int() - torch.from_numpy(ref).int()).abs()
+        assert diff.max() <= 1 and (diff > 0).float().mean() < 0.01
+
+
+@pytest.mark.parametrize(
+    "dtype",
+    [
+        torch.bool,
+        torch.uint8,
+        torch.int8,
+        torch.int16,
+        torch.float16,
+        torch.int32,
+        torch.float32,
+        torch.int64,
+        torch.float64,
+    ],
+)
+def test_nearest_equals_the_torch_path_exactly(native, monkeypatch, dtype):
+    """Both paths round the same float64 coordinates: the same pixels, any dtype, ties (the
+    half-pixel shifts of every fifth case) included."""
+    gen = torch.Generator().manual_seed(7)
+    for i in range(60):
+        img, m, size = random_case(i, gen)
+        masks = (torch.rand((5, *img.shape[-2:]), generator=gen) * 100).to(dtype)
+        if dtype == torch.bool:
+            masks = torch.rand((5, *img.shape[-2:]), generator=gen) > 0.5
+        padding, fill = ("fill", 1) if i % 3 == 0 else ("zeros", 0.0)
+        with monkeypatch.context() as patch:
+            no_torch_sampling(patch)
+            out = warp_affine(masks, m, size, "nearest", padding, fill)
+        _, fallback = both_paths(monkeypatch, masks, m, size, "nearest", padding, fill)
+        assert out.dtype == dtype and torch.equal(out, fallback), i
+        expected = reference.warp_affine(masks.double(), m, size, "nearest", padding, fill)
+        assert (out.double() != expected).float().mean() < 1e-3  # near-ties of float32 matrices
+
+
+def test_nearest_batches_and_per_channel_fill(native, monkeypatch):
+    gen = torch.Generator().manual_seed(8)
+    labels = torch.randint(0, 200, (3, 4, 21, 34), generator=gen, dtype=torch.uint8)
+    mats = affine_matrix(angle=torch.tensor([10.0, -35.0, 190.0]), scale=1.2, center=(16.5, 10.0))
+    fill = torch.tensor([255, 0, 7, 9], dtype=torch.uint8)
+    for mat in (mats, mats[1]):
+        native_out, fallback = both_paths(
+            monkeypatch, labels, mat, (25, 30), "nearest", "fill", fill
+        )
+        assert torch.equal(native_out, fallback)
+
+
+def test_bilinear_fill_matches_the_reference(native, monkeypatch):
+    gen = torch.Generator().manual_seed(9)
+    for i in range(60):
+        img, m, size = random_case(i, gen)
+        fill = (0.25, -1.5) if i % 2 else 0.75
+        with monkeypatch.context() as patch:
+            no_torch_sampling(patch)
+            out = warp_affine(img, m, size, padding_mode="fill", fill=fill)
+        expected = reference.warp_affine(img, m, size, padding_mode="fill", fill=fill)
+        tol = 5e-6 if img.dtype == torch.float32 else 1e-11
+        assert (out.double() - expected).abs().max() <= tol, (i, m)
+
+
+@pytest.mark.parametrize("shape", [(1, 1), (1, 9), (9, 1), (2, 2), (1, 2), (3, 1)])
+def test_tiny_and_one_pixel_wide_images(native, monkeypatch, shape):
+    gen = torch.Generator().manual_seed(10)
+    img = torch.rand(3, *shape, generator=gen)
+    u8 = (img * 255).to(torch.uint8)
+    for m in (
+        affine_matrix(angle=30.0, scale=2.5, center=(0.5, 0.5)),
+        affine_matrix(translate=(0.5, -0.5)),
+        affine_matrix(scale=3.0),
+    ):
+        for size in (shape, (5, 7), (1, 4)):
+            out = warp_affine(img, m, size)
+            assert (out.double() - reference.warp_affine(img, m, size)).abs().max() < 2e-6
+            u8_out, u8_fallback = both_paths(monkeypatch, u8, m, size)
+            assert (u8_out.int() - u8_fallback.int()).abs().max() <= 1
+            near, near_fallback = both_paths(monkeypatch, u8, m, size, mode="nearest")
+            assert torch.equal(near, near_fallback)
+
+
+def test_non_contiguous_inputs(native):
+    gen = torch.Generator().manual_seed(11)
+    base = (torch.rand(2, 6, 40, 50, generator=gen) * 255).to(torch.uint8)
+    m = affine_matrix(angle=20.0, scale=0.9, center=(24.5, 19.5))
+    for view in (base[:, ::2], base.contiguous(memory_format=torch.channels_last), base[..., 5:45]):
+        for mode in ("bilinear", "nearest"):
+            assert torch.equal(
+                warp_affine(view, m, mode=mode), warp_affine(view.contiguous(), m, mode=mode)
+            )
+    masks = base[0] > 128
+    assert torch.equal(
+        warp_affine(masks.mT, m, mode="nearest"),
+        warp_affine(masks.mT.contiguous(), m, mode="nearest"),
+    )
+
+
+def test_disabled_kernel_gives_the_same_results(monkeypatch, tmp_path):
+    """``VISIONBLOCKS_DISABLE_NATIVE=1``: the torch path, same pixels (nearest) and values."""
+    gen = torch.Generator().manual_seed(12)
+    u8 = (torch.rand(3, 33, 47, generator=gen) * 255).to(torch.uint8)
+    masks = torch.rand(5, 33, 47, generator=gen) > 0.7
+    m = affine_matrix(angle=14.0, scale=1.1, translate=(2.0, 0.5), center=(23.0, 16.0))
+    runs = []
+    for disabled in (False, True):
+        monkeypatch.setattr(_warp_native.LIBRARY, "state", {})
+        if disabled:
+            monkeypatch.setenv(_warp_native.ENV_DISABLE, "1")
+        runs.append(
+            (
+                warp_affine(u8, m),
+                warp_affine(u8.float(), m, padding_mode="fill", fill=3.0),
+                warp_affine(masks, m, mode="nearest"),
+            )
+        )
+    assert "disabled" in _warp_native.native_unavailable_reason()
+    (u8_a, f_a, m_a), (u8_b, f_b, m_b) = runs
+    assert (u8_a.int() - u8_b.int()).abs().max() <= 1
+    assert (f_a - f_b).abs().max() < 5e-3  # values up to 255, the torch path's float32 grid
+    assert torch.equal(m_a, m_b)

@@ -1,4 +1,4 @@
-/* Parts of a C kernel run on torch's own OpenMP team (visionblocks._native, parallel=True).
+/* Parts of a C kernel run on torch's own OpenMP team (visionblocks._core.native).
  *
  * Why: torch's OpenMP threads keep spinning for a few milliseconds after each parallel op. A
  * kernel that spreads its parts over threads of its own competes with them for the cores

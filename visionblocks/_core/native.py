@@ -10,17 +10,20 @@ How: a `NativeLibrary` names a C source file next to the Python module that uses
 signatures of its functions. `NativeLibrary.functions` compiles the source once per process
 (``$CC``, else ``cc``, ``gcc`` or ``clang``; ``-O3 -march=native``, then plain ``-O3``, both
 with ``-fno-math-errno -fno-trapping-math``, which let it vectorise without changing
-results) into ``$VISIONBLOCKS_CACHE_DIR`` (default
+results, and ``-ffp-contract=off``: no fused multiply-add, so C arithmetic rounds as the same
+torch ops do) into ``$VISIONBLOCKS_CACHE_DIR`` (default
 ``$XDG_CACHE_HOME/visionblocks`` or ``~/.cache/visionblocks``; the folder must be private,
 else a private folder in the temp folder is used), keyed by the source, flags, compiler command
 and CPU, and loads it with ``ctypes``.
 
-Threads: a library built with ``parallel=True`` runs its parts on torch's own OpenMP team
+Threads: a library runs its parts on torch's own OpenMP team
 (``_native_team.h``: one ``GOMP_parallel`` region per call, parts taken from a shared counter).
 torch's OpenMP threads keep spinning for milliseconds after each torch op; threads of our
 own would compete with them for the cores (measured on 2 cores: the 4M-element focal sweep
 took 9.8 ms right after a small torch op, 5.7 ms alone), while the team's threads simply take
-the parts. Where torch has no OpenMP runtime with the GNU entry points (`team_address` is ``None``), the parts go to
+the parts. The team is found without a search: ``GOMP_parallel`` of the ``libgomp.so.1`` that
+torch loaded (`team_address`; ``RTLD_NOLOAD`` loads nothing new). Where torch uses another
+runtime (`team_address` is ``None``), the parts go to
 `visionblocks._core.parallel.parallel_for`'s Python threads.
 
 Without a compiler, on Windows, or with ``VISIONBLOCKS_DISABLE_NATIVE=1``, ``functions``
@@ -52,8 +55,8 @@ __all__ = ["ENV_DISABLE", "NativeLibrary", "plain", "team_address"]
 
 ENV_DISABLE = "VISIONBLOCKS_DISABLE_NATIVE"
 _FLAGS = (
-    ["-O3", "-march=native", "-fno-math-errno", "-fno-trapping-math"],
-    ["-O3", "-fno-math-errno", "-fno-trapping-math"],
+    ["-O3", "-march=native", "-fno-math-errno", "-fno-trapping-math", "-ffp-contract=off"],
+    ["-O3", "-fno-math-errno", "-fno-trapping-math", "-ffp-contract=off"],
 )
 _libraries: list[NativeLibrary] = []
 _TEAM_HEADER = Path(__file__).with_name("_native_team.h")
@@ -61,26 +64,18 @@ _team: list[int | None] = []
 
 
 def team_address() -> int | None:
-    """Address of ``GOMP_parallel`` in the OpenMP runtime torch loaded, or ``None`` (torch
-    built without OpenMP, a runtime without the GNU entry points, or no ``/proc``)."""
+    """Address of ``GOMP_parallel`` in the OpenMP runtime torch loaded (``libgomp.so.1``, which
+    Linux wheels of torch ship), or ``None`` (torch built without OpenMP or with another
+    runtime: the parts then run on `visionblocks._core.parallel`'s threads)."""
     if _team:
         return _team[0]
     address = None
     if "OpenMP" in torch.__config__.parallel_info():
-        try:
-            with open("/proc/self/maps", encoding="utf-8", errors="replace") as f:
-                paths = {ln.split()[-1] for ln in f if "omp" in ln.rsplit("/", 1)[-1]}
-        except OSError:
-            paths = set()
-        home = os.path.dirname(torch.__file__)
-        # torch's own runtime first: another library may have loaded a second one
-        for path in sorted((p for p in paths if p.startswith("/")), key=lambda p: home not in p):
-            try:
-                fn = ctypes.CDLL(path).GOMP_parallel
-            except (OSError, AttributeError):
-                continue
+        try:  # RTLD_NOLOAD: the library torch already loaded, or nothing
+            fn = ctypes.CDLL("libgomp.so.1", mode=os.RTLD_NOLOAD).GOMP_parallel
             address = ctypes.cast(fn, ctypes.c_void_p).value
-            break
+        except (OSError, AttributeError):
+            address = None
     _team.append(address)
     return address
 
@@ -112,11 +107,9 @@ def _private(folder: Path) -> bool:
     return info.st_uid == os.getuid() and not info.st_mode & 0o022
 
 
-def _compile(cc: str, name: str, source: Path, parallel: bool) -> ctypes.CDLL:
-    text = source.read_bytes()
-    include = ["-include", str(_TEAM_HEADER)] if parallel else []
-    if parallel:
-        text = _TEAM_HEADER.read_bytes() + b"\0" + text
+def _compile(cc: str, name: str, source: Path) -> ctypes.CDLL:
+    text = _TEAM_HEADER.read_bytes() + b"\0" + source.read_bytes()
+    include = ["-include", str(_TEAM_HEADER)]
     errors = []
     for flags in _FLAGS:
         key = hashlib.sha256(
@@ -146,15 +139,15 @@ def _compile(cc: str, name: str, source: Path, parallel: bool) -> ctypes.CDLL:
 class NativeLibrary:
     """A C source file and the signatures of its functions, compiled and loaded on first use.
 
+    The source is compiled with ``_native_team.h`` (``vb_run_parts``: parts of a kernel on
+    torch's OpenMP team), and the library is handed the team at load time; entry points run
+    with `run_parts` take ``start, stop, threads`` last and return the number of failed parts.
+
     Args:
         name: Short name (the file name of the built library and the messages).
         source: Path of the C file.
         signatures: ``{function: argtypes}`` (every function returns ``void`` or, with a
             ``(argtypes, restype)`` pair, ``restype``).
-        parallel: Compile with ``_native_team.h`` (``vb_run_parts``: parts of a kernel on
-            torch's OpenMP team) and hand the library the team at load time; its entry points
-            take ``start, stop, threads`` last and return the number of failed parts (see
-            `run_parts`).
 
     Examples:
         >>> from pathlib import Path
@@ -163,11 +156,8 @@ class NativeLibrary:
         'doc'
     """
 
-    def __init__(
-        self, name: str, source: Path, signatures: Mapping[str, Any], *, parallel: bool = False
-    ) -> None:
+    def __init__(self, name: str, source: Path, signatures: Mapping[str, Any]) -> None:
         self.name, self.source, self.signatures = name, source, dict(signatures)
-        self.parallel = parallel
         self.state: dict[str, Any] = {}
         self.lock = threading.Lock()
         _libraries.append(self)
@@ -192,11 +182,10 @@ class NativeLibrary:
                 reason = "no C compiler found (set CC)"
             else:
                 try:
-                    dll = _compile(cc, self.name, self.source, self.parallel)
-                    if self.parallel:
-                        dll.vb_set_team.argtypes = [ctypes.c_void_p]
-                        dll.vb_set_team(team_address())
-                        state["set_team"] = dll.vb_set_team
+                    dll = _compile(cc, self.name, self.source)
+                    dll.vb_set_team.argtypes = [ctypes.c_void_p]
+                    dll.vb_set_team(team_address())
+                    state["set_team"] = dll.vb_set_team
                     functions = {}
                     for fname, sig in self.signatures.items():
                         argtypes, restype = sig if isinstance(sig, tuple) else (sig, None)
@@ -217,7 +206,7 @@ class NativeLibrary:
     def use_team(self, on: bool) -> None:
         """Run parts on torch's OpenMP team (``True``, the default where there is one) or on
         `visionblocks._core.parallel`'s Python threads (``False``; tests use it for that path)."""
-        if self.functions() is not None and self.parallel:
+        if self.functions() is not None:
             address = team_address() if on else None
             self.state["set_team"](address)
             self.state["team"] = address is not None

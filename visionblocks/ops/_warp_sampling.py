@@ -6,7 +6,6 @@ checked; the public functions in ``warp.py`` and ``warp_targets.py`` validate an
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -14,10 +13,22 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from visionblocks._core.checks import check_choice, check_finite, check_range, check_type
+from visionblocks._core.checks import (
+    check_choice,
+    check_finite,
+    check_range,
+    check_type,
+    is_finite,
+)
+from visionblocks._core.native import plain
 from visionblocks._core.reduce import compute_dtype
-from visionblocks._core.tensor_checks import check_floating, reads_values
-from visionblocks.ops._warp_native import warp_zeros
+from visionblocks._core.tensor_checks import (
+    assert_on_device,
+    asserts_on_device,
+    check_floating,
+    reads_values,
+)
+from visionblocks.ops._warp_native import warp_native
 
 __all__ = [
     "as_float",
@@ -46,7 +57,7 @@ def as_float(name: str, value: object, dtype: torch.dtype, device: torch.device)
     if isinstance(value, Sequence) and all(
         isinstance(v, (int, float)) and not isinstance(v, bool) for v in value
     ):
-        if not all(math.isfinite(v) for v in value):
+        if not all(is_finite(v) for v in value):
             raise ValueError(f"{name} must hold finite numbers, got {tuple(value)!r}")
         return torch.tensor([float(v) for v in value], dtype=dtype, device=device)
     raise TypeError(f"{name} must be a number, a sequence of numbers or a tensor, got {value!r}")
@@ -76,32 +87,56 @@ def check_size(name: str, size: object) -> tuple[int, int]:
     return int(size[0]), int(size[1])
 
 
-def invert_checked(name: str, matrix: Tensor) -> Tensor:
-    """Closed-form inverse of checked ``(..., 2, 3)`` affine matrices (`invert_affine`).
-
-    A value check (`visionblocks.value_checks_enabled`; one read of the small result, a host
-    sync on CUDA): a singular or non-finite matrix, whose inverse is not finite, raises
-    ``ValueError`` naming ``name`` instead of giving NaN images downstream.
-    """
-    a, b, tx, c, d, ty = matrix.to(compute_dtype(matrix.dtype)).flatten(-2).unbind(-1)
+def inverse_entries(a: Any, b: Any, tx: Any, c: Any, d: Any, ty: Any) -> tuple[Any, ...]:
+    """The closed-form inverse of ``[[a, b, tx], [c, d, ty]]`` and its determinant, for tensors
+    or Python floats alike (the same IEEE operations in the same order)."""
     det = a * d - b * c
     # `0.0 - x` rather than `-x`: no negative zeros in exact results.
     ia, ib, ic, id_ = d / det, (0.0 - b) / det, (0.0 - c) / det, a / det
-    itx = 0.0 - (ia * tx + ib * ty)
-    ity = 0.0 - (ic * tx + id_ * ty)
-    inverse = torch.stack((ia, ib, itx, ic, id_, ity), dim=-1).unflatten(-1, (2, 3))
+    return ia, ib, 0.0 - (ia * tx + ib * ty), ic, id_, 0.0 - (ic * tx + id_ * ty), det
+
+
+def singular_error(name: str, index: tuple[int, ...], det: float, entries: list) -> ValueError:
+    at = f" at index {index}" if index else ""
+    return ValueError(
+        f"{name} must be an invertible affine matrix with finite entries; got a singular or "
+        f"non-finite one{at} (determinant {det:g}, entries {entries}): it maps the image "
+        "onto a line or a point, and warping with it gives NaN"
+    )
+
+
+def invert_checked(name: str, matrix: Tensor) -> Tensor:
+    """Closed-form inverse of checked ``(..., 2, 3)`` affine matrices (`invert_affine`).
+
+    A value check (`visionblocks.value_checks_enabled`; one read of the small result on CPU,
+    a device-side assert on CUDA): a singular or non-finite matrix, whose inverse is not
+    finite, raises ``ValueError`` naming ``name`` instead of giving NaN images downstream.
+
+    One float64 CPU matrix outside autograd and tracing (`warp_affine`'s and `warp_sample`'s
+    case) is inverted in Python floats: the same operations, bit for bit, without a dozen
+    tensor ops (0.6 ms of a 6 ms `warp_sample` call, measured with caches cold from warping).
+    """
+    if matrix.dtype == torch.float64 and matrix.numel() == 6 and plain([matrix]):
+        entries = matrix.reshape(6).tolist()
+        try:
+            *values, det = inverse_entries(*entries)
+        except ZeroDivisionError:  # a singular matrix: the tensor path gives inf/NaN or raises
+            values = None
+        if values is not None and all(map(is_finite, values)):
+            return torch.tensor(values, dtype=matrix.dtype).view(matrix.shape)
+    *values, det = inverse_entries(*matrix.to(compute_dtype(matrix.dtype)).flatten(-2).unbind(-1))
+    inverse = torch.stack(values, dim=-1).unflatten(-1, (2, 3))
     inverse = inverse.to(matrix.dtype)  # half matrices: inverted in float32
-    if inverse.numel() and reads_values(inverse):
+    if inverse.numel() and reads_values(inverse) and not bool(inverse.detach().isfinite().all()):
         bad = ~torch.isfinite(inverse.detach()).flatten(-2).all(-1)
-        if bool(bad.any()):
-            index = tuple(bad.nonzero()[0].tolist())
-            at = f" at index {index}" if index else ""
-            raise ValueError(
-                f"{name} must be an invertible affine matrix with finite entries; got a "
-                f"singular or non-finite one{at} (determinant {float(det.detach()[index]):g}, "
-                f"entries {matrix.detach()[index].flatten().tolist()}): it maps the image "
-                "onto a line or a point, and warping with it gives NaN"
-            )
+        index = tuple(bad.nonzero()[0].tolist())
+        entries = matrix.detach()[index].flatten().tolist()
+        raise singular_error(name, index, float(det.detach()[index]), entries)
+    if inverse.numel() and asserts_on_device(inverse):  # CUDA: no host sync
+        assert_on_device(
+            torch.isfinite(inverse.detach()),
+            f"{name} must be an invertible affine matrix with finite entries",
+        )
     return inverse
 
 
@@ -112,7 +147,7 @@ def check_fill(name: str, fill: object, nonzero_ok: bool) -> None:
     """
     number = isinstance(fill, (int, float)) and not isinstance(fill, bool)
     if number:
-        if not math.isfinite(fill):
+        if not is_finite(fill):
             raise ValueError(f"{name} must be finite, got {fill!r}")
     elif isinstance(fill, Sequence) and not isinstance(fill, str):
         values = list(fill)
@@ -120,7 +155,7 @@ def check_fill(name: str, fill: object, nonzero_ok: bool) -> None:
             raise TypeError(
                 f"{name} must be a number, a sequence of numbers or a tensor, got {fill!r}"
             )
-        if not all(math.isfinite(v) for v in values):
+        if not all(is_finite(v) for v in values):
             raise ValueError(f"{name} must hold finite numbers, got {fill!r}")
     elif not isinstance(fill, Tensor):
         raise TypeError(
@@ -221,10 +256,38 @@ def reflect_index(idx: Tensor, n: int) -> Tensor:
     return torch.where(idx >= n, 2 * n - 1 - idx, idx)
 
 
+def native_warp(
+    img: Tensor,
+    inv: Tensor,
+    size: tuple[int, int],
+    mode: str,
+    padding_mode: str,
+    fill: object,
+    fill_dtype: torch.dtype,
+) -> Tensor | None:
+    """The C kernel's result for constant padding on CPU, or ``None`` (see `warp_native`)."""
+    if padding_mode not in ("zeros", "fill") or img.device.type != "cpu":
+        return None
+    value = None
+    if padding_mode == "fill":
+        if isinstance(fill, Tensor) and fill.device.type != "cpu":
+            return None
+        c = img.shape[1]
+        value = fill_tensor(fill, c, fill_dtype, img.device).reshape(-1).expand(c)
+    return warp_native(img, inv, size, mode, value)
+
+
 def warp_nearest(
     img: Tensor, inv: Tensor, size: tuple[int, int], padding_mode: str, fill: object
 ) -> Tensor:
-    """Nearest sampling by gather: exact for any dtype; ``img (B, C, H, W)``, ``inv (Bm, 2, 3)``."""
+    """Nearest sampling by gather: exact for any dtype; ``img (B, C, H, W)``, ``inv (Bm, 2, 3)``.
+
+    Constant padding on CPU without autograd runs the C kernel of `_warp_native` when it is
+    available (the same values: it rounds the same float64 coordinates).
+    """
+    out = native_warp(img, inv, size, "nearest", padding_mode, fill, img.dtype)
+    if out is not None:
+        return out
     b, c, h, w = img.shape
     gx, gy = source_coords(inv, size)
     ix = torch.round(gx).long()  # half to even, as OpenCV 5 and grid_sample
@@ -253,34 +316,42 @@ def warp_nearest(
 def warp_bilinear(
     img: Tensor, inv: Tensor, size: tuple[int, int], padding_mode: str, fill: object
 ) -> Tensor:
-    """Bilinear ``grid_sample`` (``align_corners=False``) on a floating ``img (B, C, H, W)``.
+    """Bilinear ``grid_sample`` (``align_corners=False``) on a numeric ``img (B, C, H, W)``.
 
-    Zeros padding on CPU without autograd runs the C kernel of `_warp_native` when it is
-    available (same values up to float32 rounding).
+    Sampled in float32 (float64 for float64 images); integer images are rounded half to even
+    and clamped to their dtype's range. Constant padding on CPU without autograd runs the C
+    kernel of `_warp_native` when it is available (same values up to float32 rounding).
     """
-    if padding_mode == "zeros":
-        out = warp_zeros(img, inv, size)
-        if out is not None:
-            return out
-        if img.device.type == "cpu" and img.dtype != torch.float64:
-            inv = inv.float()  # inverted in float64 for the kernel; a float32 grid is as good
+    work = torch.float64 if img.dtype == torch.float64 else torch.float32
+    # The C kernel takes uint8 as it is (and rounds as below), other dtypes in `work`.
+    src = img if img.dtype == torch.uint8 else img.to(work)
+    out = native_warp(src, inv, size, "bilinear", padding_mode, fill, work)
+    if out is not None:
+        return out.to(img.dtype)
+    if img.device.type == "cpu" and work != torch.float64:
+        inv = inv.float()  # inverted in float64 for the kernel; a float32 grid is as good
     b, c, h, w = img.shape
+    src = src.to(work)
     if padding_mode == "fill":
         # A one-pixel frame of `fill` sampled with "border" equals OpenCV's BORDER_CONSTANT:
         # neighbours outside the image take the fill value, and positions farther out clamp
         # onto the frame. One grid_sample instead of warping a ones-mask as well.
-        value = fill_tensor(fill, c, img.dtype, img.device)
+        value = fill_tensor(fill, c, work, img.device)
         framed = value.expand(b, c, h + 2, w + 2).clone()
-        framed[:, :, 1:-1, 1:-1] = img
-        img, h, w, padding_mode = framed, h + 2, w + 2, "border"
+        framed[:, :, 1:-1, 1:-1] = src
+        src, h, w, padding_mode = framed, h + 2, w + 2, "border"
         shift = torch.tensor([[0.0, 0.0, 1.0], [0.0, 0.0, 1.0]], dtype=inv.dtype, device=inv.device)
         inv = inv + shift
     to_grid = normaliser((h, w), inv)
     gx, gy = source_coords(compose_affine(to_grid, inv), size)
-    grid = torch.stack((gx, gy), dim=-1).to(img.dtype)
+    grid = torch.stack((gx, gy), dim=-1).to(work)
     if grid.shape[0] != b:
         grid = grid.expand(b, -1, -1, -1)  # a shared matrix: one grid, no copy
-    return F.grid_sample(img, grid, mode="bilinear", padding_mode=padding_mode, align_corners=False)
+    out = F.grid_sample(src, grid, mode="bilinear", padding_mode=padding_mode, align_corners=False)
+    if not img.dtype.is_floating_point:
+        info = torch.iinfo(img.dtype)
+        out = out.round().clamp(info.min, info.max)
+    return out.to(img.dtype)
 
 
 def promoted_dtype(x: Tensor, matrix: Tensor) -> torch.dtype:
@@ -291,6 +362,8 @@ def promoted_dtype(x: Tensor, matrix: Tensor) -> torch.dtype:
 
 def check_batch(name: str, x: Tensor, matrix: Tensor) -> None:
     """``matrix``'s leading dims must broadcast with ``x``'s ``(..., N, k)`` leading dims."""
+    if matrix.dim() == 2:  # one matrix broadcasts with anything (and costs no shape algebra)
+        return
     try:
         torch.broadcast_shapes(x.shape[:-2], matrix.shape[:-2])
     except RuntimeError:

@@ -171,9 +171,9 @@ def invert_affine(matrix: Tensor) -> Tensor:
     Raises:
         TypeError: ``matrix`` is not a floating tensor.
         ValueError: ``matrix`` does not have shape ``(..., 2, 3)``, or (a value check, see
-            `visionblocks.set_value_checks`: one read of the ``(..., 2, 3)`` result, a host
-            sync on CUDA) it is singular or not finite, so its inverse is not finite. With
-            value checks off such a matrix gives ``inf``/``nan`` entries.
+            `visionblocks.set_value_checks`: one read of the ``(..., 2, 3)`` result on CPU,
+            a device-side assert on CUDA) it is singular or not finite, so its inverse is
+            not finite. With value checks off such a matrix gives ``inf``/``nan`` entries.
 
     Examples:
         >>> m = affine_matrix(angle=30.0, scale=2.0, translate=(5.0, -1.0))
@@ -286,11 +286,13 @@ def warp_affine(
     ``out[..., y', x'] = img[..., M⁻¹ (x', y')]``, sampled bilinearly or at the nearest pixel.
     Bilinear sampling is ``F.grid_sample(..., align_corners=False)`` on the grid of ``M⁻¹``
     (``F.affine_grid`` with `matrix_to_theta`), differentiable with respect to ``img``,
-    ``matrix`` and a tensor ``fill`` (spatial-transformer use); on CPU without autograd,
-    zeros padding runs a C kernel instead (``visionblocks.ops._warp_native``: float64
-    coordinates, built on first use, ``grid_sample`` without a C compiler). Nearest sampling
-    copies pixels (gradient to ``img`` only) and keeps the dtype, so it also warps ``bool``
-    and integer label maps.
+    ``matrix`` and a tensor ``fill`` (spatial-transformer use). Nearest sampling copies pixels
+    (gradient to ``img`` only) and keeps the dtype, so it also warps ``bool`` and integer
+    label maps. On CPU without autograd, ``"zeros"`` and ``"fill"`` padding run a C kernel
+    instead (``visionblocks.ops._warp_native``, built on first use; the torch path without a
+    C compiler): bilinear for ``uint8``, ``float32`` and ``float64`` images, nearest for any
+    dtype, float64 coordinates; nearest results equal the torch path's (both round the same
+    float64 coordinates), bilinear ones agree up to float32 rounding.
 
     Compared with ``cv2.warpAffine(img, M, (W_out, H_out), flags, borderMode)`` of
     **OpenCV 5** (the version the tests run against): float32 bilinear results agree to about
@@ -355,6 +357,24 @@ def warp_affine(
         >>> warp_affine(u8, affine_matrix(translate=(0.5, 0.0)))[0, 0]
         tensor([100, 200, 200, 200], dtype=torch.uint8)
     """
+    return warp_checked(img, matrix, size, mode, padding_mode, fill)[0]
+
+
+def warp_checked(
+    img: Tensor,
+    matrix: Tensor,
+    size: Sequence[int] | None,
+    mode: str,
+    padding_mode: str,
+    fill: object,
+    inverse: Tensor | None = None,
+) -> tuple[Tensor, Tensor]:
+    """`warp_affine`, also returning the inverse matrices it sampled with.
+
+    ``inverse`` (that return value of an earlier call with the same ``matrix``) skips the
+    inversion when its dtype is the one this call needs: `warp_sample` inverts once for the
+    image and its masks.
+    """
     check_tensor("img", img)
     check_matrix("matrix", matrix)
     check_same_device(img=img, matrix=matrix)
@@ -378,20 +398,16 @@ def warp_affine(
         raise ValueError(
             f"matrix batch {mats.shape[0]} does not match {what}; pass (2, 3) to share one matrix"
         )
+    if mode == "bilinear" and batch.dtype == torch.bool:
+        raise TypeError("bilinear warping needs a numeric img, got dtype torch.bool")
     coord_dtype = torch.promote_types(mats.dtype, torch.float32)
-    if mode == "bilinear" and padding_mode == "zeros" and batch.device.type == "cpu":
-        coord_dtype = torch.float64  # the C kernel's coordinates are float64
-    inv = invert_checked("matrix", mats.to(coord_dtype))
-
+    if batch.device.type == "cpu" and (mode == "nearest" or padding_mode in ("zeros", "fill")):
+        coord_dtype = torch.float64  # the C kernel's coordinates (nearest: both paths round them)
+    inv = inverse
+    if inv is None or inv.dtype != coord_dtype or inv.shape[0] != mats.shape[0]:
+        inv = invert_checked("matrix", mats.to(coord_dtype))
     if mode == "nearest":
         out = warp_nearest(batch, inv, out_size, padding_mode, fill)
     else:
-        if batch.dtype == torch.bool:
-            raise TypeError("bilinear warping needs a numeric img, got dtype torch.bool")
-        work = torch.float64 if batch.dtype == torch.float64 else torch.float32
-        out = warp_bilinear(batch.to(work), inv, out_size, padding_mode, fill)
-        if not batch.dtype.is_floating_point:
-            info = torch.iinfo(batch.dtype)
-            out = out.round().clamp(info.min, info.max)
-        out = out.to(batch.dtype)
-    return out[0] if unbatched else out
+        out = warp_bilinear(batch, inv, out_size, padding_mode, fill)
+    return (out[0] if unbatched else out), inv

@@ -42,7 +42,7 @@ from visionblocks.ops._warp_sampling import (
     promoted_dtype,
     tv_tensors_module,
 )
-from visionblocks.ops.warp import warp_affine
+from visionblocks.ops.warp import warp_affine, warp_checked
 
 __all__ = ["warp_boxes", "warp_masks", "warp_points", "warp_sample"]
 __dir__ = public_dir(__name__, __all__)
@@ -153,23 +153,15 @@ def warp_boxes(boxes: Tensor, matrix: Tensor, size: Sequence[int] | None = None)
     out_size = None if size is None else check_size("size", size)
     dtype = promoted_dtype(boxes, matrix)
     boxes, matrix = boxes.to(compute_dtype(dtype)), matrix.to(compute_dtype(dtype))
-    # (..., 1) coefficients broadcast against (..., N) coordinates.
-    a, b, c, d, e, f = (v.unsqueeze(-1) for v in matrix.flatten(-2).unbind(-1))
+    # Every product a·x1, a·x2, b·y1, b·y2 (and d·x.., e·y..) in one tensor (..., N, 2, 2, 2):
+    # the linear part (..., 1, 2, 2, 1) against [[x1, x2], [y1, y2]] (..., N, 1, 2, 2).
+    corners = boxes.unflatten(-1, (2, 2)).mT.unsqueeze(-3)
+    products = matrix[..., :2].unsqueeze(-3).unsqueeze(-1) * corners
     # Edge convention: p -> M (p - 0.5) + 0.5, i.e. the offsets gain 0.5 (1 - a - b).
-    c = c + 0.5 * (1 - a - b)
-    f = f + 0.5 * (1 - d - e)
-    x1, y1, x2, y2 = boxes.unbind(-1)
-    ax1, ax2, by1, by2 = a * x1, a * x2, b * y1, b * y2
-    dx1, dx2, ey1, ey2 = d * x1, d * x2, e * y1, e * y2
-    out = torch.stack(
-        (
-            c + torch.minimum(ax1, ax2) + torch.minimum(by1, by2),
-            f + torch.minimum(dx1, dx2) + torch.minimum(ey1, ey2),
-            c + torch.maximum(ax1, ax2) + torch.maximum(by1, by2),
-            f + torch.maximum(dx1, dx2) + torch.maximum(ey1, ey2),
-        ),
-        dim=-1,
-    )
+    offset = (matrix[..., 2] + 0.5 * (1 - matrix[..., 0] - matrix[..., 1])).unsqueeze(-2)
+    low = offset + products.amin(-1).sum(-1)
+    high = offset + products.amax(-1).sum(-1)
+    out = torch.cat((low, high), dim=-1)
     if out_size is not None:
         h, w = out_size
         limit = torch.tensor([w, h, w, h], dtype=out.dtype, device=out.device)
@@ -253,8 +245,8 @@ def _warp_box_tensor(
     out = tv.wrap(out.to(plain.dtype), like=boxes, canvas_size=size)
     if min_size is None:
         return out, None
-    w, h = extent[..., 2] - extent[..., 0], extent[..., 3] - extent[..., 1]
-    keep = (w > 0) & (h > 0) & (w >= min_size) & (h >= min_size)
+    sides = extent[..., 2:] - extent[..., :2]  # width and height
+    keep = (sides >= min_size if min_size > 0 else sides > 0).all(-1)
     return out, keep
 
 
@@ -282,7 +274,9 @@ def warp_sample(
     removed from the ``BoundingBoxes``, from every ``Mask`` of shape ``(N, H, W)``, from every
     ``KeyPoints`` of shape ``(N, ..., 2)`` with ``ndim >= 3``, and from the tensors under
     ``instance_keys`` (``labels``...), where ``N`` is the number of boxes. ``min_size=None``
-    keeps every box. Values such as ``area`` are filtered, not recomputed.
+    keeps every box. Values such as ``area`` are filtered, not recomputed. How many boxes
+    remain depends on their values: with boxes and ``min_size`` set, that is read on the host
+    (a sync on CUDA; a graph break under ``torch.compile``); ``min_size=None`` reads nothing.
 
     Axis-aligned formats (XYXY, XYWH, CXCYWH) are clipped to the canvas; rotated formats
     (XYWHR, CXCYWHR, XYXYXYXY) are warped corner by corner and not clipped (XYXYXYXY exactly;
@@ -348,9 +342,9 @@ def warp_sample(
     check_sample_options(target, mode, fill, mask_fill, min_size, instance_keys)
     out_size = tuple(image.shape[-2:]) if size is None else check_size("size", size)
     padding = "zeros" if isinstance(fill, (int, float)) and fill == 0 else "fill"
-    warped = warp_affine(
-        image.as_subclass(Tensor), matrix, out_size, mode=mode, padding_mode=padding, fill=fill
-    )
+    # A plain tensor as it is: torch.compile cannot trace as_subclass.
+    plain_image = image if type(image) is Tensor else image.as_subclass(Tensor)
+    warped, inverse = warp_checked(plain_image, matrix, out_size, mode, padding, fill)
     if isinstance(image, tv.TVTensor):
         warped = tv.wrap(warped, like=image)
     if target is None:
@@ -370,7 +364,7 @@ def warp_sample(
             plain = value.as_subclass(Tensor)
             flat = plain.unsqueeze(0) if plain.dim() == 2 else plain.flatten(0, -3)
             pad = "zeros" if mask_fill == 0 else "fill"
-            moved = warp_affine(flat, matrix, out_size, "nearest", pad, mask_fill)
+            moved, _ = warp_checked(flat, matrix, out_size, "nearest", pad, mask_fill, inverse)
             out[key] = tv.wrap(moved.reshape(*plain.shape[:-2], *out_size), like=value)
         elif key_points is not None and isinstance(value, key_points):
             plain = value.as_subclass(Tensor)
