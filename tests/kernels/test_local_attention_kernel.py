@@ -1,4 +1,4 @@
-"""Triton local-attention kernels against the torch path: forward and backward, odd sizes.
+"""Triton local-attention kernels against the torch formula: forward and backward, odd sizes.
 
 On CPU the kernels run in triton's interpreter (``TRITON_INTERPRET=1``), which is slow:
 sizes stay tiny and windows 3 x 3 (one 5 x 5 case).

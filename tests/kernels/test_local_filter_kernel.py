@@ -1,4 +1,4 @@
-"""Triton local_filter2d kernels against the torch path: forward and backward, odd sizes."""
+"""Triton local_filter2d kernels against the torch formula: forward and backward, odd sizes."""
 
 from __future__ import annotations
 

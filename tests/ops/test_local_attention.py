@@ -1,4 +1,4 @@
-"""local_attention2d (torch path): unfold and naive references, masking, gradients, errors."""
+"""local_attention2d (torch formula): unfold and naive references, masking, gradients, errors."""
 
 from __future__ import annotations
 
@@ -93,6 +93,57 @@ def test_matches_naive_loop():
 
 
 @pytest.mark.parametrize(("kernel_size", "dilation"), [(3, 1), (5, 1), (5, 2)])
+def test_float32_matches_reference(kernel_size, dilation):
+    """Forward and the three gradients in float32 against the float64 reference."""
+    q, k, v = qkv((2, 8, 31, 13), dtype=torch.float32, seed=10, requires_grad=True)
+    grad_out = torch.randn(2, 8, 31, 13)
+    out = local_attention2d(q, k, v, kernel_size, dilation, 2)
+    ref = reference(q, k, v, kernel_size, dilation, 2)
+    assert_close(out, ref.float(), scale=4.0)
+    grads = torch.autograd.grad(out, (q, k, v), grad_out)
+    ref_grads = torch.autograd.grad(ref, (q, k, v), grad_out.double())
+    for got, want in zip(grads, ref_grads, strict=True):
+        assert_close(got, want.float(), scale=4.0)
+
+
+def test_compile_matches_eager():
+    """``torch.compile(fullgraph=True, dynamic=True)`` traces the formula: its eager bits, two sizes."""
+    kernel_size, dilation, heads = 3, 2, 2
+    fn = lambda a, b, c: local_attention2d(a, b, c, kernel_size, dilation, heads, impl="torch")  # noqa: E731
+    compiled = torch.compile(fn, fullgraph=True, dynamic=True, backend="aot_eager")
+    for shape in ((2, 4, 7, 9), (1, 6, 12, 5)):
+        q, k, v = qkv(shape, dtype=torch.float32, seed=shape[2])
+        grad_out = torch.randn(shape)
+        results = []
+        for f in (fn, compiled):
+            inputs = [x.clone().requires_grad_() for x in (q, k, v)]
+            out = f(*inputs)
+            results.append((out, *torch.autograd.grad(out, inputs, grad_out)))
+        for a, e in zip(*results, strict=True):
+            torch.testing.assert_close(a, e, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize(("kernel_size", "dilation", "heads"), [(3, 1, 2), (5, 2, 1), (7, 1, 4)])
+def test_fast_path_matches_formula(kernel_size, dilation, heads):
+    """``impl="auto"`` on CPU (the chunked path) against ``impl="torch"`` (the formula)."""
+    q, k, v = qkv((2, 8, 11, 10), dtype=torch.float32, seed=12)
+    grad_out = torch.randn(2, 8, 11, 10)
+    results = []
+    for impl in ("auto", "torch"):
+        inputs = [x.clone().requires_grad_() for x in (q, k, v)]
+        out = local_attention2d(*inputs, kernel_size, dilation, heads, impl=impl)
+        results.append((out, *torch.autograd.grad(out, inputs, grad_out)))
+    for a, e in zip(*results, strict=True):
+        assert_close(a, e, scale=2.0)
+
+
+def test_formula_gradcheck():
+    q, k, v = qkv((1, 4, 3, 4), seed=13)
+    fn = lambda a, b, c: local_attention2d(a, b, c, 3, 2, 2, impl="torch")  # noqa: E731
+    assert gradcheck(fn, (q, k, v))
+
+
+@pytest.mark.parametrize(("kernel_size", "dilation"), [(3, 1), (5, 1), (5, 2)])
 def test_row_blocks_float32_match_reference(monkeypatch, kernel_size, dilation):
     """Parts of a few rows (backward: even blocks, then odd ones), float32 against float64."""
     monkeypatch.setattr(_local_attention_torch, "_TILE", 1)  # the smallest blocks: 2h rows
@@ -126,6 +177,22 @@ def test_threads_do_not_change_the_result(monkeypatch):
     finally:
         torch.set_num_threads(before)
     assert all(torch.equal(a, b) for a, b in zip(one, two, strict=True))
+
+
+def test_tiles_match_one_tile(monkeypatch):
+    q, k, v = qkv((3, 4, 7, 6), requires_grad=True)
+    grad_out = torch.randn(3, 4, 7, 6, dtype=F64)
+
+    def run():
+        out = local_attention2d(q, k, v, 5, 1, 2)
+        return (out, *torch.autograd.grad(out, (q, k, v), grad_out))
+
+    expected = run()
+    taps_row = 2 * 25 * 6
+    for tile in (1, 2 * taps_row, 7 * taps_row * 2):  # row blocks, then batch blocks
+        monkeypatch.setattr(_local_attention_torch, "_TILE", tile)
+        for a, e in zip(run(), expected, strict=True):
+            assert_close(a, e)
 
 
 def test_border_taps_are_masked_not_zero_keys():
@@ -178,22 +245,6 @@ def test_one_pixel_image_returns_v(kernel_size):
     gq, gk, gv = torch.autograd.grad(out.sum(), (q, k, v))
     assert torch.equal(gv, torch.ones_like(v))
     assert not gq.any() and not gk.any()
-
-
-def test_tiles_match_one_tile(monkeypatch):
-    q, k, v = qkv((3, 4, 7, 6), requires_grad=True)
-    grad_out = torch.randn(3, 4, 7, 6, dtype=F64)
-
-    def run():
-        out = local_attention2d(q, k, v, 5, 1, 2)
-        return (out, *torch.autograd.grad(out, (q, k, v), grad_out))
-
-    expected = run()
-    taps_row = 2 * 25 * 6
-    for tile in (1, 2 * taps_row, 7 * taps_row * 2):  # row blocks, then batch blocks
-        monkeypatch.setattr(_local_attention_torch, "_TILE", tile)
-        for a, e in zip(run(), expected, strict=True):
-            assert_close(a, e)
 
 
 @pytest.mark.parametrize("layout", ["channels_last", "transposed", "channel_slice"])

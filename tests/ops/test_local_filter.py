@@ -1,4 +1,4 @@
-"""sliding_windows and local_filter2d (torch path): references, gradients, geometry, errors."""
+"""sliding_windows and local_filter2d (torch formula): references, gradients, geometry, errors."""
 
 from __future__ import annotations
 
@@ -123,6 +123,62 @@ def test_identity_kernel():
     kernels = torch.zeros(2, 2 * 25, 6, 7)
     kernels[:, 12] = kernels[:, 25 + 12] = 1.0  # the centre tap of both groups
     torch.testing.assert_close(local_filter2d(x, kernels, 5, 2), x)
+
+
+@pytest.mark.parametrize(("s", "d"), [(1, 1), (1, 2), (2, 1), (3, 2)])
+def test_float32_matches_reference(s, d):
+    """Forward and both gradients in float32 against the float64 reference."""
+    x, kernels = inputs(2, 8, 29, 33, 5, 2, s, dtype=torch.float32)
+    x.requires_grad_(True)
+    kernels.requires_grad_(True)
+    go = torch.randn(2, 8, -(-29 // s), -(-33 // s))
+    out = local_filter2d(x, kernels, 5, d, stride=s)
+    ref = reference(x, kernels, 5, d, s)
+    assert_close(out, ref.float(), scale=4.0)
+    for got, want in zip(
+        torch.autograd.grad(out, (x, kernels), go),
+        torch.autograd.grad(ref, (x, kernels), go.double()),
+        strict=True,
+    ):
+        assert_close(got, want.float(), scale=4.0)
+
+
+def test_compile_matches_eager():
+    """``torch.compile(fullgraph=True, dynamic=True)`` traces the formula: its eager bits, two sizes."""
+    k, d, s, g = 3, 2, 2, 2
+    fn = lambda a, b: local_filter2d(a, b, k, d, stride=s, impl="torch")  # noqa: E731
+    compiled = torch.compile(fn, fullgraph=True, dynamic=True, backend="aot_eager")
+    for shape in ((2, 4, 7, 9), (1, 6, 12, 5)):
+        x, kernels = inputs(*shape, k, g, s, dtype=torch.float32)
+        go = torch.randn(shape[0], shape[1], *kernels.shape[2:])
+        results = []
+        for f in (fn, compiled):
+            xx, kk = x.clone().requires_grad_(), kernels.clone().requires_grad_()
+            out = f(xx, kk)
+            results.append((out, *torch.autograd.grad(out, (xx, kk), go)))
+        for a, e in zip(*results, strict=True):
+            torch.testing.assert_close(a, e, rtol=0, atol=0)
+
+
+# --------------------------------------------------------------------------- chunked CPU path
+@pytest.mark.parametrize(("k", "d", "s", "g"), [(3, 1, 1, 2), (5, 2, 2, 1), (3, 3, 3, 4)])
+def test_fast_path_matches_formula(k, d, s, g):
+    """``impl="auto"`` on CPU (the chunked path) against ``impl="torch"`` (the formula)."""
+    x, kernels = inputs(2, 8, 11, 10, k, g, s, dtype=torch.float32)
+    go = torch.randn(2, 8, -(-11 // s), -(-10 // s))
+    results = []
+    for impl in ("auto", "torch"):
+        xx, kk = x.clone().requires_grad_(), kernels.clone().requires_grad_()
+        out = local_filter2d(xx, kk, k, d, stride=s, impl=impl)
+        results.append((out, *torch.autograd.grad(out, (xx, kk), go)))
+    for a, e in zip(*results, strict=True):
+        assert_close(a, e, scale=2.0)
+
+
+def test_formula_gradcheck():
+    x, kernels = inputs(1, 4, 5, 4, 3, 2, 2)
+    fn = lambda a, b: local_filter2d(a, b, 3, 2, stride=2, impl="torch")  # noqa: E731
+    assert gradcheck(fn, [x, kernels])
 
 
 def test_tiled_sweep_matches(monkeypatch):

@@ -6,9 +6,9 @@ Called by ``local_attention2d`` (after validation) as
 ``(B, C, H, W)`` is in that dtype, differentiable with respect to all three. Geometry and
 masking (tap ``t = i*k + j`` of query pixel ``(h, w)`` is key pixel
 ``(h + (i - k//2)*d, w + (j - k//2)*d)``; taps outside the image are left out of the
-softmax) are those of the torch path, `visionblocks.ops._local_attention_torch`. Every load
-is cast to the compute dtype (float32, or float64 for float64) right away; results are
-stored in the inputs' dtype.
+softmax) are those of the torch formula, `visionblocks.ops.local_attention._local_attention`,
+which the tests compare it with. Every load is cast to the compute dtype (float32, or
+float64 for float64) right away; results are stored in the inputs' dtype.
 
 A program owns one (batch item, head) and a block of pixels (a one-axis grid, decoded in
 the kernel), with the head's ``D`` channels in one block of lanes when ``D <= 64``; wider
@@ -381,7 +381,7 @@ def local_attention2d_triton(
         kernel_size: Odd window size.
         dilation: Spacing of the window's positions.
         num_heads: Heads, dividing ``C``.
-        reference: The torch path with the same first six arguments; used for the
+        reference: The torch formula with the same first six arguments; used for the
             gradients if a backward kernel fails (None: raise instead).
 
     Returns:

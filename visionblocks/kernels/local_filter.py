@@ -5,9 +5,10 @@ Called by ``local_filter2d`` (after validation) as
 ``kernels (B, G*k*k, Ho, Wo)`` of one floating dtype, ``G`` dividing ``C``; the result
 ``(B, C, Ho, Wo)`` is in that dtype, differentiable with respect to both inputs. Geometry
 (tap ``t = i*k + j`` of output pixel ``(h, w)`` reads ``(h*s + (i - k//2)*d, w*s +
-(j - k//2)*d)``, zero outside) is that of the torch path,
-`visionblocks.ops._local_filter_torch`. Every load is cast to the compute dtype (float32, or
-float64 for float64) right away; results are stored in the tensors' dtype.
+(j - k//2)*d)``, zero outside) is that of the torch formula,
+`visionblocks.ops.local._local_filter`, which the tests compare it with. Every load is cast
+to the compute dtype (float32, or float64 for float64) right away; results are stored in the
+tensors' dtype.
 
 Kernel size, dilation and stride are runtime arguments (one compiled kernel serves every
 window), and the grids have one axis, decoded in the kernel, so no axis limit applies.
@@ -288,7 +289,7 @@ def local_filter_triton(
         kernel_size: Odd window size ``k``.
         dilation: Tap spacing.
         stride: Output stride.
-        reference: The torch path with the same first five arguments; used for the
+        reference: The torch formula with the same first five arguments; used for the
             gradients if a backward kernel fails (None: raise instead).
 
     Returns:

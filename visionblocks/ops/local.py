@@ -1,11 +1,12 @@
 """Sliding-window (unfold-based) local ops: neighbourhoods and per-pixel dynamic filters.
 
-`sliding_windows` is the readable reference: it materialises every pixel's ``k x k``
-neighbourhood, ``k*k`` times the input's memory. `local_filter2d` computes the same weighted
-sum of neighbourhoods without building them: the torch path shifts and accumulates
-(`visionblocks.ops._local_filter_torch`), the Triton path is a fused kernel
-(`visionblocks.kernels.local_filter`). Speed and memory against the ``F.unfold`` form: see
-the benchmarks page (``local_filter_*`` cases).
+`sliding_windows` materialises every pixel's ``k x k`` neighbourhood, ``k*k`` times the
+input's memory. `local_filter2d` computes the same weighted sum of neighbourhoods without
+building them: its torch formula (`_local_filter`) adds one shifted view of the input per
+tap, plain autograd (``impl="torch"``, ``torch.compile``, ``torch.export``); eager CPU calls
+with ``impl="auto"`` run the measured chunked rewrite (`visionblocks.ops._local_filter_torch`),
+and CUDA a fused Triton kernel (`visionblocks.kernels.local_filter`), both tested against
+the formula. Speed and memory: the benchmarks page (``local_filter_*`` cases).
 
 Convention:
     Windows are centred: tap ``t = i*k + j`` (row-major, ``0 <= i, j < k``) of the window at
@@ -26,6 +27,7 @@ from torch import Tensor
 from visionblocks._core.checks import check_type
 from visionblocks._core.deprecation import deprecated_attribute
 from visionblocks._core.namespace import public_dir
+from visionblocks._core.reduce import compute_dtype
 from visionblocks._core.tensor_checks import check_allocation, check_floating, check_tensor
 from visionblocks.kernels._dispatch import resolve_impl, run_fused
 from visionblocks.ops._local_filter_torch import LocalFilterFunction
@@ -149,7 +151,8 @@ def local_filter2d(
     equals ``(sliding_windows(x, k, d).view(B, G, C // G, k*k, H, W) * kernels.view(B, G, 1,
     k*k, H, W)).sum(3).view(B, C, H, W)``, without ever building the ``k*k``-times unfolded
     tensor.
-    Differentiable with respect to ``x`` and ``kernels`` (no double backward). The module form
+    Differentiable with respect to ``x`` and ``kernels`` (the chunked CPU path of
+    ``impl="auto"``: no double backward; the formula: plain autograd). The module form
     is `visionblocks.nn.LocalFilter2d`; ``local_filter`` is a deprecated alias of this function
     (removed in 0.3).
 
@@ -167,7 +170,7 @@ def local_filter2d(
         Tensor[B, C, Ho, Wo]: In the promoted dtype of ``x`` and ``kernels``. Half inputs
         accumulate in float32. Under ``torch.autocast``: the same (computed in float32 or
         float64, nothing lowered). Contiguous NCHW, also for ``channels_last`` inputs (which
-        the torch path converts once per call: about one copy of ``x`` and ``kernels``).
+        the torch formula converts once per call: about one copy of ``x`` and ``kernels``).
 
     Raises:
         TypeError: Non-tensor or non-floating (e.g. integer) inputs, or non-int
@@ -230,8 +233,50 @@ def local_filter2d(
     x, kernels = x.to(dtype), kernels.to(dtype)
     args = (x, kernels, kernel_size, dilation, stride)
     if which == "triton":
-        return run_fused("local_filter", impl, LocalFilterFunction.apply, *args)
-    return LocalFilterFunction.apply(*args)
+        return run_fused("local_filter", impl, _local_filter, *args)
+    if cpu_fast_path(impl, x):
+        return LocalFilterFunction.apply(*args)
+    return _local_filter(*args)
+
+
+def cpu_fast_path(impl: str, x: Tensor) -> bool:
+    """Whether ``impl="auto"`` runs the chunked CPU path rather than the formula.
+
+    Only eager CPU calls with the argument ``impl="auto"`` (whatever the process default, which
+    only decides about triton): the chunked
+    rewrites (`visionblocks.ops._local_filter_torch`, `visionblocks.ops._local_attention_torch`)
+    measured 1.2-1.4x (filter) and 2x (attention) faster than the formula under
+    ``torch.compile`` (issue 29; ``benchmarks/cases/local_*.py``). ``impl="torch"``,
+    ``torch.compile`` and ``torch.export`` get the formula.
+    """
+    return not torch.compiler.is_compiling() and impl == "auto" and x.device.type == "cpu"
+
+
+def _local_filter(
+    x: Tensor, kernels: Tensor, kernel_size: int, dilation: int, stride: int
+) -> Tensor:
+    """The formula of `local_filter2d` (inputs validated, one dtype): one shifted view per tap.
+
+    Tap ``t = i*k + j`` of every output pixel reads the zero-padded input at ``(h*s + i*d,
+    w*s + j*d)``: a strided view of the padded input, multiplied by the tap's kernel
+    (broadcast over the group's channels) and added up. Nothing ``k*k`` times the input is
+    built or saved for backward; half inputs are computed in float32.
+    """
+    b, c, h, w = x.shape
+    ho, wo = kernels.shape[2:]
+    taps = kernel_size * kernel_size
+    groups = kernels.shape[1] // taps
+    cdt = compute_dtype(x.dtype)
+    pad = dilation * (kernel_size // 2)
+    xp = F.pad(x.to(cdt).contiguous(), (pad, pad, pad, pad))
+    xp = xp.view(b, groups, c // groups, h + 2 * pad, w + 2 * pad)
+    weights = kernels.to(cdt).contiguous().view(b, groups, taps, 1, ho, wo).unbind(2)
+    out = xp.new_zeros(())
+    for t, weight in enumerate(weights):
+        y, z = (t // kernel_size) * dilation, (t % kernel_size) * dilation
+        window = xp[..., y : y + stride * ho : stride, z : z + stride * wo : stride]
+        out = out.addcmul(weight, window)
+    return out.reshape(b, c, ho, wo).to(x.dtype)
 
 
 _DEPRECATED = {"local_filter": ("local_filter2d", "0.3")}

@@ -1,10 +1,12 @@
 """Local (neighbourhood) attention over 2-D feature maps: every pixel attends to its window.
 
-Two fast paths behind one validated function: the lean torch path
-(`visionblocks.ops._local_attention_torch`: all taps at once on strided window views of a
-few rows at a time, nothing ``k*k`` times the input) and the fused Triton kernels
-(`visionblocks.kernels.local_attention`). Speed and memory against the ``F.unfold`` form:
-see the benchmarks page (``local_attention_*`` cases).
+One validated function over one torch formula (`_local_attention`: the logits of every tap
+from a shifted view of the zero-padded keys, a masked softmax over the taps, the values
+summed the same way; plain autograd, nothing ``k*k`` times the input built) and, on CUDA,
+the fused Triton kernels (`visionblocks.kernels.local_attention`); eager CPU calls with
+``impl="auto"`` run the measured chunked rewrite (`visionblocks.ops._local_attention_torch`),
+tested against the formula. Speed and memory: the benchmarks page (``local_attention_*``
+cases).
 
 Convention:
     Windows are centred and clipped, never shifted: tap ``t = i*k + j`` (row-major,
@@ -21,17 +23,20 @@ Convention:
 
 from __future__ import annotations
 
+import math
 from typing import Literal
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from visionblocks._core.checks import check_type
 from visionblocks._core.namespace import public_dir
+from visionblocks._core.reduce import compute_dtype
 from visionblocks._core.tensor_checks import check_floating, check_same_shape
 from visionblocks.kernels._dispatch import resolve_impl, run_fused
 from visionblocks.ops._local_attention_torch import LocalAttentionFunction
-from visionblocks.ops.local import effective_window
+from visionblocks.ops.local import cpu_fast_path, effective_window
 
 __all__ = ["local_attention2d"]
 __dir__ = public_dir(__name__, __all__)
@@ -92,9 +97,9 @@ def local_attention2d(
     This equals unfolding ``k`` and ``v`` with ``F.unfold(x, k, dilation=d, padding=d*(k//2))``
     and masking the padded taps with ``-inf`` before the softmax, without ever building the
     ``k*k``-times unfolded tensors. Differentiable with respect to ``q``, ``k`` and ``v``
-    (no double backward); backward recomputes the attention weights from a saved
-    ``(B, heads, H, W)`` log-sum-exp (and uses the saved output), so nothing ``k*k`` times
-    the input is kept.
+    (the chunked CPU path of ``impl="auto"``: no double backward, nothing ``k*k`` times the
+    input kept; the formula: plain autograd, which keeps the ``(B, heads, k*k, H, W)``
+    attention weights, ``k*k / D`` times the input).
 
     Args:
         q (Tensor[B, C, H, W]): Queries, floating point.
@@ -109,7 +114,7 @@ def local_attention2d(
     Returns:
         Tensor[B, C, H, W]: In the promoted dtype of ``q``, ``k`` and ``v``. Half inputs are
         computed in float32. Under ``torch.autocast``: the same (nothing lowered). Contiguous
-        NCHW, also for ``channels_last`` inputs (converted once per call by the torch path).
+        NCHW, also for ``channels_last`` inputs (converted once per call by the formula).
 
     Raises:
         TypeError: Non-tensor or non-floating (e.g. integer) inputs, or non-int
@@ -147,5 +152,41 @@ def local_attention2d(
     q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
     args = (q, k, v, kernel_size, dilation, num_heads)
     if which == "triton":
-        return run_fused("local_attention2d", impl, LocalAttentionFunction.apply, *args)
-    return LocalAttentionFunction.apply(*args)
+        return run_fused("local_attention2d", impl, _local_attention, *args)
+    if cpu_fast_path(impl, q):
+        return LocalAttentionFunction.apply(*args)
+    return _local_attention(*args)
+
+
+def _local_attention(
+    q: Tensor, k: Tensor, v: Tensor, kernel_size: int, dilation: int, num_heads: int
+) -> Tensor:
+    """The formula of `local_attention2d` (inputs validated, one dtype): one view per tap.
+
+    Tap ``t = i*k + j`` of every query pixel is the zero-padded key (value) at ``(h + i*d,
+    w + j*d)``: a shifted view of the padded tensor. Taps outside the image get logit
+    ``-inf`` (the centre tap never does). Half inputs are computed in float32.
+    """
+    b, c, h, w = q.shape
+    depth, half, cdt = c // num_heads, kernel_size // 2, compute_dtype(q.dtype)
+    pad = dilation * half
+    heads = (b, num_heads, depth, h, w)
+    padded = (b, num_heads, depth, h + 2 * pad, w + 2 * pad)
+    queries = q.to(cdt).contiguous().view(heads) / math.sqrt(max(depth, 1))
+    keys, values = (F.pad(x.to(cdt).contiguous(), (pad,) * 4).view(padded) for x in (k, v))
+    offsets = [(i * dilation, j * dilation) for i in range(kernel_size) for j in range(kernel_size)]
+    logits = torch.stack(
+        [(queries * keys[..., y : y + h, z : z + w]).sum(2) for y, z in offsets], 2
+    )
+    # Tap (i, j) of pixel (y, z) is inside the image iff row and column are: (k, k, H, W).
+    shift = (torch.arange(kernel_size, device=q.device) - half) * dilation
+    rows = torch.arange(h, device=q.device) + shift[:, None]
+    cols = torch.arange(w, device=q.device) + shift[:, None]
+    inside = ((rows >= 0) & (rows < h))[:, None, :, None] & ((cols >= 0) & (cols < w))[
+        None, :, None
+    ]
+    attn = logits.masked_fill(~inside.view(kernel_size * kernel_size, h, w), -math.inf).softmax(2)
+    out = attn.new_zeros(())
+    for weight, (y, z) in zip(attn.unsqueeze(3).unbind(2), offsets, strict=True):
+        out = out.addcmul(weight, values[..., y : y + h, z : z + w])
+    return out.reshape(b, c, h, w).to(q.dtype)
