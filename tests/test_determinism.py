@@ -29,13 +29,10 @@ from visionblocks import kernels, losses, nn, ops
 from visionblocks._core import native
 from visionblocks._core.dispatch import use_impl
 from visionblocks.kernels._launch import record_launches
-from visionblocks.losses import _focal_native
-from visionblocks.ops import _iou_loss_native, _warp_native
+from visionblocks.ops import _warp_native
 
-LIBRARIES = {
-    lib.LIBRARY.name: lib.LIBRARY for lib in (_focal_native, _iou_loss_native, _warp_native)
-}
-IOU, FOCAL, WARP = "iou_loss_kernel", "focal_kernel", "warp_kernel"  # C libraries
+LIBRARIES = {lib.LIBRARY.name: lib.LIBRARY for lib in (_warp_native,)}
+WARP = "warp_kernel"  # C library
 LF, LA = "local_filter", "local_attention2d"  # triton ops
 
 
@@ -257,9 +254,9 @@ CASES: dict[str, Case] = {
     "CrossEntropyLoss": Case(_cross_entropy(_loss_module(losses.CrossEntropyLoss))),
     "binary_cross_entropy_with_logits": Case(_bce(losses.binary_cross_entropy_with_logits)),
     "BCEWithLogitsLoss": Case(_bce(_loss_module(losses.BCEWithLogitsLoss))),
-    "sigmoid_focal_loss": Case(_focal(losses.sigmoid_focal_loss), FOCAL, "sigmoid_focal_loss"),
+    "sigmoid_focal_loss": Case(_focal(losses.sigmoid_focal_loss), kernel="sigmoid_focal_loss"),
     "SigmoidFocalLoss": Case(
-        _focal(_loss_module(losses.SigmoidFocalLoss)), FOCAL, "sigmoid_focal_loss"
+        _focal(_loss_module(losses.SigmoidFocalLoss)), kernel="sigmoid_focal_loss"
     ),
     # nn layers with a custom op (the others are plain torch layers: NN_PLAIN)
     "Involution2d": _layer(lambda: nn.Involution2d(8, 3, 2, groups=2), LF, 1, 8, 6, 6),
@@ -267,14 +264,14 @@ CASES: dict[str, Case] = {
     "LocalAttention2d": _layer(lambda: nn.LocalAttention2d(8, 3, 2), LA, 1, 8, 5, 5),
 }
 for _name in ("box_iou", "generalized_box_iou", "distance_box_iou", "complete_box_iou"):
-    CASES[_name] = Case(_iou(getattr(ops, _name)), native=IOU)
+    CASES[_name] = Case(_iou(getattr(ops, _name)))
 for _name, _cls in (
     ("generalized_box_iou_loss", losses.GeneralizedBoxIoULoss),
     ("distance_box_iou_loss", losses.DistanceBoxIoULoss),
     ("complete_box_iou_loss", losses.CompleteBoxIoULoss),
 ):
-    CASES[_name] = Case(_iou_loss(getattr(ops, _name)), IOU, _name)
-    CASES[_cls.__name__] = Case(_iou_loss(_loss_module(_cls)), IOU, _name)
+    CASES[_name] = Case(_iou_loss(getattr(ops, _name)), kernel=_name)
+    CASES[_cls.__name__] = Case(_iou_loss(_loss_module(_cls)), kernel=_name)
 NN_PLAIN = {
     "ChannelShuffle", "ConvNormAct", "DepthwiseConv2d", "DepthwiseSeparableConv2d", "LayerNorm2d",
     "channel_shuffle", "find_conv_bn_pairs", "fuse_conv_bn", "fuse_modules", "make_activation",
