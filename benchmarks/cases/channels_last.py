@@ -127,7 +127,12 @@ def _run_op(side: str, op: str) -> Callable[[dict[str, Any]], tuple[torch.Tensor
 
 
 def _case(
-    name: str, setup: Callable[..., Any], ours: Callable, peer: Callable, what: str
+    name: str,
+    setup: Callable[..., Any],
+    ours: Callable,
+    peer: Callable,
+    what: str,
+    rtol: float = 1e-4,
 ) -> BenchCase:
     return register_case(
         BenchCase(
@@ -139,7 +144,7 @@ def _case(
             description=f"{what}, channels_last vs NCHW, forward + backward, 2 threads",
             min_speedup=None,
             min_busy_speedup=None,
-            check=same_outputs(rtol=1e-4, atol=1e-4),
+            check=same_outputs(rtol=rtol, atol=1e-4),
             small_setup=lambda: setup(16),
         )
     )
@@ -172,4 +177,5 @@ CHANNELS_LAST_INVOLUTION = _case(
     _run_module("ours"),
     _run_module("peer"),
     f"Involution2d({_C}, k={_K}, G=16) on {_B}x{_C}x{_SIDE}x{_SIDE}",
+    rtol=1e-3,  # weight gradients: float32 sums over 32 x 32 taken in two memory orders
 )
