@@ -113,7 +113,8 @@ def main() -> None:
                 optimizer.step()
                 schedule.step()
                 step += 1
-                bar.set_postfix(loss=f"{losses['loss'].item():.3f}", refresh=False)
+                if step % 10 == 0 or step == args.steps:  # a host read: only when shown
+                    bar.set_postfix(loss=f"{losses['loss'].item():.3f}", refresh=False)
                 bar.update()
                 if step % 100 == 0 or step == args.steps:
                     parts = "  ".join(f"{k} {v.item():.3f}" for k, v in losses.items())

@@ -122,7 +122,8 @@ def main() -> None:
                 optimizer.step()
                 schedule.step()
                 step += 1
-                bar.set_postfix(loss=f"{loss.item():.3f}", refresh=False)
+                if step % 10 == 0:  # a host read: only when shown
+                    bar.set_postfix(loss=f"{loss.item():.3f}", refresh=False)
                 bar.update()
                 if step % 100 == 0 or step == args.steps:
                     elapsed = time.perf_counter() - start

@@ -36,7 +36,9 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
+from benchmarks.cases._compiled_layer import compiled_layer_case
 from benchmarks.harness.case import BenchCase, register_case
 from benchmarks.harness.check import same_outputs
 
@@ -166,46 +168,15 @@ LOCAL_ATTENTION_FWD_BWD = register_case(
 _LB, _LS = 8, 56  # the workload: batch, side (channels, window and heads as above)
 
 
-def _layer_setup(compiled: bool, side: int = _LS) -> dict[str, Any]:
+def _make_layer() -> nn.Module:
     from visionblocks.nn import LocalAttention2d
 
-    torch.manual_seed(0)
-    layer = LocalAttention2d(_C, _K, num_heads=_HEADS)
-    x = torch.randn(_LB, _C, side, side, requires_grad=True)
-    # The output check (small sizes) traces with aot_eager: the same graph, no C++ compile.
-    backend = "inductor" if side == _LS else "aot_eager"
-    run = torch.compile(layer, fullgraph=True, backend=backend) if compiled else layer
-    return {"layer": layer, "run": run, "x": x, "grad_out": torch.randn(_LB, _C, side, side)}
+    return LocalAttention2d(_C, _K, num_heads=_HEADS)
 
 
-def _workload_setup() -> dict[str, Any]:
-    return {"eager": _layer_setup(False), "compiled": _layer_setup(True)}
-
-
-def _workload_small() -> dict[str, Any]:
-    return {"eager": _layer_setup(False, 16), "compiled": _layer_setup(True, 16)}
-
-
-def _layer_step(side: dict[str, Any]) -> tuple[torch.Tensor, ...]:
-    inputs = (side["x"], *side["layer"].parameters())
-    return torch.autograd.grad(side["run"](side["x"]), inputs, side["grad_out"])
-
-
-WORKLOAD_LOCAL_ATTENTION_FWD_BWD = register_case(
-    BenchCase(
-        name="workload_local_attention_fwd_bwd",
-        setup=_workload_setup,
-        ours=lambda state: _layer_step(state["eager"]),
-        peer=lambda state: _layer_step(state["compiled"]),
-        peer_name="torch.compile (inductor)",
-        description=(
-            f"LocalAttention2d({_C}, {_K}, num_heads={_HEADS}) on {_LB}x{_C}x{_LS}x{_LS} "
-            "float32, forward + grads of x and the weights, eager vs compiled, 2 threads"
-        ),
-        min_busy_speedup=None,
-        # float32 weight gradients summed over the batch in another order (BatchNorm too)
-        check=same_outputs(rtol=1e-2, atol=1e-3),
-        small_setup=_workload_small,
-        group="workload",
-    )
+WORKLOAD_LOCAL_ATTENTION_FWD_BWD = compiled_layer_case(
+    "workload_local_attention_fwd_bwd",
+    _make_layer,
+    (_LB, _C, _LS),
+    f"LocalAttention2d({_C}, {_K}, num_heads={_HEADS})",
 )
