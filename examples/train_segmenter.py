@@ -122,7 +122,7 @@ def main() -> None:
                 optimizer.step()
                 schedule.step()
                 step += 1
-                if step % 10 == 0:  # a host read: only when shown
+                if step % 10 == 0 or step == args.steps:  # a host read: only when shown
                     bar.set_postfix(loss=f"{loss.item():.3f}", refresh=False)
                 bar.update()
                 if step % 100 == 0 or step == args.steps:
