@@ -92,20 +92,6 @@ def test_matches_naive_loop():
         assert_close(reference(q, k, v, 3, dilation, heads), expected)
 
 
-@pytest.mark.parametrize(("kernel_size", "dilation"), [(3, 1), (5, 1), (5, 2)])
-def test_float32_matches_reference(kernel_size, dilation):
-    """Forward and the three gradients in float32 against the float64 reference."""
-    q, k, v = qkv((2, 8, 31, 13), dtype=torch.float32, seed=10, requires_grad=True)
-    grad_out = torch.randn(2, 8, 31, 13)
-    out = local_attention2d(q, k, v, kernel_size, dilation, 2)
-    ref = reference(q, k, v, kernel_size, dilation, 2)
-    assert_close(out, ref.float(), scale=4.0)
-    grads = torch.autograd.grad(out, (q, k, v), grad_out)
-    ref_grads = torch.autograd.grad(ref, (q, k, v), grad_out.double())
-    for got, want in zip(grads, ref_grads, strict=True):
-        assert_close(got, want.float(), scale=4.0)
-
-
 def test_compile_matches_eager():
     """``torch.compile(fullgraph=True, dynamic=True)`` traces the formula: its eager bits, two sizes."""
     kernel_size, dilation, heads = 3, 2, 2
@@ -143,10 +129,13 @@ def test_formula_gradcheck():
     assert gradcheck(fn, (q, k, v))
 
 
+@pytest.mark.parametrize("tile", [None, 1], ids=["default-blocks", "smallest-blocks"])
 @pytest.mark.parametrize(("kernel_size", "dilation"), [(3, 1), (5, 1), (5, 2)])
-def test_row_blocks_float32_match_reference(monkeypatch, kernel_size, dilation):
-    """Parts of a few rows (backward: even blocks, then odd ones), float32 against float64."""
-    monkeypatch.setattr(_local_attention_torch, "_TILE", 1)  # the smallest blocks: 2h rows
+def test_float32_matches_reference(monkeypatch, tile, kernel_size, dilation):
+    """Forward and the three gradients in float32 against the float64 reference, with the
+    default row blocks and with the smallest ones (2h rows; backward: even blocks, then odd)."""
+    if tile is not None:
+        monkeypatch.setattr(_local_attention_torch, "_TILE", tile)
     q, k, v = qkv((2, 8, 31, 13), dtype=torch.float32, seed=10, requires_grad=True)
     grad_out = torch.randn(2, 8, 31, 13)
     out = local_attention2d(q, k, v, kernel_size, dilation, 2)

@@ -125,24 +125,6 @@ def test_identity_kernel():
     torch.testing.assert_close(local_filter2d(x, kernels, 5, 2), x)
 
 
-@pytest.mark.parametrize(("s", "d"), [(1, 1), (1, 2), (2, 1), (3, 2)])
-def test_float32_matches_reference(s, d):
-    """Forward and both gradients in float32 against the float64 reference."""
-    x, kernels = inputs(2, 8, 29, 33, 5, 2, s, dtype=torch.float32)
-    x.requires_grad_(True)
-    kernels.requires_grad_(True)
-    go = torch.randn(2, 8, -(-29 // s), -(-33 // s))
-    out = local_filter2d(x, kernels, 5, d, stride=s)
-    ref = reference(x, kernels, 5, d, s)
-    assert_close(out, ref.float(), scale=4.0)
-    for got, want in zip(
-        torch.autograd.grad(out, (x, kernels), go),
-        torch.autograd.grad(ref, (x, kernels), go.double()),
-        strict=True,
-    ):
-        assert_close(got, want.float(), scale=4.0)
-
-
 def test_compile_matches_eager():
     """``torch.compile(fullgraph=True, dynamic=True)`` traces the formula: its eager bits, two sizes."""
     k, d, s, g = 3, 2, 2, 2
@@ -198,10 +180,13 @@ def test_tiled_sweep_matches(monkeypatch):
             assert_close(a, e)
 
 
+@pytest.mark.parametrize("tile", [None, 400], ids=["default-blocks", "row-blocks"])
 @pytest.mark.parametrize(("s", "d"), [(1, 1), (1, 2), (2, 1), (3, 2)])
-def test_row_blocks_float32_match_reference(monkeypatch, s, d):
-    """Parts of a few rows each (forward and both gradients), float32 against float64."""
-    monkeypatch.setattr(torch_path, "_TILE", 400)  # blocks of one to three output rows
+def test_float32_matches_reference(monkeypatch, tile, s, d):
+    """Forward and both gradients in float32 against the float64 reference, with the default
+    parts and with parts of one to three output rows each."""
+    if tile is not None:
+        monkeypatch.setattr(torch_path, "_TILE", tile)
     x, kernels = inputs(2, 8, 29, 33, 5, 2, s, dtype=torch.float32)
     x.requires_grad_(True)
     kernels.requires_grad_(True)
