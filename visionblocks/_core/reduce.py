@@ -146,23 +146,28 @@ def check_target_range(
         ...
         ValueError: targets must be in [0, 1], got values in [0.0, 255.0]
     """
-    on_host = reads_values(values)
-    checked = on_host or asserts_on_device(values)
-    if not checked or values.dtype == torch.bool or values.numel() == 0:
+    if values.dtype == torch.bool or values.numel() == 0:
         return
-    values = values.detach()
-    also = "" if ignore is None else f" (or equal ignore_index={ignore})"
-    rule = f"{name} must be in [{low:g}, {high:g}]{also}"
-    if not on_host:
+    if reads_values(values):
+        lo_t, hi_t = torch.aminmax(values.detach())
+        lo, hi = lo_t.item(), hi_t.item()
+        if not (low <= lo and hi <= high) and ignore is not None:
+            masked = values.detach().masked_fill(values == ignore, low)
+            lo, hi = (v.item() for v in torch.aminmax(masked))
+        if not (low <= lo and hi <= high):  # also True for NaN
+            rule = _range_rule(name, low, high, ignore)
+            raise ValueError(f"{rule}, got values in [{float(lo)!r}, {float(hi)!r}]{hint}")
+    elif asserts_on_device(values):
+        values = values.detach()
         masked = values if ignore is None else values.masked_fill(values == ignore, low)
         lo_t, hi_t = torch.aminmax(masked)
+        rule = _range_rule(name, low, high, ignore)
         assert_on_device((lo_t >= low) & (hi_t <= high), rule + hint)  # NaN fails
-        return
-    lo, hi = (float(v) for v in torch.aminmax(values))
-    if not (low <= lo and hi <= high) and ignore is not None:
-        lo, hi = (float(v) for v in torch.aminmax(values.masked_fill(values == ignore, low)))
-    if not (low <= lo and hi <= high):  # also True for NaN
-        raise ValueError(f"{rule}, got values in [{lo!r}, {hi!r}]{hint}")
+
+
+def _range_rule(name: str, low: float, high: float, ignore: float | None) -> str:
+    also = "" if ignore is None else f" (or equal ignore_index={ignore})"
+    return f"{name} must be in [{low:g}, {high:g}]{also}"
 
 
 def reduce_loss(

@@ -9,6 +9,8 @@ from typing import Any
 import torch
 from torch._subclasses.fake_tensor import is_fake
 
+from visionblocks._core.values import value_checks_enabled
+
 
 def check_tensor(name: str, value: Any) -> torch.Tensor:
     """Raise ``TypeError`` unless ``value`` is a ``torch.Tensor``; return it.
@@ -184,8 +186,6 @@ def has_values(value: torch.Tensor) -> bool:
 
 def _checking(tensors: tuple[torch.Tensor | None, ...]) -> list[torch.Tensor] | None:
     """The given tensors if value checks apply to this call now, else None."""
-    from visionblocks._core.values import value_checks_enabled
-
     # Compiling first: the other tests are Python state that dynamo need not trace.
     if torch.compiler.is_compiling() or torch.jit.is_tracing() or not value_checks_enabled():
         return None
@@ -207,8 +207,14 @@ def reads_values(*tensors: torch.Tensor | None) -> bool:
         >>> reads_values(torch.zeros(1)), reads_values(torch.zeros(1, device="meta"))
         (True, False)
     """
-    given = _checking(tensors)
-    return given is not None and all(t.device.type == "cpu" and not is_fake(t) for t in given)
+    if torch.compiler.is_compiling() or torch.jit.is_tracing() or not value_checks_enabled():
+        return False
+    for t in tensors:  # a plain CPU tensor (fake tensors are a subclass) needs no other test
+        if t is not None and not (
+            t.device.type == "cpu" and (type(t) is torch.Tensor or not is_fake(t))
+        ):
+            return False
+    return True
 
 
 def asserts_on_device(*tensors: torch.Tensor | None) -> bool:

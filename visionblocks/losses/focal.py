@@ -73,7 +73,9 @@ def _focal_elements(
             m = m.clamp_min(tiny)
         loss = ce * m.pow(gamma)
     if alpha is not None and alpha >= 0:  # a_t = alpha t + (1 - alpha)(1 - t)
-        loss = loss * (t * (2 * alpha - 1) + (1 - alpha))
+        a_t = (t * (2 * alpha - 1)).add_(1 - alpha)
+        # in place where `loss` is the product above (no backward needs it): one buffer less
+        loss = loss.mul_(a_t) if gamma != 0 else loss * a_t
     if weight is not None:
         loss = loss * weight.to(cdt)
     if keep is not None:
