@@ -68,7 +68,6 @@ def test_out_indices_python_style(out_indices, names):
         ((-5,), ValueError, "index -5 is out of range"),
         ((1, -3), ValueError, "names a stage twice"),
         ((), ValueError, "empty"),
-        (3, TypeError, "tuple or list of ints"),
         (("1",), TypeError, "out_indices entries must be int"),
     ],
 )
@@ -219,11 +218,9 @@ def test_urls_hub_names_and_true_are_refused(no_network, pretrained):
         build_backbone("resnet18", pretrained=pretrained)
 
 
-def test_missing_files_and_weight_enums_are_refused(no_network, tmp_path):
+def test_missing_files_and_weight_enums_are_refused(no_network):
     with pytest.raises(FileNotFoundError, match="'IMAGENET1K_V1' is not an existing file"):
         build_backbone("resnet18", pretrained="IMAGENET1K_V1")
-    with pytest.raises(FileNotFoundError, match="not an existing file"):
-        build_backbone("vb_tiny", pretrained=tmp_path / "missing.pth")
     weights = torchvision.models.ResNet18_Weights.IMAGENET1K_V1
     with pytest.raises(TypeError, match="got ResNet18_Weights.*download.pytorch.org"):
         build_backbone("resnet18", pretrained=weights)
@@ -276,9 +273,8 @@ def test_frozen_stages_on_features_families_and_bounds():
     assert frozen == {"0", "1"}
     assert all(p.requires_grad for p in build_backbone("vb_tiny").parameters())
     assert not any(p.requires_grad for p in build_backbone("vb_tiny", frozen_stages=4).parameters())
-    for bad in (-1, 5):
-        with pytest.raises(ValueError, match=r"frozen_stages must be in \[0, 4\]"):
-            build_backbone("vb_tiny", frozen_stages=bad)
+    with pytest.raises(ValueError, match=r"frozen_stages must be in \[0, 4\]"):
+        build_backbone("vb_tiny", frozen_stages=5)
 
 
 def test_norm_eval_keeps_batchnorm_statistics():

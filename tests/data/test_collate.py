@@ -122,7 +122,6 @@ def test_bool_images_and_float_pad_value():
     ("batch", "kwargs", "error", "match"),
     [
         ([], {}, ValueError, "empty batch"),
-        ("abc", {}, TypeError, "sequence of .image, target. pairs, got str"),
         (
             [torch.zeros(3, 4, 4)],
             {},
@@ -145,21 +144,6 @@ def test_bool_images_and_float_pad_value():
             ValueError,
             r"same dtype: batch\[0\] is torch.float32, batch\[1\] is torch.uint8",
         ),
-        (
-            [(torch.zeros(3, 4, 4), {})],
-            {"size_divisible": -1},
-            ValueError,
-            r"size_divisible must be in \[0, 4096\]",
-        ),
-        (
-            [(torch.zeros(3, 4, 4), {})],
-            {"size_divisible": 1.5},
-            TypeError,
-            "must be int, got float",
-        ),
-        ([(torch.zeros(3, 4, 4), {})], {"size_divisible": None}, TypeError, "got NoneType"),
-        ([(torch.zeros(3, 4, 4), {})], {"size_divisible": True}, TypeError, "got bool"),
-        ([(torch.zeros(3, 4, 4), {})], {"pad_value": "0"}, TypeError, "pad_value must be a real"),
     ],
 )
 def test_validation(batch, kwargs, error, match):

@@ -121,25 +121,6 @@ def test_loader_errors_surface_in_order():
         next(iterator)
 
 
-@pytest.mark.parametrize(
-    ("args", "kwargs", "error", "match"),
-    [
-        (
-            (5, "cpu"),
-            {},
-            TypeError,
-            "loader must be an iterable of batches .a DataLoader., got int",
-        ),
-        (([], 0), {}, TypeError, "device must be str or device, got int"),
-        (([], "gpu"), {}, ValueError, "device must name a torch device, got 'gpu'"),
-        (([], "cpu"), {"non_blocking": 1}, TypeError, "non_blocking must be bool, got int"),
-    ],
-)
-def test_validation(args, kwargs, error, match):
-    with pytest.raises(error, match=match):
-        prefetch_to_device(*args, **kwargs)
-
-
 def test_cuda_unavailable_is_a_clear_error(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(

@@ -131,9 +131,6 @@ def test_real_coco_dataset(tmp_path):
 @pytest.mark.parametrize(
     ("dataset", "k", "error", "match"),
     [
-        (Sized([(1, 1)]), -1, ValueError, r"bins_per_octave must be an int in \[0, 64\].*got -1"),
-        (Sized([(1, 1)]), 1.0, TypeError, "bins_per_octave must be int, got float"),
-        (Sized([(1, 1)]), True, TypeError, "got bool .True."),
         (Sized([(4, 4), (0, 4)]), 0, ValueError, r"image 1 must have a positive \(H, W\)"),
         (iter([]), 0, TypeError, "dataset must be a map-style dataset"),
     ],
@@ -297,15 +294,11 @@ def test_group_ids_as_tensor():
     ("args", "error", "match"),
     [
         ((range(3), [0, 0, 0], 0), ValueError, "batch_size must be an int >= 1, got 0"),
-        ((range(3), [0, 0, 0], 2.0), TypeError, "batch_size must be int, got float"),
-        ((range(3), [0, 0, 0], True), TypeError, "got bool .True."),
-        ((range(3), [0, 0, 0], 2, 1), TypeError, "drop_last must be bool, got int"),
         (
             (iter(range(3)), [0, 0, 0], 2),
             TypeError,
             "sampler must be an iterable of indices with len",
         ),
-        ((range(3), "abc", 2), TypeError, "group_ids must be a sequence of ints, got str"),
         ((range(3), [0, 1.0, 0], 2), TypeError, r"group_ids\[1\] must be an int, got float"),
         ((range(3), torch.zeros(3), 2), ValueError, "1-D integer tensor, got torch.float32"),
         (

@@ -177,16 +177,12 @@ def test_module_matches_function_and_registry():
 @pytest.mark.parametrize(
     ("kwargs", "error", "match"),
     [
-        ({"inputs": torch.zeros(2, 3, dtype=torch.long)}, TypeError, "inputs.*floating"),
-        ({"targets": [0, 1]}, TypeError, "targets must be a torch.Tensor"),
         ({"targets": torch.zeros(2, 4)}, ValueError, r"same shape, got \(2, 3\) and \(2, 4\)"),
         ({"weight": torch.ones(4)}, ValueError, r"weight must broadcast.*\(2, 3\).*\(4,\)"),
         ({"weight": torch.ones(5, 2, 3)}, ValueError, "weight must broadcast"),
         ({"pos_weight": torch.ones(2)}, ValueError, "pos_weight must broadcast"),
         ({"pos_weight": torch.ones(3) * 1j}, TypeError, "pos_weight must be a real tensor"),
         ({"label_smoothing": 1.0}, ValueError, r"label_smoothing must be in \[0.0, 1.0\)"),
-        ({"ignore_index": "255"}, TypeError, "ignore_index"),
-        ({"reduction": "mean_valid"}, ValueError, "'mean_valid'"),
     ],
 )
 def test_bad_inputs(kwargs, error, match):
@@ -230,5 +226,3 @@ def test_tensors_on_different_devices_raise():
         bce(x, x.to("meta"))
     with pytest.raises(ValueError, match=r"inputs, targets and pos_weight .*pos_weight on meta"):
         bce(x, x, pos_weight=torch.ones(3, device="meta"))
-    with pytest.raises(ValueError, match="ignore_index must be a finite number"):
-        bce(x, x, ignore_index=float("nan"))

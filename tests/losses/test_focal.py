@@ -317,18 +317,12 @@ def test_module_matches_function_and_registry():
             ValueError,
             r"inputs.shape\[:-1\] = \(4,\)",
         ),
-        ({"inputs": torch.zeros(4, 3, dtype=torch.long)}, TypeError, "floating-point"),
-        ({"reduction": "avg"}, ValueError, "'avg'"),
         ({"alpha": 1.5}, ValueError, r"alpha must be in \[0, 1\].*1\.5"),
-        ({"alpha": float("nan")}, ValueError, "alpha"),
         ({"alpha": True}, TypeError, "alpha"),
-        ({"gamma": -1.0}, ValueError, "gamma must be in"),
         ({"weight": torch.ones(2)}, ValueError, r"weight must broadcast.*\(2,\)"),
         ({"ignore_index": 1.5, "targets": torch.zeros(4, dtype=torch.long)}, TypeError, "an int"),
         ({"ignore_index": True}, TypeError, "ignore_index"),
         ({"normalizer": 0.0}, ValueError, "normalizer"),
-        ({"impl": "cuda"}, ValueError, "impl"),
-        ({"targets": [0, 1]}, TypeError, "targets must be a torch.Tensor"),
     ],
 )
 def test_bad_inputs(kwargs, error, match):
@@ -340,8 +334,6 @@ def test_bad_inputs(kwargs, error, match):
 def test_module_validates_options():
     with pytest.raises(ValueError, match="1.5"):
         SigmoidFocalLoss(alpha=1.5)
-    with pytest.raises(ValueError, match="reduction"):
-        SigmoidFocalLoss(reduction="avg")
 
 
 # --------------------------------------------------- values, normalizers, devices (issue 19)
@@ -369,8 +361,6 @@ def test_normalizer_of_any_real_type_divides_the_same():
     for normalizer in (4, 4.0, np.float32(4.0), np.int64(4), torch.tensor(4), torch.tensor([4.0])):
         out = sigmoid_focal_loss(x, t, reduction="sum", normalizer=normalizer)
         assert out.shape == () and torch.allclose(out, expected)
-    with pytest.raises(TypeError, match="normalizer must be a number"):
-        sigmoid_focal_loss(x, t, normalizer="4")
 
 
 @pytest.mark.parametrize(

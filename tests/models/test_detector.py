@@ -208,25 +208,15 @@ BAD_TARGETS = [
     # zero-size boxes: no location lies inside them; rejected rather than silently ignored
     ({"boxes": torch.tensor([[6.0, 8.0, 6.0, 30.0], [40.0, 36.0, 60.0, 60.0]])}, ValueError,
      r'targets\[0\]\["boxes"\]\[0\].*zero-size boxes'),
-    ({"labels": torch.tensor([0.0, 1.7])}, TypeError,
-     r'targets\[0\]\["labels"\] must be an integer tensor.*torch.float32'),
-    ({"labels": torch.tensor([[0, 1]])}, ValueError,
-     r'targets\[0\]\["labels"\] must have shape \(N,\).*\(1, 2\)'),
     ({"labels": torch.tensor([0])}, ValueError,
      r'targets\[0\]\["labels"\] has 1 entries but targets\[0\]\["boxes"\] has 2 rows'),
     ({"labels": torch.tensor([0, 2])}, ValueError, r'targets\[0\]\["labels"\] must lie in \[0, 2\)'),
     ({"labels": torch.tensor([-1, 0])}, ValueError, r'targets\[0\]\["labels"\] must lie in'),
     ({"boxes": torch.zeros(2, 5)}, ValueError,
      r'targets\[0\]\["boxes"\] must have shape \(N, 4\).*\(2, 5\)'),
-    ({"boxes": [[6.0, 8.0, 34.0, 30.0], [40.0, 36.0, 60.0, 60.0]]}, TypeError,
-     r'targets\[0\]\["boxes"\] must be a floating-point Tensor\[N, 4\].*got list'),
-    ({"boxes": torch.tensor([[6, 8, 34, 30], [40, 36, 60, 60]])}, TypeError,
-     r'targets\[0\]\["boxes"\] must be a floating-point tensor'),
     ({"iscrowd": torch.tensor([0, 0, 1])}, ValueError,
      r'targets\[0\]\["iscrowd"\] has 3 entries but targets\[0\]\["boxes"\] has 2 rows'),
     ({"iscrowd": torch.tensor([0, 2])}, ValueError, r'targets\[0\]\["iscrowd"\] must hold 0 or 1'),
-    ({"boxes": torch.zeros(2, 4, device="meta")}, ValueError,
-     r'targets\[0\]\["boxes"\] is on meta but the images are on cpu'),
 ]  # fmt: skip
 
 
@@ -264,8 +254,6 @@ def test_value_checks_can_be_turned_off():
     ("stats", "match"),
     [
         ({"pixel_std": [0.0, 1.0, 1.0]}, r"pixel_std\[0\] must be positive and finite"),
-        ({"pixel_std": [float("nan"), 1.0, 1.0]}, r"pixel_std\[0\] must be positive and finite"),
-        ({"pixel_mean": [float("nan"), 1.0, 1.0]}, r"pixel_mean\[0\] must be finite"),
         ({"pixel_mean": [120.0]}, "one value per image channel \\(3, the backbone's input"),
         ({"pixel_std": [58.0, 57.0]}, "got 3 and 2"),
     ],
@@ -273,24 +261,16 @@ def test_value_checks_can_be_turned_off():
 def test_bad_pixel_statistics_are_rejected_at_build_time(stats, match):
     with pytest.raises(ValueError, match=match):
         build_detector(CFG, **stats)
-    with pytest.raises(TypeError, match="pixel_std must be a list of numbers"):
-        build_detector(CFG, pixel_std=None)
 
 
 def test_bad_images_are_rejected():
     model = build_detector(CFG).eval()
     with pytest.raises(ValueError, match=r"\(one image\? add the batch dimension"):
         model(torch.zeros(3, 32, 32))
-    with pytest.raises(TypeError, match="images must be uint8 or floating point"):
-        model(torch.zeros(1, 3, 32, 32, dtype=torch.int64))
     with pytest.raises(ValueError, match="images must be finite"):
         model(torch.full((1, 3, 32, 32), float("nan")))
-    with pytest.raises(ValueError, match=r"images is on meta"):
-        model(torch.zeros(1, 3, 32, 32, device="meta"))
     with pytest.raises(ValueError, match=r"image_sizes\[0\] must be a pair of ints"):
         model(torch.zeros(1, 3, 32, 32), image_sizes=[(40, 32)])
-    with pytest.raises(ValueError, match="image_sizes must hold one"):
-        model(torch.zeros(1, 3, 32, 32), image_sizes=[(32, 32), (32, 32)])
 
 
 def test_postprocess_rejects_mismatched_levels_and_bad_options():
@@ -298,13 +278,5 @@ def test_postprocess_rejects_mismatched_levels_and_bad_options():
     with pytest.raises(ValueError, match=r"scores\[0\] must be \(A, C\) and boxes\[0\] \(A, 4\)"):
         postprocess_detections(scores, boxes, (32, 32))
     boxes = [torch.rand(2, 4)]
-    with pytest.raises(TypeError, match="score_thresh must be int or float, got NoneType"):
-        postprocess_detections(scores, boxes, (32, 32), score_thresh=None)
-    with pytest.raises(TypeError, match="topk_candidates must be int, got float"):
-        postprocess_detections(scores, boxes, (32, 32), topk_candidates=1.5)
     with pytest.raises(ValueError, match=r"scores\[0\] must hold probabilities in \[0, 1\]"):
         postprocess_detections([torch.randn(2, 3) * 10], boxes, (32, 32))
-    with pytest.raises(ValueError, match="image_size must be a pair"):
-        postprocess_detections(scores, boxes, (32, 32, 3))
-    with pytest.raises(TypeError, match="points must be a floating-point tensor"):
-        decode_ltrb(torch.zeros(2, 2, dtype=torch.long), torch.zeros(2, 4))

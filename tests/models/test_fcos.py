@@ -264,10 +264,8 @@ def test_losses_equal_torchvision_fcos():
     [
         ({"size_ranges": [1, 2]}, ValueError, "size_ranges must hold one"),
         ({"size_ranges": [(64, 0), (0, 64)]}, ValueError, "0 <= low < high"),
-        ({"num_classes": True}, TypeError, "num_classes must be int"),
         ({"strides": [8.7, 16]}, TypeError, r"strides\[0\] must be int"),
         ({"score_thresh": 1.5}, ValueError, "score_thresh must be in"),
-        ({"focal_alpha": -1.0}, ValueError, "focal_alpha must be in"),
         ({"max_detections": 0}, ValueError, "max_detections must be in"),
     ],
 )
@@ -282,14 +280,8 @@ def test_absurd_sizes_and_untyped_options_are_rejected():
         FCOSHead(8, 3, STRIDES, num_convs=10**9)
     with pytest.raises(ValueError, match=r"num_classes must be in \[1, 65536\]"):
         FCOSHead(8, 10**9, STRIDES)
-    with pytest.raises(TypeError, match="score_thresh must be int or float, got NoneType"):
-        FCOSHead(8, 3, STRIDES, score_thresh=None)
     with pytest.raises(ValueError, match="strides must increase"):
         FCOSHead(8, 3, [16, 8])
-    with pytest.raises(ValueError, match="norm: unknown norm 'gm'"):
-        FCOSHead(8, 3, STRIDES, num_convs=0, norm="gm")
     head, feats = head_and_features()
-    with pytest.raises(ValueError, match=r"features\[1\] must have shape \(B, 8, H, W\)"):
-        head([feats[0], feats[1][0]])
     with pytest.raises(ValueError, match=r"image_sizes must hold 2"):
         head.predict(head(feats), [(64, 64)])

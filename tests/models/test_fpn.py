@@ -99,8 +99,6 @@ def test_norm_and_gradients_and_registry():
         ({"in_channels": [16, 32], "strides": [8, 16, 32]}, ValueError, "same length"),
         ({"strides": [8, 16, 48]}, ValueError, "powers of two doubling"),
         ({"strides": [8, 32, 64]}, ValueError, "powers of two doubling"),
-        ({"extra_from": "top"}, ValueError, "extra_from must be one of"),
-        ({"in_channels": 16}, TypeError, "in_channels must be a list or tuple of ints"),
         ({"out_channels": 0}, ValueError, r"out_channels must be in \[1, "),
     ],
 )
@@ -120,14 +118,8 @@ def test_absurd_sizes_and_bad_levels_are_rejected():
         FPN(CHANNELS, STRIDES, extra_levels=10**9)
     with pytest.raises(ValueError, match=r"out_channels must be in \[1, 65536\]"):
         FPN(CHANNELS, STRIDES, out_channels=10**9)
-    with pytest.raises(TypeError, match="extra_levels must be int, got float"):
-        FPN(CHANNELS, STRIDES, extra_levels=2.0)
     fpn = FPN(CHANNELS, STRIDES, out_channels=8)
     feats = features()
-    with pytest.raises(
-        ValueError, match=r"features\[0\] must have shape \(B, 16, H, W\), got \(16, 8, 8\)"
-    ):
-        fpn([feats[0][0], *feats[1:]])  # a 3-D level
     with pytest.raises(
         ValueError, match=r"features\[1\] must have shape \(B, 32, H, W\), got \(2, 31, 4, 4\)"
     ):
@@ -136,7 +128,3 @@ def test_absurd_sizes_and_bad_levels_are_rejected():
         fpn([feats[0][..., :2, :2], *feats[1:]])
     with pytest.raises(ValueError, match="same batch size"):
         fpn([feats[0], feats[1][:1], feats[2]])
-    with pytest.raises(TypeError, match=r"features\[2\] must be a floating-point tensor"):
-        fpn([*feats[:2], feats[2].long()])
-    with pytest.raises(ValueError, match=r"features\[0\] is on meta"):
-        fpn([feats[0].to("meta"), *feats[1:]])

@@ -87,8 +87,6 @@ def test_learns_one_scene():
 
 
 def test_errors():
-    with pytest.raises(ValueError, match="loss must be one of 'ce', 'softmax_focal'"):
-        FPNSegHead(8, 3, [4], loss="dice")
     with pytest.raises(ValueError, match="strides must be increasing powers of two"):
         FPNSegHead(8, 3, [4, 12])
     with pytest.raises(ValueError, match="features must hold 2 levels"):
@@ -108,8 +106,6 @@ def test_bad_targets_and_options_are_rejected():
     model = build_segmenter(CFG)
     images = torch.zeros(2, 3, 32, 32)
     labels = torch.zeros(2, 32, 32, dtype=torch.long)
-    with pytest.raises(TypeError, match="targets must be an integer tensor.*torch.float32"):
-        model(images, labels.float())
     with pytest.raises(ValueError, match=r"targets must have shape \(B, H, W\) = \(2, 32, 32\)"):
         model(images, labels[:, :16])
     with pytest.raises(
@@ -121,7 +117,5 @@ def test_bad_targets_and_options_are_rejected():
         build_segmenter(CFG, pixel_std=[0.0, 1.0, 1.0])
     with pytest.raises(ValueError, match=r"channels must be in \[1, 65536\]"):
         FPNSegHead(8, 3, [4, 8], channels=10**9)
-    with pytest.raises(ValueError, match="size must be a pair"):
-        FPNSegHead(8, 3, [4])([torch.randn(1, 8, 4, 4)], size=(16, 16, 3))
     with pytest.raises(TypeError, match="labels must be an integer tensor"):
         FPNSegHead(8, 3, [4]).loss(torch.zeros(1, 3, 4, 4), torch.zeros(1, 4, 4))

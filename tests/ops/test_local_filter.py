@@ -332,8 +332,6 @@ def test_bad_inputs():
         local_filter2d(x, kernels, 3, stride=0)
     with pytest.raises(TypeError, match="kernel_size must be int"):
         local_filter2d(x, kernels, 3.0)
-    with pytest.raises(TypeError, match="dilation must be int, got bool"):
-        local_filter2d(x, kernels, 3, True)
     with pytest.raises(ValueError, match="G dividing C = 4"):
         local_filter2d(x, torch.randn(1, 27, 5, 5), 3)  # G = 3 does not divide 4
     with pytest.raises(ValueError, match="G dividing C = 4"):
@@ -344,18 +342,8 @@ def test_bad_inputs():
         local_filter2d(x, kernels, 3, stride=2)
     with pytest.raises(ValueError, match=r"kernels must have shape"):
         local_filter2d(x, torch.randn(2, 18, 5, 5), 3)
-    with pytest.raises(ValueError, match=r"x must have shape \(B, C, H, W\)"):
-        local_filter2d(x[0], kernels, 3)
-    with pytest.raises(ValueError, match=r"kernels must have shape \(B, C, H, W\)"):
-        local_filter2d(x, kernels[0], 3)
-    with pytest.raises(TypeError, match="x must be a floating-point tensor"):
-        local_filter2d(x.long(), kernels, 3)
-    with pytest.raises(TypeError, match="kernels must be a floating-point tensor"):
-        local_filter2d(x, kernels.int(), 3)
     with pytest.raises(TypeError, match="x must be a torch.Tensor"):
         sliding_windows(x.numpy(), 3)
-    with pytest.raises(ValueError, match="impl must be one of"):
-        local_filter2d(x, kernels, 3, impl="cuda")
 
 
 def test_absurd_sizes_are_rejected_or_equivalent_before_allocating():

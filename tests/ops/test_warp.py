@@ -106,12 +106,8 @@ def test_affine_matrix_batched_matches_scalar_calls_and_is_differentiable():
 
 
 def test_affine_matrix_errors():
-    with pytest.raises(ValueError, match="translate must be a pair"):
-        affine_matrix(translate=(1.0, 2.0, 3.0))
     with pytest.raises(ValueError, match="do not broadcast"):
         affine_matrix(angle=torch.zeros(3), center=torch.zeros(4, 2))
-    with pytest.raises(TypeError, match="angle must be a number"):
-        affine_matrix(angle="30")
 
 
 # ---------------------------------------------------------------------------- inverse and theta
@@ -345,17 +341,11 @@ def test_gradient_of_nearest_reaches_the_image():
     [
         (dict(matrix=torch.eye(3)), ValueError, r"matrix must have shape \(2, 3\) or \(B, 2, 3\)"),
         (dict(matrix=torch.eye(2, 3).expand(3, 2, 3)), ValueError, "matrix batch 3 does not match"),
-        (dict(matrix=torch.eye(2, 3, dtype=torch.long)), TypeError, "floating-point"),
-        (dict(mode="bicubic"), ValueError, "mode must be one of"),
-        (dict(padding_mode="constant"), ValueError, "padding_mode must be one of"),
         (dict(size=(0, 4)), ValueError, "size must be positive"),
         (dict(size=(4,)), ValueError, "two ints"),
         (dict(size=(4.0, 4.0)), ValueError, "two ints"),
-        (dict(size=4), TypeError, "size must be a"),
         (dict(fill=1.0), ValueError, "needs padding_mode='fill'"),
         (dict(padding_mode="fill", fill=(1.0, 2.0)), ValueError, "one value per channel"),
-        (dict(padding_mode="fill", fill="red"), TypeError, "fill must be"),
-        (dict(img=torch.rand(4, 4)), ValueError, r"img must have shape"),
         (dict(img=torch.rand(1, 3, 0, 4)), ValueError, "non-empty"),
         (dict(img=torch.ones(2, 3, 4, 4, dtype=torch.bool)), TypeError, "numeric img"),
         (dict(img=np.zeros((3, 4, 4))), TypeError, "img must be a torch.Tensor"),
@@ -378,5 +368,3 @@ def test_theta_functions_validate():
         matrix_to_theta(torch.eye(3), (2, 2), (2, 2))
     with pytest.raises(ValueError, match="src_size must be positive"):
         theta_to_matrix(torch.eye(2, 3), (0, 2), (2, 2))
-    with pytest.raises(TypeError, match="floating-point"):
-        invert_affine(torch.ones(2, 3, dtype=torch.int32))

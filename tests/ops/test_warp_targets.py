@@ -209,8 +209,6 @@ def test_warp_masks_batched_and_empty():
     for i in range(2):
         assert torch.equal(out[i], warp_masks(masks[i], mats[i]))
     assert warp_masks(torch.zeros(0, H, W, dtype=torch.bool), mats[0]).shape == (0, H, W)
-    with pytest.raises(ValueError, match="masks must have shape"):
-        warp_masks(torch.zeros(H, W), mats[0])
 
 
 # ---------------------------------------------------------------------------- samples
@@ -313,23 +311,11 @@ def test_warp_sample_errors():
         )
     with pytest.raises(ValueError, match="has 2 rows but there are 3 boxes"):
         warp_sample(image, {**target, "labels": torch.tensor([1, 2])}, m)  # no box dropped
-    with pytest.raises(ValueError, match="one \\(2, 3\\) matrix"):
-        warp_sample(image, target, m[None])
-    with pytest.raises(TypeError, match="target must be a dict"):
-        warp_sample(image, [1, 2], m)
-    with pytest.raises(ValueError, match=r"image must have shape \(C, H, W\)"):
-        warp_sample(image[None], target, m)
 
 
 def test_warp_boxes_and_points_errors():
     with pytest.raises(ValueError, match=r"boxes must have shape \(\.\.\., 4\)"):
         warp_boxes(torch.zeros(3, 5), torch.eye(2, 3))
-    with pytest.raises(ValueError, match=r"\(\.\.\., N, 4\)"):
-        warp_boxes(torch.zeros(4), torch.eye(2, 3))
-    with pytest.raises(ValueError, match=r"points must have shape \(\.\.\., N, 2\)"):
-        warp_points(torch.zeros(2), torch.eye(2, 3))
-    with pytest.raises(TypeError, match="floating-point"):
-        warp_points(torch.zeros(3, 2), torch.eye(2, 3, dtype=torch.int64))
     with pytest.raises(ValueError, match="size must be positive"):
         warp_boxes(torch.zeros(3, 4), torch.eye(2, 3), size=(0, 3))
     two = torch.eye(2, 3).expand(2, 2, 3)
@@ -408,17 +394,12 @@ def test_tensors_on_different_devices_raise(call, names):
 @pytest.mark.parametrize(
     ("kwargs", "error", "match"),
     [
-        ({"fill": float("nan")}, ValueError, "fill must be finite"),
         (
             {"mask_fill": 256},
             ValueError,
             r"mask_fill=256 does not fit the masks' dtype torch.uint8",
         ),
-        ({"mask_fill": 0.5}, TypeError, "mask_fill must be int"),
-        ({"min_size": -1.0}, ValueError, "min_size must be in"),
-        ({"instance_keys": "labels"}, TypeError, "instance_keys must be a sequence"),
         ({"instance_keys": ("labels", 3)}, TypeError, r"instance_keys\[1\] must be str"),
-        ({"mode": "bicubic"}, ValueError, "mode must be one of"),
     ],
 )
 def test_warp_sample_options_are_checked(kwargs, error, match):

@@ -80,20 +80,9 @@ def test_deterministic_keeps_a_cublas_setting_and_warns_when_too_late(
         seed_everything(0, deterministic=True)
 
 
-@pytest.mark.parametrize(
-    ("kwargs", "error", "match"),
-    [
-        ({"seed": -1}, ValueError, "seed"),
-        ({"seed": 2**32}, ValueError, "seed"),
-        ({"seed": 1.0}, TypeError, "seed"),
-        ({"seed": True}, TypeError, "seed"),
-        ({"seed": 0, "deterministic": 1}, TypeError, "deterministic"),
-        ({"seed": 0, "warn_only": None}, TypeError, "warn_only"),
-    ],
-)
-def test_bad_arguments(kwargs, error, match, restore_determinism):
-    with pytest.raises(error, match=match):
-        seed_everything(**kwargs)
+def test_a_seed_beyond_32_bits_is_refused(restore_determinism):
+    with pytest.raises(ValueError, match="seed"):
+        seed_everything(2**32)
 
 
 class _Augmented(Dataset):
@@ -148,7 +137,3 @@ def test_loader_generator_ranks(monkeypatch):
     monkeypatch.setattr(torch.distributed, "is_initialized", lambda: True)
     monkeypatch.setattr(torch.distributed, "get_rank", lambda: 1)
     assert torch.equal(draw(loader_generator(4)), draw(loader_generator(4, rank=1)))
-    with pytest.raises(ValueError, match="rank"):
-        loader_generator(4, rank=-1)
-    with pytest.raises(TypeError, match="seed"):
-        loader_generator("4")
