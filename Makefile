@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 export NO_MKDOCS_2_WARNING := 1
 
-.PHONY: venv test demo lint format docs docs-build gallery bench clean
+.PHONY: venv test test-all demo lint format docs docs-build gallery bench clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -26,9 +26,17 @@ format: $(STAMP)
 docs-build: $(STAMP)
 	$(PY) -m mkdocs build --strict --site-dir site
 
+# pytest-xdist: one worker per core. The suite builds the docs site (mkdocs build --strict) once.
+PYTEST_WORKERS ?= auto
+
+# The contributor's command (under 10 minutes on 2 cores): every package's tests but those
+# marked slow; docs pages that train a model run with their quick settings.
 test: lint $(STAMP)
-	$(PY) -m pytest
-	$(MAKE) docs-build
+	VISIONBLOCKS_QUICK=1 $(PY) -m pytest -n $(PYTEST_WORKERS) -m "not slow"
+
+# Everything (CI: .ci/run): `make test`'s tests, the slow ones, and the training pages in full.
+test-all: lint $(STAMP)
+	$(PY) -m pytest -n $(PYTEST_WORKERS)
 
 # Train the reference detector on synthetic COCO and evaluate it (a few minutes on a CPU);
 # writes demo-out/metrics.json, model.pt, model.onnx, predictions.png and loss.png.

@@ -25,7 +25,7 @@ QUICK = os.environ.get("VISIONBLOCKS_QUICK") == "1"
 EPILOG = """\
 environment:
   VISIONBLOCKS_QUICK=1  small sizes (1 x 16 x 32 x 32 instead of 2 x 64 x 128 x 128): a
-                        smoke test, what tests/test_examples.py runs
+                        smoke test, what tests/docs/test_examples.py runs
 
 outputs:
   none: the results are printed

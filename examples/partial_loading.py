@@ -19,7 +19,7 @@ from _args import example_parser
 EPILOG = """\
 environment:
   VISIONBLOCKS_QUICK=1  makes the other examples run a few steps on a few images (what
-                        tests/test_examples.py sets); this one has no steps or images to
+                        tests/docs/test_examples.py sets); this one has no steps or images to
                         cut and runs the same
 
 disk use:

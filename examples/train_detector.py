@@ -29,7 +29,7 @@ CONFIG = {
 EPILOG = """\
 environment:
   VISIONBLOCKS_QUICK=1  run a few steps on a few images (4 steps, 32 + 16 images): a smoke
-                        test, what tests/test_examples.py runs
+                        test, what tests/docs/test_examples.py runs
 
 outputs (under --out):
   train/, val/     the synthetic COCO data (images and annotations; 512 + 64 images, ~7 MB)

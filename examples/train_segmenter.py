@@ -28,7 +28,7 @@ LOSSES = {"ce": {"loss": "ce"}, "ohem": {"loss": "ce", "top_k": 0.25},
 EPILOG = """\
 environment:
   VISIONBLOCKS_QUICK=1  run a few steps on a few images (3 steps, 16 + 8 images): a smoke
-                        test, what tests/test_examples.py runs
+                        test, what tests/docs/test_examples.py runs
 
 outputs (under --out):
   train/, val/     the synthetic COCO data (images and annotations; 256 + 32 images, ~3 MB)

@@ -24,7 +24,7 @@ QUICK = os.environ.get("VISIONBLOCKS_QUICK") == "1"
 EPILOG = """\
 environment:
   VISIONBLOCKS_QUICK=1  draw fewer warped copies (3 instead of 5): a smoke test, what
-                        tests/test_examples.py runs
+                        tests/docs/test_examples.py runs
 
 outputs (under --out):
   data/              a synthetic COCO dataset of 4 images (~0.1 MB)

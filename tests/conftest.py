@@ -1,12 +1,16 @@
 """Suite-wide test plumbing.
 
 Sets ``TRITON_INTERPRET=1`` before anything imports triton (on machines without CUDA), so
-every triton kernel runs on CPU tensors and is compared against the torch path.
+every triton kernel runs on CPU tensors and is compared against the torch path. Fails the
+run when it leaves new entries in the system temp folder (`pytest_sessionfinish`).
 """
 
 from __future__ import annotations
 
+import fnmatch
 import os
+import tempfile
+from collections.abc import Iterator
 
 import torch
 
@@ -70,9 +74,55 @@ def _reset_global_state():
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Mark ``cuda`` every test that runs on CUDA when a GPU is present: the ``device="cuda"``
     cases, and the kernel parity modules' tests without a device parameter (they run on the
-    GPU when there is one). ``pytest -m cuda`` runs them all."""
+    GPU when there is one). ``pytest -m cuda`` runs them all. Mark ``slow`` every
+    ``distributed`` test (it starts processes: ``make test-all`` runs them)."""
     for item in items:
+        if item.get_closest_marker("distributed") is not None:
+            item.add_marker(pytest.mark.slow)
         params = getattr(getattr(item, "callspec", None), "params", {})
         kernel_module = item.path.name.endswith("_kernel.py") and "device" not in params
         if params.get("device") == "cuda" or kernel_module:
             item.add_marker(pytest.mark.cuda)
+
+
+TEMP_ALLOWED = ("pytest-of-*", "torchinductor_*")
+"""Temp-folder entries a run may add: pytest's own base folder (it keeps the last three
+runs' ``tmp_path`` folders and prunes older ones) and torch.compile's cache."""
+
+
+def _temp_entries() -> set[str]:
+    return set(os.listdir(tempfile.gettempdir()))
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    if not hasattr(session.config, "workerinput"):  # the controller (or a run without xdist)
+        session.config.stash[_TEMP_BEFORE] = _temp_entries()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> Iterator[None]:
+    """Fail the run when it left new entries in the temp folder: a test writes only under
+    its ``tmp_path`` (or in a folder it removes), also from the subprocesses it starts.
+    A wrapper, so it looks after pytest-xdist has stopped its workers."""
+    result = yield
+    before = session.config.stash.get(_TEMP_BEFORE, None)
+    if before is None:
+        return result
+    new = sorted(
+        name
+        for name in _temp_entries() - before
+        if not any(fnmatch.fnmatch(name, pattern) for pattern in TEMP_ALLOWED)
+    )
+    if new:
+        folder = tempfile.gettempdir()
+        shown = ", ".join(new[:20]) + (f" and {len(new) - 20} more" if len(new) > 20 else "")
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        message = f"the run left {len(new)} new entries in {folder}: {shown}"
+        if reporter is not None:
+            reporter.write_sep("=", "temp folder", red=True)
+            reporter.write_line(f"ERROR: {message}", red=True, bold=True)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+    return result
+
+
+_TEMP_BEFORE = pytest.StashKey[set[str]]()

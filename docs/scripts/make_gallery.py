@@ -37,7 +37,7 @@ from _gallery_model import (
     features_picture,
 )
 from _gallery_ops import (
-    MAX_BYTES,  # noqa: F401 (the size budget, read by tests/test_gallery.py)
+    MAX_BYTES,  # noqa: F401 (the size budget, read by tests/docs/test_gallery.py)
     SEED,
     local_attention_picture,
     local_filter_picture,

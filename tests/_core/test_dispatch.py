@@ -174,7 +174,7 @@ def test_dispatch_module_does_not_import_triton():
 
 def test_auto_for_cpu_and_meta_tensors_touches_no_driver(fake_kernel, monkeypatch):
     """Choosing an implementation never asks triton or the driver for tensors that do not
-    need it (fake CUDA tensors: tests/test_fake_cuda.py)."""
+    need it (fake CUDA tensors: tests/package/test_fake_cuda.py)."""
 
     def refuse(*args, **kwargs):
         raise AssertionError("touched the driver or probed triton")

@@ -12,7 +12,7 @@ from safetensors.torch import save_file
 from torch import nn
 
 from tests.helpers import MaliciousPickle
-from tests.weights_fixtures import FIXTURES
+from tests.weights.fixtures import FIXTURES
 from visionblocks.cli import main
 from visionblocks.registry import BACKBONES
 

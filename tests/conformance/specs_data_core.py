@@ -37,12 +37,14 @@ from visionblocks.data import (
 from visionblocks.data.coco import CocoBase
 from visionblocks.weights import LoadError, LoadReport, load_partial, read_state_dict
 
-_TEMP = tempfile.TemporaryDirectory(prefix="vb-conformance-")  # removed at interpreter exit
+_TEMP: list[tempfile.TemporaryDirectory] = []  # made at first use, removed by conftest.py
 
 
 def _folder() -> str:
     """A fresh folder inside this module's temporary directory."""
-    return tempfile.mkdtemp(dir=_TEMP.name)
+    if not _TEMP:
+        _TEMP.append(tempfile.TemporaryDirectory(prefix="vb-conformance-"))
+    return tempfile.mkdtemp(dir=_TEMP[0].name)
 
 
 @functools.cache
@@ -474,7 +476,7 @@ EXEMPT: dict[object, str] = {
     kernels.interpret_mode: "takes no arguments",
     build_parser: "takes no arguments",
     reg.ConfigError: "the exception Registry.build raises for a config key; users do not build it",
-    main: "argument errors are argparse's (usage and exit status 2), tested in tests/test_cli.py",
+    main: "argument errors are argparse's (usage and exit status 2), tested in tests/cli/test_cli.py",
 }
 
 

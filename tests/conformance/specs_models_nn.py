@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
 from tests.conformance.framework import Arg, Spec
+from tests.conformance.specs_data_core import _folder
 from visionblocks.backbones import (
     Backbone,
     TinyNet,
@@ -502,7 +502,7 @@ DEPLOY_SPECS: list[Spec] = [
     Spec(export_model, lambda: (export_model, {
             "model": nn.Sequential(ConvNormAct(3, 4, 3)).eval(),
             "example": torch.rand(2, 3, 64, 64),
-            "path": os.path.join(tempfile.mkdtemp(), "m.pt2"),
+            "path": os.path.join(_folder(), "m.pt2"),
             "format": "pt2", "dynamic_hw": True, "stride": 32}),
          args=[Arg("model", "module"),
                # NaN/inf pixels export like any others: an accepted mutation runs an export
@@ -511,7 +511,7 @@ DEPLOY_SPECS: list[Spec] = [
                Arg("format", "choice"), *_bools("dynamic_hw"),
                Arg("stride", "int", skip={"huge"})]),
     Spec(load_for_export, lambda: (load_for_export, {
-            "source": _detector_config(tempfile.mkdtemp()), "weights": None}),
+            "source": _detector_config(_folder()), "weights": None}),
          args=[Arg("source", "path"), Arg("weights", "path", optional=True)],
          errors=(FileNotFoundError,)),
     Spec(max_stride, lambda: (max_stride, {"model": nn.Conv2d(3, 3, 1)}),

@@ -1,6 +1,7 @@
 """Run one page's steps in this process, in page order; write what each printed as JSON.
 
-Usage: ``python _driver.py PAGE RESULTS_JSON``, in the working directory the page should use.
+Usage: ``python _driver.py PAGE RESULTS_JSON``, in the working directory the page should use;
+with ``VISIONBLOCKS_QUICK=1`` the blocks' quick settings apply (`pages.steps`).
 Python steps share one namespace; console steps run in a shell. It stops at the first step
 that fails, so later output is never compared against a half-run page.
 """
@@ -29,7 +30,7 @@ def main(page: str, results_path: str) -> int:
     namespace = main_module.__dict__
     sys.path.insert(0, os.getcwd())  # the reader's project files (file steps) import from here
     results = []
-    for step in steps(Path(page)):
+    for step in steps(Path(page), quick=os.environ.get("VISIONBLOCKS_QUICK") == "1"):
         if step.skip:
             results.append({"line": step.line, "skipped": step.skip})
             continue

@@ -13,7 +13,11 @@ Conventions (also stated in ``docs/architecture.md``):
   run, and the working directory is on ``sys.path`` (as for a script run from the project);
 - the HTML comment ``<!-- docs-test: skip: REASON -->`` on the line before a fence skips
   that block (a GPU, a large file, a library or package that is not installed); the reason
-  is required.
+  is required;
+- the HTML comment ``<!-- docs-test: quick: OLD -> NEW; OLD2 -> NEW2 -->`` on the line before
+  a fence gives the block's quick settings: with ``VISIONBLOCKS_QUICK=1`` (``make test``) each
+  ``OLD`` text of the block is replaced by ``NEW`` before it runs (fewer training steps or
+  images), as the examples' quick mode does; every ``OLD`` must occur in the block.
 
 ``bash``, ``toml``, ``diff`` and other blocks are instructions to read, not steps.
 """
@@ -30,6 +34,7 @@ PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 
 _FENCE = re.compile(r"^(?P<indent>[ \t]*)```(?P<lang>[\w-]*)[^\n]*$")
 _SKIP = re.compile(r"^\s*<!--\s*docs-test:\s*skip:\s*(?P<reason>.*?)\s*-->\s*$")
+_QUICK = re.compile(r"^\s*<!--\s*docs-test:\s*quick:\s*(?P<subs>.*?)\s*-->\s*$")
 _MARKER = re.compile(r"^\s*<!--\s*docs-test")  # a marker line (not one quoted in prose)
 _FILE = re.compile(r"^# (?P<path>[\w.-]+(?:/[\w.-]+)*\.(?:py|toml|cfg|txt|json|yaml))\s*$")
 
@@ -43,6 +48,7 @@ class Block:
     line: int
     end: int
     skip: str | None = None
+    quick: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass
@@ -64,7 +70,7 @@ def blocks(text: str, where: str = "page") -> list[Block]:
     while i < len(lines):
         opening = _FENCE.match(lines[i])
         if not opening:
-            if _MARKER.search(lines[i]) and not _SKIP.match(lines[i]):
+            if _MARKER.search(lines[i]) and not (_SKIP.match(lines[i]) or _QUICK.match(lines[i])):
                 raise ValueError(f"{where}:{i + 1}: malformed docs-test marker {lines[i]!r}")
             i += 1
             continue
@@ -80,12 +86,30 @@ def blocks(text: str, where: str = "page") -> list[Block]:
         marker = _SKIP.match(previous)
         if marker and not marker["reason"]:
             raise ValueError(f"{where}:{start}: a docs-test skip marker needs a reason")
+        quick = _QUICK.match(previous)
         code = textwrap.dedent(body) + "\n" if body else ""
         found.append(
-            Block(opening["lang"], code, start + 1, i + 1, marker["reason"] if marker else None)
-        )
+            Block(
+                opening["lang"], code, start + 1, i + 1, marker["reason"] if marker else None,
+                _substitutions(quick["subs"], code, f"{where}:{start}") if quick else (),
+            )
+        )  # fmt: skip
         i += 1
     return found
+
+
+def _substitutions(text: str, code: str, where: str) -> tuple[tuple[str, str], ...]:
+    """Parse ``OLD -> NEW; ...`` of a quick marker; every ``OLD`` must occur in ``code``."""
+    pairs = []
+    for item in text.split(";"):
+        old, arrow, new = item.partition("->")
+        old, new = old.strip(), new.strip()
+        if not arrow or not old or not new:
+            raise ValueError(f"{where}: a docs-test quick marker needs 'OLD -> NEW', got {item!r}")
+        if old not in code:
+            raise ValueError(f"{where}: docs-test quick text {old!r} is not in the block below")
+        pairs.append((old, new))
+    return tuple(pairs)
 
 
 def _console_steps(block: Block) -> list[Step]:
@@ -100,8 +124,9 @@ def _console_steps(block: Block) -> list[Step]:
     return steps
 
 
-def steps(path: Path) -> list[Step]:
-    """The runnable steps of one page, in page order, with their expected output."""
+def steps(path: Path, quick: bool = False) -> list[Step]:
+    """The runnable steps of one page, in page order, with their expected output; ``quick``
+    applies the blocks' quick settings (``<!-- docs-test: quick: ... -->``)."""
     where = str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
     text = path.read_text()
     lines = text.splitlines()
@@ -115,7 +140,10 @@ def steps(path: Path) -> list[Step]:
             path = named["path"]
             result.append(Step("file", block.code, block.line, None, block.skip, {"path": path}))
         elif block.lang == "python":
-            result.append(Step("python", block.code, block.line, None, block.skip))
+            code = block.code
+            for old, new in block.quick if quick else ():
+                code = code.replace(old, new)
+            result.append(Step("python", code, block.line, None, block.skip))
         elif block.lang == "text" and _follows(previous, block, lines):
             result[-1].expected = block.code
         elif block.lang == "console":

@@ -8,9 +8,9 @@ import sys
 from pathlib import Path
 
 from tests.docs.pages import blocks
-from tests.test_import_rules import LAYERS
+from tests.package.test_import_rules import LAYERS
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PAGE = ROOT / "docs" / "architecture.md"
 
 RUNNER = """

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 # name: (takes --out, lines in stdout, files written under --out, patterns in stderr).
 # The stderr patterns are the training progress bars: the last step of the run and the loss.

@@ -12,7 +12,7 @@ from types import ModuleType
 
 from PIL import Image
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "docs" / "scripts" / "make_gallery.py"
 PAGE = ROOT / "docs" / "gallery.md"
 ASSETS = ROOT / "docs" / "assets" / "gallery"

@@ -35,8 +35,10 @@ def run_page(page: Path, cwd: Path, timeout: float = 900) -> list[dict]:
     """Run the page's steps in a fresh process in ``cwd``; one result per step."""
     bin_dir = str(Path(sys.executable).parent)
     env = {**os.environ, "MPLBACKEND": "Agg", "PATH": bin_dir + os.pathsep + os.environ["PATH"]}
-    for name in ("VISIONBLOCKS_QUICK", "TRITON_INTERPRET"):  # the test suite's, not a reader's
-        env.pop(name, None)
+    env["TMPDIR"] = str(cwd)  # a page's tempfile.mkdtemp() folders end with the test's tmp_path
+    env.pop("TRITON_INTERPRET", None)  # the test suite's, not a reader's
+    # VISIONBLOCKS_QUICK=1 (make test) stays: the page runs its quick settings, as do the
+    # examples it starts; make test-all runs it in full.
     results = cwd / ".docs-test-results.json"
     done = subprocess.run(
         [sys.executable, str(DRIVER), str(page), str(results)],

@@ -69,6 +69,11 @@ def test_a_page_reads_as_steps_in_order(tmp_path):
         ("<!-- docs-test: skp -->\n", "malformed docs-test marker"),
         ("<!-- docs-test: skip: -->\n```python\nx\n```\n", "needs a reason"),
         ("```python\nx = 1\n", "unclosed code fence"),
+        ("<!-- docs-test: quick: steps = 9 -->\n```python\nsteps = 9\n```\n", "OLD -> NEW"),
+        (
+            "<!-- docs-test: quick: steps = 9 -> steps = 1 -->\n```python\nn = 9\n```\n",
+            "not in the block below",
+        ),
     ],
 )
 def test_mistakes_in_markers_and_fences_are_reported(text, message):
@@ -78,3 +83,13 @@ def test_mistakes_in_markers_and_fences_are_reported(text, message):
 
 def test_a_marker_quoted_in_prose_is_not_a_marker():
     assert blocks("Write `<!-- docs-test: skip: REASON -->` above it.\n", "probe.md") == []
+
+
+def test_quick_settings_apply_only_in_quick_mode(tmp_path):
+    page = tmp_path / "probe.md"
+    page.write_text(
+        "<!-- docs-test: quick: steps = 600 -> steps = 4; n=512 -> n=8 -->\n"
+        "```python\nsteps = 600\ndata(n=512)\n```\n"
+    )
+    assert steps(page)[0].code == "steps = 600\ndata(n=512)\n"
+    assert steps(page, quick=True)[0].code == "steps = 4\ndata(n=8)\n"

@@ -502,8 +502,6 @@ def test_getter_errors(resnet18):
         IntermediateLayerGetter(resnet18, {"layer1": "a", "layer2": "a"}, input_size=SMALL)
     with pytest.raises(ValueError, match="twice"):
         IntermediateLayerGetter(resnet18, ["layer1", "layer1"], input_size=SMALL)
-    with pytest.raises(TypeError, match="return_layers must be"):
-        IntermediateLayerGetter(resnet18, "layer1", input_size=SMALL)
     with pytest.raises(TypeError, match="model must be Module"):
         IntermediateLayerGetter(lambda x: x, ["a"])
     with pytest.raises(ValueError, match="not both"):
@@ -657,10 +655,6 @@ def test_feature_info_strides_and_errors():
     for bad in [(64, 64), (3, 0, 64), (3, 64.0, 64)]:
         with pytest.raises(ValueError, match="input_size"):
             feature_info(resnet, bad)
-    with pytest.raises(TypeError, match="input_size"):
-        feature_info(resnet, 64)
-    with pytest.raises(TypeError, match="layers must be"):
-        feature_info(resnet, SMALL, "layer1")
     with pytest.raises(TypeError, match="model must be Module"):
         feature_info(torch.zeros(1), SMALL)
 
@@ -730,8 +724,6 @@ def test_example_input_list_and_tuple():
 def test_bad_dry_run_inputs_are_value_errors(resnet18):
     with pytest.raises(ValueError, match=r"input_size=\(3, 100000, 64\) is too large"):
         IntermediateLayerGetter(resnet18, ["layer1"], input_size=(3, 100_000, 64))
-    with pytest.raises(ValueError, match="(?s)dry run .* failed .* example_input"):
-        IntermediateLayerGetter(resnet18, ["layer1"], example_input=[1, 2])
     with pytest.raises(ValueError, match="dry run .* failed .* pass an input_size"):
         feature_info(resnet18, (1, 64, 64), ["layer1"])
     with pytest.raises(ValueError, match="layers names 'layer1' more than once"):

@@ -321,9 +321,6 @@ def test_bias_init_with_prob(p):
     [
         (0.0, ValueError),
         (1.0, ValueError),
-        (-0.1, ValueError),
-        (float("nan"), ValueError),
-        ("0.1", TypeError),
         (True, TypeError),
     ],
 )
@@ -487,7 +484,6 @@ def test_kaiming_rule_is_group_aware():
         ),
         ([{"type": 1.5}], TypeError, r"'type' must be an initializer name or a callable"),
         (["constant"], TypeError, r"rules\[0\] must be a dict"),
-        ("constant", TypeError, r"rules must be a list of dicts"),
         (
             [{"type": "kaiming", "layer": "Conv2d", "mode": "x"}],
             ValueError,
@@ -614,8 +610,6 @@ def test_protocol_norm_without_weight():
     block.last_norm = "branch.1"
     with pytest.raises(ValueError, match="has no affine weight"):
         zero_init_last_norm(block)
-    with pytest.raises(TypeError, match="model must be Module"):
-        zero_init_last_norm("resnet18")
 
 
 def test_zero_init_last_norm_as_a_rule_runs_after_weight_rules():
@@ -685,11 +679,9 @@ def test_trunc_normal_refuses_intervals_outside_the_distribution(kwargs):
 @pytest.mark.parametrize(
     ("call", "match"),
     [
-        (lambda m: xavier_init(m, gain=-1.0), "gain must be in"),
         (lambda m: normal_init(m, std=float("inf")), "std must be finite"),
         (lambda m: trunc_normal_init(m, b=float("inf")), "b must be finite"),
         (lambda m: constant_init(m, float("inf")), "val must be finite"),
-        (lambda m: kaiming_init(m, mode=3), "mode must be str"),
     ],
 )
 def test_non_finite_and_out_of_range_options_raise(call, match):

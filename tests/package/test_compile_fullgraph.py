@@ -5,7 +5,7 @@ graph break (a host read, a data-dependent branch, an untraceable call) into an 
 ``dynamic`` keeps sizes symbolic, so nothing is specialised on one input's shape;
 ``aot_eager`` traces forward and backward with AOTAutograd but needs no C++ compiler.
 
-One case per public name (`tests.public_api_cases`), small inputs. Compiling dominates the
+One case per public name (`tests.package.public_api_cases`), small inputs. Compiling dominates the
 time, so each package's cases are compiled together, as one function (one graph), and the
 losses' backward as one more; only when a group fails is each of its names compiled alone,
 to report exactly which names break and why.

@@ -3,7 +3,7 @@
 Paths: ``"torch"`` (the PyTorch path, with the C kernels switched off), ``"native"`` (the C
 kernel of a CPU fast path, where the op has one) and ``"triton"`` (the kernel, here in
 triton's interpreter, so this checks the code path, not GPU scheduling: the GPU claim rests
-on `tests/test_determinism_mode.py`'s scan for atomics). Every case builds its inputs from a
+on `tests/package/test_determinism_mode.py`'s scan for atomics). Every case builds its inputs from a
 fixed seed and runs forward and backward twice: outputs and gradients must be bitwise equal
 (`torch.equal`). Threaded CPU paths run again with 1 and 2 threads (and, for the C kernels,
 on Python threads instead of torch's OpenMP team) on inputs cut into several parts, and must

@@ -4,13 +4,13 @@
   `visionblocks.kernels._support.NONDETERMINISTIC` is never picked by ``impl="auto"`` in
   deterministic mode, and forcing it on CUDA raises (warns with ``warn_only=True``). No real
   kernel is listed, so the tests list a fake one and fake a CUDA tensor, as
-  ``tests/test_dispatch.py`` does.
+  ``tests/_core/test_dispatch.py`` does.
 - The claim that no real kernel belongs in that table: the kernel sources are scanned for
   atomics and autotuning (the two ways a triton kernel's bits can depend on scheduling or
   timing), and the C kernels for atomics and OpenMP pragmas.
 
 That every CPU path runs unchanged in deterministic mode is checked with the cases, in
-``tests/test_determinism.py``.
+``tests/package/test_determinism.py``.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.test_determinism import deterministic_algorithms
+from tests.package.test_determinism import deterministic_algorithms
 from visionblocks import kernels
 from visionblocks._core.dispatch import use_impl
 from visionblocks.kernels import _dispatch, _support

@@ -23,7 +23,7 @@ from unittest import mock
 import pytest
 import torch
 
-from tests.test_determinism import LIBRARIES, _gen, _run, on_path
+from tests.package.test_determinism import LIBRARIES, _gen, _run, on_path
 from visionblocks import ops
 from visionblocks._core import parallel
 

@@ -157,7 +157,7 @@ def test_list_contains_len_iter():
 def test_builtin_modules_imported_on_first_miss(tmp_path, monkeypatch):
     pkg = tmp_path / "vb_fake_builtin.py"
     pkg.write_text(
-        "from tests.test_registry import LAZY\n"
+        "from tests.registry.test_registry import LAZY\n"
         "@LAZY.register\n"
         "def lazily_registered():\n"
         "    return 'ok'\n"

@@ -332,8 +332,6 @@ def test_rename_collision_and_bad_rules_are_errors():
         load_partial(nn.Linear(1, 1), state, rename=[("(", "")])
     with pytest.raises(TypeError, match="pair"):
         load_partial(nn.Linear(1, 1), state, rename=[("a", "b", "c")])
-    with pytest.raises(TypeError, match="source"):
-        load_partial(nn.Linear(1, 1), 3)
     with pytest.raises(TypeError, match="model"):
         load_partial(state, state)
 
@@ -499,11 +497,6 @@ def test_require_patterns(rgb_state):
         load_partial(_resnet18(), partial, require=["layer4.*"])
 
 
-def test_min_loaded_nan_is_refused(rgb_state):
-    with pytest.raises(ValueError, match=r"min_loaded must be in \[0.0, 1.0\], got nan"):
-        load_partial(_resnet18(), rgb_state, min_loaded=float("nan"))
-
-
 def test_min_loaded(rgb_state):
     model = _resnet18(10)  # 120 of 122 keys load
     with pytest.raises(LoadError, match=re.escape("only 120/122 model keys (98.4%) loaded")):
@@ -564,8 +557,4 @@ def test_text_file_and_unusable_map_location_are_clear_errors(tmp_path):
     if not torch.cuda.is_available():  # the file is not blamed for a missing GPU
         with pytest.raises(ValueError, match="map_location='cuda' asks for CUDA, but CUDA is not"):
             read_state_dict(good, map_location="cuda")
-    with pytest.raises(ValueError, match="map_location 'nope' names no torch device"):
-        read_state_dict(good, map_location="nope")
-    with pytest.raises(TypeError, match="map_location must be a device"):
-        read_state_dict(good, map_location=5)
     assert list(read_state_dict(good, map_location={"cuda:0": "cpu"})) == ["w"]

@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-PAGE = Path(__file__).resolve().parents[1] / "docs" / "learn" / "checkpoints.md"
+PAGE = Path(__file__).resolve().parents[2] / "docs" / "learn" / "checkpoints.md"
 
 
 def test_the_checkpoints_page_runs_and_shows_its_real_output(tmp_path):

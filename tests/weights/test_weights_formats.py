@@ -1,4 +1,4 @@
-"""Checkpoints as other frameworks write them (tests/weights_fixtures) read and load."""
+"""Checkpoints as other frameworks write them (tests/weights/fixtures) read and load."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import sys
 import pytest
 import torch
 
-from tests.weights_fixtures import FIXTURES, TinyNet, trained, write_detectron2, write_timm
+from tests.weights.fixtures import FIXTURES, TinyNet, trained, write_detectron2, write_timm
 from visionblocks.weights import load_partial, read_state_dict
 from visionblocks.weights._io import read_checkpoint
 

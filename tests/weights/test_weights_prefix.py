@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from tests.weights_fixtures import TinyNet
+from tests.weights.fixtures import TinyNet
 from visionblocks.weights import LoadError, load_partial
 from visionblocks.weights._prefix import find_prefix_change
 
@@ -77,11 +77,6 @@ def test_a_change_that_would_merge_two_keys_is_not_made():
     model = {"a": torch.zeros(1)}
     state = {"m.a": torch.ones(1), "m.b": torch.ones(1), "b": torch.ones(1)}
     assert find_prefix_change({k: k for k in state}, state, model) is None
-
-
-def test_auto_prefix_must_be_a_bool():
-    with pytest.raises(TypeError, match="auto_prefix must be bool, got str"):
-        load_partial(TinyNet(), _state(), auto_prefix="yes")
 
 
 # ---------------------------------------------------------------------------- zero loaded

@@ -17,7 +17,7 @@ import pytest
 import torch
 from torch import nn
 
-from tests.weights_fixtures.malicious import PAYLOADS, Call, main_class_with_setstate, raw_pickles
+from tests.weights.fixtures.malicious import PAYLOADS, Call, main_class_with_setstate, raw_pickles
 from visionblocks.weights import load_partial, read_state_dict
 from visionblocks.weights._io import FilePages, read_checkpoint
 from visionblocks.weights._rebuild import Placeholder

@@ -41,7 +41,7 @@ NONDETERMINISTIC: dict[str, str] = {}
 ``"backward adds with tl.atomic_add"``). Empty today: every kernel writes each output element
 from exactly one program, reduces inside a program in a fixed order, and leaves cross-program
 sums to torch (``parts.sum()``), with fixed block sizes (no autotuning).
-``tests/test_determinism_mode.py`` scans the kernel sources for atomics and autotuning and
+``tests/package/test_determinism_mode.py`` scans the kernel sources for atomics and autotuning and
 fails unless the op is listed here."""
 
 
