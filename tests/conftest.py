@@ -22,7 +22,14 @@ import pytest
 from visionblocks import kernels
 from visionblocks._core.dispatch import set_impl
 
-torch.set_num_threads(min(2, torch.get_num_threads()))
+# One thread per core among pytest-xdist's workers (at most 2 each): more threads than cores
+# makes OpenMP's waiting threads spin against each other. The processes a test starts (docs
+# pages, examples, the demo) get the same count.
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+THREADS = max(1, min(2, (os.cpu_count() or 1) // _WORKERS))
+torch.set_num_threads(THREADS)
+if _WORKERS > 1:
+    os.environ["OMP_NUM_THREADS"] = str(THREADS)
 
 _TRITON_RUNNABLE = kernels.triton_available() and (
     torch.cuda.is_available() or kernels.interpret_mode()

@@ -70,6 +70,7 @@ def test_finds_torchs_openmp_runtime():
     assert team_address() is not None
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("team", [True, False], ids=["openmp-team", "python-threads"])
 def test_every_part_runs_once_on_two_threads(library, team):
     if team and team_address() is None:

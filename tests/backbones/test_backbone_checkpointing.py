@@ -48,6 +48,7 @@ CASES = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_gradients_and_statistics_are_identical(name):
     kwargs, first_blocks = CASES[name]
@@ -178,6 +179,7 @@ def test_config_and_a_training_step_of_a_detector():
     assert model.backbone.layer1[0].conv1.weight.grad is not None
 
 
+@pytest.mark.slow  # exports
 def test_trace_and_export_in_eval_mode():
     backbone = _build("resnet18", grad_checkpointing=True).eval()
     x = _x()

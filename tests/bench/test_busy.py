@@ -116,6 +116,7 @@ def test_neighbours_are_killed_on_error_and_interrupt(error):
     assert _neighbour_children() == [] and all(_gone(pid) for pid in pids)
 
 
+@pytest.mark.slow
 def test_ensure_running_restarts_a_dead_neighbour():
     with BusyNeighbours(count=2, size=64) as load:
         first, second = load.pids

@@ -211,6 +211,7 @@ def test_memory_measured_in_fresh_process(registered):
     assert result.memory_met is False and result.verdict == "MISSED"
 
 
+@pytest.mark.slow  # fresh processes
 def test_memory_baseline_excludes_imports(registered):
     """Both sides are imported and called once before the baseline: an import costs nothing."""
     registered(HEAVY_IMPORT_CASE)

@@ -74,6 +74,7 @@ def test_augmentation_and_demo_workloads_run_quick():
     assert WORKLOAD_CAPTION in format_table(results)
 
 
+@pytest.mark.slow  # two detectors
 def test_torchvision_models_call_the_swapped_functions_and_get_them_back():
     from benchmarks.cases import workloads
 

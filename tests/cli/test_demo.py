@@ -21,6 +21,7 @@ from visionblocks.cli import main
 KEYS = {"AP", "AP50", "AP75", "steps", "seconds", "world_size"}
 
 
+@pytest.mark.slow  # the demo
 def test_demo_writes_metrics_and_figures(tmp_path, capsys):
     out = tmp_path / "demo"
     assert main(["demo", "--steps", "3", "--out", str(out), "--seed", "1"]) == 0

@@ -21,6 +21,7 @@ def _losses(out) -> dict[str, list[float]]:
     return json.loads((out / "losses.json").read_text())
 
 
+@pytest.mark.slow  # the demo
 def test_a_seeded_run_repeats_bit_for_bit(out, capsys):
     threads = torch.get_num_threads()
     deterministic = torch.are_deterministic_algorithms_enabled()
@@ -41,6 +42,7 @@ def test_a_seeded_run_repeats_bit_for_bit(out, capsys):
     assert _losses(out)["loss"] != runs[0]["loss"]
 
 
+@pytest.mark.slow  # the demo
 def test_amp_trains_in_bf16_on_the_cpu(out):
     assert main(["demo", "--steps", "3", "--out", str(out), "--seed", "3", "--no-export"]) == 0
     full = _losses(out)["loss"]
@@ -54,6 +56,7 @@ def test_amp_trains_in_bf16_on_the_cpu(out):
     assert mixed == pytest.approx(full, rel=0.05)  # ... about the same losses
 
 
+@pytest.mark.slow  # the demo
 def test_detect_nonfinite_names_where_training_blew_up(out, capsys, monkeypatch):
     import visionblocks.cli._demo_train as demo_train
 
@@ -66,6 +69,7 @@ def test_detect_nonfinite_names_where_training_blew_up(out, capsys, monkeypatch)
     assert "the optimizer's step 1 made it" in err
 
 
+@pytest.mark.slow  # the demo
 def test_losses_are_read_on_the_host_only_at_log_steps(out, monkeypatch):
     import visionblocks.cli._demo_train as demo_train
 

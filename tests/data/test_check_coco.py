@@ -40,6 +40,7 @@ def test_report_lists_reasons_counts_ids_examples_and_repairs():
     assert text.rstrip().endswith("3 problem(s): `--fix OUT.json` writes a cleaned copy")
 
 
+@pytest.mark.slow
 def test_images_are_checked_for_presence_readability_and_size(tmp_path):
     shutil.copytree(IMAGES, tmp_path / "images")
     (tmp_path / "images" / "rgb.jpg").write_bytes(b"not a jpeg")

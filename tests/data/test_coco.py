@@ -327,6 +327,7 @@ def test_pickles_without_the_coco_object_and_reloads_it(coco_dir):
         assert torch.equal(clone[index][1]["masks"], dataset[index][1]["masks"])
 
 
+@pytest.mark.slow  # worker processes
 def test_dataloader_with_workers_gives_the_same_items(coco_dir):
     dataset = make(coco_dir, with_masks=True)
     loader = DataLoader(dataset, batch_size=None, num_workers=2, multiprocessing_context="spawn")

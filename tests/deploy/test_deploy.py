@@ -101,6 +101,7 @@ def test_sources_config_and_checkpoint(tmp_path):
         load_for_export(tmp_path / "list.json")
 
 
+@pytest.mark.slow  # exports
 @pytest.mark.parametrize("fmt", ["pt2", "onnx"])
 def test_command_exports_a_detector_and_prints_the_check(tmp_path, capsys, fmt):
     if fmt == "onnx":

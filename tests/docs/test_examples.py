@@ -58,6 +58,7 @@ def test_every_example_is_covered():
     assert sorted(p.name for p in EXAMPLES.glob("[!_]*.py")) == sorted(CASES)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_example_runs(name, tmp_path):
     """Runs, prints its results, writes its files and (training) shows per-step progress."""

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
+import pytest
 from PIL import Image
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -39,6 +40,7 @@ def _check_picture(path: Path, max_bytes: int) -> None:
     assert 500 <= width <= 1600 and 300 <= height <= 1200, f"{path}: {width} x {height}"
 
 
+@pytest.mark.slow
 def test_quick_run_draws_every_picture(tmp_path):
     script = _script()
     done = subprocess.run(

@@ -16,6 +16,8 @@ from torch.export import Dim
 from visionblocks.backbones import build_backbone
 from visionblocks.features import IntermediateLayerGetter
 
+pytestmark = pytest.mark.slow  # torch.export and ONNX exports of backbones
+
 SMALL = (3, 64, 64)
 NAMES = {"layer2": "p3", "layer4.1.conv2": "c5"}
 

@@ -29,6 +29,8 @@ from visionblocks.cli._kernel_specs import launched_specializations
 from visionblocks.kernels._compile import TARGETS, compile_all, format_table, summarize
 from visionblocks.kernels._support import capability_reason
 
+pytestmark = pytest.mark.slow  # compiles every kernel specialisation for three GPU targets
+
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "reference" / "kernels.md"
 _DTYPES = {
     "fp16": torch.float16,

@@ -102,6 +102,7 @@ def test_list_inputs_are_padded_and_sizes_kept():
             )
 
 
+@pytest.mark.slow  # trains
 def test_learns_one_image():
     """A few dozen steps on one image must find both objects: the loss, the targets and the
     decoding agree with each other."""

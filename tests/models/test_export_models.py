@@ -17,7 +17,10 @@ from visionblocks.models.fcos import FCOSHead
 from visionblocks.models.fpn import FPN
 from visionblocks.models.segmenter import FPNSegHead
 
-pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning")
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.filterwarnings("ignore::FutureWarning"),
+]  # torch.export and ONNX exports of whole models
 
 
 class ToyBackbone(nn.Module):

@@ -71,6 +71,7 @@ def test_losses_against_cross_entropy():
     torch.testing.assert_close(ohem.loss(logits, labels)["loss_seg"], hardest, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.slow  # trains
 def test_learns_one_scene():
     torch.manual_seed(0)
     model = build_segmenter(CFG)

@@ -114,7 +114,7 @@ def test_fuse_conv_bn_errors():
     [
         (torchvision.models.resnet18, 20),
         (torchvision.models.resnet50, 53),
-        (torchvision.models.mobilenet_v2, 52),
+        pytest.param(torchvision.models.mobilenet_v2, 52, marks=pytest.mark.slow),
     ],
 )
 def test_fuse_modules_torchvision_float64(builder, num_pairs):

@@ -282,6 +282,7 @@ def test_boxes_on_different_devices_raise(name):
 # --- torch.compile -------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # torch.compile
 @pytest.mark.parametrize("aligned", [False, True])
 def test_compiles_fullgraph_dynamic_and_equals_eager(aligned):
     # One graph for the four measures, traced with dynamic shapes, then run on two sizes.

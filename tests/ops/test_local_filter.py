@@ -125,6 +125,7 @@ def test_identity_kernel():
     torch.testing.assert_close(local_filter2d(x, kernels, 5, 2), x)
 
 
+@pytest.mark.slow  # torch.compile
 def test_compile_matches_eager():
     """``torch.compile(fullgraph=True, dynamic=True)`` traces the formula: its eager bits, two sizes."""
     k, d, s, g = 3, 2, 2, 2
