@@ -56,11 +56,13 @@ def gradcheck(
     eps: float = 1e-6,
     atol: float = 1e-5,
     rtol: float = 1e-3,
+    fast_mode: bool = False,
 ) -> bool:
     """Float64 ``torch.autograd.gradcheck`` of ``fn`` at ``inputs`` (cast to float64).
 
     Floating inputs are cast to float64 and made to require grad; other inputs pass through.
-    Returns True, or raises with gradcheck's report.
+    Returns True, or raises with gradcheck's report. ``fast_mode``: gradcheck's check of
+    random projections of the Jacobian instead of every entry (for slow functions).
     """
     prepared = []
     for x in inputs:
@@ -68,7 +70,7 @@ def gradcheck(
             x = x.detach().to(torch.float64).requires_grad_(True)
         prepared.append(x)
     return torch.autograd.gradcheck(
-        fn, tuple(prepared), eps=eps, atol=atol, rtol=rtol, fast_mode=False
+        fn, tuple(prepared), eps=eps, atol=atol, rtol=rtol, fast_mode=fast_mode
     )
 
 

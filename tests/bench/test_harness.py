@@ -195,6 +195,7 @@ def test_time_pair_without_peer_and_validation():
         time_pair(case, warmup=-1)
 
 
+@pytest.mark.slow  # fresh processes
 # ------------------------------------------------------------------ memory (fresh processes)
 def test_memory_measured_in_fresh_process(registered):
     registered(ALLOC_CASE)

@@ -48,7 +48,16 @@ def run_page(page: Path, cwd: Path, timeout: float = 900) -> list[dict]:
     return json.loads(results.read_text())
 
 
-@pytest.mark.parametrize("page", RUNNABLE, ids=_page_id)
+SLOW_PAGES = {"docs/learn/deploy.md": "exports to ONNX and runs the file"}
+"""Pages that ``make test`` leaves to ``make test-all``, and why (the others run in both; those
+that train run on their quick settings in ``make test``)."""
+
+
+@pytest.mark.parametrize(
+    "page",
+    [pytest.param(p, marks=pytest.mark.slow) if _page_id(p) in SLOW_PAGES else p for p in RUNNABLE],
+    ids=_page_id,
+)
 def test_page_runs_and_prints_what_it_shows(page, tmp_path):
     expected = {step.line: step for step in steps(page)}
     for result in run_page(page, tmp_path):

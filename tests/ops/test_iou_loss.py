@@ -218,6 +218,7 @@ def test_gradcheck(name):
         assert gradcheck(lambda p, t: fn(p, t, impl="torch"), (pred, target))
 
 
+@pytest.mark.slow  # torch.compile
 @pytest.mark.parametrize("reduction", ["none", "sum", "mean"])
 def test_compiles_fullgraph_dynamic_and_equals_eager(reduction):
     # One graph for the three losses, traced with dynamic shapes, then run on two sizes.

@@ -198,6 +198,7 @@ def test_scaled_gradients_are_left_to_the_scaler_until_its_scale_is_below_one():
                 loss.backward()
 
 
+@pytest.mark.slow  # DDP
 def test_ddp_model_paths_and_rank(tmp_path):
     import torch.multiprocessing as mp
 
