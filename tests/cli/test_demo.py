@@ -77,7 +77,10 @@ def test_torchrun_two_processes(tmp_path):
     command = [torchrun, "--standalone", "--nproc_per_node", "2", "-m", "visionblocks",
                "demo", "--distributed", "--steps", "3", "--out", str(tmp_path),
                "--no-export"]  # fmt: skip
-    done = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    temp = tmp_path / "temp"  # torchrun's own torchelastic_* log folder goes here
+    temp.mkdir()
+    env = {**os.environ, "TMPDIR": str(temp)}
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     metrics = json.loads((tmp_path / "metrics.json").read_text())
     assert metrics["world_size"] == 2 and metrics["steps"] == 3
