@@ -96,9 +96,65 @@ def test_box_area_matches_torchvision(dtype):
     boxes = random_boxes(2, 5).to(dtype)
     expected = tvo.box_area(boxes)
     actual = box_area(boxes)
-    assert actual.dtype == expected.dtype
+    # integer boxes give int64 (torchvision: int32 for narrow integers, which can overflow)
+    assert actual.dtype == (torch.int64 if not dtype.is_floating_point else expected.dtype)
     assert actual.shape == (2, 5)
-    assert_close(actual, expected)
+    assert_close(actual, expected.to(actual.dtype))
+
+
+# --- exact for integer and half boxes at the edges of their ranges ----------------------
+
+EDGE_CASES = [
+    # dtype, xyxy box, its exact cxcywh (float64), its exact area
+    (torch.uint8, [200, 10, 220, 30], [210, 20, 20, 20], 400),
+    (torch.uint8, [0, 0, 255, 255], [127.5, 127.5, 255, 255], 65025),
+    (torch.int16, [30000, 100, 32000, 300], [31000, 200, 2000, 200], 400000),
+    (torch.int16, [-30000, -30000, 30000, 30000], [0, 0, 60000, 60000], 3600000000),
+    (torch.int32, [2**30, 0, 2**30 + 2**20, 2**20], [2**30 + 2**19, 2**19, 2**20, 2**20], 2**40),
+    (torch.float16, [32768, 0, 49152, 32], [40960, 16, 16384, 32], 524288),
+    (torch.float16, [0, 0, 65504, 65504], [32752, 32752, 65504, 65504], 65504.0**2),
+    (torch.bfloat16, [3.0e38, 0, 3.2e38, 8], None, None),
+]
+
+
+@pytest.mark.parametrize(("dtype", "box", "cxcywh", "area"), EDGE_CASES, ids=str)
+def test_box_convert_and_area_do_not_overflow(dtype, box, cxcywh, area):
+    boxes = torch.tensor([box], dtype=torch.float64).to(dtype)
+    exact = boxes.double()  # the values the dtype holds
+    if cxcywh is not None:
+        assert exact.tolist() == [[float(v) for v in box]]
+    centre = box_convert(boxes, "xyxy", "cxcywh")
+    assert centre.dtype == (dtype if dtype.is_floating_point else torch.float32)
+    expected = torch.stack(
+        ((exact[:, 0] + exact[:, 2]) / 2, (exact[:, 1] + exact[:, 3]) / 2,
+         exact[:, 2] - exact[:, 0], exact[:, 3] - exact[:, 1]), dim=-1,
+    )  # fmt: skip
+    assert torch.isfinite(centre.double()).all()
+    # rounded once from the exact value: within half an ulp of the output dtype
+    torch.testing.assert_close(centre.double(), expected.to(centre.dtype).double(), rtol=0, atol=0)
+    if cxcywh is not None:
+        assert centre.double().tolist() == [[float(v) for v in cxcywh]]
+        back = box_convert(centre, "cxcywh", "xyxy")
+        assert back.double().tolist() == [[float(v) for v in box]]
+        assert box_area(boxes).double().item() == area
+    xywh = box_convert(boxes, "xyxy", "xywh")
+    assert xywh.dtype == dtype
+    assert box_convert(xywh, "xywh", "xyxy").double().tolist() == exact.tolist()
+
+
+def test_integer_xywh_that_fits_its_dtype_is_exact():
+    boxes = torch.tensor([[-32000, -32000, 32000, 32000]], dtype=torch.int16)
+    xywh = box_convert(boxes, "xyxy", "xywh")  # w = 64000 does not fit int16: wraps on the cast
+    assert xywh.dtype == torch.int16
+    assert box_convert(xywh, "xywh", "xyxy").tolist() == boxes.tolist()  # x + w exact in int64
+    assert box_convert(boxes, "xyxy", "cxcywh").tolist() == [[0.0, 0.0, 64000.0, 64000.0]]
+
+
+@pytest.mark.parametrize("fn", [box_area, lambda b: box_convert(b, "xyxy", "xywh")])
+@pytest.mark.parametrize("dtype", [torch.complex64, torch.bool])
+def test_complex_and_bool_boxes_are_refused(fn, dtype):
+    with pytest.raises(TypeError, match=f"boxes must be a real tensor.*{dtype}"):
+        fn(torch.zeros(2, 4, dtype=dtype))
 
 
 def test_box_area_inverted_box_is_negative_like_torchvision():

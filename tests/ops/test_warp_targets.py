@@ -411,3 +411,48 @@ def test_warp_sample_options_are_checked(kwargs, error, match):
 def test_absurd_output_size_is_rejected_before_allocating():
     with pytest.raises(ValueError, match="the warped img would need a tensor of shape"):
         warp_affine(torch.rand(3, 4, 5), affine_matrix(), size=(10**9, 10**9))
+
+
+# --- one-argument checks: real tensors, sizes that agree with the image --------------------
+
+
+@pytest.mark.parametrize("dtype", [torch.complex64, torch.bool])
+@pytest.mark.parametrize(
+    ("name", "call"),
+    [
+        ("points", lambda bad: warp_points(bad[:, :2], torch.eye(2, 3))),
+        ("boxes", lambda bad: warp_boxes(bad, torch.eye(2, 3))),
+        ("translate", lambda bad: affine_matrix(translate=bad[0, :2])),
+        ("angle", lambda bad: affine_matrix(angle=bad[0, 0])),
+    ],
+)
+def test_complex_and_bool_coordinates_are_refused(name, call, dtype):
+    bad = torch.zeros(3, 4, dtype=dtype)
+    with pytest.raises(TypeError, match=f"{name} must be a real tensor.*{dtype}"):
+        call(bad)
+
+
+def _sample(mask_size=(16, 20), canvas=(16, 20)):
+    image = tv_tensors.Image(torch.zeros(3, 16, 20))
+    target = {
+        "boxes": tv_tensors.BoundingBoxes([[1, 2, 8, 9]], format="XYXY", canvas_size=canvas),
+        "masks": tv_tensors.Mask(torch.zeros(1, *mask_size, dtype=torch.uint8)),
+        "labels": torch.tensor([1]),
+    }
+    return image, target
+
+
+@pytest.mark.parametrize(
+    ("mask_size", "canvas", "message"),
+    [
+        ((16, 21), (16, 20), r"target\['masks'\] is a mask of size \(16, 21\) but the image is \(16, 20\)"),
+        ((16, 20), (20, 16), r"target\['boxes'\] has canvas_size \(20, 16\) but the image is \(16, 20\)"),
+    ],
+)  # fmt: skip
+def test_warp_sample_refuses_targets_of_another_size(mask_size, canvas, message):
+    image, target = _sample(mask_size, canvas)
+    with pytest.raises(ValueError, match=message):
+        warp_sample(image, target, torch.eye(2, 3))
+    image, target = _sample()  # the same sample with matching sizes warps
+    _, out = warp_sample(image, target, torch.eye(2, 3))
+    assert out["masks"].shape == (1, 16, 20) and out["boxes"].canvas_size == (16, 20)

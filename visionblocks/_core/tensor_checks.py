@@ -41,6 +41,25 @@ def check_floating(name: str, value: Any) -> torch.Tensor:
     return value
 
 
+def check_real(name: str, value: Any) -> torch.Tensor:
+    """Raise ``TypeError`` unless ``value`` is a real-valued tensor (floating or integer; not
+    complex, not bool); return it.
+
+    Examples:
+        >>> import torch
+        >>> check_real("boxes", torch.zeros(1, 4, dtype=torch.complex64))
+        Traceback (most recent call last):
+        ...
+        TypeError: boxes must be a real tensor (floating or integer), got dtype torch.complex64
+    """
+    check_tensor(name, value)
+    if value.is_complex() or value.dtype == torch.bool:
+        raise TypeError(
+            f"{name} must be a real tensor (floating or integer), got dtype {value.dtype}"
+        )
+    return value
+
+
 def check_same_shape(name_a: str, a: torch.Tensor, name_b: str, b: torch.Tensor) -> None:
     """Raise ``ValueError`` unless two tensors have the same shape.
 

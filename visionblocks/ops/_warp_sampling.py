@@ -26,6 +26,7 @@ from visionblocks._core.tensor_checks import (
     assert_on_device,
     asserts_on_device,
     check_floating,
+    check_real,
     reads_values,
 )
 from visionblocks.ops._warp_native import warp_native
@@ -51,7 +52,7 @@ __all__ = [
 def as_float(name: str, value: object, dtype: torch.dtype, device: torch.device) -> Tensor:
     """A number, a sequence of numbers or a tensor as a floating tensor (`affine_matrix`)."""
     if isinstance(value, Tensor):
-        return value.to(dtype=dtype, device=device)
+        return check_real(name, value).to(dtype=dtype, device=device)
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         return torch.tensor(check_finite(name, float(value)), dtype=dtype, device=device)
     if isinstance(value, Sequence) and all(

@@ -72,7 +72,7 @@ from torch import Tensor
 
 from visionblocks._core.checks import check_choice, check_type
 from visionblocks._core.namespace import public_dir
-from visionblocks._core.tensor_checks import check_last_dim, check_tensor
+from visionblocks._core.tensor_checks import check_last_dim, check_real
 
 __all__ = [
     "BOX_FORMATS",
@@ -114,7 +114,7 @@ def _from_xyxy(boxes: Tensor, fmt: str) -> Tensor:
 
 
 def _check_convert(boxes: Tensor, in_fmt: str, out_fmt: str) -> None:
-    check_tensor("boxes", boxes)
+    check_real("boxes", boxes)
     for name, fmt in (("in_fmt", in_fmt), ("out_fmt", out_fmt)):
         check_type(name, fmt, str)
         check_choice(name, fmt, BOX_FORMATS)
@@ -136,12 +136,19 @@ def box_convert(boxes: Tensor, in_fmt: str, out_fmt: str) -> Tensor:
 
     Returns:
         Tensor[..., 4]: A new tensor (a copy when ``in_fmt == out_fmt``), in ``boxes``' dtype
-        — except that integer boxes give floating-point ``"cxcywh"`` centres and ``"xyxy"``
-        corners from ``"cxcywh"``, as in torchvision. Under ``torch.autocast``: the same
-        (computed in that dtype, as torchvision; half boxes within one ulp).
+        — except that integer boxes give ``"cxcywh"`` (and ``"xyxy"`` from ``"cxcywh"``) in
+        float32, as torchvision does with the default float dtype. No intermediate sum overflows
+        or wraps: float16 and bfloat16 boxes are computed in float64 and rounded once
+        (``[[32768, 0, 49152, 32]]`` in float16 gives a centre of 40960, not ``inf``),
+        integer boxes in int64, or float64 where the result has centres (uint8
+        ``[[200, 10, 220, 30]]`` gives a centre x of 210, not 82). A result outside the
+        output dtype's range (a uint8 ``"xywh"`` box whose ``x + w`` exceeds 255) cannot be
+        represented and wraps on the final cast. float32 and float64 boxes give
+        torchvision's values exactly. Under ``torch.autocast``: the same.
 
     Raises:
-        TypeError: ``boxes`` is not a tensor, or a format is not a str.
+        TypeError: ``boxes`` is not a real tensor (complex and bool are refused), or a
+            format is not a str.
         ValueError: Unknown format (the message lists the valid ones), or last dim not 4.
 
     Convention:
@@ -165,7 +172,15 @@ def box_convert(boxes: Tensor, in_fmt: str, out_fmt: str) -> Tensor:
         )
     if in_fmt == out_fmt:
         return boxes.clone()
-    return _from_xyxy(_to_xyxy(boxes, in_fmt), out_fmt)
+    centres = in_fmt == "cxcywh" or out_fmt == "cxcywh"
+    if boxes.is_floating_point():  # half: computed in float64 (exact sums), rounded once
+        wide = boxes if boxes.element_size() >= 4 else boxes.double()
+        return _from_xyxy(_to_xyxy(wide, in_fmt), out_fmt).to(boxes.dtype)
+    if centres:  # integers: halves need a float; float64 holds every sum exactly
+        out = _from_xyxy(_to_xyxy(boxes.double(), in_fmt), out_fmt)
+        return out.float()
+    out = _from_xyxy(_to_xyxy(boxes.long(), in_fmt), out_fmt)  # no wrap in the sums
+    return out.to(boxes.dtype)
 
 
 def box_area(boxes: Tensor) -> Tensor:
@@ -177,13 +192,14 @@ def box_area(boxes: Tensor) -> Tensor:
         boxes (Tensor[..., 4]): Boxes in ``(x1, y1, x2, y2)``; any leading dims.
 
     Returns:
-        Tensor[...]: Areas. dtype as torchvision's ``box_area``: float16/bfloat16 give float32,
-        integers narrower than 32 bits give int32, other dtypes are kept. Inverted boxes give
-        negative areas (no check: it would synchronise the GPU). Under ``torch.autocast``:
-        the same.
+        Tensor[...]: Areas. float16/bfloat16 boxes give float32 (as torchvision), float32 and
+        float64 keep their dtype, integer boxes give int64, so no side or product overflows
+        (torchvision's int32 for narrow integers overflows for an int16 box
+        ``[-30000, -30000, 30000, 30000]``). Inverted boxes give negative areas (no check: it
+        would synchronise the GPU). Under ``torch.autocast``: the same.
 
     Raises:
-        TypeError: ``boxes`` is not a tensor.
+        TypeError: ``boxes`` is not a real tensor (complex and bool are refused).
         ValueError: Last dim not 4.
 
     Convention:
@@ -194,16 +210,16 @@ def box_area(boxes: Tensor) -> Tensor:
         >>> box_area(torch.tensor([[0.0, 0.0, 4.0, 2.0], [1.0, 1.0, 1.0, 3.0]]))
         tensor([8., 0.])
         >>> box_area(torch.tensor([0, 0, 3, 3], dtype=torch.uint8))
-        tensor(9, dtype=torch.int32)
+        tensor(9)
     """
     if not torch.jit.is_scripting():
-        check_tensor("boxes", boxes)
+        check_real("boxes", boxes)
         check_last_dim("boxes", boxes, 4, what="(x1, y1, x2, y2)")
     if boxes.is_floating_point():  # torchvision's _upcast
         if boxes.dtype != torch.float32 and boxes.dtype != torch.float64:
             boxes = boxes.float()
-    elif boxes.dtype != torch.int32 and boxes.dtype != torch.int64:
-        boxes = boxes.int()
+    else:  # int64: no product of two int16 or int32 sides overflows
+        boxes = boxes.long()
     return (boxes[..., 2] - boxes[..., 0]) * (boxes[..., 3] - boxes[..., 1])
 
 

@@ -32,7 +32,12 @@ from torch import Tensor
 
 from visionblocks._core.namespace import public_dir
 from visionblocks._core.reduce import compute_dtype
-from visionblocks._core.tensor_checks import check_last_dim, check_same_device, check_tensor
+from visionblocks._core.tensor_checks import (
+    check_last_dim,
+    check_real,
+    check_same_device,
+    check_tensor,
+)
 from visionblocks.ops._warp_sampling import (
     check_batch,
     check_matrix,
@@ -81,7 +86,7 @@ def warp_points(points: Tensor, matrix: Tensor) -> Tensor:
         >>> warp_points(pts.expand(3, 2, 2), affine_matrix(translate=torch.rand(3, 2))).shape
         torch.Size([3, 2, 2])
     """
-    check_tensor("points", points)
+    check_real("points", points)
     check_matrix("matrix", matrix, batched=True)
     check_same_device(points=points, matrix=matrix)
     check_last_dim("points", points, 2, what="(x, y)")
@@ -143,7 +148,7 @@ def warp_boxes(boxes: Tensor, matrix: Tensor, size: Sequence[int] | None = None)
         >>> warp_boxes(boxes, affine_matrix(translate=(-25.0, 0.0)), size=(64, 64))
         tensor([[ 0., 20.,  5., 40.]])
     """
-    check_tensor("boxes", boxes)
+    check_real("boxes", boxes)
     check_matrix("matrix", matrix, batched=True)
     check_same_device(boxes=boxes, matrix=matrix)
     check_last_dim("boxes", boxes, 4, what="(x1, y1, x2, y2)")
@@ -250,6 +255,23 @@ def _warp_box_tensor(
     return out, keep
 
 
+def _check_target_sizes(target: Mapping[str, Any], image_size: tuple, tv: Any) -> None:
+    """Every mask covers the image, and every box or key-point set lives on its canvas."""
+    key_points = getattr(tv, "KeyPoints", None)  # torchvision >= 0.23
+    canvases = (tv.BoundingBoxes,) if key_points is None else (tv.BoundingBoxes, key_points)
+    for key, value in target.items():
+        if isinstance(value, tv.Mask) and tuple(value.shape[-2:]) != image_size:
+            raise ValueError(
+                f"target[{key!r}] is a mask of size {tuple(value.shape[-2:])} but the image "
+                f"is {image_size}; masks must cover the image pixel for pixel"
+            )
+        if isinstance(value, canvases) and tuple(value.canvas_size) != image_size:
+            raise ValueError(
+                f"target[{key!r}] has canvas_size {tuple(value.canvas_size)} but the image is "
+                f"{image_size}; set canvas_size to the image's (H, W)"
+            )
+
+
 def warp_sample(
     image: Tensor,
     target: Mapping[str, Any] | None,
@@ -303,7 +325,8 @@ def warp_sample(
         TypeError: ``image`` not a tensor, ``target`` not a mapping, an option of the wrong
             type (``instance_keys`` must be a sequence of str).
         ValueError: Bad image/matrix shapes or size; ``image`` and ``matrix`` on different
-            devices; a non-finite ``fill``, a negative ``min_size``, a ``mask_fill`` that
+            devices; a ``Mask`` whose size, or ``BoundingBoxes``/``KeyPoints`` whose
+            ``canvas_size``, differs from the image's; a non-finite ``fill``, a negative ``min_size``, a ``mask_fill`` that
             does not fit the masks' dtype; several ``BoundingBoxes`` in ``target`` with
             ``min_size`` set; an ``instance_keys`` tensor whose length differs from the number
             of boxes; or (value check) a singular matrix (see `warp_affine`).
@@ -351,6 +374,7 @@ def warp_sample(
         return warped, None
 
     key_points = getattr(tv, "KeyPoints", None)  # torchvision >= 0.23
+    _check_target_sizes(target, tuple(image.shape[-2:]), tv)
     out: dict[str, Any] = {}
     keep: Tensor | None = None
     num_boxes = 0
