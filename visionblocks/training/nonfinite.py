@@ -322,7 +322,7 @@ def find_nonfinite(
         ...     model(torch.ones(3, 2))
         Traceback (most recent call last):
         ...
-        visionblocks.training.nonfinite.NonFiniteError: non-finite forward output: output of module '1.0', Tensor[3, 2] float32, has 6 non-finite values of 6 (6 nan, 0 inf); Linear's own forward made it from finite inputs
+        visionblocks.training.nonfinite.NonFiniteError: non-finite forward output: output of module '1.0', Tensor[3, 2] float32, has 6 non-finite values of 6 (...); Linear's own forward made it from finite inputs
     """
     return NonFiniteFinder(
         model, optimizer=optimizer, scaler=scaler, enabled=enabled, forward=forward,
