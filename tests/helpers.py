@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Sequence
 
 import pytest
@@ -145,3 +146,17 @@ def team_fixture(library):
         library.use_team(True)
 
     return team
+
+
+def resident_file_kib(path) -> int:
+    """Resident KiB of this process's memory mappings of the file ``path`` (from
+    ``/proc/self/smaps``): how much of a memory-mapped checkpoint has been read."""
+    total, inside = 0, False
+    with open("/proc/self/smaps") as smaps:
+        for line in smaps:
+            fields = line.split()
+            if "-" in fields[0] and len(fields) >= 5 and ":" in fields[3]:
+                inside = len(fields) == 6 and fields[5] == os.path.realpath(path)
+            elif inside and fields[0] == "Rss:":
+                total += int(fields[1])
+    return total

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import copy
 import functools
-import os
 import re
 import sys
 
@@ -14,7 +13,7 @@ import torchvision
 from safetensors.torch import save_file
 from torch import nn
 
-from tests.helpers import MaliciousPickle
+from tests.helpers import MaliciousPickle, resident_file_kib
 from visionblocks.weights import LoadError, LoadReport, load_partial, read_state_dict
 from visionblocks.weights._io import FilePages, read_checkpoint
 
@@ -219,19 +218,6 @@ def test_non_mapping_file_is_refused(tmp_path):
         read_state_dict(path)
 
 
-def _resident_file_kib(path) -> int:
-    """Resident KiB of this process's mappings of ``path`` (from /proc/self/smaps)."""
-    total, inside = 0, False
-    with open("/proc/self/smaps") as smaps:
-        for line in smaps:
-            fields = line.split()
-            if "-" in fields[0] and len(fields) >= 5 and ":" in fields[3]:
-                inside = len(fields) == 6 and fields[5] == os.path.realpath(path)
-            elif inside and fields[0] == "Rss:":
-                total += int(fields[1])
-    return total
-
-
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="madvise / procfs")
 def test_file_pages_are_released_after_copy_and_data_stays(tmp_path):
     data = torch.arange(1 << 20, dtype=torch.float32)  # 4 MiB
@@ -240,9 +226,9 @@ def test_file_pages_are_released_after_copy_and_data_stays(tmp_path):
     state = read_state_dict(path)
     pages = FilePages(path)
     assert torch.equal(state["w"], data)  # faults the pages in
-    assert _resident_file_kib(path) >= 4096
+    assert resident_file_kib(path) >= 4096
     pages.release(state["w"])
-    assert _resident_file_kib(path) < 64
+    assert resident_file_kib(path) < 64
     assert torch.equal(state["w"], data)  # read back from the file, unchanged
     other = data.clone()
     pages.release(other)  # not in the file's mapping: left alone

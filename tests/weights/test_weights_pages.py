@@ -10,6 +10,7 @@ import pytest
 import torch
 from torch import nn
 
+from tests.helpers import resident_file_kib
 from visionblocks.weights import load_partial, read_state_dict
 from visionblocks.weights._pages import FilePages
 
@@ -33,18 +34,6 @@ def _checkpoint() -> dict[str, torch.Tensor]:
     state["steps"] = torch.arange(6) * 1000003
     state["bn.num_batches_tracked"] = torch.tensor(9)
     return state
-
-
-def _resident_kib(path) -> int:
-    total, inside = 0, False
-    with open("/proc/self/smaps") as smaps:
-        for line in smaps:
-            fields = line.split()
-            if "-" in fields[0] and len(fields) >= 5 and ":" in fields[3]:
-                inside = len(fields) == 6 and fields[5] == os.path.realpath(path)
-            elif inside and fields[0] == "Rss:":
-                total += int(fields[1])
-    return total
 
 
 def test_loading_a_file_gives_the_bytes_of_the_file_for_every_dtype(tmp_path):
@@ -89,7 +78,7 @@ def test_read_tensors_never_fault_the_mapping_in(tmp_path):
     try:
         with torch.no_grad():
             assert pages.read_into(model.weight, state["weight"])
-        assert _resident_kib(path) < 64
+        assert resident_file_kib(path) < 64
         assert torch.equal(model.weight, torch.load(path)["weight"])
         assert not pages.read_into(model.weight, state["weight"].double())  # not in the file
         assert not pages.read_into(model.bias, state["weight"][:2])  # another shape

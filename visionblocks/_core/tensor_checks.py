@@ -203,10 +203,15 @@ def has_values(value: torch.Tensor) -> bool:
     return value.device.type != "meta" and not is_fake(value)
 
 
+def _checks_off() -> bool:
+    """Value checks do not run now: switched off, or tracing or compiling (compiling is
+    tested first: the other tests are Python state that dynamo need not trace)."""
+    return torch.compiler.is_compiling() or torch.jit.is_tracing() or not value_checks_enabled()
+
+
 def _checking(tensors: tuple[torch.Tensor | None, ...]) -> list[torch.Tensor] | None:
     """The given tensors if value checks apply to this call now, else None."""
-    # Compiling first: the other tests are Python state that dynamo need not trace.
-    if torch.compiler.is_compiling() or torch.jit.is_tracing() or not value_checks_enabled():
+    if _checks_off():
         return None
     given = [t for t in tensors if t is not None]
     return None if any(t.device.type == "meta" for t in given) else given
@@ -226,7 +231,7 @@ def reads_values(*tensors: torch.Tensor | None) -> bool:
         >>> reads_values(torch.zeros(1)), reads_values(torch.zeros(1, device="meta"))
         (True, False)
     """
-    if torch.compiler.is_compiling() or torch.jit.is_tracing() or not value_checks_enabled():
+    if _checks_off():
         return False
     for t in tensors:  # a plain CPU tensor (fake tensors are a subclass) needs no other test
         if t is not None and not (
