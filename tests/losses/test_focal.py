@@ -11,6 +11,7 @@ import torch
 from torchvision.ops import sigmoid_focal_loss as tv_focal
 
 import visionblocks
+import visionblocks.losses.focal as focal_module
 from tests.conftest import _NO_TRITON, _TRITON_RUNNABLE
 from tests.helpers import assert_close, gradcheck
 from visionblocks.losses.focal import SigmoidFocalLoss, sigmoid_focal_loss
@@ -225,6 +226,73 @@ def test_gradcheck_index_targets():
         lambda x: sigmoid_focal_loss(x, labels, 0.25, 1.5, "none", ignore_index=-1, impl="torch"),
         [x],
     )
+
+
+def _targets(kind: str, shape: tuple[int, int], dtype: torch.dtype) -> torch.Tensor:
+    if kind == "index":
+        return torch.randint(-1, shape[1] + 1, shape[:1])
+    if kind == "soft":
+        return torch.rand(shape, dtype=dtype)
+    return (torch.rand(shape) > 0.7).to(dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("kind", ["binary", "soft", "index"])
+@pytest.mark.parametrize(
+    ("alpha", "gamma"), [(None, 0.0), (0.25, 0.5), (-1.0, 1.0), (0.25, 2.0), (0.75, 3.5)]
+)
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+def test_closed_form_gradient_equals_autograd_of_the_formula(
+    monkeypatch, dtype, kind, alpha, gamma, reduction
+):
+    """Eager calls backpropagate through `_FocalGrad`; its derivative equals autograd's
+    through the same formula (logits from -100 to 100: saturated and clamped elements too)."""
+    x = torch.cat(
+        [
+            torch.randn(40, 6, dtype=dtype) * 6,
+            torch.linspace(-100, 100, 12, dtype=dtype).reshape(2, 6),
+        ]
+    )
+    t = _targets(kind, tuple(x.shape), dtype)
+    weight = torch.rand(6, dtype=dtype)
+
+    def loss_fn(x):
+        return sigmoid_focal_loss(x, t, alpha, gamma, reduction, weight=weight, impl="torch")
+
+    loss, grad = value_and_grad(loss_fn, x)
+    monkeypatch.setattr(focal_module, "_closed_form_grad", lambda x, t: False)
+    loss_ref, grad_ref = value_and_grad(loss_fn, x)
+    torch.testing.assert_close(loss, loss_ref, rtol=0, atol=0)  # the same forward
+    assert torch.isfinite(grad).all()
+    rtol = 1e-12 if dtype == torch.float64 else 2e-6
+    torch.testing.assert_close(grad, grad_ref, rtol=rtol, atol=rtol * grad_ref.abs().max())
+
+
+@pytest.mark.parametrize("kind", ["binary", "soft", "index"])
+def test_eager_backward_uses_the_closed_form_unless_targets_need_gradients(kind):
+    x = torch.randn(4, 3, requires_grad=True)
+    t = _targets(kind, (4, 3), torch.float32)
+    assert type(sigmoid_focal_loss(x, t).grad_fn).__name__ == "_FocalGradBackward"
+    with torch.no_grad():
+        assert sigmoid_focal_loss(x, t).grad_fn is None
+    if kind != "index":
+        soft = t.clone().requires_grad_()
+        loss = sigmoid_focal_loss(x, soft)
+        assert type(loss.grad_fn).__name__ != "_FocalGradBackward"
+        assert torch.autograd.grad(loss.sum(), soft)[0].abs().sum() > 0
+
+
+@pytest.mark.parametrize("kind", ["soft", "index"])
+def test_closed_form_second_derivatives_and_retained_graph(kind):
+    x = torch.randn(4, 3, dtype=torch.float64) * 3
+    t = _targets(kind, (4, 3), torch.float64)
+    torch.autograd.gradgradcheck(
+        lambda x: sigmoid_focal_loss(x, t, 0.25, 2.0, "none"), [x.requires_grad_()]
+    )
+    loss = sigmoid_focal_loss(x, t, 0.25, 2.0, "sum")
+    first = torch.autograd.grad(loss, x, retain_graph=True)[0]
+    second = torch.autograd.grad(loss, x)[0]  # the saved terms were not changed in place
+    torch.testing.assert_close(first, second, rtol=0, atol=0)
 
 
 def test_weight_per_row_and_background_rows(impl):
