@@ -17,7 +17,11 @@ loss type, as in ``retinanet_resnet50_fpn_v2``; the v1 model regresses with smoo
 assigns targets by centre sampling, without IoUs. The swap lasts for ours' call only. Each
 side trains its own copy of one model (the same initial weights). The run checks
 (``verify``) that every loss term of one forward pass on the same weights and inputs agrees
-within 1e-6 relative.
+within 1e-6 relative. The step is mostly the ResNet-50 backbone, whose run-to-run noise
+(+-5 %) is larger than the losses' share; ``workload_tv_fcos_loss`` and
+``workload_tv_retinanet_loss`` time the part the swap changes: the model's ``compute_loss``
+(anchor matching, the classification and box losses) and its backward, on head outputs of one
+forward pass of the same model and batch.
 
 **Our detector** (``workload_demo_detector_train_step``): one training step of the demo's
 model (`visionblocks.cli.demo.DEMO_MODEL`, AdamW as the demo's `make_optimizer`) on a batch
@@ -55,7 +59,9 @@ __all__ = [
     "AUGMENT_CASES",
     "DEMO_DETECTOR_TRAIN_STEP",
     "TORCHVISION_LOOKUPS",
+    "TV_FCOS_LOSS",
     "TV_FCOS_TRAIN_STEP",
+    "TV_RETINANET_LOSS",
     "TV_RETINANET_TRAIN_STEP",
     "visionblocks_in_torchvision",
 ]
@@ -226,6 +232,64 @@ def _tv_case(name: str, builder: str) -> BenchCase:
 
 TV_FCOS_TRAIN_STEP = _tv_case("workload_tv_fcos_train_step", "fcos_resnet50_fpn")
 TV_RETINANET_TRAIN_STEP = _tv_case("workload_tv_retinanet_train_step", "retinanet_resnet50_fpn")
+
+
+def _tv_loss_setup(builder: str, size: int) -> dict[str, Any]:
+    """The model's loss inputs after one forward pass: head outputs (leaves that need
+    gradients), anchors and the transformed targets."""
+    state = _tv_setup(builder, size)
+    model = state["model"]
+    with torch.no_grad():
+        images, targets = model.transform(state["images"], state["targets"])
+        features = list(model.backbone(images.tensors).values())
+        head = model.head(features)
+        anchors = model.anchor_generator(images, features)
+    args: tuple[Any, ...] = (targets, {k: v.requires_grad_() for k, v in head.items()}, anchors)
+    if builder.startswith("fcos"):
+        args += ([f.shape[-2] * f.shape[-1] for f in features],)
+    return {"model": model, "args": args}
+
+
+def _loss_step(state: dict[str, Any]) -> dict:
+    losses = state["model"].compute_loss(*state["args"])
+    sum(losses.values()).backward()
+    for value in state["args"][1].values():
+        value.grad = None
+    return {name: value.detach() for name, value in losses.items()}
+
+
+def _tv_loss_ours(state: dict[str, Any]) -> dict:
+    with visionblocks_in_torchvision():
+        return _loss_step(state)
+
+
+def _tv_loss_case(name: str, builder: str) -> BenchCase:
+    def outputs(state: dict[str, Any]) -> tuple[dict, dict]:
+        return _tv_loss_ours(state), _loss_step(state)
+
+    return register_case(
+        BenchCase(
+            name=name,
+            setup=lambda: _tv_loss_setup(builder, _TV_SIZE),
+            ours=_tv_loss_ours,
+            peer=_loss_step,
+            peer_name="torchvision",
+            description=f"torchvision {builder}'s loss (compute_loss on fixed head outputs, "
+            f"forward and backward), 2 images {_TV_SIZE}x{_TV_SIZE}; ours: visionblocks' "
+            "sigmoid_focal_loss, generalized_box_iou_loss and box_iou swapped in; 2 threads",
+            min_speedup=1.0,
+            memory=False,
+            check=_check_losses,
+            outputs=outputs,
+            small_setup=lambda: _tv_loss_setup(builder, _TV_SMALL_SIZE),
+            group="workload",
+            verify=True,
+        )
+    )
+
+
+TV_FCOS_LOSS = _tv_loss_case("workload_tv_fcos_loss", "fcos_resnet50_fpn")
+TV_RETINANET_LOSS = _tv_loss_case("workload_tv_retinanet_loss", "retinanet_resnet50_fpn")
 
 
 # ------------------------------------------------------------ our detector (the demo's)

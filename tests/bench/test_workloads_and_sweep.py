@@ -103,6 +103,17 @@ def test_torchvision_models_call_the_swapped_functions_and_get_them_back():
         assert getattr(importlib.import_module(module), name) is fn
 
 
+@pytest.mark.slow  # two detectors' forward passes
+def test_torchvision_loss_workloads_run_quick_and_agree():
+    names = ["workload_tv_fcos_loss", "workload_tv_retinanet_loss"]
+    results = run_cases(names, repeats=1, warmup=0, memory=False, quick=True)
+    assert [r.error for r in results] == [None, None]
+    assert [r.verified for r in results] == [True, True]
+    state = get_case("workload_tv_retinanet_loss").small_setup()
+    get_case("workload_tv_retinanet_loss").ours(state)
+    assert all(v.grad is None for v in state["args"][1].values())  # cleared after each call
+
+
 def test_the_swap_is_undone_on_an_error():
     from torchvision.models.detection import fcos
 
