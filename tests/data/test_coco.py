@@ -456,11 +456,14 @@ INVALID_CASES = [
 
 
 def test_every_invalid_reason_has_a_case():
+    from tests.data.test_keypoints import KEYPOINT_INVALID_CASES
     from visionblocks.data import INVALID_REASONS
 
     # small_box needs min_box_size and empty_segmentation with_masks: tested on their own
-    # (test_coco_field.py, test_annotations_without_segmentation_are_dropped_...).
+    # (test_coco_field.py, test_annotations_without_segmentation_are_dropped_...); the key
+    # point reasons need a keypoint category (test_keypoints.py).
     covered = {reason for _, reason, _ in INVALID_CASES} | {"small_box", "empty_segmentation"}
+    covered |= {reason for _, reason, _ in KEYPOINT_INVALID_CASES}
     assert covered == set(INVALID_REASONS)
 
 

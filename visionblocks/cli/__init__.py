@@ -8,8 +8,9 @@ Subcommands:
   or the fast-path report (``--compile``: every kernel compiled for real GPU targets).
 - ``visionblocks inspect CHECKPOINT [--model NAME]``: what a checkpoint holds, and how it
   would load into a registered backbone.
-- ``visionblocks check-coco ANN_FILE [--images DIR] [--fix OUT.json]``: list every problem
-  of a COCO annotation file; exit status 0 when there is none (or all were fixed), else 1.
+- ``visionblocks check-coco ANN_FILE [--images DIR] [--fix OUT.json] [--[no-]keypoints]``:
+  list every problem of a COCO annotation file (its key points too, for a keypoint file);
+  exit status 0 when there is none (or all were fixed), else 1.
 - ``visionblocks bench [PATTERN ...] [--load quiet|busy|both]``: run the benchmark cases
   (on a quiet machine, beside busy neighbour processes, or both) and print the tables. The
   suite is in the repository, not the wheel: see `visionblocks.cli._bench`.
@@ -117,6 +118,7 @@ def _cmd_check_coco(args: argparse.Namespace) -> int:
             masks=args.masks,
             min_box_size=args.min_box_size,
             keep_repairable=args.keep_repairable,
+            keypoints=args.keypoints,
         )
     except (FileNotFoundError, ValueError, TypeError) as exc:
         print(f"visionblocks check-coco: {exc}", file=sys.stderr)
@@ -271,8 +273,8 @@ def build_parser() -> argparse.ArgumentParser:
     p_check = sub.add_parser(
         "check-coco",
         help="list every problem of a COCO annotation file; --fix writes a cleaned copy",
-        description="Check a COCO annotation file as visionblocks.data.CocoInstances does, "
-        "listing every problem with counts and example ids. Exit status: 0 when the dataset "
+        description="Check a COCO annotation file as visionblocks.data.CocoInstances does "
+        "(CocoKeypoints for a keypoint file), listing every problem with counts and example ids. Exit status: 0 when the dataset "
         "loads every annotation (or --fix wrote a cleaned copy), 1 otherwise.",
     )
     p_check.add_argument("ann_file", help="the COCO annotation JSON")
@@ -290,7 +292,11 @@ def build_parser() -> argparse.ArgumentParser:
                          help="as the dataset's min_box_size (default 0)")  # fmt: skip
     p_check.add_argument("--keep-repairable", action="store_true",
                          help="with --fix, keep annotations whose only problem is their "
-                         "segmentation or area, without it (as invalid='keep')")  # fmt: skip
+                         "segmentation, area or key points, without it (as invalid='keep')")  # fmt: skip
+    p_check.add_argument("--keypoints", action=argparse.BooleanOptionalAction, default=None,
+                         help="check the key points as CocoKeypoints does (default: when the "
+                         "file has a category with 'keypoints'); --no-keypoints checks as "
+                         "CocoInstances, which ignores them")  # fmt: skip
     p_check.set_defaults(func=_cmd_check_coco)
 
     p_export = sub.add_parser(

@@ -77,18 +77,22 @@ class CocoBase(Dataset):
         else:
             self.category_id_to_label = {cid: cid for cid in ids}
         self.label_to_category_id = {v: k for k, v in self.category_id_to_label.items()}
-        self._entries: list[ImageEntry] = self._select(build_index(data))
+        self._entries: list[ImageEntry] = self._select(
+            build_index(data, keypoint_counts=self._keypoint_counts())
+        )
         self._label_lookup = self._lookup_table()
 
     def _read(self) -> tuple[dict[str, Any], CleanStats]:
         """The checked file with the ``invalid`` policy applied (what ``coco`` holds)."""
         data = read_annotation_file(self.ann_file)
+        self._prepare(data)
         stats = clean_annotations(
             self.ann_file,
             data,
             invalid=self.invalid,
             min_box_size=self.min_box_size,
             need_segmentation=self._needs_segmentation(),
+            keypoint_counts=self._keypoint_counts(),
         )
         return data, stats
 
@@ -108,7 +112,8 @@ class CocoBase(Dataset):
             )
         if n_kept:
             said.append(
-                f"kept {n_kept} invalid annotation(s) without their segmentation: "
+                f"kept {n_kept} invalid annotation(s) without what is invalid in them "
+                "(segmentation, area or key points): "
                 f"{parts(stats.kept_invalid)}"
             )
         return (
@@ -124,6 +129,13 @@ class CocoBase(Dataset):
     def _needs_segmentation(self) -> bool:
         """Whether an annotation without a segmentation is invalid (masks are asked for)."""
         return False
+
+    def _prepare(self, data: dict[str, Any]) -> None:
+        """Adjust the parsed file (in place) before its annotations are checked."""
+
+    def _keypoint_counts(self) -> dict[Any, int] | None:
+        """Category id -> K of the categories whose key points are served, or None."""
+        return None
 
     # --------------------------------------------------------------------------- metadata
     @property

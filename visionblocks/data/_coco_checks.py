@@ -17,11 +17,15 @@ from typing import Any
 
 __all__ = [
     "INVALID_REASONS",
+    "KEYPOINT_REASONS",
     "REPAIRABLE",
     "Invalid",
+    "KeypointSchema",
     "annotation_problem",
     "is_int",
     "is_number",
+    "keypoint_schema",
+    "repair",
 ]
 
 INVALID_REASONS: dict[str, str] = {
@@ -41,6 +45,11 @@ INVALID_REASONS: dict[str, str] = {
     "bad_segmentation": "segmentation neither polygons nor an RLE dict",
     "rle_size": "RLE size disagrees with the image",
     "bad_rle": "RLE counts that do not decode to the image",
+    "bad_keypoints": "keypoints not a flat list [x1, y1, v1, ...] of numbers",
+    "keypoints_length": "keypoints list whose length is not 3 x the category's key points",
+    "nonfinite_keypoints": "NaN or infinite key point coordinates",
+    "bad_visibility": "key point visibility other than 0, 1 or 2",
+    "num_keypoints_mismatch": "num_keypoints disagreeing with the labelled key points (v > 0)",
 }
 """Why an annotation is invalid: reason -> description (the keys of ``dataset.dropped``)."""
 
@@ -55,12 +64,29 @@ REPAIRABLE = frozenset(
         "bad_segmentation",
         "rle_size",
         "bad_rle",
+        "bad_keypoints",
+        "keypoints_length",
+        "nonfinite_keypoints",
+        "bad_visibility",
+        "num_keypoints_mismatch",
     }
 )
 """Reasons under which ``invalid="keep"`` keeps the annotation: its box, label and crowd flag
-are sound, so it stays, without its segmentation (an empty mask) and with the area of its
-box. Any other reason drops the annotation whatever the policy."""
+are sound, so it stays, without what is invalid (see `repair`): its segmentation (an empty
+mask), its area (the box's), or its key points (all unlabelled, ``v = 0``; a wrong
+``num_keypoints`` is recounted from the flags instead). Any other reason drops the annotation
+whatever the policy."""
 
+KEYPOINT_REASONS = (
+    "bad_keypoints",
+    "keypoints_length",
+    "nonfinite_keypoints",
+    "bad_visibility",
+    "num_keypoints_mismatch",
+)
+"""The reasons of `INVALID_REASONS` about key points (checked for keypoint categories only)."""
+
+_FLAGS = frozenset({0, 1, 2})  # COCO's key point visibility flags
 _COORD_MARGIN = 2.0  # polygon coordinates may reach this many image sizes outside the image
 
 
@@ -121,13 +147,16 @@ def annotation_problem(
     *,
     min_box_size: float = 0.0,
     need_segmentation: bool = False,
+    keypoint_counts: Mapping[Any, int] | None = None,
 ) -> Invalid | None:
     """The first problem of ``ann`` on an image of ``height`` x ``width``, or None.
 
     Problems that make the annotation unusable (its box, category or crowd flag) come before
-    those that only cost its segmentation or area (`REPAIRABLE`), so ``invalid="keep"``
-    never keeps an annotation whose box is wrong. ``where`` starts every message (it names
-    the file and the annotation).
+    those that only cost its segmentation, area or key points (`REPAIRABLE`), so
+    ``invalid="keep"`` never keeps an annotation whose box is wrong. ``where`` starts every
+    message (it names the file and the annotation). ``keypoint_counts`` (category id -> K)
+    turns on the key point checks for the annotations of those categories; an annotation
+    without ``keypoints`` (or ``num_keypoints``) is not invalid (filled in on load).
     """
     box = ann.get("bbox")
     if not (isinstance(box, (list, tuple)) and len(box) == 4 and _numbers(box)):
@@ -164,6 +193,10 @@ def annotation_problem(
     area = ann.get("area")
     if area is not None and not (is_number(area) and math.isfinite(area) and area >= 0):
         return Invalid("bad_area", f"{where} has area {area!r}, expected a finite number >= 0")
+    if keypoint_counts is not None and category_id in keypoint_counts:
+        problem = _keypoint_problem(where, ann, keypoint_counts[category_id])
+        if problem is not None:
+            return problem
     seg = ann.get("segmentation")
     if not seg:
         if need_segmentation:
@@ -181,6 +214,170 @@ def annotation_problem(
         f"{where} has a segmentation of type {type(seg).__name__}; expected a list of polygons "
         "or an RLE dict",
     )
+
+
+def _keypoint_problem(where: str, ann: Mapping[str, Any], k: int) -> Invalid | None:
+    """The first problem of ``ann["keypoints"]`` / ``ann["num_keypoints"]`` for ``k`` key
+    points, or None (also when the annotation has no ``keypoints``)."""
+    if "keypoints" not in ann:
+        return None
+    points = ann["keypoints"]
+    if not _numbers(points):
+        return Invalid(
+            "bad_keypoints",
+            f"{where} has keypoints {str(points)[:80]}, expected a flat list "
+            "[x1, y1, v1, x2, y2, v2, ...] of numbers",
+        )
+    if len(points) != 3 * k:
+        return Invalid(
+            "keypoints_length",
+            f"{where} has {len(points)} keypoints values, expected 3 x {k} = {3 * k} (x, y "
+            f"and v for each of its category's {k} key points)",
+        )
+    coordinates = [*points[0::3], *points[1::3]]
+    if not _all_finite(coordinates):
+        return Invalid(
+            "nonfinite_keypoints", f"{where} has NaN or inf key points: {str(points)[:80]}"
+        )
+    flags = points[2::3]
+    if not set(flags) <= _FLAGS:  # at C speed; 2.0 is 2; NaN, 1.5 and 3 are not flags
+        i, v = next((i, v) for i, v in enumerate(flags) if v not in _FLAGS)
+        return Invalid(
+            "bad_visibility",
+            f"{where} has visibility {v!r} for key point {i}, expected 0 (not labelled), "
+            "1 (labelled, not visible) or 2 (labelled, visible)",
+        )
+    count = ann.get("num_keypoints")
+    labelled = len(flags) - flags.count(0)
+    if count is not None and not (is_number(count) and count == labelled):
+        return Invalid(
+            "num_keypoints_mismatch",
+            f"{where} has num_keypoints {count!r}, but {labelled} of its key points are "
+            "labelled (v > 0)",
+        )
+    return None
+
+
+def repair(ann: dict[str, Any], reason: str, keypoint_counts: Mapping[Any, int] | None) -> None:
+    """Leave out, in place, what a `REPAIRABLE` ``reason`` says is invalid in ``ann``.
+
+    ``bad_area``: the area goes (the box's is filled in on load); ``num_keypoints_mismatch``:
+    ``num_keypoints`` is recounted from the flags (they are what a model sees); any other key
+    point reason: every key point becomes unlabelled (``[0, 0, 0] * K``, ``num_keypoints``
+    0); any other reason: the segmentation goes.
+    """
+    if reason == "bad_area":
+        ann.pop("area", None)
+    elif reason == "num_keypoints_mismatch":
+        ann["num_keypoints"] = sum(v > 0 for v in ann["keypoints"][2::3])
+    elif reason in KEYPOINT_REASONS:
+        k = keypoint_counts[ann["category_id"]] if keypoint_counts else 0
+        ann["keypoints"] = [0] * (3 * k)
+        ann["num_keypoints"] = 0
+    else:
+        ann.pop("segmentation", None)
+
+
+@dataclass(frozen=True)
+class KeypointSchema:
+    """The key points of a file's keypoint categories (those with a ``keypoints`` list).
+
+    Attributes:
+        names: The key point names, in order (``K`` of them).
+        skeleton: ``(i, j)`` 0-based index pairs (the file's ``skeleton`` is 1-based).
+        sigmas: The categories' ``sigmas`` when the file gives them (K positive numbers),
+            else None.
+        category_ids: The ids of the keypoint categories, sorted.
+    """
+
+    names: tuple[str, ...]
+    skeleton: tuple[tuple[int, int], ...]
+    sigmas: tuple[float, ...] | None
+    category_ids: tuple[Any, ...]
+
+    @property
+    def counts(self) -> dict[Any, int]:
+        """Category id -> K, what `annotation_problem` takes as ``keypoint_counts``."""
+        return {cid: len(self.names) for cid in self.category_ids}
+
+
+def keypoint_schema(where: str, categories: list[Any]) -> tuple[KeypointSchema | None, list[str]]:
+    """The `KeypointSchema` of ``categories`` (None when no category has ``keypoints``), and
+    the problems of their keypoint fields, each naming the category and the field.
+
+    A category with a non-empty ``keypoints`` list is a keypoint category; its ``skeleton``
+    may be absent (no bones). Several keypoint categories must have the same names and
+    skeleton (one ``K``, one flip rule); their ``sigmas``, when given, too.
+    """
+    found: list[tuple[Any, tuple[str, ...], tuple[tuple[int, int], ...], Any]] = []
+    problems: list[str] = []
+    for i, cat in enumerate(categories):
+        if not isinstance(cat, dict) or "keypoints" not in cat:
+            continue
+        label = f"{where}: categories[{i}] (id {cat.get('id')!r})"
+        names = cat["keypoints"]
+        if not isinstance(names, list) or not all(isinstance(n, str) and n for n in names):
+            problems.append(
+                f"{label} has keypoints {str(names)[:80]}, expected a list of key point names"
+            )
+            continue
+        if not names:
+            continue  # no key points: an ordinary category
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            problems.append(f"{label} names the key points {twice} twice")
+            continue
+        k = len(names)
+        bones = cat.get("skeleton", [])
+        ok = isinstance(bones, list) and all(
+            isinstance(b, (list, tuple))
+            and len(b) == 2
+            and all(is_int(j) and 1 <= j <= k for j in b)
+            for b in bones
+        )
+        if not ok:
+            problems.append(
+                f"{label} has skeleton {str(bones)[:80]}, expected a list of [i, j] pairs of "
+                f"key point numbers in 1..{k} (COCO's skeleton is 1-based)"
+            )
+            continue
+        sigmas = cat.get("sigmas")
+        if sigmas is not None and not (
+            isinstance(sigmas, list)
+            and len(sigmas) == k
+            and all(is_number(v) and math.isfinite(v) and v > 0 for v in sigmas)
+        ):
+            problems.append(
+                f"{label} has sigmas {str(sigmas)[:80]}, expected {k} positive numbers (one per "
+                "key point)"
+            )
+            continue
+        skeleton = tuple((int(a) - 1, int(b) - 1) for a, b in bones)
+        found.append((cat.get("id"), tuple(names), skeleton, sigmas))
+    if problems or not found:
+        return None, problems
+    _, names, skeleton, sigmas = found[0]
+    for cid, other_names, other_skeleton, other_sigmas in found[1:]:
+        if (other_names, other_skeleton, other_sigmas) != (names, skeleton, sigmas):
+            problems.append(
+                f"{where}: keypoint categories {found[0][0]!r} and {cid!r} differ in their key "
+                f"points ({len(names)}: {_names(names)} / {len(other_names)}: "
+                f"{_names(other_names)}), skeleton or sigmas; a dataset serves one kind "
+                "of key points (one K, one left/right rule)"
+            )
+            return None, problems
+    ids = tuple(
+        sorted(
+            (cid for cid, *_ in found), key=lambda c: (0, c, "") if is_int(c) else (1, 0, repr(c))
+        )
+    )
+    values = tuple(float(v) for v in sigmas) if sigmas is not None else None
+    return KeypointSchema(names, skeleton, values, ids), problems
+
+
+def _names(names: tuple[str, ...], show: int = 4) -> str:
+    """``nose, left_eye, ... (17)``-style short listing of key point names."""
+    return ", ".join(names[:show]) + (", ..." if len(names) > show else "")
 
 
 def _polygon_problem(where: str, polygons: list[Any], height: int, width: int) -> Invalid | None:

@@ -34,7 +34,13 @@ from typing import Any, Literal
 
 import numpy as np
 
-from visionblocks.data._coco_checks import REPAIRABLE, Invalid, annotation_problem, is_int
+from visionblocks.data._coco_checks import (
+    REPAIRABLE,
+    Invalid,
+    annotation_problem,
+    is_int,
+    repair,
+)
 
 __all__ = [
     "CleanStats",
@@ -246,15 +252,20 @@ def clean_annotations(
     invalid: InvalidPolicy = "drop",
     min_box_size: float = 0.0,
     need_segmentation: bool = False,
+    keypoint_counts: Mapping[Any, int] | None = None,
 ) -> CleanStats:
     """Apply the ``invalid`` policy to every annotation of ``data`` (in place).
 
     ``data["annotations"]`` becomes the annotations the dataset serves: invalid ones are
-    dropped (or, for a `REPAIRABLE` reason with ``invalid="keep"``, kept without their
-    segmentation and with their box's area); boxes smaller than ``min_box_size`` are always
-    dropped. Every kept annotation gets ``iscrowd`` (0) and ``area`` when the file has none
-    (the segmentation's area, as COCO defines it, else the box's), as pycocotools' evaluation
-    expects. ``data`` must have passed `file_problems`.
+    dropped (or, for a `REPAIRABLE` reason with ``invalid="keep"``, kept without what is
+    invalid: see `visionblocks.data._coco_checks.repair`); boxes smaller than
+    ``min_box_size`` are always dropped. Every kept annotation gets ``iscrowd`` (0) and
+    ``area`` when the file has none (the segmentation's area, as COCO defines it, else the
+    box's), as pycocotools' evaluation expects. With ``keypoint_counts`` (category id -> K),
+    the annotations of those categories are checked for their key points too, and get
+    ``keypoints`` (``[0, 0, 0] * K``: none labelled) and ``num_keypoints`` (the count of
+    ``v > 0``) when the file has none, as pycocotools' keypoint evaluation expects. ``data``
+    must have passed `file_problems`.
 
     Raises:
         ValueError: With ``invalid="raise"``, the first invalid annotation's message.
@@ -275,6 +286,7 @@ def clean_annotations(
             category_ids,
             min_box_size=min_box_size,
             need_segmentation=need_segmentation,
+            keypoint_counts=keypoint_counts,
         )
 
     for ann in data["annotations"]:
@@ -285,16 +297,22 @@ def clean_annotations(
             if invalid != "keep" or problem.reason not in REPAIRABLE:
                 stats.dropped.setdefault(problem.reason, []).append(ann["id"])
                 continue
-            # keep: leave out what is wrong (the area or the segmentation), then look again
-            # (an annotation can have both wrong); an empty mask is what "keep" asks for.
+            # keep: leave out what is wrong (the area, the segmentation or the key points),
+            # then look again (an annotation can have several wrong); an empty mask is what
+            # "keep" asks for.
             while problem is not None:
                 stats.kept_invalid.setdefault(problem.reason, []).append(ann["id"])
-                ann.pop("area" if problem.reason == "bad_area" else "segmentation", None)
+                repair(ann, problem.reason, keypoint_counts)
                 problem = problem_of(ann, False)
         if "iscrowd" not in ann:
             ann["iscrowd"] = 0
         if "area" not in ann:
             missing_area.append(ann)
+        if keypoint_counts is not None and ann["category_id"] in keypoint_counts:
+            if "keypoints" not in ann:
+                ann["keypoints"] = [0] * (3 * keypoint_counts[ann["category_id"]])
+            if "num_keypoints" not in ann:
+                ann["num_keypoints"] = sum(v > 0 for v in ann["keypoints"][2::3])
         kept.append(ann)
     if missing_area:
         _fill_areas(missing_area, sizes)
@@ -324,7 +342,10 @@ class ImageEntry:
 
     ``boxes`` are XYXY clipped to the image (float32), ``category_ids`` int64, ``iscrowd``
     bool, ``area`` float32; ``ann_ids`` and ``segmentations`` (the annotations' own objects,
-    not copies; ``None`` where absent) are lists in the same order.
+    not copies; ``None`` where absent) are lists in the same order. With key points
+    (`build_index`'s ``keypoint_counts``), ``keypoints`` are ``(n, K, 2)`` float32 ``(x, y)``
+    as in the file and ``visibility`` ``(n, K)`` int64 (COCO's 0 / 1 / 2; all 0 for the
+    annotations of other categories); None without.
     """
 
     image_id: int
@@ -337,11 +358,17 @@ class ImageEntry:
     area: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32))
     ann_ids: list[Any] = field(default_factory=list)
     segmentations: list[Any] = field(default_factory=list)
+    keypoints: np.ndarray | None = None
+    visibility: np.ndarray | None = None
 
 
-def build_index(data: Mapping[str, Any]) -> list[ImageEntry]:
+def build_index(
+    data: Mapping[str, Any], keypoint_counts: Mapping[Any, int] | None = None
+) -> list[ImageEntry]:
     """Per-image entries in image-id order (as torchvision's ``CocoDetection``) of a file
-    that passed `file_problems` and `clean_annotations`."""
+    that passed `file_problems` and `clean_annotations` (with the same ``keypoint_counts``,
+    whose categories must share one K; with them, the entries hold key points)."""
+    k = next(iter(keypoint_counts.values()), 0) if keypoint_counts is not None else None
     by_image: dict[Any, list[Mapping[str, Any]]] = {}
     for ann in data["annotations"]:
         by_image.setdefault(ann["image_id"], []).append(ann)
@@ -352,6 +379,8 @@ def build_index(data: Mapping[str, Any]) -> list[ImageEntry]:
         anns = by_image.get(info["id"])
         if anns:
             _fill(entry, anns)
+        if k is not None:
+            _fill_keypoints(entry, anns or [], keypoint_counts or {}, k)
         entries.append(entry)
     return entries
 
@@ -367,3 +396,13 @@ def _fill(entry: ImageEntry, anns: list[Mapping[str, Any]]) -> None:
     entry.area = np.asarray([a["area"] for a in anns], dtype=np.float32)
     entry.ann_ids = [a["id"] for a in anns]
     entry.segmentations = [a.get("segmentation") for a in anns]
+
+
+def _fill_keypoints(
+    entry: ImageEntry, anns: list[Mapping[str, Any]], keypoint_counts: Mapping[Any, int], k: int
+) -> None:
+    unlabelled = [0] * (3 * k)
+    values = [a["keypoints"] if a["category_id"] in keypoint_counts else unlabelled for a in anns]
+    points = np.asarray(values, dtype=np.float64).reshape(len(anns), k, 3)
+    entry.keypoints = np.ascontiguousarray(points[..., :2], dtype=np.float32)
+    entry.visibility = points[..., 2].astype(np.int64)

@@ -1,8 +1,8 @@
 """Drawing the synthetic COCO images (private; see `visionblocks.data.synthetic`).
 
 Shapes as polygons, textured backgrounds, contrasting colours, non-overlapping placement,
-rasterisation with pycocotools (so painted pixels are exactly ``COCO.annToMask``) and
-crowd regions as uncompressed RLE.
+rasterisation with pycocotools (so painted pixels are exactly ``COCO.annToMask``), crowd
+regions as uncompressed RLE, and the key points of the ``figure`` class.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import numpy as np
 import pycocotools.mask as mask_utils
 from PIL import Image
 
-__all__ = ["SYNTHETIC_CLASSES", "render"]
+__all__ = ["FIGURE", "SYNTHETIC_CLASSES", "figure_category", "render"]
 
 SYNTHETIC_CLASSES: tuple[str, ...] = (
     "circle",
@@ -39,6 +39,26 @@ _GAP = 2.0  # and this many pixels between their boxes
 _MIN_CONTRAST = 120.0  # Euclidean RGB distance between an object and the background under it
 _PLACE_TRIES = 50  # positions tried for one drawn shape
 _SHAPE_TRIES = 20  # shapes drawn for one object
+
+FIGURE = "figure"
+"""The class of ``make_synthetic_coco(keypoints=True)``: a gingerbread figure with key points."""
+_FIGURE_KEYPOINTS = (
+    "head",
+    "left_shoulder",
+    "right_shoulder",
+    "left_hand",
+    "right_hand",
+    "left_hip",
+    "right_hip",
+    "left_foot",
+    "right_foot",
+)
+# 1-based, as COCO's skeleton
+_FIGURE_SKELETON = [[1, 2], [1, 3], [2, 3], [2, 4], [3, 5], [2, 6], [3, 7], [6, 7], [6, 8], [7, 9]]
+_FIGURE_SIGMAS = [0.05, 0.079, 0.079, 0.062, 0.062, 0.107, 0.107, 0.089, 0.089]
+_MIN_FIGURE = 24.0  # pixels: thinner limbs would not hold their key points
+_FIGURE_TURN = 20.0  # degrees: figures stay upright
+_UNLABELLED, _OCCLUDED = 0.1, 0.15  # chances that a key point is v = 0, v = 1
 
 
 def _circle(n: int) -> np.ndarray:
@@ -75,6 +95,36 @@ def _star() -> np.ndarray:
     return np.stack([r * np.cos(t), r * np.sin(t)], axis=1)
 
 
+def _figure() -> tuple[np.ndarray, np.ndarray]:
+    """A gingerbread figure facing the viewer (its left on the image's right, +x, as COCO's
+    persons) and its key points inside it, in `_FIGURE_KEYPOINTS` order; y points down."""
+    t = np.radians(np.linspace(-90.0, 66.4, 9))
+    head = np.stack([0.3 * np.cos(t), -0.7 + 0.3 * np.sin(t)], axis=1)
+    body = [(0.12, -0.4), (0.35, -0.38), (0.95, -0.2), (0.95, 0.0), (0.35, -0.12)]
+    body += [(0.32, 0.25), (0.6, 0.95), (0.6, 1.0), (0.3, 1.0), (0.0, 0.35)]
+    half = np.concatenate([head, np.array(body)])  # the +x half, top to crotch
+    other = half[1:-1][::-1] * np.array([-1.0, 1.0])  # mirrored, crotch back to the top
+    outline = np.concatenate([half, other]) * 0.85
+    points = [(0.0, -0.7), (0.28, -0.3), (-0.28, -0.3), (0.85, -0.125), (-0.85, -0.125)]
+    points += [(0.2, 0.22), (-0.2, 0.22), (0.41, 0.88), (-0.41, 0.88)]
+    return outline, np.array(points) * 0.85
+
+
+_FIGURE_OUTLINE, _FIGURE_POINTS = _figure()
+
+
+def figure_category(category_id: int) -> dict[str, Any]:
+    """The COCO category of the figure: its key point names, 1-based skeleton and sigmas."""
+    return {
+        "id": category_id,
+        "name": FIGURE,
+        "supercategory": FIGURE,
+        "keypoints": list(_FIGURE_KEYPOINTS),
+        "skeleton": [list(bone) for bone in _FIGURE_SKELETON],
+        "sigmas": list(_FIGURE_SIGMAS),
+    }
+
+
 def _unit_shapes() -> dict[str, tuple[np.ndarray, float]]:
     """``name -> (outline (K, 2) inside the unit disc, largest random rotation in degrees)``.
 
@@ -98,6 +148,7 @@ def _unit_shapes() -> dict[str, tuple[np.ndarray, float]]:
         "crescent": (_crescent(), 180.0),
         "arrow": (np.array(arrow) * 0.98, 180.0),
         "heart": (_heart(), 25.0),
+        FIGURE: (_FIGURE_OUTLINE, _FIGURE_TURN),
     }
 
 
@@ -106,11 +157,20 @@ _SHAPES = _unit_shapes()
 
 def _shape(rng: np.random.Generator, name: str, size: float) -> np.ndarray:
     """Outline of ``name`` about ``size`` pixels across, randomly stretched and turned."""
+    return _shape_and_points(rng, name, size)[0]
+
+
+def _shape_and_points(
+    rng: np.random.Generator, name: str, size: float
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """`_shape`, and the figure's key points moved with it (None for other shapes)."""
     outline, max_turn = _SHAPES[name]
     stretch = rng.uniform(0.85, 1.15, size=2)
     turn = math.radians(rng.uniform(-max_turn, max_turn))
     c, s = math.cos(turn), math.sin(turn)
-    return (outline * stretch * (size / 2.0)) @ np.array([[c, s], [-s, c]])
+    rotation = np.array([[c, s], [-s, c]])
+    points = (_FIGURE_POINTS * stretch * (size / 2.0)) @ rotation if name == FIGURE else None
+    return (outline * stretch * (size / 2.0)) @ rotation, points
 
 
 def _background(rng: np.random.Generator, h: int, w: int) -> np.ndarray:
@@ -197,17 +257,22 @@ def _uncompressed_rle(mask: np.ndarray) -> dict[str, Any]:
 
 def _draw(
     rng: np.random.Generator, name: str, size: tuple[float, float], h: int, w: int, taken: list
-) -> tuple[list[float], np.ndarray, float, tuple[slice, slice]] | None:
-    """A placed polygon of shape ``name`` with its mask, area and a window around it.
+) -> tuple[list[float], np.ndarray, float, tuple[slice, slice], np.ndarray | None] | None:
+    """A placed polygon of shape ``name`` with its mask, area, a window around it and, for
+    the figure, its key points ``(K, 2)`` (pixel indices, 2 decimals; None for the others).
 
     Draws are rejected until the mask is non-empty and its tight box is within 1 pixel of the
-    polygon's box (a sharp tip thinner than a pixel can miss every pixel centre).
+    polygon's box (a sharp tip thinner than a pixel can miss every pixel centre), and every
+    key point lies on a pixel of the mask.
     """
     for _ in range(_SHAPE_TRIES):
         diameter = max(rng.uniform(*size) * min(h, w), min(_MIN_DIAMETER, min(h, w) - 2 * _EDGE))
-        outline = _shape(rng, name, diameter)
+        if name == FIGURE:
+            diameter = max(diameter, min(_MIN_FIGURE, min(h, w) - 2 * _EDGE))
+        outline, points = _shape_and_points(rng, name, diameter)
         span = np.ptp(outline, axis=0)
-        outline = outline * min(1.0, (w - 2 * _EDGE) / span[0], (h - 2 * _EDGE) / span[1])
+        factor = min(1.0, (w - 2 * _EDGE) / span[0], (h - 2 * _EDGE) / span[1])
+        outline = outline * factor
         shift = _place(rng, np.concatenate([outline.min(0), outline.max(0)]), h, w, taken)
         if shift is None:
             return None  # no room left: more tries would not help
@@ -219,10 +284,34 @@ def _draw(
             slice(max(0, int(box[1]) - 1), min(h, math.ceil(box[3]) + 1)),
             slice(max(0, int(box[0]) - 1), min(w, math.ceil(box[2]) + 1)),
         )
+        if points is not None:
+            # continuous (pixel (i, j) covers [j, j + 1)) -> pixel indices (centres on integers)
+            points = np.round(points * factor + shift - 0.5, 2)
+            if not _on_mask(points, mask):
+                continue
         if area > 0 and np.abs(_mask_box(mask[window], window) - box).max() <= 1.0:
             taken.append(box)
-            return polygon, mask, area, window
+            return polygon, mask, area, window, points
     return None
+
+
+def _on_mask(points: np.ndarray, mask: np.ndarray) -> bool:
+    """Every point (pixel indices) lies on a pixel of ``mask``."""
+    cols, rows = np.floor(points + 0.5).astype(np.int64).T
+    h, w = mask.shape
+    inside = (rows >= 0) & (rows < h) & (cols >= 0) & (cols < w)
+    return bool(inside.all() and mask[rows, cols].all())
+
+
+def _keypoint_fields(rng: np.random.Generator, points: np.ndarray) -> dict[str, Any]:
+    """COCO's ``keypoints`` and ``num_keypoints`` of ``points``, with random flags: v = 0
+    (coordinates 0, as COCO writes them), 1 (labelled, not visible) or 2."""
+    draws = rng.random(len(points))
+    flags = np.where(draws < _UNLABELLED, 0, np.where(draws < _UNLABELLED + _OCCLUDED, 1, 2))
+    values: list[float | int] = []
+    for (x, y), v in zip(points.tolist(), flags.tolist()):
+        values += [x, y, v] if v else [0, 0, 0]
+    return {"keypoints": values, "num_keypoints": int((flags > 0).sum())}
 
 
 def _mask_box(mask: np.ndarray, window: tuple[slice, slice]) -> np.ndarray:
@@ -237,40 +326,54 @@ def _objects(
 ) -> list[dict[str, Any]]:
     """Paint non-overlapping shapes on ``image`` and return their annotations."""
     h, w = image.shape[:2]
-    ids = opts["category_ids"]
+    ids, names = opts["category_ids"], _names(opts)
     anns = []
     for _ in range(int(rng.integers(opts["min_objects"], opts["max_objects"] + 1))):
-        label = int(rng.integers(len(ids)))
-        drawn = _draw(rng, SYNTHETIC_CLASSES[label], opts["object_size"], h, w, taken)
+        if opts.get("keypoints"):  # half the objects are figures (all, without shapes)
+            shapes = len(ids) - 1
+            label = shapes if not shapes or rng.random() < 0.5 else int(rng.integers(shapes))
+        else:
+            label = int(rng.integers(len(ids)))
+        drawn = _draw(rng, names[label], opts["object_size"], h, w, taken)
         if drawn is None:
             continue
-        polygon, mask, area, window = drawn
+        polygon, mask, area, window, points = drawn
         # Paint through the window: much cheaper than indexing the whole image.
         patch, inside = image[window], mask[window]
         patch[inside] = _contrasting_colour(rng, patch[inside].mean(0))
         x0, y0, x1, y1 = taken[-1].tolist()
-        anns.append(
-            {
-                "category_id": ids[label],
-                "segmentation": [polygon],
-                "bbox": [x0, y0, round(x1 - x0, 2), round(y1 - y0, 2)],
-                "area": area,
-                "iscrowd": 0,
-            }
-        )
+        ann = {
+            "category_id": ids[label],
+            "segmentation": [polygon],
+            "bbox": [x0, y0, round(x1 - x0, 2), round(y1 - y0, 2)],
+            "area": area,
+            "iscrowd": 0,
+        }
+        if points is not None:
+            ann.update(_keypoint_fields(rng, points))
+        anns.append(ann)
     return anns
 
 
+def _names(opts: dict[str, Any]) -> list[str]:
+    """The class name of each category id: the shapes, then the figure with key points."""
+    shapes = len(opts["category_ids"]) - (1 if opts.get("keypoints") else 0)
+    return [*SYNTHETIC_CLASSES[:shapes], *([FIGURE] if opts.get("keypoints") else [])]
+
+
 def _crowd(
-    rng: np.random.Generator, image: np.ndarray, box: np.ndarray, ids: list[int]
+    rng: np.random.Generator, image: np.ndarray, box: np.ndarray, opts: dict[str, Any]
 ) -> list[dict[str, Any]]:
-    """Paint 3 to 8 small shapes of one class inside ``box``; one crowd annotation of them."""
+    """Paint 3 to 8 small shapes of one class inside ``box``; one crowd annotation of them.
+    With key points, the crowd is of figures, none of its key points labelled (as COCO's
+    crowds of persons)."""
     h, w = image.shape[:2]
-    label = int(rng.integers(len(ids)))
+    ids, names = opts["category_ids"], _names(opts)
+    label = len(ids) - 1 if opts.get("keypoints") else int(rng.integers(len(ids)))
     mask = np.zeros((h, w), dtype=bool)
     for _ in range(int(rng.integers(3, 9))):
         size = max(3.0, rng.uniform(0.04, 0.08) * min(h, w))
-        outline = _shape(rng, SYNTHETIC_CLASSES[label], size)
+        outline = _shape(rng, names[label], size)
         lo, hi = box[:2] - outline.min(0), box[2:] - outline.max(0)
         if np.all(hi >= lo):
             polygon = np.round(outline + rng.uniform(lo, hi), 2).ravel().tolist()
@@ -280,15 +383,16 @@ def _crowd(
     image[mask] = _contrasting_colour(rng, image[mask].mean(0))
     x0, y0, x1, y1 = _mask_box(mask, (slice(0, h), slice(0, w))).tolist()
     bbox = [float(x0), float(y0), float(x1 - x0), float(y1 - y0)]
-    return [
-        {
-            "category_id": ids[label],
-            "segmentation": _uncompressed_rle(mask),
-            "bbox": bbox,
-            "area": float(mask.sum()),
-            "iscrowd": 1,
-        }
-    ]
+    ann = {
+        "category_id": ids[label],
+        "segmentation": _uncompressed_rle(mask),
+        "bbox": bbox,
+        "area": float(mask.sum()),
+        "iscrowd": 1,
+    }
+    if opts.get("keypoints"):
+        ann.update({"keypoints": [0] * (3 * len(_FIGURE_KEYPOINTS)), "num_keypoints": 0})
+    return [ann]
 
 
 def render(
@@ -309,5 +413,5 @@ def render(
             taken.append(crowd_box)
     anns = _objects(rng, image, taken, opts)
     if crowd_box is not None:
-        anns += _crowd(rng, image, crowd_box, opts["category_ids"])
+        anns += _crowd(rng, image, crowd_box, opts)
     return image, anns

@@ -2,8 +2,9 @@
 
 ``visionblocks check-coco ANN_FILE [--images DIR] [--fix OUT.json]`` is the command-line
 face of it. It applies exactly the checks `visionblocks.data.CocoInstances` applies at
-construction, but lists every problem instead of stopping at the first, and can write a
-cleaned copy that the dataset then loads without a warning.
+construction (`visionblocks.data.CocoKeypoints`' for a keypoint file), but lists every
+problem instead of stopping at the first, and can write a cleaned copy that the dataset
+then loads without a warning.
 """
 
 from __future__ import annotations
@@ -18,7 +19,12 @@ from typing import Any
 
 from visionblocks._core.checks import check_type
 from visionblocks._core.namespace import public_dir
-from visionblocks.data._coco_checks import INVALID_REASONS, REPAIRABLE, annotation_problem
+from visionblocks.data._coco_checks import (
+    INVALID_REASONS,
+    REPAIRABLE,
+    annotation_problem,
+    keypoint_schema,
+)
 from visionblocks.data._coco_index import (
     check_min_box_size,
     clean_annotations,
@@ -46,6 +52,8 @@ NOTES: dict[str, str] = {
     "clipped_box": "box partly outside the image (clipped on load)",
     "missing_area": "no area (filled on load: the segmentation's, else the box's)",
     "missing_iscrowd": "no iscrowd (0 on load)",
+    "missing_keypoints": "no keypoints in a keypoint category (all unlabelled on load)",
+    "missing_num_keypoints": "no num_keypoints (counted from the flags on load)",
 }
 """What the dataset repairs silently on load (not problems): key -> description."""
 
@@ -66,6 +74,8 @@ class CocoCheck:
         image_problems: ``{problem: [image ids]}`` (`IMAGE_PROBLEMS`), with ``images=``.
         notes: ``{note: [ids]}`` (`NOTES`): what the dataset repairs on load.
         examples: Up to three full messages per reason or problem.
+        keypoint_counts: Category id -> K of the keypoint categories whose key points were
+            checked (as `visionblocks.data.CocoKeypoints` does); empty when they were not.
         data: The parsed file (None when it is not a JSON object).
     """
 
@@ -76,6 +86,7 @@ class CocoCheck:
     image_problems: dict[str, list[Any]] = field(default_factory=dict)
     notes: dict[str, list[Any]] = field(default_factory=dict)
     examples: dict[str, list[str]] = field(default_factory=dict)
+    keypoint_counts: dict[Any, int] = field(default_factory=dict)
     data: dict[str, Any] | None = field(default=None, repr=False)
     _options: dict[str, Any] = field(default_factory=dict, repr=False)
 
@@ -106,11 +117,14 @@ class CocoCheck:
         """A cleaned copy of the file (the file itself is never modified).
 
         Annotations the dataset would drop are left out (with ``keep_repairable``, those
-        with only a bad segmentation or area keep their box, as ``invalid="keep"``), so are
+        with only a bad segmentation, area or key points keep their box, as
+        ``invalid="keep"``: without the segmentation, with the box's area, with every key
+        point unlabelled or ``num_keypoints`` recounted), so are
         annotations of images that do not exist and, when images were checked, images whose
         file is missing, unreadable or of another size, with their annotations. Boxes are
-        clipped to their image; ``area`` and ``iscrowd`` are filled in. Every other field,
-        known or not, is kept as it was.
+        clipped to their image; ``area`` and ``iscrowd`` are filled in (and, for keypoint
+        categories whose key points were checked, ``keypoints`` and ``num_keypoints``). Every
+        other field, known or not, is kept as it was.
 
         Raises:
             ValueError: The file has problems no cleaning can settle (see ``file_problems``).
@@ -132,6 +146,7 @@ class CocoCheck:
             invalid=policy,
             min_box_size=self._options.get("min_box_size", 0.0),
             need_segmentation=self._options.get("masks", False),
+            keypoint_counts=self.keypoint_counts or None,
         )
         sizes = {i["id"]: (i["height"], i["width"]) for i in data["images"]}
         for ann in data["annotations"]:
@@ -164,6 +179,12 @@ class CocoCheck:
     def __str__(self) -> str:
         counts = ", ".join(f"{n} {k}" for k, n in self.counts.items())
         lines = [f"{self.ann_file}: {counts or 'not read'}"]
+        if self.keypoint_counts:
+            k = next(iter(self.keypoint_counts.values()))
+            lines.append(
+                f"key points checked as CocoKeypoints: {k} per instance of category id(s) "
+                f"{listing(list(self.keypoint_counts))}"
+            )
         if self.file_problems:
             lines.append(
                 f"file problems ({len(self.file_problems)}; the dataset refuses the file):"
@@ -206,9 +227,11 @@ def check_coco(
     masks: bool = False,
     min_box_size: float = 0.0,
     keep_repairable: bool = False,
+    keypoints: bool | None = None,
     progress: bool | None = None,
 ) -> CocoCheck:
-    """Every problem of a COCO annotation file, as `visionblocks.data.CocoInstances` sees them.
+    """Every problem of a COCO annotation file, as `visionblocks.data.CocoInstances` sees them
+    (as `visionblocks.data.CocoKeypoints` for a keypoint file).
 
     Nothing is raised for a bad file: file problems, invalid annotations (by reason, with
     ids and example messages), image-file problems (with ``images``) and what the dataset
@@ -222,8 +245,14 @@ def check_coco(
         masks: Check as ``CocoInstances(with_masks=True)``: an annotation without a
             segmentation is invalid.
         min_box_size: As the dataset's ``min_box_size``.
-        keep_repairable: ``fixed()`` keeps annotations with only a bad segmentation or area
-            (as ``invalid="keep"``) instead of dropping them.
+        keep_repairable: ``fixed()`` keeps annotations with only a bad segmentation, area or
+            key points (as ``invalid="keep"``) instead of dropping them.
+        keypoints: Check the key points as `visionblocks.data.CocoKeypoints` does (the
+            annotations of keypoint categories; malformed keypoint categories are file
+            problems): None (default) when the file has a category with ``keypoints``, True
+            always (a file without such a category is then a file problem), False never (as
+            `visionblocks.data.CocoInstances`, which ignores key points). The annotations of
+            other categories are checked as `visionblocks.data.CocoInstances` does.
         progress: Show progress bars (default: when writing to a terminal).
 
     Returns:
@@ -259,6 +288,8 @@ def check_coco(
             raise FileNotFoundError(f"images: images folder not found: '{images}'")
     for name, flag in (("masks", masks), ("keep_repairable", keep_repairable)):
         check_type(name, flag, bool)
+    if keypoints is not None:
+        check_type("keypoints", keypoints, bool)
     if progress is not None:
         check_type("progress", progress, bool)
     min_box_size = check_min_box_size(min_box_size)
@@ -278,10 +309,27 @@ def check_coco(
     if not all(isinstance(data.get(k), list) for k in ("images", "annotations", "categories")):
         return report
     report.counts = {k: len(data[k]) for k in ("images", "annotations", "categories")}
+    if keypoints is not False:
+        _check_keypoint_categories(report, data, required=bool(keypoints))
     _check_annotations(report, data, progress)
     if images is not None:
         _check_images(report, data, Path(images), progress)
     return report
+
+
+def _check_keypoint_categories(report: CocoCheck, data: Mapping[str, Any], required: bool) -> None:
+    """Set ``report.keypoint_counts`` from the keypoint categories; their problems (and,
+    when ``required``, having none) are file problems."""
+    where = f"COCO annotation file '{report.ann_file}'"
+    schema, problems = keypoint_schema(where, data["categories"])
+    report.file_problems.extend(problems)
+    if schema is not None:
+        report.keypoint_counts = schema.counts
+    elif required and not problems:
+        report.file_problems.append(
+            f"{where} has no keypoint category (a category with a 'keypoints' list of key "
+            "point names, as in person_keypoints_*.json)"
+        )
 
 
 def _bar(items: list[Any], what: str, progress: bool | None) -> Any:
@@ -303,6 +351,7 @@ def _check_annotations(report: CocoCheck, data: Mapping[str, Any], progress: boo
     }
     categories = frozenset(valid_ids(data, "categories"))
     options = report._options
+    keypoint_counts = report.keypoint_counts or None
     for ann in _bar(data["annotations"], "checking annotations", progress):
         if not isinstance(ann, dict) or not {"id", "image_id", "category_id"} <= set(ann):
             continue  # a file problem already
@@ -313,6 +362,7 @@ def _check_annotations(report: CocoCheck, data: Mapping[str, Any], progress: boo
         problem = annotation_problem(
             where, ann, height, width, categories,
             min_box_size=options["min_box_size"], need_segmentation=options["masks"],
+            keypoint_counts=keypoint_counts,
         )  # fmt: skip
         if problem is not None:
             _add(report.invalid, problem.reason, ann["id"])
@@ -328,6 +378,11 @@ def _check_annotations(report: CocoCheck, data: Mapping[str, Any], progress: boo
             _add(report.notes, "missing_area", ann["id"])
         if "iscrowd" not in ann:
             _add(report.notes, "missing_iscrowd", ann["id"])
+        if keypoint_counts is not None and ann["category_id"] in keypoint_counts:
+            if "keypoints" not in ann:
+                _add(report.notes, "missing_keypoints", ann["id"])
+            elif "num_keypoints" not in ann:
+                _add(report.notes, "missing_num_keypoints", ann["id"])
 
 
 def _check_images(

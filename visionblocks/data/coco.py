@@ -32,6 +32,7 @@ from visionblocks.data._coco_io import segmentation_masks
 from visionblocks.data._coco_targets import (
     INSTANCE_KEYS,
     check_instances,
+    check_polygons_followed,
     instance_fields,
     split_crowd,
 )
@@ -60,12 +61,16 @@ class CocoInstances(CocoBase):
       themselves with ``contiguous_labels=False``;
     - ``masks``: ``tv_tensors.Mask`` ``(N, H, W)`` uint8, when ``with_masks=True``, decoded
       per item from polygons, multi-polygons, or compressed or uncompressed RLE;
+    - ``polygons``: when ``with_polygons=True``, a list of ``N`` lists (one per box, in box
+      order) of float32 ``(P, 2)`` tensors: the instance's polygons as ``(x, y)`` vertices
+      in COCO's continuous coordinates (those of the boxes, see Convention); an empty list
+      for an RLE instance or one without a segmentation;
     - ``iscrowd``: int64 ``(N,)``; ``area``: float32 ``(N,)`` (the file's ``area``; where the
       file has none, the segmentation's area, else the box's); ``image_id``: int;
     - ``ignore_boxes``: ``tv_tensors.BoundingBoxes`` ``(M, 4)``, with ``crowd="ignore"``.
 
-    An image without annotations gives ``boxes (0, 4)``, ``labels (0,)`` and ``masks
-    (0, H, W)``.
+    An image without annotations gives ``boxes (0, 4)``, ``labels (0,)``, ``masks
+    (0, H, W)`` and ``polygons []``.
 
     Files from the field: every annotation is checked once, at construction, and an invalid
     one (a polygon of fewer than 3 points or an odd number of coordinates, NaN/inf
@@ -98,9 +103,14 @@ class CocoInstances(CocoBase):
     ``boxes`` (``iscrowd`` 1) and are moved to ``ignore_boxes`` after the transforms. A
     transform that removes boxes must remove the same rows of ``labels``, ``iscrowd`` and
     ``area``: use ``v2.SanitizeBoundingBoxes(labels_getter=instance_fields)`` (its default
-    getter filters ``labels`` only); misaligned rows raise a ``ValueError`` saying so. ``remove_empty`` drops images left without
-    annotations (after the crowd policy); ``remove_crowd_only`` drops images whose only
-    annotations are crowd.
+    getter filters ``labels`` only); misaligned rows raise a ``ValueError`` saying so.
+    ``polygons`` are plain tensors, which torchvision's v2 transforms leave as they are and
+    ``SanitizeBoundingBoxes`` cannot filter: they are for `visionblocks.ops.warp_sample`,
+    which moves and filters them with the boxes (and fits tight boxes to them). A transform
+    that moves the boxes but not the polygons, or drops boxes but not their polygons,
+    raises a ``ValueError`` saying so instead of serving polygons of another image.
+    ``remove_empty`` drops images left without annotations (after the crowd policy);
+    ``remove_crowd_only`` drops images whose only annotations are crowd.
 
     Images are decoded with ``torchvision.io`` (grey, palette, RGBA and CMYK files become
     RGB, alpha is dropped, 16-bit PNGs keep their high byte) or, for other formats, Pillow:
@@ -116,12 +126,18 @@ class CocoInstances(CocoBase):
     pickles (for ``DataLoader`` workers) without its ``coco`` object, which is reloaded on
     first use.
 
+    Convention:
+        Boxes and polygon vertices are in COCO's continuous coordinates: pixel ``(row i,
+        column j)`` covers ``[j, j + 1) x [i, i + 1)``, so ``(0, 0, 2, 2)`` covers 2 x 2
+        pixels.
+
     Args:
         root: Folder the ``file_name`` entries are relative to.
         ann_file: COCO annotation JSON.
         transforms: ``transforms(image, target) -> (image, target)``, e.g. a
             ``torchvision.transforms.v2.Compose``.
         with_masks: Decode instance masks.
+        with_polygons: Serve the polygons of each instance (``polygons``).
         remove_empty: Drop images without annotations.
         contiguous_labels: Labels ``0..K-1`` (True) or raw category ids (False).
         crowd: ``"keep"``, ``"drop"`` or ``"ignore"``.
@@ -176,6 +192,7 @@ class CocoInstances(CocoBase):
         *,
         transforms: Callable[..., Any] | None = None,
         with_masks: bool = False,
+        with_polygons: bool = False,
         remove_empty: bool = False,
         contiguous_labels: bool = True,
         crowd: CrowdPolicy = "keep",
@@ -184,10 +201,12 @@ class CocoInstances(CocoBase):
         min_box_size: float = 0.0,
     ) -> None:
         check_type("with_masks", with_masks, bool)
+        check_type("with_polygons", with_polygons, bool)
         check_type("remove_empty", remove_empty, bool)
         check_type("remove_crowd_only", remove_crowd_only, bool)
         check_choice("crowd", crowd, ("keep", "drop", "ignore"))
         self.with_masks = with_masks
+        self.with_polygons = with_polygons
         self.remove_empty = remove_empty
         self.crowd = crowd
         self.remove_crowd_only = remove_crowd_only
@@ -237,6 +256,9 @@ class CocoInstances(CocoBase):
             segmentations = [entry.segmentations[i] for i in rows]
             masks = segmentation_masks(segmentations, entry.height, entry.width)
             target["masks"] = tv_tensors.Mask(masks)
+        self._add_fields(entry, rows, target)
+        if self.with_polygons:
+            target["polygons"] = [_polygons(entry.segmentations[i]) for i in rows]
         target["iscrowd"] = torch.from_numpy(crowd[rows].astype(np.int64))
         target["area"] = torch.from_numpy(entry.area[rows])
         target["image_id"] = entry.image_id
@@ -246,11 +268,22 @@ class CocoInstances(CocoBase):
                 torch.from_numpy(entry.boxes[ignore]).reshape(-1, 4), like=target["boxes"]
             )
         if self.transforms is not None:
+            boxes, polygons = target["boxes"], target.get("polygons", [])
             image, target = self._transformed(image, target, "target dict")
+            target = self._after_transforms(target)
             check_instances(target, entry.image_id)
+            if self.with_polygons:
+                check_polygons_followed(boxes, polygons, target, entry.image_id)
             if self.crowd == "ignore":
                 target = split_crowd(target)
         return image, target
+
+    def _add_fields(self, entry: ImageEntry, rows: np.ndarray, target: dict[str, Any]) -> None:
+        """Add a subclass's per-instance fields (of ``entry``'s ``rows``) to ``target``."""
+
+    def _after_transforms(self, target: dict[str, Any]) -> dict[str, Any]:
+        """A subclass's repairs of a transformed target (before the alignment checks)."""
+        return target
 
     def __repr__(self) -> str:
         return (
@@ -258,6 +291,14 @@ class CocoInstances(CocoBase):
             f"root='{self.root}', ann_file='{self.ann_file}', with_masks={self.with_masks}, "
             f"crowd={self.crowd!r}, remove_empty={self.remove_empty})"
         )
+
+
+def _polygons(segmentation: Any) -> list[torch.Tensor]:
+    """The polygons of one segmentation as float32 ``(P, 2)`` tensors; ``[]`` for an RLE or
+    a missing one (the dataset checked them: each is a flat list of at least 6 numbers)."""
+    if not isinstance(segmentation, list):
+        return []
+    return [torch.from_numpy(np.asarray(p, dtype=np.float32).reshape(-1, 2)) for p in segmentation]
 
 
 _DEPRECATED = {"CocoDetection": ("CocoInstances", "0.3")}

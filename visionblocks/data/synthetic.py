@@ -13,6 +13,9 @@ Convention:
       ``COCO.annToMask(ann)`` (a pixel belongs to a polygon when its centre
       ``(j + 0.5, i + 0.5)`` lies inside, as pycocotools decides). Objects never overlap and
       stay inside the image, so every object's visible pixels equal its mask.
+    - Key points (``keypoints=True``) are pixel indices, as COCO's: ``(x, y)`` is the centre
+      of pixel ``(row y, column x)``, i.e. the point ``(x + 0.5, y + 0.5)`` of the polygons'
+      plane; every key point lies on a pixel of its figure's mask.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from tqdm.auto import tqdm
 from visionblocks._core.checks import check_choice, check_range, check_type
 from visionblocks._core.namespace import public_dir
 from visionblocks._core.version import __version__
-from visionblocks.data._synthetic_draw import SYNTHETIC_CLASSES, render
+from visionblocks.data._synthetic_draw import SYNTHETIC_CLASSES, figure_category, render
 
 __all__ = ["SYNTHETIC_CLASSES", "make_synthetic_coco"]
 __dir__ = public_dir(__name__, __all__)
@@ -59,16 +62,20 @@ def _pair(name: str, value: Any) -> tuple[Any, Any]:
     return value[0], value[1]
 
 
-def _category_ids(category_ids: Any, num_classes: int) -> list[int]:
+def _category_ids(category_ids: Any, num_classes: int, keypoints: bool = False) -> list[int]:
+    count = num_classes + (1 if keypoints else 0)
     if category_ids is None:
-        return list(range(1, num_classes + 1))
+        return list(range(1, count + 1))
     if isinstance(category_ids, (str, bytes)) or not isinstance(category_ids, Sequence):
         raise TypeError(f"category_ids must be a sequence of int, got {category_ids!r}")
     ids = [_int("category_ids[]", v, 1) for v in category_ids]
-    if len(ids) != num_classes:
-        raise ValueError(
-            f"category_ids must hold num_classes={num_classes} ids, got {len(ids)}: {ids}"
+    if len(ids) != count:
+        expected = (
+            f"num_classes + 1 = {count} ids (the figure's last, keypoints=True)"
+            if keypoints
+            else f"num_classes={num_classes} ids"
         )
+        raise ValueError(f"category_ids must hold {expected}, got {len(ids)}: {ids}")
     if len(set(ids)) != len(ids):
         raise ValueError(f"category_ids must be distinct, got {ids}")
     return ids
@@ -88,6 +95,7 @@ def make_synthetic_coco(
     crowd_prob: float = 0.0,
     empty_prob: float = 0.0,
     category_ids: Sequence[int] | None = None,
+    keypoints: bool = False,
     progress: bool | None = None,
 ) -> Path:
     """Write a synthetic COCO dataset of shapes to ``root`` and return its annotation file.
@@ -106,6 +114,20 @@ def make_synthetic_coco(
     flat colour, chosen at least 120 away (RGB Euclidean distance) from the mean background
     under it. Backgrounds are gradients, soft stripes, checkers or smooth noise of two close
     colours with grey uniform noise (standard deviation 4).
+
+    With ``keypoints=True`` the file is a COCO keypoint file (as ``person_keypoints_*.json``)
+    with one more category, ``"figure"``: a gingerbread figure facing the viewer, with 9 key
+    points inside it (``head``, ``left_shoulder``, ``right_shoulder``, ``left_hand``,
+    ``right_hand``, ``left_hip``, ``right_hip``, ``left_foot``, ``right_foot``; its left on
+    the image's right, as COCO's persons), the category's ``keypoints`` names, its 1-based
+    ``skeleton`` and per-point OKS ``sigmas`` (not a COCO field;
+    `visionblocks.data.CocoKeypoints` reads it). Half the objects are figures (all of them
+    with ``num_classes=0``), at least 24 pixels across and turned at most 20 degrees; a
+    figure's annotation has ``keypoints`` ``[x1, y1, v1, ...]`` (2 decimals) and
+    ``num_keypoints``: each point is visible (``v = 2``, 75%), labelled but flagged not
+    visible (``v = 1``, 15%; it is drawn all the same) or not labelled (``v = 0``, 10%,
+    written ``0, 0, 0`` as COCO does). Crowds are of small figures, with no key point
+    labelled (as COCO's crowds of persons). The shapes' annotations have no key points.
 
     An object's ``segmentation`` is one polygon ``[[x1, y1, x2, y2, ...]]`` (2 decimals), its
     painted pixels are exactly ``COCO.annToMask(ann)``, ``area`` is that mask's pixel count
@@ -130,7 +152,8 @@ def make_synthetic_coco(
         root: Output directory.
         num_images: Number of images N (0 writes an annotation file without images).
         image_size: ``(H, W)`` of every image, each side at least 16.
-        num_classes: Number of categories K, 1 to ``len(SYNTHETIC_CLASSES)`` (10).
+        num_classes: Number of shape categories K, 1 to ``len(SYNTHETIC_CLASSES)`` (10); 0
+            too with ``keypoints=True`` (figures only).
         seed: Non-negative seed; different seeds give different data.
         min_objects: Fewest objects per non-empty image (at least 0).
         max_objects: Most objects per image; the count is uniform in
@@ -143,7 +166,9 @@ def make_synthetic_coco(
         crowd_prob: Probability that a non-empty image also gets one crowd annotation.
         empty_prob: Probability that an image has no objects (and no crowd).
         category_ids: K distinct positive category ids, in class order (``SYNTHETIC_CLASSES``
-            order); non-contiguous or unsorted ids are fine. Default ``1..K``.
+            order); non-contiguous or unsorted ids are fine. Default ``1..K``. With
+            ``keypoints=True``, K + 1 ids, the figure's last (default ``K + 1``).
+        keypoints: Draw figures with key points and write a keypoint file (see above).
         progress: Show a tqdm progress bar (on stderr); None shows it from 200 images on.
 
     Returns:
@@ -173,7 +198,8 @@ def make_synthetic_coco(
         _int(f"image_size[{i}]", v, _MIN_SIDE)
         for i, v in enumerate(_pair("image_size", image_size))
     )
-    num_classes = _int("num_classes", num_classes, 1, len(SYNTHETIC_CLASSES))
+    check_type("keypoints", keypoints, bool)
+    num_classes = _int("num_classes", num_classes, 0 if keypoints else 1, len(SYNTHETIC_CLASSES))
     seed = _int("seed", seed, 0)
     min_objects = _int("min_objects", min_objects, 0)
     max_objects = _int("max_objects", max_objects, min_objects)
@@ -185,7 +211,7 @@ def make_synthetic_coco(
     empty_prob = _number("empty_prob", empty_prob)
     check_range("crowd_prob", crowd_prob, 0.0, 1.0)
     check_range("empty_prob", empty_prob, 0.0, 1.0)
-    ids = _category_ids(category_ids, num_classes)
+    ids = _category_ids(category_ids, num_classes, keypoints)
     if progress is not None:
         check_type("progress", progress, bool)
 
@@ -202,6 +228,8 @@ def make_synthetic_coco(
         "empty_prob": empty_prob,
         "category_ids": ids,
     }
+    if keypoints:  # only then: files written without key points stay as they were
+        params["keypoints"] = True
     root = Path(root)
     (root / "images").mkdir(parents=True, exist_ok=True)
     images, annotations = [], []
@@ -230,8 +258,9 @@ def make_synthetic_coco(
         "annotations": annotations,
         "categories": [
             {"id": cid, "name": SYNTHETIC_CLASSES[k], "supercategory": "shape"}
-            for k, cid in enumerate(ids)
-        ],
+            for k, cid in enumerate(ids[:num_classes])
+        ]
+        + ([figure_category(ids[-1])] if keypoints else []),
     }
     ann_file = root / "annotations.json"
     partial = root / "annotations.json.partial"
