@@ -3,9 +3,9 @@
 The picture is drawn with torch (no downloads): a shaded background with a rectangle, a disc
 and a triangle, each with an instance mask, a box and a key point (its centre). One matrix
 (rotation, scale, shear, translation) warps all of it through
-`visionblocks.ops.warp_targets.warp_sample`. On the right, solid boxes are the warped boxes
-(the box enclosing each warped rectangle) and dashed boxes the tight boxes of the warped
-masks::
+`visionblocks.ops.warp_targets.warp_sample`. On the right, solid boxes are the corner method
+(the box enclosing each warped rectangle: what a sample with boxes only gets) and dashed
+boxes the tight boxes `warp_sample` computes from the warped masks::
 
     python docs/scripts/make_warp_figure.py [OUTPUT_PNG]
 """
@@ -61,15 +61,6 @@ def synthetic_sample() -> tuple[tv_tensors.Image, dict]:
     return tv_tensors.Image(image), target
 
 
-def mask_boxes(masks: torch.Tensor) -> list[list[float]]:
-    out = []
-    for mask in masks:
-        rows, cols = mask.nonzero(as_tuple=True)
-        if len(rows):
-            out.append([cols.min() + 0.0, rows.min() + 0.0, cols.max() + 1.0, rows.max() + 1.0])
-    return out
-
-
 def draw(ax, image, target, title: str, tight: list[list[float]] | None = None) -> None:
     ax.imshow(image.permute(1, 2, 0).numpy(), extent=(0, image.shape[-1], image.shape[-2], 0))
     for k, (x1, y1, x2, y2) in enumerate(target["boxes"].tolist()):
@@ -93,15 +84,17 @@ def main(output: Path = DEFAULT_PNG) -> Path:
     )
     out_size = (H, W)
     warped, warped_target = warp_sample(image, target, matrix, out_size, fill=(235, 235, 235))
+    corners_only = {key: target[key] for key in ("boxes", "labels", "centres")}
+    _, corner_target = warp_sample(image, corners_only, matrix, out_size)
 
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.6))
     draw(axes[0], image, target, "source: boxes and key points (box centres)")
     draw(
         axes[1],
         warped,
-        warped_target,
-        "warp_sample: warped boxes (solid), mask boxes (dashed)",
-        mask_boxes(warped_target["masks"]),
+        corner_target,
+        "warp_sample: corner method (solid), tight boxes (dashed)",
+        warped_target["boxes"].tolist(),
     )
     fig.tight_layout()
     output.parent.mkdir(parents=True, exist_ok=True)

@@ -21,6 +21,7 @@ from visionblocks.cli.demo import run_demo
 from visionblocks.data import (
     CocoCheck,
     CocoInstances,
+    CocoKeypoints,
     CocoSegmentation,
     DetectionBatch,
     DevicePrefetcher,
@@ -55,6 +56,14 @@ def _coco() -> tuple[Path, Path]:
     return folder / "images", Path(ann)
 
 
+@functools.cache
+def _coco_keypoints() -> tuple[Path, Path]:
+    """A tiny synthetic COCO keypoint dataset, written once per test process."""
+    folder = Path(_folder())
+    ann = make_synthetic_coco(folder, num_images=2, image_size=(32, 40), seed=0, keypoints=True)
+    return folder / "images", Path(ann)
+
+
 def _dataset() -> CocoInstances:
     return CocoInstances(*_coco())
 
@@ -85,10 +94,30 @@ def _detection() -> tuple[Any, dict[str, Any]]:
         "ann_file": ann,
         "transforms": None,
         "with_masks": False,
+        "with_polygons": False,
         "remove_empty": False,
         "contiguous_labels": True,
         "crowd": "keep",
         "remove_crowd_only": False,
+        "invalid": "drop",
+        "min_box_size": 0.0,
+    }
+
+
+def _keypoints() -> tuple[Any, dict[str, Any]]:
+    root, ann = _coco_keypoints()
+    return CocoKeypoints, {
+        "root": root,
+        "ann_file": ann,
+        "transforms": None,
+        "with_masks": False,
+        "with_polygons": False,
+        "remove_empty": False,
+        "contiguous_labels": True,
+        "crowd": "keep",
+        "remove_crowd_only": False,
+        "other_categories": "drop",
+        "flip_pairs": [(1, 2), (3, 4), (5, 6), (7, 8)],
         "invalid": "drop",
         "min_box_size": 0.0,
     }
@@ -125,6 +154,21 @@ def _evaluate() -> tuple[Any, dict[str, Any]]:
         "backend": "pycocotools",
         "mask_threshold": 0.5,
     }
+
+
+def _evaluate_keypoints() -> tuple[Any, dict[str, Any]]:
+    gt = {
+        "images": [{"id": 1, "height": 40, "width": 40}],
+        "categories": [{"id": 1, "name": "arm", "keypoints": ["a", "b", "c"]}],
+        "annotations": [
+            {"id": 1, "image_id": 1, "category_id": 1, "iscrowd": 0, "bbox": [5, 5, 20, 25],
+             "area": 400.0, "keypoints": [10, 8, 2, 15, 20, 2, 22, 28, 1], "num_keypoints": 3}
+        ],
+    }  # fmt: skip
+    points = torch.tensor([[[10.0, 8.0], [15.0, 20.0], [22.0, 28.0]]])
+    outputs = {1: {"keypoints": points, "scores": torch.ones(1), "labels": torch.tensor([1])}}
+    return coco_evaluate, {"predictions": outputs, "coco_gt": gt, "iou_type": "keypoints",
+                           "sigmas": [0.05, 0.05, 0.05]}  # fmt: skip
 
 
 def _collate() -> tuple[Any, dict[str, Any]]:
@@ -192,10 +236,28 @@ SPECS: list[Spec] = [
         args=[
             *_coco_args(),
             _bool("with_masks"),
+            _bool("with_polygons"),
             _bool("remove_empty"),
             _bool("contiguous_labels"),
             Arg("crowd", "choice"),
             _bool("remove_crowd_only"),
+        ],
+        errors=(FileNotFoundError,),
+    ),
+    Spec(
+        CocoKeypoints,
+        _keypoints,
+        args=[
+            *_coco_args(),
+            _bool("with_masks"),
+            _bool("with_polygons"),
+            _bool("remove_empty"),
+            _bool("contiguous_labels"),
+            Arg("crowd", "choice"),
+            _bool("remove_crowd_only"),
+            Arg("other_categories", "choice"),
+            # None: the pairs read from the names; "longer" repeats a pair (an index twice)
+            Arg("flip_pairs", "sequence", optional=True),
         ],
         errors=(FileNotFoundError,),
     ),
@@ -220,6 +282,7 @@ SPECS: list[Spec] = [
                 "masks": False,
                 "min_box_size": 0.0,
                 "keep_repairable": False,
+                "keypoints": None,
                 "progress": False,
             },
         ),
@@ -229,6 +292,7 @@ SPECS: list[Spec] = [
             _bool("masks"),
             Arg("min_box_size", "float"),
             _bool("keep_repairable"),
+            Arg("keypoints", "bool", optional=True),  # None: when the file has key points
             Arg("progress", "bool", optional=True),
         ],
         errors=(FileNotFoundError,),
@@ -245,6 +309,13 @@ SPECS: list[Spec] = [
             Arg("mask_threshold", "float"),
         ],
         errors=(FileNotFoundError,),
+    ),
+    Spec(
+        coco_evaluate,
+        _evaluate_keypoints,
+        args=[Arg("predictions", "mapping"), Arg("sigmas", "sequence", optional=True)],
+        errors=(FileNotFoundError,),
+        label="keypoints",
     ),
     Spec(
         collate_detection,
@@ -293,6 +364,7 @@ SPECS: list[Spec] = [
                 "image_size": (16, 24),
                 "num_classes": 2,
                 "seed": 0,
+                "keypoints": False,
             },
         ),
         args=[
@@ -301,6 +373,7 @@ SPECS: list[Spec] = [
             Arg("image_size", "sequence"),
             Arg("num_classes", "int", skip={"huge"}),
             Arg("seed", "int"),
+            _bool("keypoints"),
         ],
     ),
     Spec(

@@ -156,6 +156,39 @@ BOX_SPECS: list[Spec] = [
         )
         for spec in _box_loss_module_specs(cls)
     ),
+    Spec(
+        ops.keypoint_oks,
+        _call(
+            ops.keypoint_oks,
+            pred=lambda: torch.tensor(
+                [[[1.0, 2.0], [3.0, 4.0], [5.0, 5.0]], [[0.0, 0.0], [2.0, 2.5], [4.0, 6.0]]]
+            ),
+            gt=lambda: torch.tensor(
+                [
+                    [[1.0, 2.0], [3.0, 3.0], [5.0, 6.0]],
+                    [[1.0, 1.0], [2.0, 2.0], [3.0, 3.0]],
+                    [[0.0, 0.0], [0.0, 0.0], [0.0, 0.0]],
+                ]
+            ),
+            visibility=lambda: torch.tensor([[2, 1, 0], [2, 2, 2], [0, 0, 0]]),
+            areas=lambda: torch.tensor([16.0, 8.0, 4.0]),
+            sigmas=[0.5, 0.5, 1.0],
+            boxes=lambda: torch.tensor(
+                [[1.0, 2.0, 5.0, 6.0], [1.0, 1.0, 3.0, 3.0], [0.0, 0.0, 2.0, 2.0]]
+            ),
+            box_fmt="xyxy",
+        ),
+        args=[
+            Arg("pred", "tensor", accept={"dtype"}),  # integer coordinates are fine
+            Arg("gt", "tensor", accept={"dtype"}),
+            Arg("visibility", "int_tensor"),
+            Arg("areas", "tensor", accept={"dtype"}),
+            Arg("sigmas", "sequence"),
+            Arg("boxes", "tensor", optional=True, accept={"dtype"}),
+            Arg("box_fmt", "choice"),
+        ],
+        equivalences=_HALF,
+    ),
 ]
 
 
@@ -178,7 +211,22 @@ def _sample() -> dict[str, Any]:
         [[1.0, 1.0, 4.0, 3.0], [0.0, 2.0, 2.0, 5.0]], format="XYXY", canvas_size=(5, 6)
     )
     masks = tv_tensors.Mask(torch.zeros(2, 5, 6, dtype=torch.uint8))
-    return {"boxes": boxes, "masks": masks, "labels": torch.tensor([1, 2])}
+    points = tv_tensors.KeyPoints(
+        [[[1.0, 1.0], [3.0, 2.0], [2.0, 2.0]], [[0.0, 3.0], [1.0, 4.0], [0.5, 2.5]]],
+        canvas_size=(5, 6),
+    )
+    return {
+        "boxes": boxes,
+        "masks": masks,
+        "labels": torch.tensor([1, 2]),
+        "keypoints": points,
+        "keypoints_visibility": torch.tensor([[2, 2, 1], [0, 2, 2]]),
+        "polygons": [[torch.tensor([[1.0, 1.0], [4.0, 2.0], [2.0, 3.0]])], []],
+    }
+
+
+def _keypoints() -> torch.Tensor:
+    return torch.tensor([[[0.0, 0.0], [4.0, 2.0], [1.5, 3.0]]])
 
 
 def _warp_sample(**kwargs: Any) -> Any:
@@ -289,6 +337,40 @@ WARP_SPECS: list[Spec] = [
         equivalences=_HALF,
     ),
     Spec(
+        ops.warp_keypoints,
+        _call(
+            ops.warp_keypoints,
+            points=_keypoints,
+            matrix=_matrix,
+            size=(5, 6),
+            visibility=lambda: torch.tensor([[2, 1, 0]]),
+            flip_pairs=[(1, 2)],
+        ),
+        args=[
+            # as warp_points: integer points give floats, leading dims broadcast
+            Arg("points", "tensor", accept={"dtype", "rank_up"}),
+            Arg("matrix", "tensor", accept={"rank_up"}),
+            Arg("size", "sequence"),
+            Arg("visibility", "int_tensor", optional=True),  # None: all visible
+            Arg("flip_pairs", "sequence", optional=True),  # None: a mirror is refused
+        ],
+        equivalences=_HALF,
+    ),
+    Spec(
+        ops.keypoint_flip_pairs,
+        _call(ops.keypoint_flip_pairs, names=["nose", "left_eye", "right_eye"]),
+        args=[Arg("names", "sequence")],  # "longer" repeats a name: refused
+    ),
+    Spec(
+        ops.flip_permutation,
+        _call(ops.flip_permutation, num_keypoints=3, pairs=[(1, 2)]),
+        args=[
+            # K sizes the result: 10**9 entries is a request to honour, not to test here
+            Arg("num_keypoints", "int", skip={"huge"}),
+            Arg("pairs", "sequence"),  # "longer" repeats a pair: an index in two pairs
+        ],
+    ),
+    Spec(
         ops.warp_boxes,
         _call(ops.warp_boxes, boxes=_boxes2, matrix=_matrix, size=(6, 6)),
         args=[
@@ -326,6 +408,7 @@ WARP_SPECS: list[Spec] = [
             mask_fill=0,
             min_size=1.0,
             instance_keys=("labels",),
+            flip_pairs=[(1, 2)],
         ),
         args=[
             Arg("image", "tensor", accept={"dtype"}),
@@ -337,6 +420,7 @@ WARP_SPECS: list[Spec] = [
             Arg("mask_fill", "int"),
             Arg("min_size", "float", optional=True),  # None keeps every box
             Arg("instance_keys", "sequence", accept={"longer"}),  # a repeated key is harmless
+            Arg("flip_pairs", "sequence", optional=True),  # None: a mirror is refused
         ],
         equivalences=("noncontiguous",),
     ),

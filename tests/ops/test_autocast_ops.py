@@ -33,7 +33,12 @@ CUDA_AUTOCASTS = cuda_autocast_dtypes(
     "CUDA not available: the CUDA autocast (and Triton kernel) checks need a GPU"
 )
 
-NOT_APPLICABLE = {"BOX_FORMATS": "a tuple of format names: no computation"}
+NOT_APPLICABLE = {
+    "BOX_FORMATS": "a tuple of format names: no computation",
+    "keypoint_flip_pairs": "names to index pairs: no tensors",
+    "flip_permutation": "index pairs to an int64 index: no floating computation",
+    "COCO_PERSON_SIGMAS": "a tuple of 17 floats: no computation",
+}
 LOSSES = {
     name: "a loss: its autocast behaviour is tested with the losses"
     for name in ops.__all__
@@ -192,6 +197,29 @@ CASES = [
         "warp_points",
         lambda d: (ops.warp_points, [_randn(d, 2, 50, 2).abs() * 300, _matrices(d)]),
         "rounded",
+    ),
+    Case(
+        "warp_keypoints",
+        lambda d: (
+            # the points (the visibility is integer: autocast has nothing to change there)
+            lambda p, m: ops.warp_keypoints(p, m, (480, 640), None, [(0, 1), (2, 3)])[0],
+            [_randn(d, 2, 3, 5, 2).abs() * 300, _matrices(d)[:, None]],
+        ),
+        "rounded",
+    ),
+    Case(
+        "keypoint_oks",
+        lambda d: (
+            lambda p, g, a: ops.keypoint_oks(
+                p, g, torch.full((4, 17), 2, device=d), a, boxes=_boxes(4, d, 9)
+            ),
+            [
+                _randn(d, 3, 17, 2) * 20 + 50,
+                _randn(d, 4, 17, 2, seed=1) * 20 + 50,
+                _randn(d, 4, seed=2).abs() * 500 + 100,
+            ],
+        ),
+        "float32",
     ),
     Case(
         "warp_boxes",

@@ -27,6 +27,9 @@ Case = Callable[[torch.device], tuple[Callable[..., Any], tuple[Tensor, ...]]]
 
 NOT_TENSOR_OPS = {
     "ops.BOX_FORMATS": "a tuple of format names",
+    "ops.COCO_PERSON_SIGMAS": "a tuple of 17 floats (COCO's person OKS sigmas)",
+    "ops.keypoint_flip_pairs": "key point names (str) to index pairs: no tensors",
+    "ops.flip_permutation": "ints and index pairs in, a constant index out: no tensor inputs",
 }
 
 # Names whose case is the losses' backward as well as their forward.
@@ -153,7 +156,26 @@ CASES: dict[str, Case] = {
         lambda mk, m: O.warp_masks(mk, m, (5, 8)),
         ((_image(d, 3)[0] > 0), _matrix(d)),
     ),
+    "ops.keypoint_oks": lambda d: (
+        lambda p, g, v, a, b: O.keypoint_oks(p, g, v, a, boxes=b),
+        (
+            _randn(d, 3, 17, 2) * 10,
+            _randn(d, 4, 17, 2) * 10,
+            torch.randint(0, 3, (4, 17), generator=_gen()).to(d),
+            _randn(d, 4).abs() * 100,
+            _boxes(d, 4),
+        ),
+    ),
     "ops.warp_points": lambda d: (O.warp_points, (_randn(d, 2, 5, 2), _matrix(d, 2)[:, None])),
+    # A mirroring matrix among two: the pairs swap by torch.where, nothing read.
+    "ops.warp_keypoints": lambda d: (
+        lambda p, m, v: O.warp_keypoints(p, m, (6, 8), v, [(1, 2)]),
+        (
+            _randn(d, 2, 3, 2) * 4,
+            (_matrix(d, 2) * torch.tensor([[[1.0], [1.0]], [[-1.0], [1.0]]], device=d))[:, None],
+            torch.tensor([[2, 1, 0], [2, 2, 1]], device=d),
+        ),
+    ),
     # target=None: with boxes and min_size set, which boxes survive is data dependent.
     "ops.warp_sample": lambda d: (
         lambda x, m: O.warp_sample(x, None, m, (5, 8))[0],

@@ -149,11 +149,22 @@ def _warp_sample() -> tuple:
     boxes = tv_tensors.BoundingBoxes(_boxes(3, 9) / 2, format="XYXY", canvas_size=(16, 14))
     masks = tv_tensors.Mask((torch.rand(3, 16, 14, generator=_gen(9)) > 0.5).to(torch.uint8))
     image = tv_tensors.Image(torch.rand(3, 16, 14, generator=_gen(10)))
+    points = tv_tensors.KeyPoints(_boxes(3, 13).view(3, 2, 2) / 2, canvas_size=(16, 14))
+    # tight boxes: polygons for instances 0 and 2, the mask for instance 1
+    polygons = [[_boxes(2, 11).view(4, 2) / 2], [], [_boxes(3, 12).view(6, 2) / 2]]
     m = ops.affine_matrix(angle=-9.0, translate=(2.0, 1.0), center=(7.0, 8.0))
-    out, target = ops.warp_sample(
-        image, {"boxes": boxes, "masks": masks, "labels": torch.arange(3)}, m
-    )
-    return out.as_subclass(Tensor), *(t.as_subclass(Tensor) for t in target.values())
+    m = m * torch.tensor([[-1.0], [1.0]]) + torch.tensor([[0.0, 0.0, 13.0], [0.0, 0.0, 0.0]])
+    target = {
+        "boxes": boxes,
+        "masks": masks,
+        "labels": torch.arange(3),
+        "keypoints": points,
+        "keypoints_visibility": torch.tensor([[2, 1], [0, 2], [1, 1]]),
+        "polygons": polygons,
+    }
+    out, target = ops.warp_sample(image, target, m, flip_pairs=[(0, 1)])
+    warped = [p for entry in target.pop("polygons") for p in entry]
+    return out.as_subclass(Tensor), *(t.as_subclass(Tensor) for t in target.values()), *warped
 
 
 def _cross_entropy(fn: Callable[..., Tensor]) -> Callable[[], tuple]:
@@ -217,10 +228,17 @@ def _matrices() -> tuple:
 
 def _warp_targets() -> tuple:
     m = _affine()[0]
+    mirrored = m[:2, None] * torch.tensor([[[1.0], [1.0]], [[-1.0], [1.0]]])  # (2, 1, 2, 3)
+    visibility = torch.tensor([[2, 1], [0, 2]]).expand(2, 2, 2)
     masks = (torch.rand(3, 9, 8, generator=_gen(20)) > 0.5).to(torch.uint8)
     return (
         *_run(lambda b, a: ops.warp_boxes(b, a, (20, 20)), _boxes(4, 18), m[0]),
         *_run(ops.warp_points, _boxes(4, 19).view(4, 2, 2), m[:1]),
+        *_run(
+            lambda p, a: ops.warp_keypoints(p, a, (20, 20), visibility, [(0, 1)]),
+            _boxes(4, 19).view(2, 2, 2, 2),
+            mirrored,
+        ),
         ops.warp_masks(masks, m[0]),
     )
 
@@ -231,7 +249,24 @@ def _layer(build: Callable[[], torch.nn.Module], kernel: str, *shape: int) -> Ca
     return Case(lambda: _module(build, x), kernel=kernel)
 
 
+def _oks() -> tuple:
+    g = _gen(21)
+    gt = torch.rand(4, 17, 2, generator=g) * 50
+    pred = gt.repeat(3, 1, 1) + torch.randn(12, 17, 2, generator=g)
+    visibility = torch.randint(0, 3, (4, 17), generator=g)
+    visibility[0] = 0  # no labelled point: pycocotools' grown-box rule
+    areas = torch.rand(4, generator=g) * 400 + 100
+    return _run(
+        lambda p, t, a, b: ops.keypoint_oks(p, t, visibility, a, boxes=b),
+        pred,
+        gt,
+        areas,
+        _boxes(4, 22),
+    )
+
+
 CASES: dict[str, Case] = {
+    "keypoint_oks": Case(_oks),
     "affine_matrix": Case(_affine),
     "invert_affine": Case(_matrices),
     "matrix_to_theta": Case(_matrices),
@@ -244,6 +279,7 @@ CASES: dict[str, Case] = {
     "warp_affine": Case(_warp, native=WARP),
     "warp_boxes": Case(_warp_targets),
     "warp_points": Case(_warp_targets),
+    "warp_keypoints": Case(_warp_targets),
     "warp_masks": Case(_warp_targets),
     "warp_sample": Case(_warp_sample, native=WARP),
     "local_filter2d": Case(_local_filter, kernel=LF),
@@ -278,7 +314,13 @@ NN_PLAIN = {
     "make_norm",
 }  # fmt: skip
 """`visionblocks.nn` names built from torch layers and ops only (no custom op, no kernel)."""
-NOT_OPS = {"BOX_FORMATS"}  # constants
+NOT_OPS = {
+    "BOX_FORMATS",
+    "COCO_PERSON_SIGMAS",
+    "keypoint_flip_pairs",
+    "flip_permutation",
+}  # constants; names to
+# index pairs and pairs to an index (no tensor computation to repeat)
 
 
 @contextmanager

@@ -1,17 +1,19 @@
 """COCO data: dataset wrappers, batching, sampling, evaluation and a synthetic COCO generator.
 
-- `CocoInstances`, `CocoSegmentation`: COCO annotations as ``tv_tensors`` (registered in
-  ``DATASETS`` as ``coco_detection`` / ``coco`` / ``coco_instances`` and
-  ``coco_segmentation``);
-  `instance_fields` keeps their per-instance rows aligned in ``SanitizeBoundingBoxes``.
+- `CocoInstances`, `CocoSegmentation`, `CocoKeypoints`: COCO annotations as ``tv_tensors``
+  (registered in ``DATASETS`` as ``coco_detection`` / ``coco`` / ``coco_instances``,
+  ``coco_segmentation`` and ``coco_keypoints``); `instance_fields` keeps their per-instance
+  rows aligned in ``SanitizeBoundingBoxes``.
 - `check_coco` / `CocoCheck`: every problem of an annotation file from the field (what
   ``visionblocks check-coco`` prints), and a cleaned copy; `INVALID_REASONS` names them.
 - `collate_detection` / `DetectionBatch`: pad a batch into one tensor, keep sizes and targets.
 - `aspect_ratio_groups`, `GroupedBatchSampler`: batches of like-shaped images (with
   ``DistributedSampler`` too).
 - `prefetch_to_device`, `move_to_device`: host-to-device copies, overlapped on CUDA.
-- `coco_evaluate`: the twelve COCO numbers of model outputs, gathered across ranks.
-- `make_synthetic_coco`: the built-in default data, written as a real COCO dataset.
+- `coco_evaluate`: the COCO numbers of model outputs (boxes, masks, key points by OKS), gathered
+  across ranks.
+- `make_synthetic_coco`: the built-in default data, written as a real COCO dataset (a
+  keypoint dataset with ``keypoints=True``).
 
 ``CocoDetection`` is a deprecated alias of `CocoInstances` (removed in 0.3).
 """
@@ -24,18 +26,22 @@ from visionblocks.data._coco_checks import INVALID_REASONS
 from visionblocks.data.check import CocoCheck, check_coco
 from visionblocks.data.coco import CocoInstances, instance_fields
 from visionblocks.data.collate import DetectionBatch, collate_detection
-from visionblocks.data.evaluate import COCO_STAT_NAMES, coco_evaluate
+from visionblocks.data.evaluate import COCO_KEYPOINT_STAT_NAMES, COCO_STAT_NAMES, coco_evaluate
+from visionblocks.data.keypoints import COCO_KEYPOINT_NAMES, CocoKeypoints
 from visionblocks.data.prefetch import DevicePrefetcher, move_to_device, prefetch_to_device
 from visionblocks.data.samplers import GroupedBatchSampler, aspect_ratio_groups
 from visionblocks.data.segmentation import CocoSegmentation
 from visionblocks.data.synthetic import SYNTHETIC_CLASSES, make_synthetic_coco
 
 __all__ = [
+    "COCO_KEYPOINT_NAMES",
+    "COCO_KEYPOINT_STAT_NAMES",
     "COCO_STAT_NAMES",
     "INVALID_REASONS",
     "SYNTHETIC_CLASSES",
     "CocoCheck",
     "CocoInstances",
+    "CocoKeypoints",
     "CocoSegmentation",
     "DetectionBatch",
     "DevicePrefetcher",

@@ -1,5 +1,6 @@
 """Turning model outputs into COCO result dicts for `visionblocks.data.coco_evaluate`
-(private): box and mask outputs per image, label mapping, validation of result dicts."""
+(private): box, mask and key-point outputs per image, label mapping, validation of result
+dicts."""
 
 from __future__ import annotations
 
@@ -13,11 +14,13 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from visionblocks._core.tensor_checks import check_tensor
+from visionblocks._core.tensor_checks import check_real, check_tensor
 
 __all__ = ["RESULT_KEYS", "as_int", "ids_text", "to_results"]
 
-RESULT_KEYS = {"category_id", "bbox", "segmentation"}  # any of them: a COCO result dict
+# Any of them: a COCO result dict ("score": every result has one, per-image outputs "scores";
+# a key-point result's "keypoints" is no sign, per-image key-point outputs have that key too).
+RESULT_KEYS = {"category_id", "bbox", "segmentation", "score"}
 
 
 def ids_text(ids: Iterable[Any], limit: int = 8) -> str:
@@ -86,10 +89,54 @@ def _encode_masks(where: str, masks: Any, n: int, size: tuple[int, int], thresho
     return [{"size": list(r["size"]), "counts": r["counts"].decode("ascii")} for r in rles]
 
 
+def _check_keypoint_output(where: str, output: Any, k: int) -> tuple[Tensor, Tensor, Tensor]:
+    """``(keypoints (N, K, 3) float64 with COCO's third value, scores, labels)`` on the CPU."""
+    if not isinstance(output, Mapping):
+        raise TypeError(f"{where} must be a dict of tensors, got {type(output).__name__}")
+    missing = [key for key in ("keypoints", "scores", "labels") if key not in output]
+    if missing:
+        raise ValueError(
+            f"{where} has no {missing} (iou_type='keypoints'); got keys {sorted(map(str, output))}"
+        )
+    points = check_real(f"{where}['keypoints']", output["keypoints"]).detach()
+    scores = check_real(f"{where}['scores']", output["scores"]).detach()
+    labels = check_tensor(f"{where}['labels']", output["labels"]).detach()
+    if points.dim() != 3 or points.shape[1] != k or points.shape[2] not in (2, 3):
+        raise ValueError(
+            f"{where}['keypoints'] must have shape (N, {k}, 2) or (N, {k}, 3), K = {k} key "
+            f"points as in coco_gt, got {tuple(points.shape)}"
+        )
+    n = points.shape[0]
+    for name, t in (("scores", scores), ("labels", labels)):
+        if t.shape != (n,):
+            raise ValueError(f"{where}['{name}'] must have shape ({n},), got {tuple(t.shape)}")
+    if labels.is_floating_point() or labels.is_complex() or labels.dtype == torch.bool:
+        raise TypeError(f"{where}['labels'] must be an integer tensor, got dtype {labels.dtype}")
+    third = points[..., 2] if points.shape[2] == 3 else torch.ones(points.shape[:2])
+    if output.get("keypoints_scores") is not None:
+        third = check_real(f"{where}['keypoints_scores']", output["keypoints_scores"]).detach()
+        if third.shape != (n, k):
+            raise ValueError(
+                f"{where}['keypoints_scores'] must have shape ({n}, {k}), got {tuple(third.shape)}"
+            )
+    points = torch.cat(
+        [points[..., :2].to("cpu", torch.float64), third.to("cpu", torch.float64)[..., None]], -1
+    )
+    scores = scores.to("cpu", torch.float64)
+    if not (bool(torch.isfinite(points).all()) and bool(torch.isfinite(scores).all())):
+        raise ValueError(
+            f"{where}: keypoints, keypoints_scores and scores must be finite (found NaN or inf)"
+        )
+    return points, scores, labels.cpu()
+
+
 def _outputs_to_results(
     image_id: int, output: Any, where: str, ctx: dict[str, Any]
 ) -> list[dict[str, Any]]:
-    boxes, scores, labels = _check_box_output(where, output)
+    if ctx["iou_type"] == "keypoints":
+        points, scores, labels = _check_keypoint_output(where, output, ctx["num_keypoints"])
+    else:
+        boxes, scores, labels = _check_box_output(where, output)
     label_map = ctx["label_map"]
     labels_list = labels.tolist()
     if label_map is None:
@@ -106,6 +153,9 @@ def _outputs_to_results(
         {"image_id": image_id, "category_id": int(c), "score": float(s)}
         for c, s in zip(category_ids, scores.tolist())
     ]
+    if ctx["iou_type"] == "keypoints":  # [x1, y1, v1, x2, ...], COCO's keypoint results
+        flat = points.flatten(1).tolist()
+        return [{**r, "keypoints": p} for r, p in zip(common, flat)]
     if ctx["iou_type"] == "bbox":
         xywh = torch.cat([boxes[:, :2], boxes[:, 2:] - boxes[:, :2]], dim=1).tolist()
         return [{**r, "bbox": b} for r, b in zip(common, xywh)]
@@ -129,7 +179,7 @@ def _plain(value: Any) -> Any:
 def _check_result(result: Any, where: str, ctx: dict[str, Any]) -> dict[str, Any]:
     if not isinstance(result, Mapping):
         raise TypeError(f"{where} must be a dict, got {type(result).__name__}")
-    key = "bbox" if ctx["iou_type"] == "bbox" else "segmentation"
+    key = {"bbox": "bbox", "segm": "segmentation"}.get(ctx["iou_type"], "keypoints")
     missing = [k for k in ("image_id", "category_id", "score", key) if k not in result]
     if missing:
         raise ValueError(f"{where} has no {missing} (iou_type={ctx['iou_type']!r})")
@@ -141,7 +191,22 @@ def _check_result(result: Any, where: str, ctx: dict[str, Any]) -> dict[str, Any
     if not isinstance(score, numbers.Real) or not np.isfinite(score):
         raise ValueError(f"{where}['score'] must be a finite number, got {score!r}")
     out = {"image_id": image_id, "category_id": category_id, "score": float(score)}
-    value = _plain(result[key]) if key == "bbox" else result[key]
+    value = _plain(result[key]) if key != "segmentation" else result[key]
+    if key == "keypoints":
+        k = ctx["num_keypoints"]
+        ok = isinstance(value, Sequence) and not isinstance(value, (str, bytes))
+        if not ok or len(value) != 3 * k:
+            got = f"{len(value)} values" if ok else repr(value)
+            raise ValueError(
+                f"{where}['keypoints'] must be a flat list of 3 * K = {3 * k} numbers "
+                f"[x1, y1, v1, ..., xK, yK, vK] (K = {k} key points as in coco_gt), got {got}"
+            )
+        if not all(isinstance(v, numbers.Real) and np.isfinite(v) for v in value):
+            raise ValueError(
+                f"{where}['keypoints'] must hold finite numbers, got {str(value)[:120]}"
+            )
+        out["keypoints"] = [float(v) for v in value]
+        return out
     if key == "bbox":
         ok = isinstance(value, Sequence) and len(value) == 4
         if not ok or not all(isinstance(v, numbers.Real) and np.isfinite(v) for v in value):

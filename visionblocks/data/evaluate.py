@@ -1,8 +1,10 @@
-"""COCO box and mask evaluation (AP/AR) of model outputs, single-process or distributed.
+"""COCO box, mask and keypoint evaluation (AP/AR) of model outputs, single-process or
+distributed.
 
 `coco_evaluate` turns per-image model outputs (or ready COCO result dicts) into COCO results,
 gathers them from every rank, runs ``COCOeval`` (pycocotools or faster_coco_eval) once on rank
-0 and hands the twelve standard numbers to every rank.
+0 and hands the standard numbers to every rank: the twelve of `COCO_STAT_NAMES` for boxes and
+masks, the ten of `COCO_KEYPOINT_STAT_NAMES` for key points.
 """
 
 from __future__ import annotations
@@ -14,22 +16,32 @@ import os
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Literal
 
+import numpy as np
 import torch
 
 from visionblocks._core.checks import check_choice, check_range, check_type
 from visionblocks._core.namespace import public_dir
 from visionblocks.data._coco_results import as_int, ids_text, to_results
 from visionblocks.distributed import all_gather_object, get_rank, get_world_size
+from visionblocks.ops.oks import COCO_PERSON_SIGMAS
 
-__all__ = ["COCO_STAT_NAMES", "coco_evaluate"]
+__all__ = ["COCO_KEYPOINT_STAT_NAMES", "COCO_STAT_NAMES", "coco_evaluate"]
 __dir__ = public_dir(__name__, __all__)
 
 COCO_STAT_NAMES: tuple[str, ...] = (
     *("AP", "AP50", "AP75", "APs", "APm", "APl"),
     *("AR1", "AR10", "AR100", "ARs", "ARm", "ARl"),
 )
-"""The keys of `coco_evaluate`'s result, in COCOeval's ``stats`` order."""
-_IOU_TYPES = ("bbox", "segm")
+"""The keys of `coco_evaluate`'s result for ``"bbox"`` and ``"segm"``, in COCOeval's ``stats``
+order."""
+COCO_KEYPOINT_STAT_NAMES: tuple[str, ...] = (
+    *("AP", "AP50", "AP75", "APm", "APl"),
+    *("AR", "AR50", "AR75", "ARm", "ARl"),
+)
+"""The keys of `coco_evaluate`'s result for ``"keypoints"``, in COCOeval's ``stats`` order (its
+keypoint summary: OKS thresholds instead of IoU ones, up to 20 detections per image, no small
+objects)."""
+_IOU_TYPES = ("bbox", "segm", "keypoints")
 _BACKENDS = ("pycocotools", "faster_coco_eval")
 _ACCEPTED_GT = "a COCO object, a path to an annotation JSON, a COCO-format dict or a dataset"
 
@@ -136,6 +148,121 @@ def _complete_ground_truth(coco: Any, iou_type: str, image_ids: set[int]) -> Non
         )
 
 
+def _complete_keypoints(coco: Any) -> int:
+    """K of a keypoint ground truth; its annotations completed in place for COCOeval.
+
+    K comes from the annotations' ``keypoints`` ``[x1, y1, v1, ...]`` and the categories'
+    key point names, which must agree. An annotation without ``keypoints`` gets ``K``
+    unlabelled ones (as `visionblocks.data.CocoKeypoints` reads it; COCOeval then ignores
+    it, where pycocotools would raise a bare ``KeyError``), ``num_keypoints`` defaults to the
+    number of labelled points (``v > 0``).
+    """
+    annotations = coco.dataset.get("annotations", [])
+    found: dict[int, list[int]] = {}
+    malformed = []
+    for ann in annotations:
+        points = ann.get("keypoints")
+        if points is None:
+            continue
+        if not isinstance(points, list) or not points or len(points) % 3:
+            malformed.append(ann["id"])
+        else:
+            found.setdefault(len(points) // 3, []).append(ann["id"])
+    if malformed:
+        raise ValueError(
+            f"iou_type='keypoints': ground-truth annotations {ids_text(malformed)} have keypoints "
+            "that are not a flat list [x1, y1, v1, ..., xK, yK, vK]"
+        )
+    where = {k: [f"annotations {ids_text(ids)}"] for k, ids in found.items()}
+    for cat in coco.cats.values():
+        names = cat.get("keypoints")
+        if isinstance(names, list) and names:
+            where.setdefault(len(names), []).append(f"category {cat['id']}")
+    if not where:
+        raise ValueError(
+            "iou_type='keypoints' needs a keypoint ground truth (as person_keypoints_*.json), "
+            "but no annotation of coco_gt has 'keypoints' and no category names key points"
+        )
+    if len(where) > 1:
+        several = "; ".join(f"K={k} in {', '.join(parts)}" for k, parts in where.items())
+        raise ValueError(
+            "iou_type='keypoints' evaluates one set of K key points (one sigma each), but the "
+            f"ground truth has several: {several}"
+        )
+    k = next(iter(where))
+    contradicting = []
+    for ann in annotations:
+        if "keypoints" not in ann:
+            if ann.get("num_keypoints", 0):
+                contradicting.append(ann["id"])
+            ann["keypoints"] = [0] * (3 * k)
+        ann.setdefault("num_keypoints", sum(1 for v in ann["keypoints"][2::3] if v > 0))
+    if contradicting:
+        raise ValueError(
+            f"ground-truth annotations {ids_text(contradicting)} have num_keypoints > 0 but no "
+            "keypoints"
+        )
+    return k
+
+
+def _keypoint_sigmas(coco: Any, k: int, sigmas: Any) -> np.ndarray:
+    """The K OKS sigmas, float64: ``sigmas``, else the keypoint categories' ``sigmas`` (one
+    set; the field `visionblocks.data.CocoKeypoints` reads), else COCO's 17 when K = 17."""
+    source = "sigmas"
+    if sigmas is None:
+        given = {
+            tuple(_sigma_values(cat["sigmas"], f"the sigmas of category {cat['id']}"))
+            for cat in coco.cats.values()
+            if cat.get("keypoints") and cat.get("sigmas") is not None
+        }
+        if len(given) > 1:
+            raise ValueError(
+                "sigmas: the keypoint categories of coco_gt give different sigmas, but COCOeval "
+                "uses one set: pass sigmas="
+            )
+        if given:
+            sigmas, source = list(given.pop()), "the categories' sigmas"
+    if sigmas is None:
+        if k != len(COCO_PERSON_SIGMAS):
+            raise ValueError(
+                f"sigmas: the ground truth has K={k} key points and its categories give no "
+                f"sigmas; the default ones are COCO's {len(COCO_PERSON_SIGMAS)} person sigmas: "
+                "pass sigmas=, one per key point"
+            )
+        sigmas = COCO_PERSON_SIGMAS
+    values = _sigma_values(sigmas, source)
+    if len(values) != k:
+        raise ValueError(
+            f"{source} must hold one value per key point of the ground truth (K={k}), got "
+            f"{len(values)}"
+        )
+    return np.asarray(values, dtype=np.float64)
+
+
+def _sigma_values(sigmas: Any, source: str = "sigmas") -> list[float]:
+    """``sigmas`` (a sequence, array or 1-D tensor) as a list of finite positive floats."""
+    if isinstance(sigmas, torch.Tensor):
+        if sigmas.dim() != 1 or sigmas.is_complex() or sigmas.dtype == torch.bool:
+            raise ValueError(
+                f"{source} must be a 1-D real tensor, got shape {tuple(sigmas.shape)} "
+                f"and dtype {sigmas.dtype}"
+            )
+        sigmas = sigmas.detach().cpu().tolist()
+    elif isinstance(sigmas, np.ndarray):
+        sigmas = sigmas.tolist()
+    if isinstance(sigmas, (str, bytes)) or not isinstance(sigmas, Sequence):
+        raise TypeError(
+            f"{source} must be a sequence of floats (or an array or a tensor), got "
+            f"{type(sigmas).__name__} ({sigmas!r})"
+        )
+    for i, s in enumerate(sigmas):
+        if isinstance(s, bool) or not isinstance(s, (int, float)):
+            raise TypeError(f"{source}[{i}] must be a float, got {type(s).__name__} ({s!r})")
+        if not 0 < s < float("inf"):  # also False for NaN
+            raise ValueError(f"{source} must be finite and > 0, got {source}[{i}] = {s!r}")
+    return [float(s) for s in sigmas]
+
+
 def _run_cocoeval(
     coco: Any,
     results: list[dict[str, Any]],
@@ -143,6 +270,7 @@ def _run_cocoeval(
     iou_type: str,
     backend: str,
     verbose: bool,
+    sigmas: np.ndarray | None = None,
 ) -> list[float]:
     quiet = contextlib.nullcontext() if verbose else contextlib.redirect_stdout(io.StringIO())
     with quiet:
@@ -169,10 +297,13 @@ def _run_cocoeval(
                 coco_dt.createIndex()
             evaluator = COCOeval(coco, coco_dt, iou_type)
         evaluator.params.imgIds = sorted(image_ids)
+        if iou_type == "keypoints":
+            evaluator.params.kpt_oks_sigmas = sigmas
         evaluator.evaluate()
         evaluator.accumulate()
         evaluator.summarize()
-    return [float(s) for s in evaluator.stats[: len(COCO_STAT_NAMES)]]
+    names = COCO_KEYPOINT_STAT_NAMES if iou_type == "keypoints" else COCO_STAT_NAMES
+    return [float(s) for s in evaluator.stats[: len(names)]]
 
 
 def _gather(payload: tuple) -> list[tuple]:
@@ -213,19 +344,25 @@ def coco_evaluate(
     | str
     | os.PathLike[str],
     coco_gt: Any,
-    iou_type: Literal["bbox", "segm"] = "bbox",
+    iou_type: Literal["bbox", "segm", "keypoints"] = "bbox",
     backend: Literal["pycocotools", "faster_coco_eval"] = "pycocotools",
     *,
     label_to_category_id: Mapping[int, int] | Sequence[int] | None = None,
     image_ids: Iterable[int] | None = None,
     mask_threshold: float = 0.5,
+    sigmas: Sequence[float] | np.ndarray | torch.Tensor | None = None,
     verbose: bool = False,
 ) -> dict[str, float]:
-    """COCO AP/AR of detections or instance masks: the twelve numbers of ``COCOeval.summarize``.
+    """COCO AP/AR of detections, instance masks or poses: the numbers of ``COCOeval.summarize``.
 
     Standard COCO protocol and defaults throughout: IoU thresholds 0.50:0.05:0.95, 101 recall
     points, ``maxDets`` (1, 10, 100), area ranges small < 32² ≤ medium < 96² ≤ large, crowd
     ground truth matched but ignored, every category of ``coco_gt`` evaluated.
+
+    ``iou_type="keypoints"`` is COCO's keypoint protocol (pycocotools' ``iouType=
+    "keypoints"``): OKS (`visionblocks.ops.oks.keypoint_oks`) in place of IoU, the same
+    thresholds, ``maxDets`` 20, area ranges medium and large only; ground truths without a
+    labelled key point (``num_keypoints == 0``) and crowds are ignored.
 
     Distributed:
         With ``torch.distributed`` initialised, **call it on every rank** (it is a collective).
@@ -246,19 +383,34 @@ def coco_evaluate(
             (Tensor[N, H, W] or Tensor[N, 1, H, W])`` at the image's size: bool/integer
             (non-zero is foreground) or float probabilities (``> mask_threshold``). Any device
             and floating dtype; gradients are ignored; other keys are ignored. An image may have
-            N = 0 (then ``masks`` may be absent). Or a list of COCO result dicts
-            ``{"image_id", "category_id", "score", "bbox": [x, y, w, h]}`` (``"bbox"``) or
-            ``... "segmentation": {"size": [H, W], "counts": str}`` (``"segm"``), which are
-            validated and copied, never modified; or the path of a COCO results JSON file
-            holding such a list (what ``COCO.loadRes`` reads and detectron2/mmdet write). An
-            empty dict/list is allowed.
+            N = 0 (then ``masks`` may be absent). For ``"keypoints"``, ``output`` holds
+            ``keypoints (Tensor[N, K, 2] or Tensor[N, K, 3])`` ``(x, y[, v])`` in pixels of the
+            original image, in the ground truth's coordinates (no half-pixel shift is applied),
+            K as in ``coco_gt``, ``scores (Tensor[N])``, ``labels (Tensor[N])`` and optionally
+            ``keypoints_scores (Tensor[N, K])``; boxes are not needed (keypoint R-CNN's output
+            works as it is). The third value written per point is ``keypoints_scores``, else the
+            third column, else 1: COCOeval does not use it. Or a list of COCO result dicts
+            ``{"image_id", "category_id", "score", "bbox": [x, y, w, h]}`` (``"bbox"``),
+            ``... "segmentation": {"size": [H, W], "counts": str}`` (``"segm"``) or ``...
+            "keypoints": [x1, y1, v1, ..., xK, yK, vK]`` (``"keypoints"``), which are validated
+            and copied, never modified (only the key of ``iou_type`` is kept: a ``"bbox"``
+            next to ``"keypoints"`` is dropped, so a detection's area is its key points'
+            extent, as pycocotools gives keypoint results); or the path of a COCO results JSON
+            file holding such a list (what ``COCO.loadRes`` reads and detectron2/mmdet write).
+            An empty dict/list is allowed.
         coco_gt: The ground truth: a ``pycocotools.coco.COCO`` (or ``faster_coco_eval.COCO``),
             a path to a COCO annotation JSON, a COCO-format dict, or a dataset with ``.coco``
             and ``.label_to_category_id`` (``.ids`` gives its images) such as
             `visionblocks.data.CocoInstances`, or a ``torch.utils.data.Subset`` of one. A dataset is evaluated
             on the images it keeps (after ``remove_empty`` and the like), a Subset on its
-            indices' images; pass ``dataset.coco`` for every image of the annotation file.
-        iou_type: ``"bbox"`` (boxes) or ``"segm"`` (masks).
+            indices' images; pass ``dataset.coco`` for every image of the annotation file. For
+            ``"keypoints"``, a keypoint ground truth (a ``person_keypoints_*.json`` file,
+            `visionblocks.data.CocoKeypoints`): annotations with ``keypoints [x1, y1, v1,
+            ...]`` and categories naming their key points, all of one K. An annotation
+            without ``keypoints`` counts as one with none labelled (COCOeval ignores it, as
+            it ignores crowds); ``num_keypoints`` defaults to the number of points with
+            ``v > 0``.
+        iou_type: ``"bbox"`` (boxes), ``"segm"`` (masks) or ``"keypoints"`` (poses, by OKS).
         backend: ``"pycocotools"`` or ``"faster_coco_eval"`` (C++, same numbers, faster).
         label_to_category_id: Maps ``labels`` of per-image outputs to COCO category ids
             (dict, or list indexed by label). Default: the dataset's map when ``coco_gt`` is a
@@ -269,23 +421,34 @@ def coco_evaluate(
             dataset's ``ids`` or the Subset's indices), so images without predictions count as
             misses, as in the standard protocol.
         mask_threshold: Threshold for float ``masks``, in [0, 1].
+        sigmas: ``"keypoints"`` only: the K per-key-point OKS sigmas (finite, > 0; a
+            sequence, array or 1-D tensor) given to COCOeval as ``params.kpt_oks_sigmas``.
+            Default: the ``sigmas`` of the keypoint categories of ``coco_gt`` when they give
+            them (not a COCO field: the one `visionblocks.data.CocoKeypoints` and the
+            synthetic keypoint files use), else COCO's 17 person sigmas
+            (`visionblocks.ops.oks.COCO_PERSON_SIGMAS`, pycocotools' own, whatever the
+            names), so a ground truth with another K and no sigmas needs them here.
         verbose: Print the pycocotools/faster_coco_eval log and summary table (rank 0 only).
             Quiet by default.
 
     Returns:
         dict[str, float]: ``AP, AP50, AP75, APs, APm, APl, AR1, AR10, AR100, ARs, ARm, ARl``
-        (in this order), plain floats in [0, 1], or ``-1.0`` where that number has
-        no ground truth (e.g. ``APs`` without small objects, everything for images without
-        annotations), exactly as ``COCOeval`` reports it. No predictions at all is not an error
-        and gives what ``COCOeval`` gives for an empty result set: 0.0 wherever there is ground
-        truth, -1.0 where there is none, so the numbers do not jump when the first detection
-        appears.
+        (in this order, `COCO_STAT_NAMES`) for ``"bbox"`` and ``"segm"``; ``AP, AP50, AP75,
+        APm, APl, AR, AR50, AR75, ARm, ARl`` (`COCO_KEYPOINT_STAT_NAMES`, ``AR`` with 20
+        detections per image) for ``"keypoints"``. Plain floats in [0, 1], or ``-1.0`` where
+        that number has no ground truth (e.g. ``APs`` without small objects, everything for
+        images without annotations), exactly as ``COCOeval`` reports it. No predictions at all
+        is not an error and gives what ``COCOeval`` gives for an empty result set: 0.0
+        wherever there is ground truth, -1.0 where there is none, so the numbers do not jump
+        when the first detection appears.
 
     Raises:
         ValueError: Unknown ``iou_type``/``backend``; image ids or labels/category ids that
             ``coco_gt`` does not know (they are named); wrong shapes; masks missing or of the
-            wrong size for ``"segm"``; NaN/inf boxes or scores; an image with two outputs;
-            ``image_ids`` empty or outside ``coco_gt``.
+            wrong size for ``"segm"``; NaN/inf boxes, key points or scores; an image with two
+            outputs; ``image_ids`` empty or outside ``coco_gt``; for ``"keypoints"``, ground
+            truth without key points or with several K, key points not of the ground truth's
+            K, ``sigmas`` not K finite positive numbers (or given for another ``iou_type``).
         TypeError: Inputs of the wrong type (non-tensor boxes, float labels, ...).
         FileNotFoundError: ``coco_gt`` or a ``predictions`` path names no file.
         ImportError: ``backend="faster_coco_eval"`` without the package.
@@ -293,7 +456,8 @@ def coco_evaluate(
     Note:
         As with ``COCOeval`` itself, evaluation adds an ``ignore`` flag to the ground-truth
         annotation dicts and, for ``"segm"``, may replace their polygons by the equivalent RLE;
-        the numbers of later evaluations are unaffected.
+        for ``"keypoints"`` it fills in ``num_keypoints`` and the unlabelled ``keypoints`` of
+        annotations without them; the numbers of later evaluations are unaffected.
 
     Examples:
         >>> import torch
@@ -310,6 +474,24 @@ def coco_evaluate(
         (1.0, 1.0, -1.0)
         >>> coco_evaluate([], gt)["AP"]
         0.0
+
+        Key points, with three per object and their own sigmas:
+
+        >>> gt = {
+        ...     "images": [{"id": 1, "height": 100, "width": 100}],
+        ...     "categories": [{"id": 1, "name": "arm", "keypoints": ["a", "b", "c"]}],
+        ...     "annotations": [{"id": 1, "image_id": 1, "category_id": 1, "iscrowd": 0,
+        ...                      "bbox": [10, 10, 40, 60], "area": 2000.0,
+        ...                      "keypoints": [20, 15, 2, 30, 40, 2, 45, 65, 1]}],
+        ... }
+        >>> points = torch.tensor([[[20.0, 15.0], [30.0, 40.0], [45.0, 65.0]]])
+        >>> outputs = {1: {"keypoints": points, "scores": torch.tensor([0.9]),
+        ...                "labels": torch.tensor([1])}}
+        >>> stats = coco_evaluate(outputs, gt, "keypoints", sigmas=[0.05, 0.05, 0.05])
+        >>> list(stats) == list(COCO_KEYPOINT_STAT_NAMES)
+        True
+        >>> round(stats["AP"], 6), round(stats["APm"], 6), stats["APl"]  # area 2000: medium
+        (1.0, 1.0, -1.0)
     """
     check_choice("iou_type", iou_type, _IOU_TYPES)
     check_choice("backend", backend, _BACKENDS)
@@ -317,6 +499,8 @@ def coco_evaluate(
         predictions = _read_results(predictions)
     check_type("mask_threshold", mask_threshold, (int, float))
     check_range("mask_threshold", float(mask_threshold), 0.0, 1.0)
+    if sigmas is not None and iou_type != "keypoints":
+        raise ValueError(f"sigmas applies to iou_type='keypoints' only, got iou_type={iou_type!r}")
     coco, gt_image_ids, dataset_map = _resolve_ground_truth(coco_gt, backend)
     gt_ids = set(gt_image_ids)
     if image_ids is None:
@@ -344,11 +528,18 @@ def coco_evaluate(
         "file_ids": set(coco.imgs),
     }  # fmt: skip
     _complete_ground_truth(coco, iou_type, eval_ids)
+    sigma_array = None
+    if iou_type == "keypoints":
+        ctx["num_keypoints"] = _complete_keypoints(coco)
+        sigma_array = _keypoint_sigmas(coco, ctx["num_keypoints"], sigmas)
 
     gathered = _gather(_guarded(to_results, predictions, ctx))
     stats: tuple = ("ok", None)
     if get_rank() == 0:
         results = _merge([payload[1] for payload in gathered], eval_ids)
-        stats = _guarded(_run_cocoeval, coco, results, sorted(eval_ids), iou_type, backend, verbose)
+        stats = _guarded(
+            _run_cocoeval, coco, results, sorted(eval_ids), iou_type, backend, verbose, sigma_array
+        )
     del gathered
-    return dict(zip(COCO_STAT_NAMES, _gather(stats)[0][1]))
+    names = COCO_KEYPOINT_STAT_NAMES if iou_type == "keypoints" else COCO_STAT_NAMES
+    return dict(zip(names, _gather(stats)[0][1]))

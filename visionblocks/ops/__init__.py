@@ -1,4 +1,5 @@
-"""Functional tensor ops: boxes and IoUs, IoU losses, affine warping and unfold-based local ops.
+"""Functional tensor ops: boxes and IoUs, IoU losses, affine warping (with key points and
+their left/right pairs), key point similarity (OKS) and unfold-based local ops.
 
 Ops know nothing of ``nn``: tensors in, tensors out. Box convention: ``"xyxy"`` corners unless
 a ``fmt`` says otherwise (see `visionblocks.ops.boxes`).
@@ -24,8 +25,10 @@ from visionblocks.ops.iou_loss import (
     distance_box_iou_loss,
     generalized_box_iou_loss,
 )
+from visionblocks.ops.keypoints import flip_permutation, keypoint_flip_pairs
 from visionblocks.ops.local import local_filter2d, sliding_windows
 from visionblocks.ops.local_attention import local_attention2d
+from visionblocks.ops.oks import COCO_PERSON_SIGMAS, keypoint_oks
 from visionblocks.ops.warp import (
     affine_matrix,
     invert_affine,
@@ -33,10 +36,17 @@ from visionblocks.ops.warp import (
     theta_to_matrix,
     warp_affine,
 )
-from visionblocks.ops.warp_targets import warp_boxes, warp_masks, warp_points, warp_sample
+from visionblocks.ops.warp_targets import (
+    warp_boxes,
+    warp_keypoints,
+    warp_masks,
+    warp_points,
+    warp_sample,
+)
 
 __all__ = [
     "BOX_FORMATS",
+    "COCO_PERSON_SIGMAS",
     "affine_matrix",
     "box_area",
     "box_convert",
@@ -45,9 +55,12 @@ __all__ = [
     "complete_box_iou_loss",
     "distance_box_iou",
     "distance_box_iou_loss",
+    "flip_permutation",
     "generalized_box_iou",
     "generalized_box_iou_loss",
     "invert_affine",
+    "keypoint_flip_pairs",
+    "keypoint_oks",
     "local_attention2d",
     "local_filter2d",
     "matrix_to_theta",
@@ -55,6 +68,7 @@ __all__ = [
     "theta_to_matrix",
     "warp_affine",
     "warp_boxes",
+    "warp_keypoints",
     "warp_masks",
     "warp_points",
     "warp_sample",

@@ -388,8 +388,10 @@ def drop_instances(
 ) -> None:
     """Filter, in place, every per-box entry of a warped target by ``keep`` (`warp_sample`).
 
-    Per-box entries: the ``BoundingBoxes``, ``(N, H, W)`` masks, ``(N, ..., 2)`` key points and
-    the plain tensors under ``instance_keys``, whose lengths must equal ``num_boxes``.
+    Per-box entries: the ``BoundingBoxes``, ``(N, H, W)`` masks, ``(N, ..., 2)`` key points
+    with their visibility (``f"{key}_visibility"``), the list under ``"polygons"`` (one entry
+    per box) and the plain tensors under ``instance_keys``, whose lengths must equal
+    ``num_boxes``.
     """
     tv = tv_tensors_module()
     key_points = getattr(tv, "KeyPoints", None)  # torchvision >= 0.23
@@ -402,23 +404,36 @@ def drop_instances(
     if bool(keep.all()):
         return
 
-    for key, value in out.items():
+    def take(value: Tensor) -> Tensor:
+        kept = value.as_subclass(Tensor)[keep]
+        return tv.wrap(kept, like=value) if isinstance(value, tv.TVTensor) else kept
+
+    snapshot = dict(out)
+    done: set[str] = set()
+    for key, value in snapshot.items():
+        if key in done:
+            continue
+        if key == "polygons" and isinstance(value, list) and len(value) == num_boxes:
+            out[key] = [entry for entry, k in zip(value, keep.tolist(), strict=True) if k]
+            continue
         if not isinstance(value, Tensor) or value.dim() == 0:
             continue
         per_box = value.shape[0] == num_boxes
         if isinstance(value, tv.TVTensor):
+            is_points = key_points is not None and isinstance(value, key_points)
             is_instance = isinstance(value, tv.BoundingBoxes) or (
                 per_box
                 and (
                     (isinstance(value, tv.Mask) and value.dim() == 3)
-                    or (
-                        key_points is not None
-                        and isinstance(value, key_points)
-                        and value.dim() >= 3
-                    )
+                    or (is_points and value.dim() >= 3)
                 )
             )
             if is_instance:
-                out[key] = tv.wrap(value.as_subclass(Tensor)[keep], like=value)
+                out[key] = take(value)
+                visibility = snapshot.get(f"{key}_visibility")
+                if is_points and isinstance(visibility, Tensor):
+                    out[f"{key}_visibility"] = take(visibility)  # (N, K) as the points
+                    done.add(f"{key}_visibility")
         elif key in instance_keys:
             out[key] = value[keep]
+        done.add(key)

@@ -3,13 +3,20 @@
 Each function takes the forward matrices of `visionblocks.ops.warp` (``(2, 3)`` or ``(B, 2, 3)``,
 source → destination, pixel coordinates), so an augmentation builds one matrix, warps the
 image with `warp_affine` and every target with the functions here, and they stay aligned.
-`warp_sample` does all of it for one torchvision-style sample.
+`warp_keypoints` adds what key points need beyond their coordinates (visibility, left/right
+names under a mirroring warp); `warp_sample` does all of it for one torchvision-style sample.
 
 Convention:
-    - **Points** (`warp_points`, torchvision ``KeyPoints``) are pixel coordinates with pixel
-      centres on integers, the matrices' own convention (``cv2.transform``): the point
-      ``(j, i)`` is the centre of pixel ``(row i, column j)`` and lands where `warp_affine`
-      moves that pixel.
+    - **Points** (`warp_points`, `warp_keypoints`, torchvision ``KeyPoints``) are pixel
+      coordinates with pixel centres on integers, the matrices' own convention
+      (``cv2.transform``): the point ``(j, i)`` is the centre of pixel ``(row i, column j)``
+      and lands where `warp_affine` moves that pixel.
+    - **Inside the canvas**: a key point is inside an ``(H, W)`` canvas when it lies on one of
+      its pixels, ``-0.5 <= x < W - 0.5`` and ``-0.5 <= y < H - 0.5`` (pixel ``j`` spans
+      ``[j - 0.5, j + 0.5)``: half-open, so that neighbouring tiles share no point; NaN is
+      outside). A point outside gets visibility 0. torchvision's ``SanitizeKeyPoints`` keeps
+      ``0 <= x < W`` and ``ClampKeyPoints`` clamps to ``[0, W - 1]``: the three agree on which
+      points with integer coordinates are inside.
     - **Boxes** (`warp_boxes`, ``BoundingBoxes``) use the edge convention of
       `visionblocks.ops.boxes`, torchvision and COCO: pixel ``j`` spans ``[j, j + 1)``, so the
       box ``(0, 0, 2, 2)`` covers 2×2 pixels and a pixel centre sits at ``j + 0.5``. A corner
@@ -18,7 +25,11 @@ Convention:
       ``(1 - scale) / 2`` pixel.) A pure resize by ``s`` is thus
       ``x' = s·x + (s - 1) / 2`` in pixel coordinates, and maps the box ``(x1, …)`` to
       ``(s·x1, …)``.
-    - **Masks** are images: nearest sampling, pixels from outside the source are 0.
+    - **Polygons** (``target["polygons"]`` of `warp_sample`) are COCO's continuous
+      coordinates, the boxes' edge convention: a vertex moves like a box corner.
+    - **Masks** are images: nearest sampling, pixels from outside the source are 0. The box of
+      a mask is ``[min col, min row, max col + 1, max row + 1]`` of its nonzero pixels (edge
+      convention; torchvision's ``masks_to_boxes`` gives ``max col`` and ``max row``).
     - Every size is ``(H, W)``.
 """
 
@@ -33,10 +44,20 @@ from torch import Tensor
 from visionblocks._core.namespace import public_dir
 from visionblocks._core.reduce import compute_dtype
 from visionblocks._core.tensor_checks import (
+    assert_on_device,
+    asserts_on_device,
     check_last_dim,
     check_real,
     check_same_device,
     check_tensor,
+    reads_values,
+)
+from visionblocks.ops._object_boxes import (
+    check_polygons,
+    maps_axes_to_axes,
+    object_boxes,
+    polygon_boxes,
+    warp_polygons,
 )
 from visionblocks.ops._warp_sampling import (
     check_batch,
@@ -47,14 +68,18 @@ from visionblocks.ops._warp_sampling import (
     promoted_dtype,
     tv_tensors_module,
 )
+from visionblocks.ops.keypoints import checked_pairs, permutation_list
 from visionblocks.ops.warp import warp_affine, warp_checked
 
-__all__ = ["warp_boxes", "warp_masks", "warp_points", "warp_sample"]
+__all__ = ["warp_boxes", "warp_keypoints", "warp_masks", "warp_points", "warp_sample"]
 __dir__ = public_dir(__name__, __all__)
 
 
 def warp_points(points: Tensor, matrix: Tensor) -> Tensor:
     """Move points with forward affine matrices: ``p' = M @ [x, y, 1]`` (``cv2.transform``).
+
+    Coordinates only: `warp_keypoints` also updates visibility (points that leave the canvas)
+    and swaps left/right key points under a mirroring warp.
 
     Args:
         points (Tensor[..., N, 2]): ``(x, y)`` pixel coordinates (pixel centres on integers).
@@ -99,6 +124,171 @@ def warp_points(points: Tensor, matrix: Tensor) -> Tensor:
     col = matrix.unsqueeze(-3)  # (..., 1, 2, 3): columns broadcast against (..., N, 1)
     out = points[..., :1] * col[..., 0] + points[..., 1:] * col[..., 1] + col[..., 2]
     return out.to(dtype)
+
+
+# ---------------------------------------------------------------------------- key points
+
+
+def _determinant(matrix: Tensor) -> Tensor:
+    """``a·d - b·c`` of ``(..., 2, 3)`` matrices: negative for a warp that mirrors."""
+    return matrix[..., 0, 0] * matrix[..., 1, 1] - matrix[..., 0, 1] * matrix[..., 1, 0]
+
+
+def _refuse_mirroring(matrix: Tensor, num_keypoints: int) -> None:
+    """Value check: with ``K > 1`` key points and no ``flip_pairs``, no matrix may mirror.
+
+    One read of the determinant for a CPU matrix, a device-side assert on CUDA, nothing when
+    value checks are off or under ``torch.compile`` (`visionblocks.value_checks_enabled`).
+    """
+    if num_keypoints < 2:
+        return
+    message = (
+        "matrix mirrors the image (negative determinant, e.g. a horizontal flip) but "
+        f"flip_pairs is None: the {num_keypoints} key points would keep their left/right "
+        "names and train a mirrored model; pass flip_pairs (keypoint_flip_pairs(names), or a "
+        "dataset's flip_pairs), or flip_pairs=[] if no key point has a side"
+    )
+    if reads_values(matrix):
+        if bool((_determinant(matrix.detach()) < 0).any()):
+            raise ValueError(message)
+    elif asserts_on_device(matrix):
+        assert_on_device(~(_determinant(matrix.detach()) < 0), message)
+
+
+def _check_visibility(name: str, visibility: object, points_name: str, shape: torch.Size) -> Tensor:
+    """An integer or bool tensor of the key points' shape without the last dim."""
+    check_tensor(name, visibility)
+    assert isinstance(visibility, Tensor)
+    if visibility.is_floating_point() or visibility.is_complex():
+        raise TypeError(
+            f"{name} must be an integer or bool tensor (COCO's 0/1/2 flags), got dtype "
+            f"{visibility.dtype}"
+        )
+    if visibility.shape != shape:
+        raise ValueError(
+            f"{name} must have the shape of {points_name} without its last dim, "
+            f"{tuple(shape)}, got {tuple(visibility.shape)}"
+        )
+    return visibility
+
+
+def _place_keypoints(
+    points: Tensor,
+    visibility: Tensor,
+    matrix: Tensor,
+    perm: list[int] | None,
+    size: tuple[int, int],
+) -> tuple[Tensor, Tensor]:
+    """Warped ``points (..., K, 2)`` (in their output dtype): swap the pairs of ``perm`` where
+    the matrix mirrors (`torch.where`, nothing read) and hide the points outside ``size``."""
+    visibility = visibility.expand(points.shape[:-1])
+    if perm is not None:
+        index = torch.tensor(perm, dtype=torch.int64, device=points.device)
+        mirrored = (_determinant(matrix.detach()) < 0).unsqueeze(-1)  # (..., 1)
+        points = torch.where(mirrored.unsqueeze(-1), points[..., index, :], points)
+        visibility = torch.where(mirrored, visibility[..., index], visibility)
+    h, w = size
+    x, y = points[..., 0], points[..., 1]
+    inside = (x >= -0.5) & (x < w - 0.5) & (y >= -0.5) & (y < h - 0.5)
+    return points, visibility.masked_fill(~inside, 0)
+
+
+def warp_keypoints(
+    points: Tensor,
+    matrix: Tensor,
+    size: Sequence[int],
+    visibility: Tensor | None = None,
+    flip_pairs: Sequence[tuple[int, int]] | None = None,
+) -> tuple[Tensor, Tensor]:
+    """Warp key points and keep them right: visibility follows the canvas, names the mirror.
+
+    The coordinates move as in `warp_points`. Then:
+
+    - **Mirroring swaps left and right.** Where a matrix mirrors (its 2 × 2 part has a
+      negative determinant: a horizontal or vertical flip, a negative scale on one axis), the
+      key points of each pair in ``flip_pairs`` swap places along the ``K`` axis, their
+      visibility with them: the point that was the left wrist is now where a right wrist is,
+      and is named so. Selected with `torch.where` on the determinant: nothing is read on the
+      host. ``flip_pairs=None`` with ``K > 1`` refuses a mirroring matrix (a value check; see
+      Raises), as a flip without pairs would silently train a mirrored model; ``[]`` says
+      that no point has a side.
+    - **Points that leave the canvas become invisible:** visibility 0 (``False``) for every
+      point outside ``size`` (see Convention); an invisible point (0) stays invisible, other
+      values are kept. Invisible points are warped too (their coordinates are meaningless
+      but harmless).
+
+    Args:
+        points (Tensor[..., K, 2]): ``(x, y)`` pixel coordinates (pixel centres on integers),
+            e.g. ``(N, K, 2)`` for ``N`` people of ``K`` key points.
+        matrix (Tensor[2, 3] or Tensor[..., 2, 3]): Forward matrices; leading dims broadcast
+            with ``points``' leading dims, as in `warp_points`.
+        size: The destination canvas ``(H, W)``.
+        visibility (Tensor[..., K], optional): Integer (COCO's 0 / 1 / 2) or bool flags of
+            ``points.shape[:-1]``. ``None``: every point counts as visible.
+        flip_pairs: ``(i, j)`` index pairs of left/right key points (`keypoint_flip_pairs`
+            of the names, or a dataset's ``flip_pairs``); ``[]``: no pairs.
+
+    Returns:
+        tuple: ``(points, visibility)``. ``points`` (Tensor[..., K, 2]) as `warp_points`
+        returns them (the promoted floating dtype; differentiable), pairs swapped where the
+        matrix mirrors. ``visibility`` (Tensor[..., K]): the given flags in their dtype, or a
+        bool tensor (True: inside the canvas) when ``visibility`` is ``None``; 0 / ``False``
+        for the points outside. Both have the broadcast leading dims of ``points`` and
+        ``matrix``.
+
+    Raises:
+        TypeError: Not tensors, a non-floating matrix, a floating or complex ``visibility``,
+            a bad ``size`` or ``flip_pairs`` type.
+        ValueError: The shapes of `warp_points`, a ``visibility`` of another shape than
+            ``points.shape[:-1]``, tensors on different devices, a bad ``size``, a
+            ``flip_pairs`` index outside ``[0, K)`` or in two pairs; or (a value check, see
+            `visionblocks.set_value_checks`: one read of the determinants of CPU matrices, a
+            device-side assert on CUDA, nothing under ``torch.compile``) a mirroring matrix
+            with ``flip_pairs=None`` and ``K > 1``.
+
+    Convention:
+        Pixel centres on integers; a point is inside when ``-0.5 <= x < W - 0.5`` and
+        ``-0.5 <= y < H - 0.5`` (see the module docstring).
+
+    Examples:
+        >>> from visionblocks.ops.keypoints import keypoint_flip_pairs
+        >>> pairs = keypoint_flip_pairs(["nose", "left_eye", "right_eye"])
+        >>> person = torch.tensor([[[20.0, 10.0], [24.0, 8.0], [16.0, 8.0]]])  # (1, 3, 2)
+        >>> visible = torch.tensor([[2, 2, 0]])  # the right eye is not labelled
+        >>> hflip = torch.tensor([[-1.0, 0.0, 31.0], [0.0, 1.0, 0.0]])  # width 32
+        >>> points, flags = warp_keypoints(person, hflip, (24, 32), visible, pairs)
+        >>> points  # the left eye (x 24 -> 7) is now at index 2, the right eye's place
+        tensor([[[11., 10.],
+                 [15.,  8.],
+                 [ 7.,  8.]]])
+        >>> flags
+        tensor([[2, 0, 2]])
+        >>> shift = torch.tensor([[1.0, 0.0, 10.0], [0.0, 1.0, 0.0]])
+        >>> warp_keypoints(person, shift, (24, 32), visible, pairs)[1]  # x 24 -> 34: outside
+        tensor([[2, 0, 0]])
+        >>> warp_keypoints(person, shift, (24, 32))[1]
+        tensor([[ True, False,  True]])
+    """
+    check_real("points", points)
+    check_matrix("matrix", matrix, batched=True)
+    check_last_dim("points", points, 2, what="(x, y)")
+    if points.dim() < 2:
+        raise ValueError(f"points must have shape (..., K, 2), got {tuple(points.shape)}")
+    if visibility is not None:
+        _check_visibility("visibility", visibility, "points", points.shape[:-1])
+    check_same_device(points=points, matrix=matrix, visibility=visibility)
+    out_size = check_size("size", size)
+    num_keypoints = points.shape[-2]
+    perm = None
+    if flip_pairs is None:
+        _refuse_mirroring(matrix, num_keypoints)
+    else:
+        pairs = checked_pairs("flip_pairs", flip_pairs, num_keypoints)
+        perm = permutation_list(num_keypoints, pairs) if pairs else None
+    moved = warp_points(points, matrix)
+    if visibility is None:
+        visibility = torch.ones((), dtype=torch.bool, device=points.device)
+    return _place_keypoints(moved, visibility, matrix, perm, out_size)
 
 
 def warp_boxes(boxes: Tensor, matrix: Tensor, size: Sequence[int] | None = None) -> Tensor:
@@ -222,18 +412,28 @@ def warp_masks(masks: Tensor, matrix: Tensor, size: Sequence[int] | None = None)
 
 # ---------------------------------------------------------------------------- samples
 
+_AXIS_FORMATS = ("XYXY", "XYWH", "CXCYWH")
+
 
 def _warp_box_tensor(
-    boxes: Any, matrix: Tensor, size: tuple[int, int], min_size: float | None
+    boxes: Any,
+    matrix: Tensor,
+    size: tuple[int, int],
+    min_size: float | None,
+    objects: tuple[Tensor, Tensor] | None = None,
 ) -> tuple[Any, Tensor | None]:
-    """Warp a ``BoundingBoxes`` in its own format; return it and the boxes to keep (or None)."""
+    """Warp a ``BoundingBoxes`` in its own format; return it and the boxes to keep (or None).
+
+    ``objects``: ``(boxes (N, 4) xyxy, found (N,))`` of the warped objects; where ``found``,
+    they replace the warped corners unless the matrix maps axes to axes.
+    """
     from torchvision.transforms.v2.functional import convert_bounding_box_format
 
     tv = tv_tensors_module()
     fmt = boxes.format
     plain = boxes.as_subclass(Tensor)
     work = plain if plain.is_floating_point() else plain.to(torch.get_default_dtype())
-    rotated = fmt.name not in ("XYXY", "XYWH", "CXCYWH")
+    rotated = fmt.name not in _AXIS_FORMATS
     if rotated:  # warp the four corners; the result is re-expressed in the original format
         corners = convert_bounding_box_format(work, old_format=fmt, new_format="XYXYXYXY")
         corners = corners.unflatten(-1, (4, 2))
@@ -244,6 +444,10 @@ def _warp_box_tensor(
     else:
         xyxy = convert_bounding_box_format(work, old_format=fmt, new_format="XYXY")
         extent = warp_boxes(xyxy, matrix, size)
+        if objects is not None:
+            tight, found = objects
+            tight = torch.where(found.unsqueeze(-1), tight.to(extent.dtype), extent)
+            extent = torch.where(maps_axes_to_axes(matrix), extent, tight)
         out = convert_bounding_box_format(extent, old_format="XYXY", new_format=fmt)
     if not plain.is_floating_point():
         out = out.round()
@@ -253,6 +457,32 @@ def _warp_box_tensor(
     sides = extent[..., 2:] - extent[..., :2]  # width and height
     keep = (sides >= min_size if min_size > 0 else sides > 0).all(-1)
     return out, keep
+
+
+def _warp_keypoint_entry(
+    value: Any,
+    visibility: Tensor | None,
+    matrix: Tensor,
+    size: tuple[int, int],
+    pairs: list[tuple[int, int]] | None,
+) -> tuple[Tensor, Tensor]:
+    """A ``KeyPoints`` ``(..., K, 2)`` of `warp_sample` warped in its dtype (integers
+    rounded), with its visibility (all True if None): see `warp_keypoints`."""
+    plain = value.as_subclass(Tensor)
+    moved = warp_points(plain, matrix)
+    if not plain.is_floating_point():
+        moved = moved.round()
+    moved = moved.to(plain.dtype)
+    num_keypoints = plain.shape[-2]
+    perm = None
+    if pairs is None:
+        _refuse_mirroring(matrix, num_keypoints)
+    elif pairs:
+        checked = checked_pairs("flip_pairs", pairs, num_keypoints)
+        perm = permutation_list(num_keypoints, checked)
+    if visibility is None:
+        visibility = torch.ones((), dtype=torch.bool, device=plain.device)
+    return _place_keypoints(moved, visibility, matrix, perm, size)
 
 
 def _check_target_sizes(target: Mapping[str, Any], image_size: tuple, tv: Any) -> None:
@@ -283,27 +513,66 @@ def warp_sample(
     mask_fill: int = 0,
     min_size: float | None = 1.0,
     instance_keys: Sequence[str] = ("labels", "iscrowd", "area"),
+    flip_pairs: Sequence[tuple[int, int]] | None = None,
 ) -> tuple[Tensor, dict[str, Any] | None]:
-    """Warp one detection sample — image, boxes, masks, key points — with one matrix.
+    """Warp one detection sample — image, boxes, masks, polygons, key points — with one matrix.
 
     The image goes through `warp_affine`; in ``target`` (a torchvision-style dict), every
     ``tv_tensors.BoundingBoxes`` through `warp_boxes` in its own format, every ``Mask``
-    through `warp_masks` and every ``KeyPoints`` through `warp_points`, with
-    ``canvas_size`` set to ``size``. Other entries are copied unchanged.
+    through `warp_masks`, every ``KeyPoints`` through `warp_keypoints` (with its visibility)
+    and the polygons under ``"polygons"`` vertex by vertex, with ``canvas_size`` set to
+    ``size``. Other entries are copied unchanged.
+
+    **Tight boxes.** With polygons or instance masks in the sample, each box is recomputed
+    from its warped object, not from the four warped box corners, which enclose a rotated or
+    sheared object loosely (a disk of 81 px turned by 45°: corners 114.6 px wide, object
+    81 px):
+
+    - an instance with polygons: the min/max of its warped vertices, clipped to the canvas
+      (the box of the whole object, clipped: for an object that crosses the border it can be
+      larger than the box of the part inside);
+    - else, with a ``Mask`` of shape ``(N, H, W)`` (N the number of boxes, the first such
+      mask): the box of the warped mask's pixels, ``[min col, min row, max col + 1,
+      max row + 1]``; a mask emptied by the warp gives an empty box (which ``min_size``
+      drops); an instance whose source mask is empty keeps the corner method;
+    - else the corner method.
+
+    For warps that map axes to axes (no rotation or shear: translations, scales, flips and
+    90° turns) the corner method is exact and keeps sub-pixel precision, so it is kept there
+    (selected with `torch.where`, nothing read). Samples with boxes only use the corner
+    method, and rotated box formats (XYWHR, CXCYWHR, XYXYXYXY) are always warped corner by
+    corner. The two on one rotated disk (``d`` = 81 px, its box ``(20, 20, 101, 101)``)::
+
+        warp_sample(image, {"boxes": boxes}, rot45)                 # corners: 114.6 px wide
+        warp_sample(image, {"boxes": boxes, "masks": disk}, rot45)  # mask: 81 px wide
+
+    **Key points.** A ``KeyPoints`` under key ``k`` may have its visibility under
+    ``f"{k}_visibility"`` (``keypoints_visibility``), integer (COCO's 0 / 1 / 2) or bool, of
+    the key points' shape without the last dim (``(N, K)``): points warped outside the
+    canvas get 0, invisible ones stay 0, other values are kept. A mirroring matrix (negative
+    determinant) swaps the ``flip_pairs`` along the ``K`` axis (``shape[-2]``), visibility
+    included; with ``flip_pairs=None``, ``K > 1`` key points and a mirroring matrix, a value
+    check raises (see Raises): pass the pairs, or ``[]`` for none.
+
+    **Polygons** (``target["polygons"]``): a list with one entry per box, each a list of
+    floating ``(P, 2)`` tensors in COCO's continuous coordinates (the boxes' edge convention);
+    an entry may be empty (a crowd RLE instance). Warped polygons are returned on the
+    matrix's device, not clipped.
 
     **Boxes that leave the image are dropped**, together with their instances: after
     clipping to the new canvas, a box narrower or lower than ``min_size`` pixels (or empty) is
     removed from the ``BoundingBoxes``, from every ``Mask`` of shape ``(N, H, W)``, from every
-    ``KeyPoints`` of shape ``(N, ..., 2)`` with ``ndim >= 3``, and from the tensors under
-    ``instance_keys`` (``labels``...), where ``N`` is the number of boxes. ``min_size=None``
-    keeps every box. Values such as ``area`` are filtered, not recomputed. How many boxes
-    remain depends on their values: with boxes and ``min_size`` set, that is read on the host
-    (a sync on CUDA; a graph break under ``torch.compile``); ``min_size=None`` reads nothing.
+    ``KeyPoints`` of shape ``(N, ..., 2)`` with ``ndim >= 3`` and its visibility, from the
+    polygons and from the tensors under ``instance_keys`` (``labels``...), where ``N`` is the
+    number of boxes. ``min_size=None`` keeps every box. Values such as ``area`` are filtered,
+    not recomputed. How many boxes remain depends on their values: with boxes and
+    ``min_size`` set, that is read on the host (a sync on CUDA; a graph break under
+    ``torch.compile``); ``min_size=None`` reads nothing.
 
     Axis-aligned formats (XYXY, XYWH, CXCYWH) are clipped to the canvas; rotated formats
-    (XYWHR, CXCYWHR, XYXYXYXY) are warped corner by corner and not clipped (XYXYXYXY exactly;
-    under shear or anisotropic scale, the other two keep torchvision's rectangle fit of the
-    warped parallelogram). Key points are not clipped either.
+    are warped corner by corner and not clipped (XYXYXYXY exactly; under shear or
+    anisotropic scale, the other two keep torchvision's rectangle fit of the warped
+    parallelogram). Key points are not clipped either (they turn invisible).
 
     Args:
         image (Tensor[C, H, W]): The image (a ``tv_tensors.Image`` stays one).
@@ -312,28 +581,38 @@ def warp_sample(
         size: Output ``(H_out, W_out)``; default the image's.
         mode: Image interpolation, ``"bilinear"`` or ``"nearest"``.
         fill: Image value outside the source (scalar or per channel).
-        mask_fill: ``Mask`` value outside the source (0; e.g. 255 for an "ignore" label).
+        mask_fill: ``Mask`` value outside the source (0; e.g. 255 for an "ignore" label). A
+            nonzero value counts as background for the boxes of the masks.
         min_size: Smallest kept box width and height, in pixels; ``None`` keeps every box.
         instance_keys: Plain tensors with one row per box, filtered with the boxes.
+        flip_pairs: ``(i, j)`` left/right key point pairs (`keypoint_flip_pairs` of the
+            names, or a dataset's ``flip_pairs``), swapped when the matrix mirrors; ``[]``:
+            none. ``None`` refuses a mirroring matrix for ``K > 1`` key points.
 
     Returns:
         tuple: ``(image, target)`` — the warped image (same type and dtype) and a new dict
-        (``None`` if ``target`` was). Under ``torch.autocast``: the same (see `warp_affine`,
-        `warp_boxes`).
+        (``None`` if ``target`` was), in ``target``'s key order. Under ``torch.autocast``:
+        the same (see `warp_affine`, `warp_boxes`).
 
     Raises:
         TypeError: ``image`` not a tensor, ``target`` not a mapping, an option of the wrong
-            type (``instance_keys`` must be a sequence of str).
+            type (``instance_keys`` must be a sequence of str, ``flip_pairs`` of int pairs),
+            a visibility that is not an integer or bool tensor, polygons not in the format
+            above.
         ValueError: Bad image/matrix shapes or size; ``image`` and ``matrix`` on different
             devices; a ``Mask`` whose size, or ``BoundingBoxes``/``KeyPoints`` whose
-            ``canvas_size``, differs from the image's; a non-finite ``fill``, a negative ``min_size``, a ``mask_fill`` that
-            does not fit the masks' dtype; several ``BoundingBoxes`` in ``target`` with
-            ``min_size`` set; an ``instance_keys`` tensor whose length differs from the number
-            of boxes; or (value check) a singular matrix (see `warp_affine`).
+            ``canvas_size``, differs from the image's; a non-finite ``fill``, a negative
+            ``min_size``, a ``mask_fill`` that does not fit the masks' dtype; several
+            ``BoundingBoxes`` in ``target`` with ``min_size`` set; an ``instance_keys``
+            tensor whose length, or polygons whose number, differs from the number of
+            boxes; a visibility of another shape than its key points'; a ``flip_pairs``
+            index outside ``[0, K)`` or in two pairs; or (value checks) a singular matrix
+            (see `warp_affine`), or a mirroring one with ``flip_pairs=None`` and ``K > 1``
+            key points (see `warp_keypoints`).
 
     Convention:
-        One matrix for everything: forward, pixel centres on integers; boxes in the edge
-        convention (see the module docstring).
+        One matrix for everything: forward, pixel centres on integers for the image and key
+        points; boxes and polygons in the edge convention (see the module docstring).
 
     Examples:
         >>> from torchvision import tv_tensors
@@ -349,6 +628,30 @@ def warp_sample(
         ('Image', (3, 24, 16))
         >>> out["boxes"], out["labels"]
         (BoundingBoxes([[ 0,  4, 16, 12]], format=BoundingBoxFormat.XYWH, canvas_size=(24, 16), clamping_mode=soft), tensor([2]))
+
+        Tight boxes: a disk of diameter 81 px, turned by 45° about its centre.
+
+        >>> rows, cols = torch.meshgrid(torch.arange(128.0), torch.arange(128.0), indexing="ij")
+        >>> disk = ((cols + 0.5 - 60.5) ** 2 + (rows + 0.5 - 60.5) ** 2 <= 40.5**2)[None]
+        >>> sample = {"boxes": tv_tensors.BoundingBoxes([[20.0, 20.0, 101.0, 101.0]],
+        ...           format="XYXY", canvas_size=(128, 128)), "masks": tv_tensors.Mask(disk)}
+        >>> rot45 = affine_matrix(angle=45.0, center=(60.0, 60.0))
+        >>> image = torch.zeros(3, 128, 128)
+        >>> corners = warp_sample(image, {"boxes": sample["boxes"]}, rot45)[1]["boxes"]
+        >>> round(float(corners[0, 2] - corners[0, 0]), 1)  # the corner method
+        114.6
+        >>> tight = warp_sample(image, sample, rot45)[1]["boxes"]
+        >>> float(tight[0, 2] - tight[0, 0])  # the box of the warped mask
+        81.0
+
+        Key points with visibility and a horizontal flip:
+
+        >>> people = {"keypoints": tv_tensors.KeyPoints([[[10.0, 5.0], [12.0, 5.0]]],
+        ...           canvas_size=(32, 32)), "keypoints_visibility": torch.tensor([[2, 1]])}
+        >>> hflip = torch.tensor([[-1.0, 0.0, 31.0], [0.0, 1.0, 0.0]], dtype=torch.float64)
+        >>> _, out = warp_sample(torch.zeros(3, 32, 32), people, hflip, flip_pairs=[(0, 1)])
+        >>> out["keypoints"].tolist(), out["keypoints_visibility"].tolist()
+        ([[[19.0, 5.0], [21.0, 5.0]]], [[1, 2]])
     """
     tv = tv_tensors_module()
     check_tensor("image", image)
@@ -363,6 +666,7 @@ def warp_sample(
     if target is not None and not isinstance(target, Mapping):
         raise TypeError(f"target must be a dict or None, got {type(target).__name__}")
     check_sample_options(target, mode, fill, mask_fill, min_size, instance_keys)
+    pairs = None if flip_pairs is None else checked_pairs("flip_pairs", flip_pairs)
     out_size = tuple(image.shape[-2:]) if size is None else check_size("size", size)
     padding = "zeros" if isinstance(fill, (int, float)) and fill == 0 else "fill"
     # A plain tensor as it is: torch.compile cannot trace as_subclass.
@@ -375,30 +679,71 @@ def warp_sample(
 
     key_points = getattr(tv, "KeyPoints", None)  # torchvision >= 0.23
     _check_target_sizes(target, tuple(image.shape[-2:]), tv)
-    out: dict[str, Any] = {}
-    keep: Tensor | None = None
-    num_boxes = 0
+    box_keys = [key for key, value in target.items() if isinstance(value, tv.BoundingBoxes)]
+    if len(box_keys) > 1 and min_size is not None:
+        raise ValueError("target holds several BoundingBoxes; pass min_size=None")
+    visibility_of = {
+        key: f"{key}_visibility"
+        for key, value in target.items()
+        if key_points is not None
+        and isinstance(value, key_points)
+        and f"{key}_visibility" in target
+    }
+    for key, vis_key in visibility_of.items():
+        shape = target[key].shape[:-1]
+        _check_visibility(f"target[{vis_key!r}]", target[vis_key], f"target[{key!r}]", shape)
+        check_same_device(**{"image": image, f"target[{vis_key!r}]": target[vis_key]})
+    polygons = None
+    if "polygons" in target:
+        polygons = check_polygons(target["polygons"])
+        if box_keys and len(polygons) != target[box_keys[0]].shape[0]:
+            raise ValueError(
+                f"target['polygons'] has {len(polygons)} entries but there are "
+                f"{target[box_keys[0]].shape[0]} boxes; give one (possibly empty) list of "
+                "polygons per box"
+            )
+
+    out: dict[str, Any] = dict.fromkeys(target)  # the input's key order
+    instance_masks: list[tuple[Tensor, Tensor]] = []  # (warped, source) of (N, H, W) masks
+    polygon_parts = None
+    produced = set(visibility_of.values())
     for key, value in target.items():
         if isinstance(value, tv.BoundingBoxes):
-            if keep is not None:
-                raise ValueError("target holds several BoundingBoxes; pass min_size=None")
-            out[key], keep = _warp_box_tensor(value, matrix, out_size, min_size)
-            num_boxes = value.shape[0]
-        elif isinstance(value, tv.Mask):
+            continue  # after the masks and polygons, which tight boxes are measured on
+        if isinstance(value, tv.Mask):
             plain = value.as_subclass(Tensor)
             flat = plain.unsqueeze(0) if plain.dim() == 2 else plain.flatten(0, -3)
             pad = "zeros" if mask_fill == 0 else "fill"
             moved, _ = warp_checked(flat, matrix, out_size, "nearest", pad, mask_fill, inverse)
-            out[key] = tv.wrap(moved.reshape(*plain.shape[:-2], *out_size), like=value)
+            moved = moved.reshape(*plain.shape[:-2], *out_size)
+            if plain.dim() == 3 and box_keys:
+                instance_masks.append((moved, plain))
+            out[key] = tv.wrap(moved, like=value)
         elif key_points is not None and isinstance(value, key_points):
-            plain = value.as_subclass(Tensor)
-            moved = warp_points(plain if plain.dim() >= 2 else plain[None], matrix)
-            if not plain.is_floating_point():
-                moved = moved.round()
-            moved = moved.reshape(plain.shape).to(plain.dtype)
+            vis_key = visibility_of.get(key)
+            given = None if vis_key is None else target[vis_key]
+            visibility = None if given is None else given.as_subclass(Tensor)
+            moved, visibility = _warp_keypoint_entry(value, visibility, matrix, out_size, pairs)
             out[key] = tv.wrap(moved, like=value, canvas_size=out_size)
-        else:
+            if vis_key is not None:
+                tv_like = isinstance(given, tv.TVTensor)
+                out[vis_key] = tv.wrap(visibility, like=given) if tv_like else visibility
+        elif key == "polygons" and polygons is not None:
+            out[key], vertices, counts = warp_polygons(polygons, matrix)
+            if vertices is not None and box_keys:
+                polygon_parts = polygon_boxes(vertices, counts, out_size)
+        elif key not in produced:
             out[key] = value
+
+    keep: Tensor | None = None
+    num_boxes = 0
+    for key in box_keys:
+        value = target[key]
+        objects = None
+        if value.format.name in _AXIS_FORMATS and (polygon_parts or instance_masks):
+            objects = object_boxes(value.shape[0], polygon_parts, instance_masks, mask_fill)
+        out[key], keep = _warp_box_tensor(value, matrix, out_size, min_size, objects)
+        num_boxes = value.shape[0]
     if keep is None:
         return warped, out
     drop_instances(out, keep, num_boxes, instance_keys)
