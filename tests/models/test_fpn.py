@@ -110,6 +110,38 @@ def test_bad_arguments(kwargs, error, match):
 def test_wrong_number_of_levels():
     with pytest.raises(ValueError, match="features must hold 3 levels"):
         FPN(CHANNELS, STRIDES)(features()[:2])
+    with pytest.raises(ValueError, match=r"one per stride of strides=\[8, 16, 32\], got 2"):
+        FPN(CHANNELS, STRIDES)(dict(zip("ab", features())))
+
+
+def test_levels_that_disagree_with_the_strides_are_rejected():
+    fpn = FPN([16, 32], [8, 16], out_channels=8)
+    gen = torch.Generator().manual_seed(0)
+    c3, c5 = torch.randn(1, 16, 8, 8, generator=gen), torch.randn(1, 32, 2, 2, generator=gen)
+    # C3 and C5 (4x apart) given as strides 8 and 16 (2x): named, with both sizes and strides
+    message = (
+        r"features do not match strides=\[8, 16\]: features\['c3'\] of size \(8, 8\) and "
+        r"features\['c5'\] of size \(2, 2\) are 4 x 4 apart \(height x width\), but "
+        r"strides\[0\]=8 and strides\[1\]=16 say 2"
+    )
+    with pytest.raises(ValueError, match=message):
+        fpn({"c3": c3, "c5": c5})
+    with pytest.raises(ValueError, match=r"features\[0\] of size \(8, 8\) and features\[1\]"):
+        fpn([c3, torch.randn(1, 32, 8, 8)])  # the same size: 1 x 1 apart
+    with pytest.raises(ValueError, match="are 2 x 4 apart"):
+        fpn([c3, torch.randn(1, 32, 4, 2)])  # only the width is off
+
+
+@pytest.mark.parametrize("size", [(9, 9), (10, 7), (1, 3), (15, 16)])
+def test_stride_two_levels_rounded_either_way_are_accepted(size):
+    fpn = FPN([16, 32], [8, 16], out_channels=8)
+    h, w = size
+    fine = torch.randn(1, 16, h, w)
+    for coarse in {(h // 2, w // 2), (-(-h // 2), -(-w // 2)), (h // 2, -(-w // 2))}:
+        if min(coarse) == 0:
+            continue
+        out = fpn([fine, torch.randn(1, 32, *coarse)])
+        assert tuple(out["p4"].shape[-2:]) == coarse
 
 
 def test_absurd_sizes_and_bad_levels_are_rejected():

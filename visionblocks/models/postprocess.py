@@ -79,6 +79,15 @@ def postprocess_detections(
     ``max_detections`` highest scores. How many boxes survive depends on the values, so on
     CUDA this reads on the host (it synchronises), as NMS does.
 
+    **Non-finite predictions are dropped**, as detectron2's ``fast_rcnn_inference`` drops
+    them: a (location, class) pair whose box has a NaN or infinite coordinate, or whose
+    score is NaN or infinite, never becomes a candidate (a NaN box would otherwise survive
+    clipping and NMS, whose comparisons with NaN are false, and come out as a detection;
+    an infinite one would come out clipped flat). Selected with the threshold, in the same
+    ``nonzero``: nothing more is read on the host. A diverging model thus gives fewer
+    detections, not NaN boxes. With value checks on, scores that are NaN or outside
+    ``[0, 1]`` raise instead (see Raises): they are not probabilities.
+
     Args:
         scores (Sequence[Tensor[A_l, C]]): Class scores in ``[0, 1]`` per level.
         boxes (Sequence[Tensor[A_l, 4]]): XYXY boxes of the locations per level.
@@ -119,9 +128,10 @@ def postprocess_detections(
     check_int("max_detections", max_detections, 1)
     kept_boxes, kept_scores, kept_labels = [], [], []
     for level_scores, level_boxes in zip(scores, boxes):
-        flat = level_scores.flatten()
-        keep = torch.nonzero(flat > score_thresh).squeeze(1)
-        values = flat[keep]
+        finite = torch.isfinite(level_boxes).all(-1, keepdim=True) & level_scores.isfinite()
+        flat = ((level_scores > score_thresh) & finite).flatten()
+        keep = torch.nonzero(flat).squeeze(1)
+        values = level_scores.flatten()[keep]
         if values.numel() > topk_candidates:
             values, order = values.topk(topk_candidates)
             keep = keep[order]
@@ -219,7 +229,8 @@ def postprocess_padded(
     ``batched_nms``; clipping bounds the offset by the largest image side) keeps the
     detections; the ``max_detections`` best of each image are scattered into the output.
     The same detections as `postprocess_detections`, image by image (ties in score may
-    order differently).
+    order differently); non-finite predictions are dropped as there, before the top
+    candidates are chosen.
 
     Args:
         scores (Sequence[Tensor[B, A_l, C]]): Class scores in ``[0, 1]`` per level.
@@ -278,7 +289,10 @@ def postprocess_padded(
     batch, num_classes = scores[0].shape[0], scores[0].shape[-1]
     cand_scores, cand_boxes, cand_labels = [], [], []
     for level_scores, level_boxes in zip(scores, boxes):
-        flat = level_scores.flatten(1)
+        # Non-finite predictions score -1, below any threshold: never kept, and never ahead
+        # of a finite one (topk puts NaN first).
+        finite = torch.isfinite(level_boxes).all(-1, keepdim=True) & level_scores.isfinite()
+        flat = torch.where(finite, level_scores, -1.0).flatten(1)
         k = torch.sym_min(topk_candidates, flat.shape[1])
         values, index = flat.topk(k, dim=1)
         cand_scores.append(values)
@@ -288,7 +302,9 @@ def postprocess_padded(
     all_scores, all_labels = torch.cat(cand_scores, 1), torch.cat(cand_labels, 1)
     sizes = image_sizes.to(device=all_scores.device, dtype=torch.float32)
     bound = sizes.flip(-1).repeat(1, 2)[:, None, :]  # (W, H, W, H) per image
-    all_boxes = torch.cat(cand_boxes, 1).float().clamp(min=0.0).minimum(bound)
+    all_boxes = torch.cat(cand_boxes, 1).float()
+    # A non-finite box left among the candidates (never kept) must not poison the offset.
+    all_boxes = torch.where(all_boxes.isfinite(), all_boxes, 0.0).clamp(min=0.0).minimum(bound)
     image, slot = torch.nonzero(all_scores > score_thresh, as_tuple=True)
     kept_scores, kept_labels = all_scores[image, slot], all_labels[image, slot]
     kept_boxes = all_boxes[image, slot]

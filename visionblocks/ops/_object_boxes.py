@@ -181,8 +181,10 @@ def warp_rotated_boxes(boxes: Tensor, fmt: str, matrix: Tensor) -> tuple[Tensor,
       parallelogram's sides (rotating calipers), the longer one, which this picks in closed
       form (``cv2.minAreaRect`` of the four corners, up to the corner labelling). It
       encloses the object as the corner method's axis-aligned box does, but tighter.
-      torchvision's ``affine`` fits a rectangle that keeps the parallelogram's longer
-      diagonal instead, which neither encloses it nor keeps its area.
+      torchvision's ``affine`` (0.29) aims at the same rectangle (through the ends of the
+      longer diagonal) and gets it in most cases, but not for a rhombus (equal sides: its
+      rectangle is larger) nor where the angle between the sides wraps around (its
+      rectangle is smaller than the parallelogram and does not enclose it).
 
     Angles come out in ``(-180, 180]`` (``atan2``). Selected with `torch.where`: nothing is
     read on the host.

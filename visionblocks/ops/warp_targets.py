@@ -24,7 +24,9 @@ Convention:
       pixels, also under scaling. (Applying ``M`` to box corners directly would shift them by
       ``(1 - scale) / 2`` pixel.) A pure resize by ``s`` is thus
       ``x' = s·x + (s - 1) / 2`` in pixel coordinates, and maps the box ``(x1, …)`` to
-      ``(s·x1, …)``.
+      ``(s·x1, …)``. Rotated boxes (torchvision's ``XYWHR``, ``CXCYWHR``, ``XYXYXYXY``;
+      degrees, counter-clockwise on screen) have their corners moved the same way and stay
+      rotated (see `warp_sample`).
     - **Polygons** (``target["polygons"]`` of `warp_sample`) are COCO's continuous
       coordinates, the boxes' edge convention: a vertex moves like a box corner.
     - **Masks** are images: nearest sampling, pixels from outside the source are 0. The box of
@@ -58,6 +60,7 @@ from visionblocks.ops._object_boxes import (
     object_boxes,
     polygon_boxes,
     warp_polygons,
+    warp_rotated_boxes,
 )
 from visionblocks.ops._warp_sampling import (
     check_batch,
@@ -434,13 +437,11 @@ def _warp_box_tensor(
     plain = boxes.as_subclass(Tensor)
     work = plain if plain.is_floating_point() else plain.to(torch.get_default_dtype())
     rotated = fmt.name not in _AXIS_FORMATS
-    if rotated:  # warp the four corners; the result is re-expressed in the original format
-        corners = convert_bounding_box_format(work, old_format=fmt, new_format="XYXYXYXY")
-        corners = corners.unflatten(-1, (4, 2))
-        moved = warp_points(corners - 0.5, matrix) + 0.5
+    if rotated:  # kept rotated: exact corners, or the enclosing rectangle (see the helper)
+        out, moved = warp_rotated_boxes(work, fmt.name, matrix)
         enclosing = torch.cat((moved.amin(-2), moved.amax(-2)), dim=-1)
-        extent = warp_boxes(enclosing, torch.eye(2, 3, dtype=moved.dtype), size)
-        out = convert_bounding_box_format(moved.flatten(-2), old_format="XYXYXYXY", new_format=fmt)
+        identity = torch.eye(2, 3, dtype=moved.dtype, device=moved.device)
+        extent = warp_boxes(enclosing, identity, size)
     else:
         xyxy = convert_bounding_box_format(work, old_format=fmt, new_format="XYXY")
         extent = warp_boxes(xyxy, matrix, size)
@@ -540,8 +541,8 @@ def warp_sample(
     For warps that map axes to axes (no rotation or shear: translations, scales, flips and
     90° turns) the corner method is exact and keeps sub-pixel precision, so it is kept there
     (selected with `torch.where`, nothing read). Samples with boxes only use the corner
-    method, and rotated box formats (XYWHR, CXCYWHR, XYXYXYXY) are always warped corner by
-    corner. The two on one rotated disk (``d`` = 81 px, its box ``(20, 20, 101, 101)``)::
+    method, and rotated box formats always follow the rule below. The two on one rotated
+    disk (``d`` = 81 px, its box ``(20, 20, 101, 101)``)::
 
         warp_sample(image, {"boxes": boxes}, rot45)                 # corners: 114.6 px wide
         warp_sample(image, {"boxes": boxes, "masks": disk}, rot45)  # mask: 81 px wide
@@ -569,10 +570,29 @@ def warp_sample(
     ``min_size`` set, that is read on the host (a sync on CUDA; a graph break under
     ``torch.compile``); ``min_size=None`` reads nothing.
 
-    Axis-aligned formats (XYXY, XYWH, CXCYWH) are clipped to the canvas; rotated formats
-    are warped corner by corner and not clipped (XYXYXYXY exactly; under shear or
-    anisotropic scale, the other two keep torchvision's rectangle fit of the warped
-    parallelogram). Key points are not clipped either (they turn invisible).
+    **Rotated boxes stay rotated** (torchvision's ``XYWHR``, ``CXCYWHR``, ``XYXYXYXY``, whose
+    angle convention they keep: degrees, counter-clockwise on screen), from their corners
+    (masks and polygons are not used for them):
+
+    - ``XYWHR`` and ``CXCYWHR`` become the minimum-area rectangle enclosing the warped box.
+      Under a similarity (rotation, uniform scale, translation, flips) that is the warped
+      box itself, exactly: centre warped, width and height times the scale, the rotation
+      added to the angle; a mirror mirrors the angle as torchvision's flips do (``-r`` for
+      a horizontal flip, ``180 - r`` for a vertical one, modulo 360), the width side
+      keeping its role. Under shear or anisotropic scale the warped box is a parallelogram,
+      and the rectangle has one side along its longer side (``cv2.minAreaRect`` of the
+      four corners, up to the corner labelling): it encloses the object, like the corner
+      method's boxes. torchvision's ``affine`` (0.29) gives the same rectangle in most
+      cases, but a larger one for a rhombus (equal sides) and, where the angle between the
+      sides wraps around, one smaller than the parallelogram that does not enclose it.
+    - ``XYXYXYXY`` keeps the four warped corners exactly (a parallelogram under shear),
+      reordered ``p2, p1, p4, p3`` under a mirroring matrix as torchvision's flips do, so
+      that ``p1 → p2`` stays the width side.
+
+    Angles come out in ``(-180, 180]``. Nothing is read on the host for them.
+    Axis-aligned formats (XYXY, XYWH, CXCYWH) are clipped to the canvas; rotated ones are
+    not (their ``min_size`` test uses the warped corners' extent inside the canvas). Key
+    points are not clipped either (they turn invisible).
 
     Args:
         image (Tensor[C, H, W]): The image (a ``tv_tensors.Image`` stays one).
@@ -652,6 +672,19 @@ def warp_sample(
         >>> _, out = warp_sample(torch.zeros(3, 32, 32), people, hflip, flip_pairs=[(0, 1)])
         >>> out["keypoints"].tolist(), out["keypoints_visibility"].tolist()
         ([[[19.0, 5.0], [21.0, 5.0]]], [[1, 2]])
+
+        Rotated boxes stay rotated: a quarter turn (counter-clockwise on screen) adds 90° to
+        the angle, a horizontal flip mirrors it.
+
+        >>> box = tv_tensors.BoundingBoxes(
+        ...     [[14.0, 22.0, 8.0, 4.0, 30.0]], format="CXCYWHR", canvas_size=(64, 64)
+        ... )
+        >>> quarter = torch.tensor([[0.0, 1.0, 0.0], [-1.0, 0.0, 63.0]], dtype=torch.float64)
+        >>> warp_sample(torch.zeros(3, 64, 64), {"boxes": box}, quarter)[1]["boxes"].tolist()
+        [[22.0, 50.0, 8.0, 4.0, 120.0]]
+        >>> flip = torch.tensor([[-1.0, 0.0, 63.0], [0.0, 1.0, 0.0]], dtype=torch.float64)
+        >>> warp_sample(torch.zeros(3, 64, 64), {"boxes": box}, flip)[1]["boxes"].tolist()
+        [[50.0, 22.0, 8.0, 4.0, -30.0]]
     """
     tv = tv_tensors_module()
     check_tensor("image", image)
