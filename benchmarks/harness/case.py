@@ -37,6 +37,7 @@ CASES = Registry(
         "benchmarks.cases.focal",
         "benchmarks.cases.iou_loss",
         "benchmarks.cases.boxes",
+        "benchmarks.cases.assign",
         "benchmarks.cases.warp",
         "benchmarks.cases.local_filter",
         "benchmarks.cases.local_attention",

@@ -911,4 +911,235 @@ INIT_SPECS: list[Spec] = [
     ),
 ]
 
-SPECS: list[Spec] = [*BOX_SPECS, *WARP_SPECS, *LOCAL_SPECS, *LOSS_SPECS, *INIT_SPECS]
+
+# -------------------------------------------------------------------------------- assignment
+def _anchors() -> torch.Tensor:
+    return torch.tensor(
+        [
+            [0.0, 0.0, 4.0, 4.0],
+            [2.0, 0.0, 6.0, 4.0],
+            [0.0, 2.0, 4.0, 6.0],
+            [1.0, 1.0, 3.0, 3.0],
+            [0.0, 0.0, 8.0, 8.0],
+            [4.0, 4.0, 8.0, 8.0],
+        ]
+    )
+
+
+# Integer boxes are boxes (as for box_iou): "dtype" is legitimate.
+_ASSIGN_BOXES = [
+    Arg("anchors", "tensor", accept={"dtype"}),
+    Arg("boxes", "tensor", accept={"dtype"}),
+]
+_ASSIGN_OPTIONS = [
+    Arg("eps", "float"),
+    Arg("block_bytes", "int", optional=True),
+]
+
+ASSIGN_SPECS: list[Spec] = [
+    Spec(
+        ops.best_box_iou,
+        _call(
+            ops.best_box_iou,
+            anchors=_anchors,
+            boxes=_boxes2,
+            eps=1e-7,
+            block_bytes=None,
+            impl="auto",
+        ),
+        args=[*_ASSIGN_BOXES, *_ASSIGN_OPTIONS, Arg("impl", "choice")],
+        equivalences=_HALF,
+    ),
+    Spec(
+        ops.match_anchors,
+        _call(
+            ops.match_anchors,
+            anchors=_anchors,
+            boxes=_boxes2,
+            high_threshold=0.5,
+            low_threshold=0.25,
+            allow_low_quality_matches=True,
+            eps=1e-7,
+            block_bytes=None,
+            impl="auto",
+        ),
+        args=[
+            *_ASSIGN_BOXES,
+            Arg("high_threshold", "float"),
+            Arg("low_threshold", "float"),
+            Arg("allow_low_quality_matches", "bool"),
+            *_ASSIGN_OPTIONS,
+            Arg("impl", "choice"),
+        ],
+        equivalences=_HALF,
+    ),
+    Spec(
+        ops.atss_assign,
+        _call(
+            ops.atss_assign,
+            anchors=_anchors,
+            boxes=_boxes2,
+            num_anchors_per_level=[4, 2],
+            topk=3,
+            eps=1e-7,
+            block_bytes=None,
+        ),
+        args=[
+            *_ASSIGN_BOXES,
+            Arg("num_anchors_per_level", "sequence"),
+            Arg("topk", "int"),
+            *_ASSIGN_OPTIONS,
+        ],
+        equivalences=_HALF,
+    ),
+]
+
+
+def _assign_exemptions() -> dict[object, str]:
+    from visionblocks.kernels import assign
+
+    entry = (
+        "a Triton kernel entry point, reached through the op's impl= dispatch, which validates "
+        "every argument first (the op is spec'd); the launch guards are tested in tests/kernels"
+    )
+    return {
+        ops.BestIoU: "a NamedTuple of best_box_iou's results; best_box_iou is spec'd",
+        assign.best_box_iou_triton: entry,
+        assign.box_iou_reaches_triton: entry,
+    }
+
+
+EXEMPT: dict[object, str] = {}
+EXEMPT.update(_assign_exemptions())
+
+
+# ----------------------------------------------------------------------------- rotated boxes
+def _rboxes1() -> torch.Tensor:
+    return torch.tensor([[2.0, 2.0, 4.0, 2.0, 30.0], [1.0, 3.0, 2.0, 2.0, 0.0]])
+
+
+def _rboxes2() -> torch.Tensor:
+    return torch.tensor(
+        [[2.0, 2.5, 3.0, 2.0, -15.0], [2.0, 2.0, 4.0, 2.0, 30.0], [5.0, 5.0, 1.0, 3.0, 90.0]]
+    )
+
+
+def _nms_boxes() -> torch.Tensor:
+    return torch.tensor(
+        [[0.0, 0.0, 4.0, 2.0, 0.0], [0.5, 0.0, 4.0, 2.0, 10.0], [9.0, 9.0, 2.0, 2.0, 45.0],
+         [0.0, 0.5, 2.0, 4.0, 90.0]]
+    )  # fmt: skip
+
+
+def _nms_scores() -> torch.Tensor:
+    return torch.tensor([0.5, 0.75, 0.25, 0.125])
+
+
+def _rotated_pair() -> dict[str, Any]:
+    return {"pred": _rboxes1, "target": lambda: _rboxes2()[:2]}
+
+
+ROTATED_SPECS: list[Spec] = [
+    Spec(
+        ops.rotated_box_iou,
+        _call(
+            ops.rotated_box_iou,
+            boxes1=_rboxes1,
+            boxes2=_rboxes2,
+            fmt="cxcywhr",
+            aligned=False,
+            eps=1e-7,
+            impl="auto",
+        ),
+        args=[
+            Arg("boxes1", "tensor", accept=_BOXES),  # batch dims and integer boxes, as box_iou
+            Arg("boxes2", "tensor", accept=_BOXES),
+            Arg("fmt", "choice"),
+            Arg("aligned", "bool"),
+            Arg("eps", "float"),
+            Arg("impl", "choice"),
+        ],
+        equivalences=_HALF,
+    ),
+    Spec(
+        ops.rotated_box_iou_loss,
+        _call(
+            ops.rotated_box_iou_loss, **_rotated_pair(), reduction="none", eps=1e-7, fmt="cxcywhr"
+        ),
+        args=[
+            Arg("pred", "tensor"),
+            Arg("target", "tensor"),
+            Arg("reduction", "choice"),
+            Arg("eps", "float"),
+            Arg("fmt", "choice"),
+        ],
+        equivalences=_HALF,
+    ),
+    Spec(
+        losses.RotatedBoxIoULoss,
+        _call(losses.RotatedBoxIoULoss, reduction="mean", eps=1e-7, fmt="cxcywhr"),
+        args=[Arg("reduction", "choice"), Arg("eps", "float"), Arg("fmt", "choice")],
+    ),
+    Spec(
+        losses.RotatedBoxIoULoss,
+        _forward(losses.RotatedBoxIoULoss, {"reduction": "none"}, **_rotated_pair()),
+        args=[Arg("pred", "tensor"), Arg("target", "tensor")],
+        forward=True,
+        equivalences=_HALF,
+    ),
+    Spec(
+        ops.nms_rotated,
+        _call(
+            ops.nms_rotated,
+            boxes=_nms_boxes,
+            scores=_nms_scores,
+            iou_threshold=0.3,
+            fmt="cxcywhr",
+        ),
+        args=[
+            Arg("boxes", "tensor", accept={"dtype"}),  # integer boxes are boxes
+            Arg("scores", "tensor"),
+            Arg("iou_threshold", "float"),
+            Arg("fmt", "choice"),
+        ],
+        equivalences=("noncontiguous",),
+    ),
+    Spec(
+        ops.batched_nms_rotated,
+        _call(
+            ops.batched_nms_rotated,
+            boxes=_nms_boxes,
+            scores=_nms_scores,
+            idxs=lambda: torch.tensor([0, 1, 0, 1]),
+            iou_threshold=0.3,
+            fmt="cxcywhr",
+        ),
+        args=[
+            Arg("boxes", "tensor", accept={"dtype"}),
+            Arg("scores", "tensor"),
+            Arg("idxs", "int_tensor"),
+            Arg("iou_threshold", "float"),
+            Arg("fmt", "choice"),
+        ],
+        equivalences=("noncontiguous",),
+    ),
+]
+
+
+def _rotated_exemptions() -> dict[object, str]:
+    from visionblocks.kernels import rotated_iou
+
+    return {
+        rotated_iou.rotated_box_iou_triton: (
+            "a Triton kernel entry point, reached through rotated_box_iou's impl= dispatch, "
+            "which validates every argument first; tested in tests/kernels"
+        )
+    }
+
+
+EXEMPT.update(_rotated_exemptions())
+
+SPECS: list[Spec] = [
+    *BOX_SPECS, *WARP_SPECS, *LOCAL_SPECS, *LOSS_SPECS, *INIT_SPECS, *ASSIGN_SPECS,
+    *ROTATED_SPECS,
+]  # fmt: skip

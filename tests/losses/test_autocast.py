@@ -112,6 +112,10 @@ def _data(case: Case, round_to: torch.dtype) -> tuple[torch.Tensor, torch.Tensor
         gxy = xy + torch.randn(256, 2, generator=gen) * 4
         gwh = wh * (0.5 + torch.rand(256, 2, generator=gen))
         pred, target = torch.cat([xy, xy + wh], 1), torch.cat([gxy, gxy + gwh], 1)
+        if "Rotated" in case.name or "rotated" in case.name:  # (cx, cy, w, h, degrees)
+            angle = torch.rand(256, 1, generator=gen) * 180 - 90
+            turn = angle + torch.randn(256, 1, generator=gen) * 10
+            pred, target = torch.cat([xy, wh, angle], 1), torch.cat([gxy, gwh, turn], 1)
         return pred.to(round_to).float(), target.to(round_to).float()
     shape = (4, 5, 8, 8) if case.kind == "dense" else (256, 5)
     logits = (torch.randn(shape, generator=gen) * 3).to(round_to).float()
@@ -154,6 +158,10 @@ def _near(actual, expected, rtol: float, what: str, atol_frac: float = 1e-6) -> 
     """``actual`` within ``rtol`` of the float64 ``expected``, plus ``atol_frac`` of its largest
     value."""
     atol = atol_frac * float(expected.detach().abs().max()) if expected.numel() else 0.0
+    if actual.dtype == torch.float16:  # below its smallest normal, float16 has fixed spacing
+        atol = max(
+            atol, torch.finfo(torch.float16).smallest_normal * torch.finfo(torch.float16).eps
+        )
     torch.testing.assert_close(
         actual.double(), expected, rtol=rtol, atol=atol, check_dtype=False, msg=lambda m: what + m
     )

@@ -34,6 +34,9 @@ CUDA_AUTOCASTS = cuda_autocast_dtypes(
 )
 
 NOT_APPLICABLE = {
+    "BELOW_LOW_THRESHOLD": "an int constant: no computation",
+    "BETWEEN_THRESHOLDS": "an int constant: no computation",
+    "BestIoU": "a NamedTuple type: no computation (best_box_iou has cases)",
     "BOX_FORMATS": "a tuple of format names: no computation",
     "keypoint_flip_pairs": "names to index pairs: no tensors",
     "flip_permutation": "index pairs to an int64 index: no floating computation",
@@ -58,6 +61,15 @@ def _boxes(n: int, device: torch.device, seed: int) -> Tensor:
     gen = torch.Generator().manual_seed(seed)
     xy = torch.rand(n, 2, generator=gen) * 600
     return torch.cat((xy, xy + 4 + torch.rand(n, 2, generator=gen) * 200), -1).to(device)
+
+
+def _rboxes(n: int, device: torch.device, seed: int) -> Tensor:
+    """Rotated boxes ``(cx, cy, w, h, degrees)``, overlapping, exact in bfloat16."""
+    gen = torch.Generator().manual_seed(seed)
+    xy = torch.rand(n, 2, generator=gen) * 300
+    wh = 4 + torch.rand(n, 2, generator=gen) * 100
+    boxes = torch.cat((xy, wh, torch.rand(n, 1, generator=gen) * 180 - 90), -1)
+    return boxes.bfloat16().float().to(device)
 
 
 def _matrices(device: torch.device, batch: int = 2) -> Tensor:
@@ -161,6 +173,36 @@ def _warp_sample(d: torch.device) -> tuple[Callable[..., Any], list[Tensor]]:
 CASES = [
     *_iou_cases(),
     Case("box_area", lambda d: (ops.box_area, [_boxes(30, d, 5)]), "float32"),
+    # Rotated boxes: IoUs in float32 (float64), as box_iou; NMS's int64 indices as float32.
+    *(
+        Case(
+            "rotated_box_iou",
+            lambda d, al=aligned: (
+                lambda a, b: ops.rotated_box_iou(a, b, aligned=al),
+                [_rboxes(24, d, 21), _rboxes(24 if al else 17, d, 22)],
+            ),
+            "float32",
+        )
+        for aligned in (False, True)
+    ),
+    Case(
+        "nms_rotated",
+        lambda d: (
+            lambda b, s: ops.nms_rotated(b, s, 0.3).float(),
+            [_rboxes(40, d, 23), _randn(d, 40)],
+        ),
+        "float32",
+        grad=False,
+    ),
+    Case(
+        "batched_nms_rotated",
+        lambda d: (
+            lambda b, s: ops.batched_nms_rotated(b, s, torch.arange(40, device=d) % 3, 0.3).float(),
+            [_rboxes(40, d, 24), _randn(d, 40, seed=5)],
+        ),
+        "float32",
+        grad=False,
+    ),
     Case(
         "box_convert",
         lambda d: (lambda b: ops.box_convert(b, "xyxy", "cxcywh"), [_boxes(30, d, 6)]),
@@ -206,6 +248,35 @@ CASES = [
             [_randn(d, 2, 3, 5, 2).abs() * 300, _matrices(d)[:, None]],
         ),
         "rounded",
+    ),
+    # The assignment ops: IoUs in float32 (float64), as box_iou; several blocks of anchors.
+    # Their int64 indices are compared as float32 (the policy's dtypes are floating ones).
+    Case(
+        "best_box_iou",
+        lambda d: (
+            lambda a, b: tuple(r.float() for r in ops.best_box_iou(a, b, block_bytes=256)),
+            [_boxes(40, d, 11), _boxes(7, d, 12)],
+        ),
+        "float32",
+        grad=False,
+    ),
+    Case(
+        "match_anchors",
+        lambda d: (
+            lambda a, b: ops.match_anchors(a, b, 0.5, 0.3, True, block_bytes=256).float(),
+            [_boxes(40, d, 13), _boxes(7, d, 14)],
+        ),
+        "float32",
+        grad=False,
+    ),
+    Case(
+        "atss_assign",
+        lambda d: (
+            lambda a, b: ops.atss_assign(a, b, [30, 10], topk=4, block_bytes=256).float(),
+            [_boxes(40, d, 15), _boxes(7, d, 16)],
+        ),
+        "float32",
+        grad=False,
     ),
     Case(
         "keypoint_oks",

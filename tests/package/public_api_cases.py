@@ -30,6 +30,17 @@ NOT_TENSOR_OPS = {
     "ops.COCO_PERSON_SIGMAS": "a tuple of 17 floats (COCO's person OKS sigmas)",
     "ops.keypoint_flip_pairs": "key point names (str) to index pairs: no tensors",
     "ops.flip_permutation": "ints and index pairs in, a constant index out: no tensor inputs",
+    "ops.BELOW_LOW_THRESHOLD": "an int constant (match_anchors' negatives)",
+    "ops.BETWEEN_THRESHOLDS": "an int constant (match_anchors' ignored anchors)",
+    "ops.BestIoU": "a NamedTuple of best_box_iou's results (best_box_iou has a case)",
+}
+
+# Names whose output size depends on the input values (like torchvision's nms), with the reason:
+# fake tensors need a ShapeEnv and torch.compile capture_dynamic_output_shape_ops for them;
+# tests/ops/test_rotated.py covers both.
+DATA_DEPENDENT_OPS = {
+    "ops.nms_rotated": "the number of kept boxes depends on the values (a custom op)",
+    "ops.batched_nms_rotated": "the number of kept boxes depends on the values (a custom op)",
 }
 
 # Names whose case is the losses' backward as well as their forward.
@@ -78,6 +89,15 @@ def _iou_loss(fn):
     )
 
 
+def _rboxes(device: torch.device, n: int, seed: int = 0) -> Tensor:
+    """``(n, 5)`` rotated boxes ``(cx, cy, w, h, angle in degrees)`` that overlap."""
+    g = torch.Generator().manual_seed(seed)
+    xy = torch.rand(n, 2, generator=g, device="cpu") * 4
+    wh = torch.rand(n, 2, generator=g, device="cpu") * 4 + 2
+    angle = torch.rand(n, 1, generator=g, device="cpu") * 180 - 90
+    return torch.cat((xy, wh, angle), -1).to(device)
+
+
 def _iou_loss_module(cls):
     return lambda d: _module(d, cls(), _boxes(d, 6, 0), _boxes(d, 6, 1))
 
@@ -120,6 +140,24 @@ CASES: dict[str, Case] = {
     "ops.box_area": lambda d: (O.box_area, (_boxes(d, 5),)),
     "ops.box_convert": lambda d: (lambda b: O.box_convert(b, "xyxy", "cxcywh"), (_boxes(d, 5),)),
     "ops.box_iou": _iou(O.box_iou),
+    "ops.rotated_box_iou": lambda d: (O.rotated_box_iou, (_rboxes(d, 5, 0), _rboxes(d, 3, 1))),
+    "ops.rotated_box_iou_loss": lambda d: (
+        lambda p, t: O.rotated_box_iou_loss(p, t, reduction="mean"),
+        (_rboxes(d, 6, 0), _rboxes(d, 6, 1)),
+    ),
+    # Several blocks of anchors (block_bytes=1: one anchor a block) and the kernels' dispatch.
+    "ops.best_box_iou": lambda d: (
+        lambda a, b: tuple(O.best_box_iou(a, b, block_bytes=1)),
+        (_boxes(d, 7, 0), _boxes(d, 3, 1)),
+    ),
+    "ops.match_anchors": lambda d: (
+        lambda a, b: O.match_anchors(a, b, 0.5, 0.2, True, block_bytes=1),
+        (_boxes(d, 7, 0), _boxes(d, 3, 1)),
+    ),
+    "ops.atss_assign": lambda d: (
+        lambda a, b: O.atss_assign(a, b, [4, 3], topk=2, block_bytes=1),
+        (_boxes(d, 7, 0), _boxes(d, 3, 1)),
+    ),
     "ops.complete_box_iou": _iou(O.complete_box_iou),
     "ops.distance_box_iou": _iou(O.distance_box_iou),
     "ops.generalized_box_iou": _iou(O.generalized_box_iou),
@@ -208,6 +246,13 @@ CASES: dict[str, Case] = {
     "losses.DistanceBoxIoULoss": _iou_loss_module(L.DistanceBoxIoULoss),
     "losses.GeneralizedBoxIoULoss": _iou_loss_module(L.GeneralizedBoxIoULoss),
     "losses.complete_box_iou_loss": _iou_loss(L.complete_box_iou_loss),
+    "losses.RotatedBoxIoULoss": lambda d: _module(
+        d, L.RotatedBoxIoULoss(), _rboxes(d, 6, 0), _rboxes(d, 6, 1)
+    ),
+    "losses.rotated_box_iou_loss": lambda d: (
+        lambda p, t: L.rotated_box_iou_loss(p, t, reduction="sum"),
+        (_rboxes(d, 6, 0), _rboxes(d, 6, 1)),
+    ),
     "losses.distance_box_iou_loss": _iou_loss(L.distance_box_iou_loss),
     "losses.generalized_box_iou_loss": _iou_loss(L.generalized_box_iou_loss),
     # ------------------------------------------------------------------------------- nn
@@ -270,5 +315,10 @@ def public_names() -> list[str]:
 
 
 def missing_cases() -> list[str]:
-    """Public names with neither a case nor a reason in `NOT_TENSOR_OPS`."""
-    return [n for n in public_names() if n not in CASES and n not in NOT_TENSOR_OPS]
+    """Public names with neither a case nor a reason in `NOT_TENSOR_OPS` or
+    `DATA_DEPENDENT_OPS`."""
+    return [
+        n
+        for n in public_names()
+        if n not in CASES and n not in NOT_TENSOR_OPS and n not in DATA_DEPENDENT_OPS
+    ]

@@ -265,8 +265,70 @@ def _oks() -> tuple:
     )
 
 
+def _rboxes(n: int, seed: int) -> Tensor:
+    """Overlapping rotated boxes ``(cx, cy, w, h, degrees)``; one equal pair, one 180 apart."""
+    g = _gen(seed)
+    xy, wh = torch.rand(n, 2, generator=g) * 6, torch.rand(n, 2, generator=g) * 5 + 1
+    boxes = torch.cat([xy, wh, torch.rand(n, 1, generator=g) * 180 - 90], 1)
+    boxes[1] = boxes[0] + torch.tensor([0.0, 0.0, 0.0, 0.0, 180.0])
+    return boxes
+
+
+def _rotated() -> tuple:
+    a, b = _rboxes(6, 41), _rboxes(5, 42)
+    b[0] = a[0]
+    return (
+        *_run(ops.rotated_box_iou, a, b),
+        *_run(lambda x, y: ops.rotated_box_iou(x, y, "cxcywhr", aligned=True), a[:5], b),
+    )
+
+
+def _rotated_loss(fn: Callable[..., Tensor]) -> Callable[[], tuple]:
+    def run() -> tuple:
+        p, t = _rboxes(7, 43), _rboxes(7, 44)
+        return (*_run(lambda a, b: fn(a, b), p, t), *_run(lambda a, b: fn(a, b, "sum"), p, t))
+
+    return run
+
+
+def _nms_rotated() -> tuple:
+    boxes, scores = _rboxes(40, 45), torch.rand(40, generator=_gen(46))
+    scores[3] = scores[4]  # a tie
+    idxs = torch.randint(0, 3, (40,), generator=_gen(47))
+    return (
+        *_run(lambda b, s: ops.nms_rotated(b, s, 0.3), boxes, scores),
+        *_run(lambda b, s: ops.batched_nms_rotated(b, s, idxs, 0.3), boxes, scores),
+    )
+
+
 CASES: dict[str, Case] = {
     "keypoint_oks": Case(_oks),
+    "rotated_box_iou": Case(_rotated, kernel="rotated_box_iou"),
+    "rotated_box_iou_loss": Case(_rotated_loss(ops.rotated_box_iou_loss)),
+    "RotatedBoxIoULoss": Case(_rotated_loss(_loss_module(losses.RotatedBoxIoULoss))),
+    "nms_rotated": Case(_nms_rotated),
+    "batched_nms_rotated": Case(_nms_rotated),
+    "best_box_iou": Case(
+        lambda: _run(
+            lambda a, b: ops.best_box_iou(a, b, block_bytes=64), _boxes(40, 31), _boxes(9, 32)
+        ),
+        kernel="best_box_iou",
+    ),
+    "match_anchors": Case(
+        lambda: _run(
+            lambda a, b: ops.match_anchors(a, b, 0.5, 0.3, True, block_bytes=64),
+            _boxes(40, 33),
+            _boxes(9, 34),
+        ),
+        kernel="match_anchors",
+    ),
+    "atss_assign": Case(
+        lambda: _run(
+            lambda a, b: ops.atss_assign(a, b, [30, 10], topk=4, block_bytes=64),
+            _boxes(40, 35),
+            _boxes(9, 36),
+        )
+    ),
     "affine_matrix": Case(_affine),
     "invert_affine": Case(_matrices),
     "matrix_to_theta": Case(_matrices),
@@ -315,6 +377,9 @@ NN_PLAIN = {
 }  # fmt: skip
 """`visionblocks.nn` names built from torch layers and ops only (no custom op, no kernel)."""
 NOT_OPS = {
+    "BELOW_LOW_THRESHOLD",
+    "BETWEEN_THRESHOLDS",
+    "BestIoU",
     "BOX_FORMATS",
     "COCO_PERSON_SIGMAS",
     "keypoint_flip_pairs",

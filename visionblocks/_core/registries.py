@@ -32,7 +32,7 @@ HEADS = Registry("heads", modules=("visionblocks.models",),
                  description="nn.Module turning features into predictions and losses")  # fmt: skip
 """Detection and segmentation heads."""
 LOSSES = Registry("losses", modules=("visionblocks.losses",), description="nn.Module loss")
-"""Loss modules (``focal``, ``softmax_focal``, ``bce``, ``ce``, ``giou``, ``diou``, ``ciou``)."""
+"""Loss modules (``focal``, ``softmax_focal``, ``bce``, ``ce``, ``giou``, ``diou``, ``ciou``, ``rotated_iou``)."""
 LAYERS = Registry("layers", modules=("visionblocks.nn",), description="nn.Module building block")
 """Building blocks (convolutions, local ops)."""
 INITIALIZERS = Registry("initializers", modules=("visionblocks.init",),

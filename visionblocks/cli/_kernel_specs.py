@@ -124,11 +124,39 @@ def _cases_local_attention(torch) -> Iterator[Callable[[], None]]:
         yield case
 
 
+def _cases_assign(torch) -> Iterator[Callable[[], None]]:
+    from visionblocks.ops.assign import match_anchors
+
+    for adtype, bdtype in itertools.product(FLOATS, ("float32", "float64")):
+
+        def case(adtype=adtype, bdtype=bdtype):
+            base = torch.rand(70, 2) * 50
+            anchors = torch.cat([base, base + 8], 1).to(getattr(torch, adtype))
+            boxes = torch.cat([base[:5], base[:5] + 12], 1).to(getattr(torch, bdtype))
+            match_anchors(anchors, boxes, 0.5, 0.4, True, impl="triton")
+
+        yield case
+
+
+def _cases_rotated_iou(torch) -> Iterator[Callable[[], None]]:
+    from visionblocks.ops.rotated import rotated_box_iou
+
+    for dt in FLOATS:
+
+        def case(dt=dt):
+            boxes = torch.rand(6, 5, dtype=getattr(torch, dt)) * 4
+            rotated_box_iou(boxes, boxes[:3], impl="triton")
+
+        yield case
+
+
 CASES = {
     "sigmoid_focal_loss": _cases_focal,
     "box_iou_losses": _cases_iou,
     "local_filter": _cases_local_filter,
     "local_attention2d": _cases_local_attention,
+    "assign": _cases_assign,
+    "rotated_box_iou": _cases_rotated_iou,
 }
 
 

@@ -34,6 +34,9 @@ KERNEL_OPS: dict[str, str] = {
     "complete_box_iou_loss": "iou:complete_box_iou_loss_triton",
     "local_filter": "local_filter:local_filter_triton",
     "local_attention2d": "local_attention:local_attention2d_triton",
+    "rotated_box_iou": "rotated_iou:rotated_box_iou_triton",
+    "best_box_iou": "assign:best_box_iou_triton",
+    "match_anchors": "assign:box_iou_reaches_triton",
 }
 """Op name → ``"module:function"`` of its triton entry point (a module of this package)."""
 

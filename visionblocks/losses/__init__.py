@@ -3,8 +3,9 @@
 Every loss is a function plus a thin ``nn.Module`` of the same stem
 (``sigmoid_focal_loss`` / `SigmoidFocalLoss`, ``generalized_box_iou_loss`` /
 `GeneralizedBoxIoULoss`, ...), registered in `visionblocks.registry.LOSSES` (``focal``,
-``softmax_focal``, ``bce``, ``ce``, ``giou``, ``diou``, ``ciou``). The box-loss functions live
-in `visionblocks.ops.iou_loss` and are re-exported here. Dtype policy: half inputs are
+``softmax_focal``, ``bce``, ``ce``, ``giou``, ``diou``, ``ciou``, ``rotated_iou``). The box-loss
+functions live in `visionblocks.ops.iou_loss` and `visionblocks.ops.rotated` and are
+re-exported here. Dtype policy: half inputs are
 computed in float32; ``reduction="none"`` returns the input dtype, ``"sum"``/``"mean"`` the
 compute dtype; except `cross_entropy` and `binary_cross_entropy_with_logits`, which return
 the dtypes of the PyTorch functions they stand in for (float32 under ``torch.autocast``).
@@ -23,12 +24,14 @@ from visionblocks.losses.bce import BCEWithLogitsLoss, binary_cross_entropy_with
 from visionblocks.losses.ce import CrossEntropyLoss, cross_entropy
 from visionblocks.losses.focal import SigmoidFocalLoss, sigmoid_focal_loss
 from visionblocks.losses.iou import CompleteBoxIoULoss, DistanceBoxIoULoss, GeneralizedBoxIoULoss
+from visionblocks.losses.rotated_iou import RotatedBoxIoULoss
 from visionblocks.losses.softmax_focal import SoftmaxFocalLoss, softmax_focal_loss
 from visionblocks.ops.iou_loss import (
     complete_box_iou_loss,
     distance_box_iou_loss,
     generalized_box_iou_loss,
 )
+from visionblocks.ops.rotated import rotated_box_iou_loss
 
 __all__ = [
     "BCEWithLogitsLoss",
@@ -36,6 +39,7 @@ __all__ = [
     "CrossEntropyLoss",
     "DistanceBoxIoULoss",
     "GeneralizedBoxIoULoss",
+    "RotatedBoxIoULoss",
     "SigmoidFocalLoss",
     "SoftmaxFocalLoss",
     "binary_cross_entropy_with_logits",
@@ -43,6 +47,7 @@ __all__ = [
     "cross_entropy",
     "distance_box_iou_loss",
     "generalized_box_iou_loss",
+    "rotated_box_iou_loss",
     "sigmoid_focal_loss",
     "softmax_focal_loss",
 ]

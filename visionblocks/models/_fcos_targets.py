@@ -3,6 +3,9 @@
 Every location (the centre of a feature-map cell, in input pixels) is matched to at most one
 ground-truth box: the smallest box that contains the location (within the centre-sampling
 radius of the box centre) and whose regression extent suits the location's level.
+`match_batch` finds it for a whole batch with the blocked best-match reduction of the anchor
+assignment ops (`visionblocks.ops._assign_blocks.reduce_blocks`), block of locations by block
+of locations, so the ``(B, A, N)`` location-box matrices are never built whole.
 """
 
 from __future__ import annotations
@@ -12,9 +15,11 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
+from visionblocks.ops._assign_blocks import reduce_blocks
+
 __all__ = ["centerness_target", "grid_locations", "match_batch", "match_locations"]
 
-_CHUNK = 1 << 22  # locations x boxes per batched matching pass
+_CHUNK = 1 << 22  # location-box pairs (all images) per block of the batched matching
 
 
 def grid_locations(
@@ -96,40 +101,17 @@ def match_batch(
     """`match_locations` of every image at once: ``(B, A)`` class targets and ``(B, A, 4)``
     matched boxes, the same values (each image's boxes are padded to the batch's largest
     count with boxes that match nothing; a whole batch is a few dozen tensor operations
-    instead of that many per image). Images go in chunks of at most ``2**22`` location-box
-    pairs, so memory stays that of a few images.
+    instead of that many per image). The ``(B, A, N)`` areas are never built whole: the
+    smallest matching box of each location is a blocked reduction over blocks of locations
+    (`visionblocks.ops._assign_blocks.reduce_blocks`, the reduction of the anchor
+    assignment ops) of at most ``_CHUNK`` location-box pairs, so memory stays that of one
+    block, and the results do not depend on the block size.
     """
-    num_points, start, outputs = points.shape[0], 0, []
-    while start < len(boxes):
-        stop, widest = start, 1
-        while stop < len(boxes):
-            widest_next = max(widest, boxes[stop].shape[0])
-            if stop > start and (stop + 1 - start) * num_points * widest_next > _CHUNK:
-                break
-            widest, stop = widest_next, stop + 1
-        outputs.append(
-            _match_chunk(points, point_strides, point_ranges, boxes[start:stop],
-                         labels[start:stop], num_classes, center_radius, widest)
-        )  # fmt: skip
-        start = stop
-    classes, matched = zip(*outputs)
-    return torch.cat(classes), torch.cat(matched)
-
-
-def _match_chunk(
-    points: Tensor,
-    point_strides: Tensor,
-    point_ranges: Tensor,
-    boxes: Sequence[Tensor],
-    labels: Sequence[Tensor],
-    num_classes: int,
-    center_radius: float,
-    width: int,
-) -> tuple[Tensor, Tensor]:
-    """`match_batch` of images whose boxes are padded to ``width`` (zero boxes that are never
-    a match: their area is set to infinity, and they come after the real ones, so a
-    location's first smallest box and the no-match index 0 are those of `match_locations`)."""
-    batch, device = len(boxes), points.device
+    batch, device, num_points = len(boxes), points.device, points.shape[0]
+    if num_points == 0:
+        empty = torch.full((batch, 0), num_classes, dtype=torch.long, device=device)
+        return empty, points.new_zeros(batch, 0, 4)
+    width = max([1, *(len(b) for b in boxes)])
     padded = points.new_zeros(batch, width, 4)
     classes = torch.full((batch, width), num_classes, dtype=torch.long, device=device)
     valid = torch.zeros(batch, width, dtype=torch.bool, device=device)
@@ -144,22 +126,30 @@ def _match_chunk(
         padded[image, slot] = torch.cat(list(boxes)).to(points.dtype)
         classes[image, slot] = torch.cat(list(labels)).to(torch.long)
         valid[image, slot] = True
-    x, y = points[None, :, 0, None], points[None, :, 1, None]  # (1, A, 1)
     x0, y0, x1, y1 = (padded[:, None, :, k] for k in range(4))  # (B, 1, N)
-    ltrb = torch.stack([x - x0, y - y0, x1 - x, y1 - y], dim=3)  # (B, A, N, 4)
-    inside = ltrb.min(dim=3).values > 0
-    if center_radius > 0:
-        cx, cy = (x0 + x1) / 2, (y0 + y1) / 2
-        r = point_strides[None, :, None].to(points.dtype) * center_radius
-        left, top = torch.maximum(cx - r, x0), torch.maximum(cy - r, y0)
-        right, bottom = torch.minimum(cx + r, x1), torch.minimum(cy + r, y1)
-        inside &= (x > left) & (y > top) & (x < right) & (y < bottom)
-    extent = ltrb.max(dim=3).values
-    low, high = point_ranges[None, :, :1], point_ranges[None, :, 1:]
-    fits = (extent > low) & (extent <= high) & valid[:, None, :]
-    area = ((x1 - x0) * (y1 - y0)).expand_as(extent)
-    area = torch.where(inside & fits, area, torch.full_like(area, float("inf")))
-    best_area, best = area.min(dim=2)  # (B, A)
+    box_area = (x1 - x0) * (y1 - y0)
+
+    def areas(start: int, stop: int) -> Tensor:
+        """Areas ``(B, stop - start, N)`` of the boxes that locations ``start:stop`` may take
+        (padding boxes come after the real ones and are never a match: infinity, so a
+        location's first smallest box and the no-match index 0 are `match_locations`')."""
+        x, y = points[None, start:stop, 0, None], points[None, start:stop, 1, None]
+        ltrb = torch.stack([x - x0, y - y0, x1 - x, y1 - y], dim=3)  # (B, rows, N, 4)
+        inside = ltrb.min(dim=3).values > 0
+        if center_radius > 0:
+            cx, cy = (x0 + x1) / 2, (y0 + y1) / 2
+            r = point_strides[None, start:stop, None].to(points.dtype) * center_radius
+            left, top = torch.maximum(cx - r, x0), torch.maximum(cy - r, y0)
+            right, bottom = torch.minimum(cx + r, x1), torch.minimum(cy + r, y1)
+            inside &= (x > left) & (y > top) & (x < right) & (y < bottom)
+        extent = ltrb.max(dim=3).values
+        low, high = point_ranges[None, start:stop, :1], point_ranges[None, start:stop, 1:]
+        fits = (extent > low) & (extent <= high) & valid[:, None, :]
+        area = box_area.expand_as(extent)
+        return torch.where(inside & fits, area, torch.full_like(area, float("inf")))
+
+    block = max(1, _CHUNK // max(1, batch * width))
+    best_area, best, _ = reduce_blocks(areas, num_points, block, largest=False)  # (B, A)
     target = torch.gather(classes, 1, best)
     target[torch.isinf(best_area)] = num_classes
     matched = torch.gather(padded, 1, best[..., None].expand(-1, -1, 4))

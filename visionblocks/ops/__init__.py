@@ -2,7 +2,8 @@
 their left/right pairs), key point similarity (OKS) and unfold-based local ops.
 
 Ops know nothing of ``nn``: tensors in, tensors out. Box convention: ``"xyxy"`` corners unless
-a ``fmt`` says otherwise (see `visionblocks.ops.boxes`).
+a ``fmt`` says otherwise (see `visionblocks.ops.boxes`); rotated boxes (IoU, loss, NMS:
+`visionblocks.ops.rotated`) are torchvision's ``"cxcywhr"`` unless a ``fmt`` says otherwise.
 
 ``local_filter`` is a deprecated alias of `local_filter2d` (removed in 0.3).
 """
@@ -11,6 +12,14 @@ from typing import Any
 
 from visionblocks._core.deprecation import deprecated_attribute
 from visionblocks._core.namespace import public_dir
+from visionblocks.ops.assign import (
+    BELOW_LOW_THRESHOLD,
+    BETWEEN_THRESHOLDS,
+    BestIoU,
+    atss_assign,
+    best_box_iou,
+    match_anchors,
+)
 from visionblocks.ops.boxes import (
     BOX_FORMATS,
     box_area,
@@ -29,6 +38,12 @@ from visionblocks.ops.keypoints import flip_permutation, keypoint_flip_pairs
 from visionblocks.ops.local import local_filter2d, sliding_windows
 from visionblocks.ops.local_attention import local_attention2d
 from visionblocks.ops.oks import COCO_PERSON_SIGMAS, keypoint_oks
+from visionblocks.ops.rotated import (
+    batched_nms_rotated,
+    nms_rotated,
+    rotated_box_iou,
+    rotated_box_iou_loss,
+)
 from visionblocks.ops.warp import (
     affine_matrix,
     invert_affine,
@@ -45,9 +60,15 @@ from visionblocks.ops.warp_targets import (
 )
 
 __all__ = [
+    "BELOW_LOW_THRESHOLD",
+    "BETWEEN_THRESHOLDS",
     "BOX_FORMATS",
     "COCO_PERSON_SIGMAS",
+    "BestIoU",
     "affine_matrix",
+    "atss_assign",
+    "batched_nms_rotated",
+    "best_box_iou",
     "box_area",
     "box_convert",
     "box_iou",
@@ -63,7 +84,11 @@ __all__ = [
     "keypoint_oks",
     "local_attention2d",
     "local_filter2d",
+    "match_anchors",
     "matrix_to_theta",
+    "nms_rotated",
+    "rotated_box_iou",
+    "rotated_box_iou_loss",
     "sliding_windows",
     "theta_to_matrix",
     "warp_affine",

@@ -1,0 +1,178 @@
+"""The Triton kernel of the pairwise rotated IoU against the torch path, its fallback, and its
+compilation for real GPU targets (no GPU needed)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from tests.conftest import _NO_TRITON
+from visionblocks import kernels
+from visionblocks.kernels import _fallback
+from visionblocks.kernels._launch import KernelFailure, record_launches
+from visionblocks.ops import nms_rotated, rotated_box_iou
+
+RUNNABLE = kernels.triton_available() and (torch.cuda.is_available() or kernels.interpret_mode())
+pytestmark = pytest.mark.skipif(not RUNNABLE, reason=_NO_TRITON)
+
+
+@pytest.fixture(autouse=True)
+def _forget_failures():
+    _fallback.reset_failures()
+    yield
+    _fallback.reset_failures()
+
+
+def boxes_pair(n: int, m: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random boxes; with ``n, m >= 10``, pairs ``(i, i)`` for ``i < 10`` are the special
+    cases: equal, 180 degrees apart, sides swapped with 90 degrees, nested, zero width, a
+    point, touching, nearly coincident, far from the origin, equal."""
+    g = torch.Generator().manual_seed(seed)
+
+    def rand(k: int) -> torch.Tensor:
+        xy = torch.rand(k, 2, generator=g) * 8
+        wh = torch.rand(k, 2, generator=g) * 5 + 0.1
+        return torch.cat([xy, wh, torch.rand(k, 1, generator=g) * 720 - 360], 1)
+
+    a, b = rand(n), rand(m)
+    if n < 10 or m < 10:
+        return a, b
+    a[8, :2] += 1e4
+    cx, cy, w, h, r = a[:10].clone().unbind(1)
+    rad = r * math.pi / 180
+    b[0] = a[0]
+    b[1] = a[1] + torch.tensor([0.0, 0.0, 0.0, 0.0, 180.0])
+    b[2] = torch.stack([cx[2], cy[2], h[2], w[2], r[2] + 90])
+    b[3] = torch.stack([cx[3], cy[3], w[3] * 0.4, h[3] * 0.4, r[3] + 17])
+    b[4] = torch.stack([cx[4], cy[4], torch.tensor(0.0), h[4], r[4]])
+    b[5] = torch.stack([cx[5], cy[5], torch.tensor(0.0), torch.tensor(0.0), torch.tensor(0.0)])
+    b[6] = torch.stack([cx[6] + w[6] * rad[6].cos(), cy[6] - w[6] * rad[6].sin(), w[6], h[6], r[6]])
+    b[7] = a[7] + torch.tensor([0.0, 0.0, 0.0, 0.0, 1e-4])
+    b[8] = a[8] + torch.tensor([0.5, 0.0, 0.0, 0.0, 0.0])
+    b[9] = a[9]
+    return a, b
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("shape", [(1, 1), (37, 23), (3, 70)])
+def test_kernel_matches_the_torch_path(dtype, shape, device):
+    a, b = boxes_pair(*shape, seed=shape[0])
+    a, b = a.to(device, dtype), b.to(device, dtype)
+    got = rotated_box_iou(a, b, impl="triton")
+    want = rotated_box_iou(a, b, impl="torch")
+    assert got.dtype == want.dtype == (torch.float64 if dtype == torch.float64 else torch.float32)
+    atol = 1e-12 if dtype == torch.float64 else 2e-6
+    torch.testing.assert_close(got, want, rtol=0, atol=atol)
+    # exactly 1 for equal and equivalent boxes, 0 for degenerate ones, in the kernel too
+    if shape[0] >= 10 and shape[1] >= 10:
+        assert got[0, 0] == 1 and got[1, 1] == 1 and got[9, 9] == 1
+        assert got[4, 4] == 0 and got[5, 5] == 0
+        if dtype in (torch.float32, torch.float64):
+            assert got[2, 2] == 1
+
+
+def test_kernel_empty_and_other_formats(device):
+    a, b = boxes_pair(6, 5, seed=1)
+    a, b = a.to(device), b.to(device)
+    assert rotated_box_iou(a[:0], b, impl="triton").shape == (0, 5)
+    assert rotated_box_iou(a, b[:0], impl="triton").shape == (6, 0)
+    from torchvision import tv_tensors
+    from torchvision.transforms.v2 import functional as TF
+
+    corners = [
+        TF.convert_bounding_box_format(
+            x.cpu(),
+            old_format=tv_tensors.BoundingBoxFormat.CXCYWHR,
+            new_format=tv_tensors.BoundingBoxFormat.XYXYXYXY,
+        ).to(device)
+        for x in (a, b)
+    ]
+    got = rotated_box_iou(*corners, fmt="xyxyxyxy", impl="triton")
+    want = rotated_box_iou(*corners, fmt="xyxyxyxy", impl="torch")
+    torch.testing.assert_close(got, want, rtol=0, atol=2e-6)
+
+
+def test_kernel_forward_takes_the_torch_gradient(device):
+    a, b = boxes_pair(9, 7, seed=2)
+    weight = torch.rand(9, 7, generator=torch.Generator().manual_seed(0)).to(device)
+    grads = []
+    for impl in ("triton", "torch"):
+        x, y = a.to(device).requires_grad_(), b.to(device).requires_grad_()
+        out = rotated_box_iou(x, y, impl=impl)
+        grads.append(torch.autograd.grad((out * weight).sum(), (x, y)))
+    for g, h in zip(*grads, strict=True):
+        torch.testing.assert_close(g, h, rtol=1e-5, atol=1e-6)
+
+
+def test_kernel_launches_for_pairwise_2d_inputs_only(device):
+    a, b = boxes_pair(5, 4, seed=3)
+    a, b = a.to(device), b.to(device)
+    with record_launches(execute=False) as specs:
+        rotated_box_iou(a, b, impl="triton")
+    assert {s.kernel.rpartition(":")[2] for s in specs} == {"_rotated_iou_kernel"}
+    with record_launches(execute=False) as specs:
+        rotated_box_iou(a[:4], b, aligned=True, impl="triton")  # aligned: the torch path
+        rotated_box_iou(a[None], b[None], impl="triton")  # batched: the torch path
+    assert specs == set()
+
+
+def test_a_failing_kernel_falls_back_or_raises(monkeypatch, device):
+    from visionblocks.kernels import rotated_iou
+
+    class Broken:
+        def __init__(self, real):
+            self.fn = real.fn
+
+        def __getitem__(self, grid):
+            def run(**kwargs):
+                raise RuntimeError("simulated compile error: invalid PTX")
+
+            return run
+
+    monkeypatch.setattr(rotated_iou, "_rotated_iou_kernel", Broken(rotated_iou._rotated_iou_kernel))
+    a, b = boxes_pair(4, 3, seed=4)
+    a, b = a.to(device), b.to(device)
+    want = rotated_box_iou(a, b, impl="torch")
+    with pytest.raises(KernelFailure, match="simulated compile error"):
+        rotated_box_iou(a, b, impl="triton")
+    # "auto" never picks triton on CPU; force the fused path as "auto" would on a GPU.
+    monkeypatch.setattr("visionblocks.ops.rotated.resolve_impl", lambda *args: "triton")
+    with pytest.warns(RuntimeWarning, match=f"'rotated_box_iou' failed on {device.type}"):
+        got = rotated_box_iou(a, b, impl="auto")
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+def test_nms_through_the_kernel(device):
+    a, _ = boxes_pair(60, 10, seed=5)
+    scores = torch.rand(60, generator=torch.Generator().manual_seed(5))
+    want = nms_rotated(a, scores, 0.2)
+    with kernels_forced():
+        got = nms_rotated(a.to(device), scores.to(device), 0.2)
+    assert torch.equal(got.cpu(), want)
+
+
+def kernels_forced():
+    from visionblocks import use_impl
+
+    return use_impl("triton")
+
+
+@pytest.mark.slow
+def test_compiles_for_gpu_targets_without_spills():
+    """The launched specialisations (every box dtype) compile for sm_75, sm_80 and sm_90 with
+    triton's compiler and ptxas, no spills (as tests/kernels/test_compile.py checks for the
+    specialisations of cli/_kernel_specs.py)."""
+    from visionblocks.kernels._compile import compile_all
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"  # the interpreter on CPU
+    with record_launches(execute=False) as specs:
+        for dtype in (torch.float16, torch.bfloat16, torch.float32, torch.float64):
+            boxes = torch.rand(3, 5, dtype=dtype, device=device)
+            rotated_box_iou(boxes, boxes, impl="triton")
+    rows = compile_all([s._asdict() for s in sorted(specs)], jobs=2)
+    assert len(rows) == 4 * 3
+    bad = [f"{r['target']} {r['spec']['signature'][0]}: {r['error']}" for r in rows if not r["ok"]]
+    assert not bad, bad
+    assert all(r["spill_stores"] == 0 and r["shared"] <= r["shared_limit"] for r in rows)

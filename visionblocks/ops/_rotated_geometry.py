@@ -1,0 +1,175 @@
+"""Rotated-box formats: parsing a ``fmt``, conversion to ``"cxcywhr"`` and the canonical form.
+
+Private helpers of `visionblocks.ops.rotated` (the public docstrings hold the convention).
+Everything here is element-wise torch on ``(..., K)`` tensors: no host reads.
+
+The canonical form (`canonical`) is the one representation every IoU computation starts
+from: non-negative sides and an angle in ``[-45, 45)`` degrees, reached by whole turns of 90
+degrees with the sides swapped on odd ones (a rectangle turned by 90 degrees with its sides
+swapped is the same rectangle; turned by 180 degrees it is unchanged). Equal rectangles
+written differently (``r`` and ``r + 180``, or ``(w, h, r)`` and ``(h, w, r + 90)``) get
+equal canonical parameters (bitwise, when the angles differ by exact multiples of 90), which
+is what makes their IoU exactly 1. The Triton kernel (`visionblocks.kernels.rotated_iou`)
+computes the same formula.
+"""
+
+from __future__ import annotations
+
+import math
+from enum import Enum
+from typing import Any
+
+import torch
+from torch import Tensor
+
+__all__ = [
+    "DEG",
+    "ROTATED_FORMATS",
+    "canonical",
+    "canonical_backward",
+    "parse_rotated_format",
+    "plain",
+    "to_cxcywhr",
+]
+
+DEG = math.pi / 180.0
+"""Radians per degree."""
+
+ROTATED_FORMATS: dict[str, int] = {"cxcywhr": 5, "xywhr": 5, "xyxyxyxy": 8}
+"""Rotated formats (lower case, as ``fmt`` strings) and the size of their last dim."""
+
+_UNROTATED = ("xyxy", "xywh", "cxcywh")
+
+
+def parse_rotated_format(fmt: Any, name: str = "fmt") -> str:
+    """``fmt`` as a lower-case format name; a ``str`` (any case) or torchvision's
+    ``BoundingBoxFormat`` member.
+
+    Raises:
+        TypeError: ``fmt`` is neither.
+        ValueError: An unknown or unrotated format.
+
+    Examples:
+        >>> parse_rotated_format("CXCYWHR")
+        'cxcywhr'
+        >>> parse_rotated_format("xyxy")
+        Traceback (most recent call last):
+        ...
+        ValueError: fmt must be a rotated box format, one of 'cxcywhr', 'xywhr', 'xyxyxyxy'; got 'xyxy' (an axis-aligned format: use box_iou and torchvision's nms for those)
+    """
+    if isinstance(fmt, Enum):
+        fmt = fmt.value
+    if not isinstance(fmt, str):
+        raise TypeError(
+            f"{name} must be a str or a torchvision BoundingBoxFormat, got "
+            f"{type(fmt).__name__} ({fmt!r})"
+        )
+    low = fmt.lower()
+    if low not in ROTATED_FORMATS:
+        allowed = ", ".join(repr(f) for f in ROTATED_FORMATS)
+        hint = (
+            " (an axis-aligned format: use box_iou and torchvision's nms for those)"
+            if low in _UNROTATED
+            else ""
+        )
+        raise ValueError(
+            f"{name} must be a rotated box format, one of {allowed}; got {fmt!r}{hint}"
+        )
+    return low
+
+
+def plain(boxes: Tensor, fmt: str, name: str) -> Tensor:
+    """``boxes`` as a plain tensor; a torchvision ``BoundingBoxes`` must carry ``fmt``.
+
+    Reads only metadata (the ``format`` attribute), never values.
+    """
+    own = getattr(boxes, "format", None)
+    if own is not None and type(boxes) is not Tensor:
+        own_name = getattr(own, "value", own)
+        if isinstance(own_name, str) and own_name.lower() != fmt:
+            raise ValueError(
+                f"{name} is a BoundingBoxes in format {own_name!r} but fmt is {fmt!r}; "
+                f"pass fmt={own_name.lower()!r}"
+            )
+        boxes = boxes.as_subclass(Tensor)
+    return boxes
+
+
+def _nonneg(x: Tensor) -> Tensor:
+    """``|x|`` whose gradient at 0 is 1 (``abs`` gives 0 there, which would freeze a
+    zero-width predicted box)."""
+    return torch.where(x < 0, -x, x)
+
+
+def _safe_norm(x: Tensor, y: Tensor) -> Tensor:
+    """``hypot(x, y)`` with a zero (not NaN) gradient at ``(0, 0)``."""
+    sq = x * x + y * y
+    pos = sq > 0
+    return torch.sqrt(torch.where(pos, sq, torch.ones_like(sq))) * pos
+
+
+def _safe_atan2(y: Tensor, x: Tensor) -> Tensor:
+    """``atan2(y, x)``: 0 with a zero gradient at ``(0, 0)``."""
+    zero = (x == 0) & (y == 0)
+    return torch.atan2(y, torch.where(zero, torch.ones_like(x), x)).masked_fill(zero, 0.0)
+
+
+def to_cxcywhr(boxes: Tensor, fmt: str) -> Tensor:
+    """``(..., K)`` boxes in ``fmt`` as ``(..., 5)`` ``(cx, cy, w, h, r)``, differentiable.
+
+    ``"xywhr"``: torchvision's ``XYWHR -> CXCYWHR`` (``|w| / 2`` and ``|h| / 2`` along the
+    rotated axes from the first corner). ``"xyxyxyxy"``: the centre is the mean of the four
+    corners, ``w = |p2 - p1|``, ``h = |p3 - p2|`` and ``r = atan2(y1 - y2, x2 - x1)`` in
+    degrees: torchvision's conversion for corners in its order, and the same rectangle for
+    corners listed the other way round (torchvision's centre assumes its order).
+    """
+    if fmt == "cxcywhr":
+        return boxes
+    if fmt == "xywhr":
+        x, y, w, h, r = boxes.unbind(-1)
+        rad = r * DEG
+        c, s = torch.cos(rad), torch.sin(rad)
+        hw, hh = 0.5 * _nonneg(w), 0.5 * _nonneg(h)
+        return torch.stack((x + hw * c + hh * s, y - hw * s + hh * c, w, h, r), dim=-1)
+    pts = boxes.unflatten(-1, (4, 2))
+    centre = pts.mean(-2)
+    e1 = pts[..., 1, :] - pts[..., 0, :]
+    e2 = pts[..., 2, :] - pts[..., 1, :]
+    w = _safe_norm(e1[..., 0], e1[..., 1])
+    h = _safe_norm(e2[..., 0], e2[..., 1])
+    r = _safe_atan2(-e1[..., 1], e1[..., 0]) * (180.0 / math.pi)
+    return torch.stack((centre[..., 0], centre[..., 1], w, h, r), dim=-1)
+
+
+def canonical(boxes: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """Canonical ``(cx, cy, w, h, r)`` columns of ``(..., 5)`` cxcywhr boxes (see the module
+    docstring): ``w, h >= 0`` and ``r`` in ``[-45, 45)`` (up to rounding) degrees.
+
+    Examples:
+        >>> import torch
+        >>> a = canonical(torch.tensor([[0.0, 0.0, 4.0, 2.0, 100.0]]))
+        >>> b = canonical(torch.tensor([[0.0, 0.0, 2.0, 4.0, 10.0]]))
+        >>> [x.item() for x in a] == [x.item() for x in b]
+        True
+    """
+    cx, cy, w, h, r = boxes.unbind(-1)
+    w, h = _nonneg(w), _nonneg(h)
+    t = r + 45.0
+    t = t - 180.0 * torch.floor(t / 180.0)  # in [0, 180]: whole half turns removed
+    odd = t >= 90.0  # an odd number of quarter turns: the sides swap
+    r = torch.where(odd, t - 90.0, t) - 45.0
+    return cx, cy, torch.where(odd, h, w), torch.where(odd, w, h), r
+
+
+def canonical_backward(boxes: Tensor, grad: Tensor) -> Tensor:
+    """The gradient with respect to ``boxes (..., 5)`` of a function of `canonical` (boxes),
+    given its gradient ``grad (..., 5)`` with respect to the canonical parameters."""
+    w, h, r = boxes[..., 2], boxes[..., 3], boxes[..., 4]
+    t = r + 45.0
+    t = t - 180.0 * torch.floor(t / 180.0)
+    odd = t >= 90.0
+    gw, gh = grad[..., 2], grad[..., 3]
+    gw, gh = torch.where(odd, gh, gw), torch.where(odd, gw, gh)
+    gw = torch.where(w < 0, -gw, gw)
+    gh = torch.where(h < 0, -gh, gh)
+    return torch.stack((grad[..., 0], grad[..., 1], gw, gh, grad[..., 4]), dim=-1)
