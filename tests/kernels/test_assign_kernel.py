@@ -119,7 +119,7 @@ def test_auto_picks_the_kernel_only_on_cuda():
     anchors, gt = boxes(10, 9, "cpu"), boxes(3, 10, "cpu")
     with record_launches() as specs:
         match_anchors(anchors, gt, 0.5, 0.4, True)
-    assert not specs  # CPU tensors: the torch path
+    assert not specs  # "auto": the torch path (the kernels are not yet exact on a GPU)
     with record_launches() as specs:
         match_anchors(anchors, gt, 0.5, 0.4, True, impl="triton")
     assert {s.kernel.rpartition(":")[2] for s in specs} == {"_best_iou_kernel", "_reaches_kernel"}

@@ -52,7 +52,6 @@ _BLOCK_M = {torch.float32: 32, torch.float64: 16}
 _NUM_WARPS = 4
 _MAX_PROGRAMS = 1024  # rows of the per-object partial maxima
 _INF = tl.constexpr(float("inf"))
-_NAN = tl.constexpr(float("nan"))
 
 if interpret_mode():  # NumPy rounds every product on its own
 
@@ -149,7 +148,9 @@ def _best_iou_kernel(
             col_best = tl.max(tl.where(rmask[:, None], key, -_INF), axis=0)
             old = tl.load(part_row + cols, mask=cmask, other=-_INF)
             tl.store(part_row + cols, tl.maximum(old, col_best), mask=cmask)
-        tl.store(best_ptr + rows, tl.where(best == _INF, _NAN, best), mask=rmask)
+        # inf - inf: NaN at run time (a NaN global constexpr trips triton's check that
+        # globals are unchanged, since NaN != NaN)
+        tl.store(best_ptr + rows, tl.where(best == _INF, best - best, best), mask=rmask)
         tl.store(index_ptr + rows, index.to(tl.int64), mask=rmask)
 
 

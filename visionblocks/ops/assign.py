@@ -18,9 +18,11 @@ functions here compute what the assignment needs, in blocks of anchors, without 
 Peak extra memory is ``O(block x M + N + M)``: a block holds as many anchors as
 ``block_bytes`` allows (8 MiB by default) and the IoU of its pairs is
 `visionblocks.ops.box_iou`'s formula, so every IoU here is bitwise the matrix's entry, and no
-result depends on the block size. On CUDA tensors ``impl="auto"`` runs the reductions of
-`best_box_iou` and `match_anchors` as Triton kernels (`visionblocks.kernels.assign`), which
-never hold a block of IoUs at all and give the same results.
+result depends on the block size. ``impl="triton"`` runs the reductions of `best_box_iou`
+and `match_anchors` as Triton kernels on CUDA (`visionblocks.kernels.assign`), which never
+hold a block of IoUs at all. ``impl="auto"`` keeps the torch path, also on CUDA: on an H200
+(2026-11-28) the kernels differed from it in the last bit of some IoUs, and an assignment
+must equal ``Matcher``'s on the matrix; they are not picked until they are exact there.
 
 Convention:
     Boxes are ``"xyxy"`` corners ``(x1, y1, x2, y2)``, x right, y down, ``w = x2 - x1`` (no
@@ -175,7 +177,7 @@ def _best(anchors: Tensor, boxes: Tensor, eps: float, block_bytes: int, impl: st
             torch.full((n,), -1, dtype=torch.long, device=anchors.device),
             torch.zeros(m, dtype=dtype, device=anchors.device),
         )
-    if resolve_impl(impl, "best_box_iou", anchors, boxes) == "triton":
+    if impl != "auto" and resolve_impl(impl, "best_box_iou", anchors, boxes) == "triton":
 
         def reference(a: Tensor, b: Tensor, eps: float) -> tuple[Tensor, Tensor, Tensor]:
             return tuple(_best_torch(a.to(dtype), b.to(dtype), eps, block_bytes))
@@ -209,8 +211,8 @@ def best_box_iou(
         eps: `box_iou`'s ``eps`` (in place of a union that is exactly zero; ``>= 0``).
         block_bytes: Memory budget of one block of anchors in bytes (default `BLOCK_BYTES`,
             8 MiB); the results do not depend on it.
-        impl: ``"auto"`` (the Triton kernel for CUDA tensors, `visionblocks.kernels.assign`),
-            ``"torch"`` or ``"triton"``.
+        impl: ``"auto"`` (the torch path; see the module docstring), ``"torch"`` or
+            ``"triton"`` (the kernel on CUDA, `visionblocks.kernels.assign`).
 
     Returns:
         BestIoU: ``anchor_values (N,)``, ``anchor_indices (N,)`` int64 (the first best object
@@ -294,7 +296,8 @@ def match_anchors(
         allow_low_quality_matches: Also match each object's best anchors (see above).
         eps: `box_iou`'s ``eps`` (``>= 0``).
         block_bytes: Memory budget of one block of anchors (default `BLOCK_BYTES`).
-        impl: ``"auto"`` (Triton kernels for CUDA tensors), ``"torch"`` or ``"triton"``.
+        impl: ``"auto"`` (the torch path; see the module docstring), ``"torch"`` or
+            ``"triton"`` (the kernels on CUDA).
 
     Returns:
         Tensor[N]: int64, an object index in ``[0, M)``, -1 or -2.
@@ -350,7 +353,7 @@ def match_anchors(
     if not allow_low_quality_matches:
         return matches
     dtype = _compute_dtype(anchors, boxes)
-    if resolve_impl(impl, "match_anchors", anchors, boxes) == "triton":
+    if impl != "auto" and resolve_impl(impl, "match_anchors", anchors, boxes) == "triton":
 
         def reference(a: Tensor, b: Tensor, eps: float, targets: Tensor) -> Tensor:
             return _reaches_torch(a.to(dtype), b.to(dtype), eps, targets, block_bytes)
