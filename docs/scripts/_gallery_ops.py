@@ -82,7 +82,7 @@ def warp_picture(out: Path) -> None:
         samples.append((title, *warp_sample(image, target, matrix, (wf.H, wf.W), fill=(235,) * 3)))
     fig, axes = plt.subplots(2, 2, figsize=(9, 7.4))
     for ax, (title, picture, sample) in zip(axes.flat, samples):
-        wf.draw(ax, picture, sample, title, wf.mask_boxes(sample["masks"]))
+        wf.draw(ax, picture, sample, title, sample["boxes"].tolist())  # tight boxes, dashed
         for label in ax.texts:  # a name above a box at the top edge would cover the title
             label.set_clip_on(True)
         for mask in sample["masks"]:

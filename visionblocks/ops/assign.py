@@ -59,7 +59,7 @@ import torch
 from torch import Tensor
 
 from visionblocks._core.checks import check_int, check_number, check_type
-from visionblocks._core.dispatch import validate_impl
+from visionblocks._core.dispatch import get_impl, validate_impl
 from visionblocks._core.namespace import public_dir
 from visionblocks._core.tensor_checks import check_real, check_same_device
 from visionblocks.kernels._dispatch import resolve_impl, run_fused
@@ -167,6 +167,15 @@ def _best_torch(anchors: Tensor, boxes: Tensor, eps: float, block_bytes: int) ->
     return BestIoU(values, indices, best)
 
 
+def _kernel_impl(impl: str) -> str:
+    """``"auto"`` (the call's, or `visionblocks.set_impl`'s) is the torch path until the
+    kernels are bitwise exact on hardware (see the module docstring); ``"triton"``, given
+    here or set globally, runs them."""
+    if impl == "auto":
+        impl = get_impl()
+    return "torch" if impl == "auto" else impl
+
+
 def _best(anchors: Tensor, boxes: Tensor, eps: float, block_bytes: int, impl: str) -> BestIoU:
     """`best_box_iou` of checked, detached boxes."""
     dtype = _compute_dtype(anchors, boxes)
@@ -177,7 +186,8 @@ def _best(anchors: Tensor, boxes: Tensor, eps: float, block_bytes: int, impl: st
             torch.full((n,), -1, dtype=torch.long, device=anchors.device),
             torch.zeros(m, dtype=dtype, device=anchors.device),
         )
-    if impl != "auto" and resolve_impl(impl, "best_box_iou", anchors, boxes) == "triton":
+    impl = _kernel_impl(impl)
+    if impl == "triton" and resolve_impl(impl, "best_box_iou", anchors, boxes) == "triton":
 
         def reference(a: Tensor, b: Tensor, eps: float) -> tuple[Tensor, Tensor, Tensor]:
             return tuple(_best_torch(a.to(dtype), b.to(dtype), eps, block_bytes))
@@ -353,7 +363,8 @@ def match_anchors(
     if not allow_low_quality_matches:
         return matches
     dtype = _compute_dtype(anchors, boxes)
-    if impl != "auto" and resolve_impl(impl, "match_anchors", anchors, boxes) == "triton":
+    impl = _kernel_impl(impl)
+    if impl == "triton" and resolve_impl(impl, "match_anchors", anchors, boxes) == "triton":
 
         def reference(a: Tensor, b: Tensor, eps: float, targets: Tensor) -> Tensor:
             return _reaches_torch(a.to(dtype), b.to(dtype), eps, targets, block_bytes)
