@@ -12,6 +12,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 
 import pytest
 from PIL import Image
@@ -139,10 +140,35 @@ def test_the_thread_tuner_does_not_try_more_threads_while_others_keep_the_cores_
 def test_others_meter_reads_the_machine():
     from visionblocks.cli._demo_threads import OthersMeter
 
-    cores = OthersMeter()()
-    if cores is None:
+    if not os.path.exists("/proc/stat"):
         pytest.skip("no /proc/stat")
-    assert -1.0 < cores < os.cpu_count() + 1
+    meter = OthersMeter()
+    assert meter() is None  # no wall time yet: ticks cannot resolve it
+    deadline = time.perf_counter() + 0.3
+    while time.perf_counter() < deadline:  # keep one core busy ourselves: not counted
+        sum(range(1000))
+    cores = meter()
+    assert cores is not None
+    # only the cores this process may run on count, and each tick of rounding is at most
+    # a quarter of a core at the shortest interval a reading accepts
+    assert -0.5 < cores < len(os.sched_getaffinity(0)) + 0.5
+
+
+def test_others_meter_waits_for_an_interval_the_ticks_resolve(monkeypatch):
+    from visionblocks.cli import _demo_threads
+
+    clock = iter([0.0, 0.001, 0.002, 10.0])
+    snapshots = {
+        0.0: (0.0, 100.0, 5.0),
+        0.001: (0.001, 100.01, 5.0),  # one tick in a millisecond: ten cores if believed
+        0.002: (0.002, 100.01, 5.0),
+        10.0: (10.0, 115.0, 10.0),
+    }
+    monkeypatch.setattr(_demo_threads, "_cpu_snapshot", lambda cores: snapshots[next(clock)])
+    meter = _demo_threads.OthersMeter()
+    assert meter() is None and meter() is None
+    # counted from construction: 15 busy seconds, 5 of them ours, over 10 seconds
+    assert meter() == pytest.approx(1.0)
 
 
 def test_the_thread_tuner_leaves_threads_alone_when_told():

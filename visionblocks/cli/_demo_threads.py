@@ -27,8 +27,9 @@ class ThreadTuner:
     one slow step. That step can take seconds (measured: 5.4 s against 0.18 s with one
     thread), so a try of more than one thread is skipped while other processes keep at least
     ``busy_cores`` cores busy: ``others()`` says how many they kept busy since its previous
-    call (by default `OthersMeter`: ``/proc/stat`` minus this process's CPU time; ``None``
-    where that cannot be read, and then every try runs).
+    call (by default `OthersMeter`: ``/proc/stat`` on this process's cores minus this
+    process's CPU time; ``None`` where that cannot be read or the interval is too short for
+    the kernel's ticks, and then every try runs).
 
     Use: ``tuner.start_step()`` before each step and ``tuner.end_step(seconds)`` after it.
     With ``tune=False`` (or one thread) it leaves the thread count alone.
@@ -132,38 +133,65 @@ class ThreadTuner:
 
 
 class OthersMeter:
-    """How many cores other processes kept busy since the previous call (the first call
-    counts from construction): the machine's busy CPU time from ``/proc/stat`` minus this
-    process's own, over the wall time; ``None`` without a readable ``/proc/stat``.
+    """How many of this process's cores other processes kept busy since the previous
+    reading (the first reading counts from construction): the busy CPU time that
+    ``/proc/stat`` counts on the cores this process may run on, minus this process's own,
+    over the wall time.
+
+    The kernel counts CPU time in ticks (``1 / SC_CLK_TCK`` seconds, one count per core),
+    so a reading over too short an interval would be mostly rounding: until at least
+    ``4 * cores`` ticks of wall time have passed (an error under a quarter of a core), a
+    call returns ``None`` and keeps counting from the previous reading. ``None`` also
+    without a readable ``/proc/stat`` or when it does not list this process's cores.
 
     Examples:
         >>> meter = OthersMeter()
-        >>> cores = meter()
-        >>> cores is None or cores > -1.0
+        >>> meter() is None  # no time has passed yet
         True
     """
 
     def __init__(self) -> None:
-        self._last = _cpu_snapshot()
+        self._cores = _allowed_cores()
+        self._last = _cpu_snapshot(self._cores)
 
     def __call__(self) -> float | None:
-        now = _cpu_snapshot()
-        last, self._last = self._last, now
-        if now is None or last is None or now[0] <= last[0]:
+        now = _cpu_snapshot(self._cores)
+        last = self._last
+        if now is None or last is None:
+            self._last = now
             return None
-        return ((now[1] - last[1]) - (now[2] - last[2])) / (now[0] - last[0])
+        wall = now[0] - last[0]
+        if wall < 4 * len(self._cores) / os.sysconf("SC_CLK_TCK"):
+            return None  # too short to resolve: keep counting from the previous reading
+        self._last = now
+        return ((now[1] - last[1]) - (now[2] - last[2])) / wall
 
 
-def _cpu_snapshot() -> tuple[float, float, float] | None:
-    """``(wall seconds, CPU seconds the machine spent busy, this process's CPU seconds)``, or
-    ``None`` without a readable ``/proc/stat``."""
+def _allowed_cores() -> frozenset[int]:
+    """The cores this process may run on (all of them where the OS cannot say)."""
+    try:
+        return frozenset(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return frozenset(range(os.cpu_count() or 1))
+
+
+def _cpu_snapshot(cores: frozenset[int]) -> tuple[float, float, float] | None:
+    """``(wall seconds, CPU seconds the given cores spent busy, this process's CPU
+    seconds)``, or ``None`` without a readable ``/proc/stat`` listing those cores."""
+    busy_ticks = {}
     try:
         with open("/proc/stat", encoding="ascii") as f:
-            fields = f.readline().split()
+            for line in f:
+                name, *fields = line.split() or [""]
+                if not (name.startswith("cpu") and name[3:].isdigit()):
+                    continue
+                # user nice system idle iowait irq softirq: busy = all but idle and iowait
+                user, nice, system, _, _, irq, softirq = (int(v) for v in fields[:7])
+                busy_ticks[int(name[3:])] = user + nice + system + irq + softirq
         ticks = os.sysconf("SC_CLK_TCK")
-        # user nice system idle iowait irq softirq: busy = all but idle and iowait
-        user, nice, system, _, _, irq, softirq = (int(v) for v in fields[1:8])
     except (OSError, ValueError, AttributeError):
         return None
-    busy = (user + nice + system + irq + softirq) / ticks
+    if not cores <= busy_ticks.keys():
+        return None
+    busy = sum(busy_ticks[c] for c in cores) / ticks
     return time.perf_counter(), busy, time.process_time()
