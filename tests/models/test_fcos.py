@@ -285,3 +285,15 @@ def test_absurd_sizes_and_untyped_options_are_rejected():
     head, feats = head_and_features()
     with pytest.raises(ValueError, match=r"image_sizes must hold 2"):
         head.predict(head(feats), [(64, 64)])
+
+
+def test_levels_that_disagree_with_the_strides_are_rejected():
+    head = FCOSHead(8, 3, [8, 16, 32], num_convs=0)
+    p3, p4, p5 = (torch.randn(1, 8, n, n) for n in (16, 8, 4))
+    assert len(head([p3, p4, p5])["sizes"]) == 3
+    # P3 and P5 given as strides 8 and 16: 4x apart where the strides say 2x
+    with pytest.raises(ValueError, match=r"features\[0\] of size \(16, 16\) and features\[1\] of "
+                       r"size \(4, 4\) are 4 x 4 apart .* say 2"):  # fmt: skip
+        head([p3, p5, torch.randn(1, 8, 2, 2)])
+    # odd sizes round either way (a stride-2 conv with or without padding)
+    head([torch.randn(1, 8, 15, 15), torch.randn(1, 8, 7, 8), torch.randn(1, 8, 4, 4)])

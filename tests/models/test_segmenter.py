@@ -120,3 +120,11 @@ def test_bad_targets_and_options_are_rejected():
         FPNSegHead(8, 3, [4, 8], channels=10**9)
     with pytest.raises(TypeError, match="labels must be an integer tensor"):
         FPNSegHead(8, 3, [4]).loss(torch.zeros(1, 3, 4, 4), torch.zeros(1, 4, 4))
+
+
+def test_levels_that_disagree_with_the_strides_are_rejected():
+    head = FPNSegHead(8, 3, [4, 8], channels=8)
+    assert head([torch.randn(1, 8, 8, 8), torch.randn(1, 8, 4, 4)], size=(32, 32)).shape[-1] == 32
+    with pytest.raises(ValueError, match=r"features\[0\] of size \(8, 8\) and features\[1\] of "
+                       r"size \(2, 2\) are 4 x 4 apart"):  # fmt: skip
+        head([torch.randn(1, 8, 8, 8), torch.randn(1, 8, 2, 2)], size=(32, 32))

@@ -12,7 +12,7 @@ from visionblocks._core.checks import check_int
 from visionblocks._core.tensor_checks import check_image_batch, is_tracing
 from visionblocks.nn._limits import MAX_SIDE
 
-__all__ = ["check_levels", "check_size"]
+__all__ = ["check_levels", "check_measured_strides", "check_size"]
 
 
 def check_levels(
@@ -64,6 +64,36 @@ def check_levels(
                 f"{tuple(b.shape)}"
             )
     return levels
+
+
+def check_measured_strides(
+    features: Mapping[str, Tensor] | Sequence[Tensor], levels: list[Tensor], strides: list[int]
+) -> None:
+    """Consecutive levels must be as far apart as ``strides`` say (eager calls only).
+
+    A level of side ``n`` at stride ``s`` gives ``floor(n / r)`` or ``ceil(n / r)`` at stride
+    ``r s`` (a stride-``r`` layer with or without padding), for the height and the width.
+    Skipped while tracing, compiling or exporting, where comparing sizes would specialise
+    them.
+    """
+    if is_tracing(*levels) or torch.compiler.is_compiling() or torch.compiler.is_exporting():
+        return
+    keys = list(features) if isinstance(features, Mapping) else list(range(len(levels)))
+    names = [f"features[{k!r}]" for k in keys]
+    for i in range(len(levels) - 1):
+        ratio = strides[i + 1] // strides[i]
+        fine, coarse = tuple(levels[i].shape[-2:]), tuple(levels[i + 1].shape[-2:])
+        if all(n // ratio <= m <= -(-n // ratio) for n, m in zip(fine, coarse)):
+            continue
+        measured = " x ".join(f"{n / m:g}" if m else "inf" for n, m in zip(fine, coarse))
+        raise ValueError(
+            f"features do not match strides={strides}: {names[i]} of size {fine} and "
+            f"{names[i + 1]} of size {coarse} are {measured} apart (height x width), but "
+            f"strides[{i}]={strides[i]} and strides[{i + 1}]={strides[i + 1]} say {ratio} "
+            f"(size {tuple(n // ratio for n in fine)} to {tuple(-(-n // ratio) for n in fine)}"
+            f"); give the levels of these strides, finest first, or the strides of these "
+            f"levels (the backbone's feature_info)"
+        )
 
 
 def check_size(name: str, size: Any) -> tuple[int, int]:

@@ -19,7 +19,7 @@ from visionblocks.distributed import reduce_mean
 from visionblocks.init import bias_init_with_prob, normal_init
 from visionblocks.losses.focal import sigmoid_focal_loss
 from visionblocks.models._fcos_targets import centerness_target, grid_locations, match_batch
-from visionblocks.models._levels import check_levels, check_size
+from visionblocks.models._levels import check_levels, check_measured_strides, check_size
 from visionblocks.models._targets import prepare_targets
 from visionblocks.models.postprocess import (
     decode_ltrb,
@@ -227,10 +227,12 @@ class FCOSHead(nn.Module):
         Raises:
             TypeError: ``features`` is not a dict or list of floating-point tensors.
             ValueError: Another number of levels than ``strides``, levels of another
-                shape, batch size or device.
+                shape, batch size or device, or levels whose sizes are not as far apart
+                as ``strides`` say.
         """
         channels = self.cls_logits.in_channels
         levels = check_levels("features", features, [channels] * len(self.strides), self.cls_logits)
+        check_measured_strides(features, levels, self.strides)
         out: Outputs = {"cls_logits": [], "boxes": [], "centerness": [], "sizes": []}
         # box_pred and centerness read the same tensor: one convolution with both weights
         # (about twice as fast as two with 4 and 1 output channels), split afterwards.

@@ -8,16 +8,14 @@ from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from visionblocks._core.checks import check_choice, check_int, check_positive_ints
 from visionblocks._core.namespace import public_dir
 from visionblocks._core.registries import NECKS
-from visionblocks._core.tensor_checks import is_tracing
 from visionblocks.init import c2_xavier_fill
-from visionblocks.models._levels import check_levels
+from visionblocks.models._levels import check_levels, check_measured_strides
 from visionblocks.nn._limits import MAX_CHANNELS, MAX_EXTRA_LEVELS, MAX_STRIDE, check_channels
 from visionblocks.nn.conv import ConvNormAct
 from visionblocks.nn.layers import NormSpec
@@ -29,36 +27,6 @@ __dir__ = public_dir(__name__, __all__)
 def level_name(stride: int) -> str:
     """``"p3"`` for stride 8: the level's name is ``p`` and ``log2(stride)``."""
     return f"p{round(math.log2(stride))}"
-
-
-def check_measured_strides(
-    features: Mapping[str, Tensor] | Sequence[Tensor], levels: list[Tensor], strides: list[int]
-) -> None:
-    """Consecutive levels must be as far apart as ``strides`` say (eager calls only).
-
-    A level of side ``n`` at stride ``s`` gives ``floor(n / r)`` or ``ceil(n / r)`` at stride
-    ``r s`` (a stride-``r`` layer with or without padding), for the height and the width.
-    Skipped while tracing, compiling or exporting, where comparing sizes would specialise
-    them.
-    """
-    if is_tracing(*levels) or torch.compiler.is_compiling() or torch.compiler.is_exporting():
-        return
-    keys = list(features) if isinstance(features, Mapping) else list(range(len(levels)))
-    names = [f"features[{k!r}]" for k in keys]
-    for i in range(len(levels) - 1):
-        ratio = strides[i + 1] // strides[i]
-        fine, coarse = tuple(levels[i].shape[-2:]), tuple(levels[i + 1].shape[-2:])
-        if all(n // ratio <= m <= -(-n // ratio) for n, m in zip(fine, coarse)):
-            continue
-        measured = " x ".join(f"{n / m:g}" if m else "inf" for n, m in zip(fine, coarse))
-        raise ValueError(
-            f"features do not match strides={strides}: {names[i]} of size {fine} and "
-            f"{names[i + 1]} of size {coarse} are {measured} apart (height x width), but "
-            f"strides[{i}]={strides[i]} and strides[{i + 1}]={strides[i + 1]} say {ratio} "
-            f"(size {tuple(n // ratio for n in fine)} to {tuple(-(-n // ratio) for n in fine)}"
-            f"); give the levels of these strides, finest first, or the strides of these "
-            f"levels (the backbone's feature_info)"
-        )
 
 
 @NECKS.register(name="fpn")

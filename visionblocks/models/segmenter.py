@@ -25,7 +25,7 @@ from visionblocks.init import kaiming_init, normal_init
 from visionblocks.losses.ce import cross_entropy
 from visionblocks.losses.softmax_focal import softmax_focal_loss
 from visionblocks.models._compose import ComposedModel, build_parts
-from visionblocks.models._levels import check_levels, check_size
+from visionblocks.models._levels import check_levels, check_measured_strides, check_size
 from visionblocks.models.detector import normalize_images
 from visionblocks.nn._limits import MAX_CHANNELS, MAX_STRIDE, check_channels
 from visionblocks.nn.conv import ConvNormAct
@@ -191,6 +191,7 @@ class FPNSegHead(nn.Module):
         levels = check_levels(
             "features", features, [channels] * len(self.branches), self.classifier
         )
+        check_measured_strides(features, levels, self.strides)
         size = check_size("size", size)
         fused = self.branches[0](levels[0])
         for branch, x in zip(self.branches[1:], levels[1:]):
