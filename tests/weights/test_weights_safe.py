@@ -280,11 +280,18 @@ def test_key_naming_a_placeholder_is_a_key_error(tmp_path):
         read_state_dict(path, key="args")
 
 
-def test_a_whole_module_saved_is_refused(tmp_path):
+def test_a_whole_module_saved_reads_as_its_state_dict(tmp_path):
+    """torch.save(model): rebuilt from the pickled state (tests/weights/test_weights_modules.py)."""
     path = tmp_path / "model.pt"
-    torch.save(nn.Sequential(nn.Linear(2, 2)), path)
-    with pytest.raises(ValueError, match=r"refusing .*'torch\.nn\.modules\.container\.Sequential'"):
-        read_state_dict(path)
+    model = nn.Sequential(nn.Linear(2, 2))
+    torch.save(model, path)
+    state, info = read_checkpoint(path)
+    assert list(state) == ["0.weight", "0.bias"]
+    assert all(torch.equal(state[k], v) for k, v in model.state_dict().items())
+    assert info.modules == {
+        "torch.nn.modules.container.Sequential": 1,
+        "torch.nn.modules.linear.Linear": 1,
+    }
 
 
 def test_missing_storage_record_is_not_valid(tmp_path):

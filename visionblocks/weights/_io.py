@@ -6,8 +6,11 @@ default of ``torch.save`` since PyTorch 1.6) are memory-mapped (``mmap=True``): 
 views of the file's pages and are read from disk only when copied. When torch refuses a
 file because it names another global (an ``argparse.Namespace``, NumPy arrays, a class of
 the training framework), the file is read again with `SafeUnpickler`, which imports and
-calls nothing the file names: foreign objects become inert placeholders, and the file is
-still refused when the weights themselves are such placeholders. ``.pkl``/``.pickle``
+calls nothing the file names: foreign objects become inert placeholders. Whole models
+pickled with ``torch.save(model)`` (alone or inside a dict, as YOLOv5 saves ``model`` and
+``ema``) are placeholders too: their state dicts are rebuilt from the pickled
+``_parameters``/``_buffers``/``_modules`` (`visionblocks.weights._modules`). The file is
+still refused when the weights themselves are other placeholders. ``.pkl``/``.pickle``
 files (detectron2's model zoo) go to the safe unpickler directly.
 """
 
@@ -27,6 +30,7 @@ import torch
 
 from visionblocks._core.tensor_checks import cuda_unusable
 from visionblocks.weights._formats import detect_layout
+from visionblocks.weights._modules import ModuleStateDict, rebuild_modules
 from visionblocks.weights._pages import FilePages
 from visionblocks.weights._rebuild import Placeholder
 from visionblocks.weights._safe_read import SafeRead, read_pickle, read_torch_zip
@@ -68,6 +72,10 @@ class ReadInfo:
         other_keys: Keys of the outer containers that were not descended into.
         placeholders: ``{"argparse.Namespace": 1, ...}``: foreign objects replaced by inert
             placeholders (never imported, never called), with how many were built.
+        modules: ``{"models.yolo.Model": 1, "torch.nn.modules.conv.Conv2d": 60, ...}``: the
+            classes of the ``nn.Module`` objects pickled in the file (``torch.save(model)``)
+            whose state dicts were rebuilt from their pickled state, each module counted once
+            (all of the file's, not only those of the entry read). Seen, never imported.
         mmap: Whether the tensors are views of the memory-mapped file.
     """
 
@@ -77,6 +85,7 @@ class ReadInfo:
     dropped: list[str] = field(default_factory=list)
     other_keys: list[str] = field(default_factory=list)
     placeholders: dict[str, int] = field(default_factory=dict)
+    modules: dict[str, int] = field(default_factory=dict)
     mmap: bool = False
 
 
@@ -207,15 +216,50 @@ def _to_device(state: dict[str, torch.Tensor], map_location: Any) -> dict[str, t
     return {name: tensor.to(device) for name, tensor in state.items()}
 
 
+def _rebuild_modules(obj: Any, path: str) -> tuple[Any, dict[str, int], list[tuple[Any, ...]]]:
+    """`rebuild_modules`, its errors naming the file."""
+    try:
+        rebuilt = rebuild_modules(obj)
+    except ValueError as exc:
+        raise ValueError(
+            f"refusing to load {path!r}: it pickles a whole model whose state dict cannot be "
+            f"rebuilt without its code ({exc})"
+        ) from None
+    return rebuilt.obj, rebuilt.classes, rebuilt.entries
+
+
+def _ask_for_key(obj: Any, entries: list[tuple[Any, ...]], path: str) -> None:
+    """Without ``key``, no tensors where the state dict is looked for, but entries hold whole
+    models (ultralytics' final files: ``model: None``, ``ema: <model>``): say which."""
+    entries = [keys for keys in entries if keys]  # () is the object itself
+    if not entries or not isinstance(obj, Mapping):
+        return
+    found = _descend(obj, None, ReadInfo())
+    if isinstance(found, ModuleStateDict) or any(_as_tensor(v) is not None for v in found.values()):
+        return
+    where = ", ".join(" -> ".join(repr(k) for k in keys) for keys in entries)
+    first = entries[0][0]
+    raise ValueError(
+        f"{path!r} holds no tensors at the top level or under {', '.join(CONTAINER_KEYS)}, "
+        f"but whole models are pickled under {where}: pick one with "
+        f"read_state_dict(path, key={first!r}) (and pass that state dict to load_partial)"
+    )
+
+
 def _refuse_code_weights(obj: Any, key: str | None, path: str, placeholders: dict) -> None:
     """Refuse a file whose weights would only come out of foreign code: the object itself, or
     an entry of the mapping where the state dict is looked for, is a placeholder, or that
-    mapping holds no tensors at all."""
-    if isinstance(obj, Placeholder):  # torch.save(model) and the like
+    mapping holds no tensors at all. (Pickled modules have been rebuilt by then.)"""
+    if isinstance(obj, Placeholder):  # a pickled object other than an nn.Module
         raise _UnsafeFileError(_unsafe_message(path, obj.name))
+    if isinstance(obj, ModuleStateDict):  # torch.save(model)
+        return
     if not isinstance(obj, Mapping) or (key is not None and not isinstance(obj.get(key), Mapping)):
         return  # unwrap_state_dict says what is wrong
-    values = list(_descend(obj, key, ReadInfo()).values())
+    found = _descend(obj, key, ReadInfo())
+    if isinstance(found, ModuleStateDict):  # a pickled model's, tensors only (maybe none)
+        return
+    values = list(found.values())
     slot = next((v for v in values if isinstance(v, Placeholder)), None)
     if slot is not None or not any(_as_tensor(v) is not None for v in values):
         name = slot.name if slot is not None else next(iter(placeholders), None)
@@ -267,12 +311,17 @@ def _read_checkpoint(
         raise IsADirectoryError(f"checkpoint path is a directory, not a file: {path!r}")
     check_map_location(map_location)
     obj, read, pages = _read_object(path, map_location, want_pages)
+    original, modules = obj, {}
     try:
-        if read.placeholders:
+        if read.placeholders:  # only the safe unpickler makes placeholders, modules included
+            obj, modules, entries = _rebuild_modules(obj, path)
+            if key is None:
+                _ask_for_key(obj, entries, path)
             _refuse_code_weights(obj, key, path, read.placeholders)
         state, info = unwrap_state_dict(obj, key=key, where=repr(path))
         info.format, info.placeholders, info.mmap = read.format, read.placeholders, read.mmap
-        info.layout = detect_layout(obj, info.containers, state)
+        info.modules = modules
+        info.layout = detect_layout(original, info.containers, state)
         if read.format.endswith("safe unpickler)"):
             state = _to_device(state, map_location)
     except BaseException:

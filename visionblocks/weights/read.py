@@ -32,6 +32,16 @@ def read_state_dict(
       Such tensors are on the CPU unless ``map_location`` names a device.
     * ``.pkl``, ``.pickle`` (detectron2's model zoo): the same unpickler; NumPy arrays
       become tensors.
+    * Whole models saved with ``torch.save(model)``, alone or as entries of a dict (YOLOv5
+      and ultralytics: ``{"model": <model>, "ema": <model>, "optimizer": ..., ...}``), need
+      their class's code to be unpickled; visionblocks does not run it: the model's state
+      dict is rebuilt from what the pickle stores (each module's ``_parameters``,
+      ``_buffers`` and ``_modules``), with the names and order ``model.state_dict()``
+      gives, tensors as stored (half precision stays half). The classes are only seen,
+      never imported. What only their code could add is refused (a state-dict hook), or
+      missing (entries a class adds by overriding ``get_extra_state`` or
+      ``_save_to_state_dict``). ``key="ema"`` picks the EMA model; the default picks
+      ``model``.
     * Training checkpoints are unwrapped: the first of ``state_dict``, ``model_state_dict``,
       ``model_state``, ``model`` and ``module`` that holds a mapping is descended into (again
       and again, for nested containers). EMA weights (``state_dict_ema``, ``model_ema``) are
@@ -54,9 +64,12 @@ def read_state_dict(
         FileNotFoundError: If ``path`` does not exist.
         ValueError: If the weights of the file would only come out of code it names (a
             placeholder where the state dict's tensors are, or no tensors at all besides
-            placeholders; nothing runs and the message explains ``weights_only``), the
-            file is not a valid torch or pickle file, or it holds no tensors where a state
-            dict is looked for.
+            placeholders; nothing runs and the message explains ``weights_only``), a
+            pickled whole model is malformed or has a state-dict hook (its state dict
+            cannot be rebuilt without its code), the file is not a valid torch or pickle
+            file, or it holds no tensors where a state dict is looked for (when entries
+            hold whole models, such as ultralytics' ``ema``, the message names them and
+            says to pass ``key=``).
         KeyError: If ``key`` is given and the file has no mapping under it.
         TypeError: If the file holds something other than a mapping.
 
@@ -75,6 +88,12 @@ def read_state_dict(
         >>> torch.save({"model": model.state_dict(), "args": argparse.Namespace(lr=0.1)}, path)
         >>> sorted(read_state_dict(path))
         ['bias', 'weight']
+
+        A whole model saved with ``torch.save(model)``: its state dict, no code run.
+
+        >>> torch.save({"model": torch.nn.Sequential(model).half(), "epoch": 3}, path)
+        >>> {name: tensor.dtype for name, tensor in read_state_dict(path).items()}
+        {'0.weight': torch.float16, '0.bias': torch.float16}
         >>> read_state_dict(os.path.join(folder.name, "nope.pt"))
         Traceback (most recent call last):
         ...
