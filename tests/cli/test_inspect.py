@@ -150,6 +150,77 @@ def test_inspect_a_checkpoint_of_another_architecture(tmp_path, capsys):
         and "missing (96)" in out
         and "(dry run: nothing copied)" in out
     )
+    # Names do not load it, so matching by structure is tried: it pairs nothing more.
+    assert out.rstrip().endswith(
+        "load_partial(backbone, FILE, match='structure') loads no more: 120/216 model keys "
+        "(the order and shapes pair nothing that the names leave)"
+    )
+
+
+def _detectron2_resnet18(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A torchvision ResNet-18 state dict under detectron2's names, in its order: the
+    ``shortcut`` before ``conv1``, each conv's norm inside it, no num_batches_tracked, no fc."""
+    out: dict[str, torch.Tensor] = {}
+
+    def conv(source_conv: str, source_bn: str, name: str) -> None:
+        out[f"{name}.weight"] = state[f"{source_conv}.weight"]
+        for stat in ("weight", "bias", "running_mean", "running_var"):
+            out[f"{name}.norm.{stat}"] = state[f"{source_bn}.{stat}"]
+
+    conv("conv1", "bn1", "stem.conv1")
+    for stage in range(4):
+        for block in range(2):
+            source, name = f"layer{stage + 1}.{block}", f"res{stage + 2}.{block}"
+            if f"{source}.downsample.0.weight" in state:
+                conv(f"{source}.downsample.0", f"{source}.downsample.1", f"{name}.shortcut")
+            for i in (1, 2):
+                conv(f"{source}.conv{i}", f"{source}.bn{i}", f"{name}.conv{i}")
+    return out
+
+
+def test_inspect_shows_the_pairing_matched_by_structure_when_names_do_not_load(tmp_path, capsys):
+    path = tmp_path / "model_final.pth"
+    state = _detectron2_resnet18(torchvision.models.resnet18().state_dict())
+    torch.save({"model": state, "iteration": 90000}, path)
+    assert main(["inspect", str(path), "--model", "resnet18"]) == 0
+    out = capsys.readouterr().out
+    assert "build_backbone('resnet18', pretrained=FILE) does NOT load" in out
+    structure = out.split(
+        "load_partial(backbone, FILE, match='structure') would load (every pairing, "
+        "checkpoint -> backbone):\n"
+    )[1].splitlines()
+    assert structure[0] == (
+        "loaded 100/120 model keys (83.3%): 20 missing, 0 mismatched, 0 unexpected, 0 adapted, "
+        "100 renamed (dry run: nothing copied)"
+    )
+    assert structure[2:4] == ["missing (20):", "  bn1.num_batches_tracked"]
+    renamed = structure[structure.index("renamed (100):") + 1 :]
+    assert len(renamed) == 100 and "  ... and" not in "\n".join(renamed)  # every pairing
+    assert renamed[0] == "  stem.conv1.weight -> conv1.weight"
+    assert "  res3.0.shortcut.weight -> layer2.0.downsample.0.weight" in renamed
+    assert "  res3.0.conv1.norm.running_var -> layer2.0.bn1.running_var" in renamed
+
+
+def test_inspect_shows_why_matching_by_structure_refuses(tmp_path, capsys, tiny_backbone):
+    path = tmp_path / "two.pt"
+    torch.save({"a.weight": torch.zeros(8, 4, 3, 3), "b.weight": torch.ones(8, 4, 3, 3)}, path)
+    assert main(["inspect", str(path), "--model", tiny_backbone]) == 0
+    out = capsys.readouterr().out
+    refusal = out.split("load_partial(backbone, FILE, match='structure') refuses:\n")[1]
+    assert refusal.startswith("match='structure' is ambiguous")
+    assert "model 'layer1.weight' (8, 4, 3, 3) could be checkpoint 'a.weight'" in refusal
+
+
+def test_inspect_does_not_match_a_safetensors_file_by_structure(tmp_path, capsys):
+    path = tmp_path / "renamed.safetensors"
+    state = torchvision.models.resnet18().state_dict()
+    save_file({f"p{i:03d}": v for i, v in enumerate(state.values())}, str(path))
+    assert main(["inspect", str(path), "--model", "resnet18"]) == 0
+    out = capsys.readouterr().out
+    assert out.rstrip().endswith(
+        "load_partial(backbone, FILE, match='structure') not tried: a .safetensors file stores "
+        "its keys sorted by name, so their order says nothing about the module tree"
+    )
 
 
 @pytest.mark.parametrize(

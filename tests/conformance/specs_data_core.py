@@ -601,6 +601,7 @@ def _load() -> tuple[Any, dict[str, Any]]:
         "require": None,
         "min_loaded": None,
         "auto_prefix": True,
+        "match": "names",
     }
 
 
@@ -642,6 +643,7 @@ SPECS += [
             ),  # built from None
             Arg("min_loaded", "float", optional=True, skip={"inf"}),
             Arg("auto_prefix", "bool"),
+            Arg("match", "choice"),
         ],
         errors=(FileNotFoundError,),
     ),

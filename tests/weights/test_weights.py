@@ -528,6 +528,25 @@ def test_report_str_counts_first_then_truncated_lists():
     assert "unexpected" not in "\n".join(lines[1:])  # empty sections are left out
 
 
+def test_report_lists_every_pairing_on_request_and_new_sections_only_when_filled():
+    renamed = {f"c{i}": f"k{i}" for i in range(12)}
+    report = LoadReport(loaded=list(renamed.values()), missing=[f"m{i}" for i in range(12)],
+                        renamed=renamed)  # fmt: skip
+    short = str(report).splitlines()
+    assert short == report.describe().splitlines()
+    assert not any(line.startswith(("reshaped", "fused", "split", "matched")) for line in short)
+    full = report.describe(all_pairs=True).splitlines()
+    assert full[-12:] == [f"  c{i} -> k{i}" for i in range(12)]
+    assert "  ... and 2 more" in full  # the missing keys stay short
+    with pytest.raises(TypeError, match="all_pairs must be bool, got int"):
+        report.describe(all_pairs=1)
+    report.split = {"q.weight": ("in_proj_weight", 0, 3)}
+    assert str(report).splitlines()[-14:-12] == [
+        "split (1, chunks along dim 0):",
+        "  in_proj_weight -> q.weight (chunk 1 of 3)",
+    ]
+
+
 def test_report_properties_on_empty_model():
     report = load_partial(nn.ReLU(), {})
     assert report.ok and report.num_model_keys == 0 and report.fraction_loaded == 1.0

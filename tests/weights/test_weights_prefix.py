@@ -114,3 +114,29 @@ def test_the_message_says_why_nothing_loaded(source, match):
 
 def test_a_model_without_tensors_needs_nothing():
     assert load_partial(nn.ReLU(), {"x": torch.zeros(1)}).unexpected == ["x"]
+
+
+# -------------------------------------------------------------------------- strip_prefixes
+def test_a_bare_string_is_one_prefix_to_strip():
+    report = load_partial(TinyNet(), _state("net."), strip_prefixes="net.", auto_prefix=False)
+    assert report.ok and report.renamed["net.fc.bias"] == "fc.bias"
+    # Not its characters: stripping 'n', 'e', 't', '.' in turn would turn 'n.fc.bias' into
+    # 'fc.bias'; the prefix 'net.' leaves it alone.
+    report = load_partial(
+        TinyNet(), _state("n."), strip_prefixes="net.", auto_prefix=False, min_loaded=0
+    )
+    assert report.num_loaded == 0 and "n.fc.bias" in report.unexpected
+
+
+@pytest.mark.parametrize(
+    ("strip_prefixes", "message"),
+    [
+        (["module.", 3], r"strip_prefixes\[1\] must be str, got int"),
+        (("model.", None), r"strip_prefixes\[1\] must be str, got NoneType"),
+        (7, "strip_prefixes must be str or list or tuple, got int"),
+        ({"module."}, "strip_prefixes must be str or list or tuple, got set"),
+    ],
+)
+def test_strip_prefixes_of_another_type_is_a_type_error_naming_it(strip_prefixes, message):
+    with pytest.raises(TypeError, match=message):
+        load_partial(TinyNet(), _state(), strip_prefixes=strip_prefixes)

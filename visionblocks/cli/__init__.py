@@ -7,7 +7,7 @@ Subcommands:
 - ``visionblocks list [REGISTRY|kernels] [--compile [--all]]``: registered names per registry,
   or the fast-path report (``--compile``: every kernel compiled for real GPU targets).
 - ``visionblocks inspect CHECKPOINT [--model NAME]``: what a checkpoint holds, and how it
-  would load into a registered backbone.
+  would load into a registered backbone (by names, and by structure when names do not fit).
 - ``visionblocks check-coco ANN_FILE [--images DIR] [--fix OUT.json] [--[no-]keypoints]``:
   list every problem of a COCO annotation file (its key points too, for a keypoint file);
   exit status 0 when there is none (or all were fixed), else 1.
@@ -253,7 +253,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="summarise a checkpoint file, or how it would load into a model",
         description="Summarise a checkpoint file: its format, tensors, dtypes and key prefixes. "
         "With --model NAME, also load it into that backbone as build_backbone does and print "
-        "the report, e.g. `visionblocks inspect resnet18.pth --model resnet18`.",
+        "the report, e.g. `visionblocks inspect resnet18.pth --model resnet18`; when the names "
+        "do not load it, also every pairing that load_partial(..., match='structure') proposes "
+        "(by module-tree order and shape), or why it refuses.",
     )
     p_inspect.add_argument(
         "checkpoint",
@@ -266,7 +268,8 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         metavar="NAME",
         help="a backbone name (see `visionblocks list backbones`, or timm/<model>): "
-        "load the file into it as build_backbone does and print the report",
+        "load the file into it as build_backbone does and print the report (and, when the "
+        "names do not fit, the pairing matched by structure)",
     )
     p_inspect.set_defaults(func=_cmd_inspect)
 

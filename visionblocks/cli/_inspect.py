@@ -21,6 +21,7 @@ __all__ = [
     "describe_state_dict",
     "load_into_backbone",
     "run_inspect",
+    "structure_mapping",
 ]
 
 _MIB = 1024 * 1024
@@ -93,8 +94,12 @@ def describe_state_dict(
             lines.append(_field("layout", info.layout))
         if info.containers:
             lines.append(_field("unwrapped", " -> ".join(repr(c) for c in info.containers)))
-        if info.placeholders:
-            replaced = ", ".join(f"{name} {count}" for name, count in info.placeholders.items())
+        if info.modules:  # module placeholders rebuilt as state dicts
+            classes = ", ".join(f"{name} {count}" for name, count in info.modules.items())
+            lines.append(_field("modules", f"{classes} (state dicts rebuilt, never imported)"))
+        others = {k: n for k, n in info.placeholders.items() if k not in info.modules}
+        if others:
+            replaced = ", ".join(f"{name} {count}" for name, count in others.items())
             lines.append(_field("replaced", f"{replaced} (placeholders: never imported or run)"))
         others = [*info.other_keys, *info.dropped]
         if others:
@@ -216,10 +221,56 @@ def load_into_backbone(name: str, state: Mapping[str, torch.Tensor]) -> tuple[Lo
     return report, True
 
 
+def structure_mapping(
+    name: str, state: Mapping[str, torch.Tensor], info: ReadInfo, loaded_by_names: int = 0
+) -> str:
+    """What ``load_partial(backbone, state, match="structure", dry_run=True, min_loaded=0)``
+    proposes for a fresh backbone ``name``: its report with every pairing, or why matching by
+    structure refused (an ambiguity, or a ``.safetensors`` file, whose keys are sorted by
+    name and so say nothing about the module tree), or, when it loads no more than the
+    ``loaded_by_names`` keys that names load, one line saying so.
+
+    Examples:
+        >>> import torchvision
+        >>> from visionblocks.weights._io import ReadInfo
+        >>> state = torchvision.models.resnet18().state_dict()
+        >>> state = {f"p{i}": v for i, v in enumerate(state.values())}  # names that say nothing
+        >>> print(structure_mapping("resnet18", state, ReadInfo()).splitlines()[1])
+        loaded 120/120 model keys (100.0%): 0 missing, 0 mismatched, 2 unexpected, 0 adapted, 120 renamed (dry run: nothing copied)
+    """
+    from visionblocks.backbones import build_backbone
+    from visionblocks.weights import load_partial
+
+    title = "load_partial(backbone, FILE, match='structure')"
+    if info.format == "safetensors":
+        return (
+            f"{title} not tried: a .safetensors file stores its keys sorted by name, "
+            "so their order says nothing about the module tree"
+        )
+    try:
+        backbone: nn.Module = build_backbone(name)
+        report = load_partial(backbone, state, match="structure", dry_run=True, min_loaded=0)
+    except (RuntimeError, ValueError, TypeError) as exc:
+        return f"{title} refuses:\n{exc}"
+    if report.num_loaded <= loaded_by_names:
+        return (
+            f"{title} loads no more: {report.num_loaded}/{report.num_model_keys} model keys "
+            "(the order and shapes pair nothing that the names leave)"
+        )
+    return f"{title} would load (every pairing, checkpoint -> backbone):\n" + report.describe(
+        all_pairs=True
+    )
+
+
 def run_inspect(
     checkpoint: str, model_name: str | None = None, *, out: TextIO | None = None
 ) -> int:
     """Print the summary of ``checkpoint`` (and how it loads into a backbone); return the exit code.
+
+    When the names do not load the backbone (a tensor other than ``num_batches_tracked`` is
+    left missing or mismatched), the pairing that matching by structure proposes is printed
+    too (`structure_mapping`): a file of the same network under other
+    names (timm, detectron2) shows how it would load with ``match="structure"``.
 
     Exit codes: 0 printed; 1 the file is missing, unsafe or unreadable, or building the
     backbone failed; 2 unknown backbone name.
@@ -260,4 +311,7 @@ def run_inspect(
         f"\nbuild_backbone({model_name!r}, pretrained=FILE) {verdict}:\n{report}",
         file=out,
     )
+    left = [k for k in report.missing if not k.endswith("num_batches_tracked")]
+    if not passes or left or report.mismatched:  # the names do not fit: try the structure
+        print(f"\n{structure_mapping(model_name, state, info, report.num_loaded)}", file=out)
     return 0

@@ -4,13 +4,17 @@
 ``torch.load(weights_only=True)`` (memory-mapped when the file is in the zip format) and,
 when that refuses a file because it pickles other objects (an ``argparse.Namespace``,
 NumPy values, a training framework's classes), with an unpickler that replaces those objects
-by inert placeholders; ``.pkl`` files (detectron2) with the same unpickler and
+by inert placeholders (a whole model pickled with ``torch.save(model)`` is read as its
+state dict, rebuilt from the pickled module tree); ``.pkl`` files (detectron2) with the same unpickler and
 ``.safetensors`` files with safetensors. It never runs code stored in a file. `load_partial`
 copies every tensor that fits into a model, finds a key prefix to remove or add when that
 makes more keys fit, and returns a `LoadReport` saying what was loaded, what was skipped and
-why. It fails loudly instead of logging (``strict``, ``require``, ``min_loaded``; loading
-nothing at all is an error by default), and all of its checks run before anything is copied,
-so a failed load leaves the model as it was.
+why. With ``match="structure"`` it pairs the tensors of the same network under other names
+(timm, detectron2 and torchvision layouts) by the order of the module tree and by shape,
+reports every pairing, and refuses an ambiguous one instead of guessing. It fails loudly
+instead of logging (``strict``, ``require``, ``min_loaded``; loading nothing at all is an
+error by default), and all of its checks run before anything is copied, so a failed load
+leaves the model as it was.
 """
 
 from visionblocks._core.namespace import public_dir

@@ -28,6 +28,7 @@ import mmap as _mmap
 import os
 import sys
 import zipfile
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -216,22 +217,44 @@ def copy_tensors(
     state: dict[str, torch.Tensor],
     adapted: set[str],
     pages: FilePages | None,
+    *,
+    reshaped: Collection[str] = (),
+    stacked: Mapping[str, Sequence[tuple[str, int, int]]] | None = None,
 ) -> None:
     """Copy ``state[updates[name]]`` into each ``model_state[name]``, in order (``adapted``
-    names through `adapt_input_conv_weight`). From a mapped file (``pages``), a tensor is read
-    from the file straight into the model's where it can be (`FilePages.read_into`), and one
-    copied from the mapping gets its pages given back once copied (`FilePages.release`)."""
+    names through `adapt_input_conv_weight`; ``reshaped`` names viewed in the model tensor's
+    shape first). ``stacked`` gives a model tensor's rows from several places:
+    ``{name: [(checkpoint key, first row, rows), ...]}``, copied one after the other along
+    dim 0 (fused projections: whole tensors; split ones: one chunk). From a mapped file
+    (``pages``), a tensor (or block of rows) is read from the file straight into the
+    model's where it can be (`FilePages.read_into`), and one copied from the mapping gets its
+    pages given back once copied (`FilePages.release`)."""
+
+    def put(target: torch.Tensor, value: torch.Tensor, source: torch.Tensor) -> None:
+        if pages is not None and pages.read_into(target, value):
+            return
+        target.copy_(value)
+        if pages is not None:
+            pages.release(source)
+
     try:
         with torch.no_grad():
             for name, old in updates.items():
                 target, value = model_state[name], state[old]
                 if name in adapted:
-                    value = adapt_input_conv_weight(value, target.shape[1])
-                elif pages is not None and pages.read_into(target, value):
-                    continue
-                target.copy_(value)
-                if pages is not None:
-                    pages.release(state[old])
+                    target.copy_(adapt_input_conv_weight(value, target.shape[1]))
+                    if pages is not None:
+                        pages.release(value)
+                elif name in reshaped:
+                    put(target, value.reshape(target.shape), value)
+                else:
+                    put(target, value, value)
+            for name, pieces in (stacked or {}).items():
+                target, row = model_state[name], 0
+                for old, start, rows in pieces:
+                    value = state[old]
+                    put(target.narrow(0, row, rows), value.narrow(0, start, rows), value)
+                    row += rows
     finally:
         if pages is not None:
             pages.close()

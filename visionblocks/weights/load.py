@@ -6,9 +6,10 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import torch
 from torch import nn
 
-from visionblocks._core.checks import check_type
+from visionblocks._core.checks import check_choice, check_type
 from visionblocks._core.namespace import public_dir
 from visionblocks.weights._adapt import compile_rename, input_conv_key, map_keys
 from visionblocks.weights._guards import (
@@ -20,6 +21,7 @@ from visionblocks.weights._guards import (
 from visionblocks.weights._io import source_state
 from visionblocks.weights._pages import copy_tensors
 from visionblocks.weights._prefix import find_prefix_change
+from visionblocks.weights._structure import match_structure
 from visionblocks.weights.report import LoadError, LoadReport
 
 __all__ = ["load_partial"]
@@ -31,7 +33,7 @@ def load_partial(
     source: str | os.PathLike[str] | Mapping[str, Any],
     *,
     rename: Sequence[tuple[str, str]] | None = None,
-    strip_prefixes: Sequence[str] = ("module.",),
+    strip_prefixes: str | Sequence[str] = ("module.",),
     skip_mismatched: bool = True,
     adapt_input_channels: bool = True,
     strict: bool = False,
@@ -39,6 +41,7 @@ def load_partial(
     require: str | Sequence[str] | None = None,
     min_loaded: float | None = None,
     auto_prefix: bool = True,
+    match: str = "names",
 ) -> LoadReport:
     """Copy the tensors of a checkpoint that fit ``model`` into it, and report the rest.
 
@@ -66,6 +69,33 @@ def load_partial(
     gives exactly the output that its RGB copy (the grey channel repeated) gives with the
     original weights. For any other ``I`` the channels are repeated cyclically (R, G, B, R, ...)
     and scaled by ``3 / I`` (in general: checkpoint channels / ``I``).
+
+    Matching by structure (``match="structure"``): for a checkpoint of the same network
+    under other names (timm vs torchvision, detectron2 vs torchvision), tensors are paired
+    by the order of the module tree and by shape instead of by name: the checkpoint's own
+    key order (that of its state dict) against ``model.state_dict()``'s. Keys that
+    ``strip_prefixes`` and ``rename`` turn into a model key of a fitting tensor are paired by
+    name first (a ``rename`` rule is how to settle an ambiguity). The rest are aligned like
+    a longest common subsequence that pairs as much of the modules as possible (a module
+    weighs the same whatever its number of tensors), then prefers pairs whose module names
+    agree (``conv3`` in ``res2.0.conv3.weight`` and ``layer1.0.conv3.weight``), then blocks
+    kept in one piece. Sibling modules registered in another order (detectron2's
+    ``shortcut`` before ``conv1``, torchvision's ``downsample`` after ``bn3``) are paired
+    afterwards when their runs of leftover tensors fit each other and nothing else. Two
+    tensors fit when their dtypes are of one kind and their shapes are equal, or equal
+    once dimensions of size 1 are dropped (a layer scale ``(C,)`` into ``(C, 1, 1)``: loaded
+    with ``reshape``, listed in ``reshaped``). Separate ``q``/``k``/``v`` projections and one
+    fused ``qkv`` (or ``in_proj_weight``) are concatenated or chunked along dim 0 when that
+    is the only way left to pair them (``fused``, ``split``). ``num_batches_tracked`` pairs
+    with the one after its paired BatchNorm, when both sides have one. Anything ambiguous
+    (two pairings equally good) raises ``ValueError`` listing the candidates: nothing is
+    guessed. Every pairing is in the report (``renamed``, ``fused``, ``split``;
+    ``report.describe(all_pairs=True)`` prints them all), and ``unexpected`` lists the
+    checkpoint keys left unpaired; ``mismatched`` stays empty, since only fitting tensors
+    are paired, so ``skip_mismatched`` has no effect. ``auto_prefix`` and
+    ``adapt_input_channels`` are not used. A ``.safetensors`` path is refused: the format
+    stores keys sorted by name, which says nothing about the tree. Check the pairing
+    with ``dry_run=True`` first, and the outputs after loading.
 
     Guards, all checked before anything is copied (a failure raises `LoadError` with the
     report, and the model is left unchanged):
@@ -95,7 +125,8 @@ def load_partial(
         source: A checkpoint path (read with `read_state_dict`'s rules) or a state dict
             (training-checkpoint containers are unwrapped and non-tensors dropped).
         rename: ``(regex, replacement)`` pairs applied in order with ``re.sub``.
-        strip_prefixes: Prefixes removed, in order, from the keys that start with them.
+        strip_prefixes: Prefixes removed, in order, from the keys that start with them;
+            a str is one prefix.
         skip_mismatched: Skip (and report) tensors whose shape differs; False raises instead.
         adapt_input_channels: Adapt the first convolution to the model's input channels.
         strict: Fail unless every model key loads and no checkpoint key is left over.
@@ -103,17 +134,24 @@ def load_partial(
         require: fnmatch pattern(s) of model keys that must all load.
         min_loaded: Smallest acceptable fraction of loaded model keys, in ``[0, 1]``;
             None (default) requires at least one loaded key, 0 accepts loading nothing.
-        auto_prefix: Find a key prefix to remove or add when that makes more keys load.
+        auto_prefix: Find a key prefix to remove or add when that makes more keys load
+            (names only).
+        match: ``"names"`` (default): pair tensors by name, after prefix stripping and
+            renaming. ``"structure"``: pair them by the order of the module tree and
+            shape (see above).
 
     Returns:
-        LoadReport: Loaded, missing, unexpected, mismatched, adapted and renamed keys.
+        LoadReport: Loaded, missing, unexpected, mismatched, adapted and renamed keys
+        (and, matched by structure, reshaped, fused and split ones).
 
     Raises:
         LoadError: A guard failed, including loading nothing with the default
             ``min_loaded`` (a `RuntimeError`; ``.report`` has the report).
         ValueError: Two checkpoint keys map to one name, a ``rename`` regex is invalid, a
             ``require`` pattern matches no model key, ``min_loaded`` is outside ``[0, 1]``,
-            the file cannot be read safely, or tensors to load into are on the meta device.
+            ``match`` is neither ``"names"`` nor ``"structure"``, the file cannot be read
+            safely, tensors to load into are on the meta device, or, matching by
+            structure, the pairing is ambiguous or ``source`` is a ``.safetensors`` path.
         FileNotFoundError: ``source`` is a path that does not exist.
         TypeError: An argument has the wrong type.
 
@@ -134,56 +172,78 @@ def load_partial(
         Traceback (most recent call last):
         ...
         visionblocks.weights.report.LoadError: 2 required key(s) not loaded: 2.weight (mismatched), ...
+
+        The same network under other names, with its layer scale stored as ``(C,)``, loads
+        by structure:
+
+        >>> class Block(nn.Module):
+        ...     def __init__(self, scale_shape):
+        ...         super().__init__()
+        ...         self.conv = nn.Conv2d(3, 8, 3)
+        ...         self.scale = nn.Parameter(torch.ones(scale_shape))
+        ...         self.norm = nn.BatchNorm2d(8)
+        >>> names = {"0": "stem", "1": "head"}
+        >>> theirs = nn.Sequential(Block((8,)), nn.Linear(8, 2)).state_dict()
+        >>> theirs = {names[k[0]] + k[1:]: v for k, v in theirs.items()}
+        >>> ours = nn.Sequential(Block((8, 1, 1)), nn.Linear(8, 2))
+        >>> report = load_partial(ours, theirs, match="structure", strict=True)
+        >>> print(report.describe(all_pairs=True))
+        loaded 10/10 model keys (100.0%): 0 missing, 0 mismatched, 0 unexpected, 0 adapted, 10 renamed
+        matched by structure: module-tree order and shapes (describe(all_pairs=True) lists every pairing)
+        reshaped (1, checkpoint vs model shape):
+          0.scale: (8,) vs (8, 1, 1)
+        renamed (10):
+          stem.scale -> 0.scale
+          stem.conv.weight -> 0.conv.weight
+          stem.conv.bias -> 0.conv.bias
+          stem.norm.weight -> 0.norm.weight
+          stem.norm.bias -> 0.norm.bias
+          stem.norm.running_mean -> 0.norm.running_mean
+          stem.norm.running_var -> 0.norm.running_var
+          stem.norm.num_batches_tracked -> 0.norm.num_batches_tracked
+          head.weight -> 1.weight
+          head.bias -> 1.bias
     """
     check_type("model", model, nn.Module)
+    check_type("match", match, str)
+    check_choice("match", match, ("names", "structure"))
     rules = compile_rename(rename)
-    check_type("strip_prefixes", strip_prefixes, (str, list, tuple))
-    prefixes = [strip_prefixes] if isinstance(strip_prefixes, str) else list(strip_prefixes)
-    for p in prefixes:
-        check_type("strip_prefixes entry", p, str)
+    prefixes = _prefixes(strip_prefixes)
     patterns = require_patterns(require)
     check_min_loaded(min_loaded)
     check_flags(
         skip_mismatched=skip_mismatched, adapt_input_channels=adapt_input_channels,
         strict=strict, dry_run=dry_run, auto_prefix=auto_prefix,
     )  # fmt: skip
+    is_path = isinstance(source, (str, os.PathLike))
+    if match == "structure" and is_path and os.fspath(source).lower().endswith(".safetensors"):
+        raise ValueError(
+            "match='structure' pairs tensors by the order of the module tree, and a "
+            ".safetensors file stores its keys sorted by name, so its order says nothing "
+            f"about the tree: {os.fspath(source)!r}. Use match='names' (with rename rules), "
+            "or pass dict(read_state_dict(path)) as source only if you know that its keys "
+            "are in the order of the module tree"
+        )
 
     state, pages = source_state(source)
     try:
         model_state = model.state_dict(keep_vars=True)
         key_map = map_keys(state, prefixes, rules, model_state)
-        found = find_prefix_change(key_map, state, model_state) if auto_prefix else None
-        if found is not None:
-            prefix_change, key_map = found
+        stacked: dict[str, list[tuple[str, int, int]]] = {}
+        if match == "structure":
+            report, updates, stacked = _plan_by_structure(state, model_state, key_map)
         else:
-            prefix_change = None
-        pairs = [
-            (new, state[old], model_state[new])
-            for old, new in key_map.items()
-            if new in model_state
-        ]
-        stem = input_conv_key(pairs) if adapt_input_channels else None
-
-        report = LoadReport(prefix_change=prefix_change, dry_run=dry_run)
-        report.renamed = {old: new for old, new in key_map.items() if old != new}
-        updates: dict[str, str] = {}  # model key -> checkpoint key
-        for old, new in key_map.items():
-            if new not in model_state:
-                report.unexpected.append(new)
-                continue
-            value, target = state[old], model_state[new]
-            if value.shape == target.shape:
-                updates[new] = old
-            elif new == stem:
-                updates[new] = old
-                report.adapted.append(new)
-            else:
-                report.mismatched[new] = (tuple(value.shape), tuple(target.shape))
+            report, updates = _plan_by_names(
+                state, model_state, key_map, auto_prefix, adapt_input_channels
+            )
+        report.dry_run = dry_run
         # Tied tensors (one Parameter under several names) load through any of their names.
-        written = {id(model_state[name]) for name in updates}
+        written = {id(model_state[name]) for name in [*updates, *stacked]}
         for name in model_state:
-            if name in updates or (
-                name not in report.mismatched and id(model_state[name]) in written
+            if (
+                name in updates
+                or name in stacked
+                or (name not in report.mismatched and id(model_state[name]) in written)
             ):
                 report.loaded.append(name)
             elif name not in report.mismatched:
@@ -192,7 +252,7 @@ def load_partial(
         failure = failed_guard(report, model_state, skip_mismatched, strict, patterns, min_loaded)
         if failure is not None:
             raise LoadError(failure, report)
-        on_meta = [name for name in updates if model_state[name].is_meta]
+        on_meta = [name for name in [*updates, *stacked] if model_state[name].is_meta]
         if on_meta and not dry_run:
             raise ValueError(
                 f"{len(on_meta)} model tensor(s) are on the meta device (first: {on_meta[0]!r}), "
@@ -200,8 +260,84 @@ def load_partial(
                 "model.to_empty(device='cpu'), then load"
             )
         if not dry_run:
-            copy_tensors(updates, model_state, state, set(report.adapted), pages)
+            copy_tensors(
+                updates, model_state, state, set(report.adapted), pages,
+                reshaped=set(report.reshaped), stacked=stacked,
+            )  # fmt: skip
     finally:
         if pages is not None:  # its file, open when the fast reader mapped it
             pages.close()
     return report
+
+
+def _prefixes(strip_prefixes: str | Sequence[str]) -> list[str]:
+    """``strip_prefixes`` as a list (a str is one prefix); a TypeError names a bad entry."""
+    check_type("strip_prefixes", strip_prefixes, (str, list, tuple))
+    prefixes = [strip_prefixes] if isinstance(strip_prefixes, str) else list(strip_prefixes)
+    for i, prefix in enumerate(prefixes):
+        check_type(f"strip_prefixes[{i}]", prefix, str)
+    return prefixes
+
+
+def _plan_by_names(
+    state: dict[str, torch.Tensor],
+    model_state: dict[str, torch.Tensor],
+    key_map: dict[str, str],
+    auto_prefix: bool,
+    adapt_input_channels: bool,
+) -> tuple[LoadReport, dict[str, str]]:
+    """The report (without loaded and missing keys) and ``{model key: checkpoint key}`` of
+    a load that pairs tensors by name."""
+    found = find_prefix_change(key_map, state, model_state) if auto_prefix else None
+    prefix_change = None
+    if found is not None:
+        prefix_change, key_map = found
+    pairs = [
+        (new, state[old], model_state[new]) for old, new in key_map.items() if new in model_state
+    ]
+    stem = input_conv_key(pairs) if adapt_input_channels else None
+
+    report = LoadReport(prefix_change=prefix_change)
+    report.renamed = {old: new for old, new in key_map.items() if old != new}
+    updates: dict[str, str] = {}  # model key -> checkpoint key
+    for old, new in key_map.items():
+        if new not in model_state:
+            report.unexpected.append(new)
+            continue
+        value, target = state[old], model_state[new]
+        if value.shape == target.shape:
+            updates[new] = old
+        elif new == stem:
+            updates[new] = old
+            report.adapted.append(new)
+        else:
+            report.mismatched[new] = (tuple(value.shape), tuple(target.shape))
+    return report, updates
+
+
+def _plan_by_structure(
+    state: dict[str, torch.Tensor],
+    model_state: dict[str, torch.Tensor],
+    key_map: dict[str, str],
+) -> tuple[LoadReport, dict[str, str], dict[str, list[tuple[str, int, int]]]]:
+    """The report (without loaded and missing keys), ``{model key: checkpoint key}`` and the
+    stacked pieces (`copy_tensors`) of a load that pairs tensors by structure."""
+    found = match_structure(state, model_state, key_map)
+    report = LoadReport(match="structure", reshaped=found.reshaped)
+    updates = {new: old for old, new in found.pairs.items()}
+    report.renamed = {old: new for old, new in found.pairs.items() if old != new}
+    stacked: dict[str, list[tuple[str, int, int]]] = {}
+    for new, parts in found.fused.items():
+        stacked[new] = [(old, 0, state[old].shape[0]) for old in parts]
+        report.fused[new] = list(parts)
+    for new, (old, chunk, chunks) in found.split.items():
+        rows = model_state[new].shape[0]
+        stacked[new] = [(old, chunk * rows, rows)]
+        report.split[new] = (old, chunk, chunks)
+    used = {*found.pairs, *(old for parts in found.fused.values() for old in parts)}
+    used.update(old for old, _, _ in found.split.values())
+    used_groups = {found.tied[old] for old in used if old in found.tied}
+    for old in state:  # a tied tensor loads through any of its names
+        if old not in used and found.tied.get(old) not in used_groups:
+            report.unexpected.append(key_map[old])
+    return report, updates, stacked

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from visionblocks._core.checks import format_shape
+from visionblocks._core.checks import check_type, format_shape
 from visionblocks._core.namespace import public_dir
 
 __all__ = ["LoadError", "LoadReport"]
@@ -24,6 +24,12 @@ class LoadReport:
     and ``missing``. Keys are model names, i.e. checkpoint names after prefix stripping and
     renaming.
 
+    With ``match="structure"`` every model key that got a tensor of another name is in
+    ``renamed`` (one to one, ``reshaped`` among them), ``fused`` or ``split``;
+    ``mismatched`` is empty (tensors are only paired when their shapes fit), and `str`
+    says so in one more line. ``describe(all_pairs=True)`` lists every pairing, without
+    the ``... and N more`` of `str`.
+
     Attributes:
         loaded: Model keys that received a tensor (adapted ones included).
         missing: Model keys for which the checkpoint had no tensor.
@@ -33,11 +39,23 @@ class LoadReport:
         adapted: Keys loaded after adapting the first convolution to the model's number of
             input channels.
         renamed: ``{checkpoint key: new key}`` for every key that prefix stripping,
-            ``rename`` or the automatic prefix change changed.
+            ``rename`` or the automatic prefix change changed; with ``match="structure"``,
+            every one-to-one pairing of two different names.
         prefix_change: ``(removed, added)`` when ``load_partial`` found a key prefix to
             remove (``("model.", "")``) or to add (``("", "backbone.")``) by itself
             (``auto_prefix``); None otherwise.
         dry_run: True when nothing was copied (``load_partial(..., dry_run=True)``).
+        match: How checkpoint tensors were paired with model tensors: ``"names"`` or
+            ``"structure"`` (``load_partial``'s ``match``).
+        reshaped: ``{model key: (checkpoint shape, model shape)}`` for tensors loaded with
+            ``reshape``: shapes equal once dimensions of size 1 are dropped (a layer scale
+            ``(C,)`` into ``(C, 1, 1)``, a 1x1 convolution into a linear weight).
+        fused: ``{model key: [checkpoint keys]}`` for a model tensor loaded with the
+            concatenation of several checkpoint tensors along dim 0 (separate ``q``, ``k``,
+            ``v`` projections into one ``qkv`` or ``in_proj_weight``).
+        split: ``{model key: (checkpoint key, chunk, chunks)}`` for a model tensor loaded
+            with chunk ``chunk`` (from 0) of a checkpoint tensor cut into ``chunks`` equal
+            parts along dim 0 (a fused projection into separate ones).
 
     Examples:
         >>> report = LoadReport(loaded=["a"], missing=["b"], unexpected=["c"])
@@ -49,6 +67,19 @@ class LoadReport:
           b
         unexpected (1):
           c
+        >>> paired = LoadReport(
+        ...     loaded=["qkv.weight", "scale"], match="structure",
+        ...     renamed={"gamma": "scale"}, reshaped={"scale": ((8,), (8, 1, 1))},
+        ...     fused={"qkv.weight": ["q.weight", "k.weight", "v.weight"]})
+        >>> print(paired)
+        loaded 2/2 model keys (100.0%): 0 missing, 0 mismatched, 0 unexpected, 0 adapted, 1 renamed
+        matched by structure: module-tree order and shapes (describe(all_pairs=True) lists every pairing)
+        reshaped (1, checkpoint vs model shape):
+          scale: (8,) vs (8, 1, 1)
+        fused (1, concatenated along dim 0):
+          q.weight + k.weight + v.weight -> qkv.weight
+        renamed (1):
+          gamma -> scale
     """
 
     loaded: list[str] = field(default_factory=list)
@@ -59,6 +90,10 @@ class LoadReport:
     renamed: dict[str, str] = field(default_factory=dict)
     prefix_change: tuple[str, str] | None = None
     dry_run: bool = False
+    match: str = "names"
+    reshaped: dict[str, tuple[Shape, Shape]] = field(default_factory=dict)
+    fused: dict[str, list[str]] = field(default_factory=dict)
+    split: dict[str, tuple[str, int, int]] = field(default_factory=dict)
 
     @property
     def num_loaded(self) -> int:
@@ -82,6 +117,28 @@ class LoadReport:
         return not (self.missing or self.unexpected or self.mismatched)
 
     def __str__(self) -> str:
+        return self.describe()
+
+    def describe(self, all_pairs: bool = False) -> str:
+        """The counts, then each non-empty section (what `str` gives).
+
+        Args:
+            all_pairs: List every pairing (the ``reshaped``, ``fused``, ``split`` and
+                ``renamed`` sections) in full instead of the first 10 and ``... and N
+                more``; the other sections stay short.
+
+        Returns:
+            str: One line of counts, then a header and the entries of each section.
+
+        Examples:
+            >>> report = LoadReport(loaded=[f"k{i}" for i in range(12)],
+            ...                     renamed={f"c{i}": f"k{i}" for i in range(12)})
+            >>> report.describe().splitlines()[-1]
+            '  ... and 2 more'
+            >>> report.describe(all_pairs=True).splitlines()[-1]
+            '  c11 -> k11'
+        """
+        check_type("all_pairs", all_pairs, bool)
         head = (
             f"loaded {self.num_loaded}/{self.num_model_keys} model keys "
             f"({100 * self.fraction_loaded:.1f}%): {len(self.missing)} missing, "
@@ -93,22 +150,40 @@ class LoadReport:
             removed, added = self.prefix_change
             what = f"removed {removed!r}" if removed else f"added {added!r}"
             lines.append(f"prefix: {what} (found automatically; auto_prefix=False turns it off)")
+        if self.match == "structure":
+            lines.append(
+                "matched by structure: module-tree order and shapes "
+                "(describe(all_pairs=True) lists every pairing)"
+            )
         mismatched = [
             f"{k}: {format_shape(a)} vs {format_shape(b)}" for k, (a, b) in self.mismatched.items()
         ]
-        sections = [
-            ("missing", "", self.missing),
-            ("mismatched", ", checkpoint vs model shape", mismatched),
-            ("unexpected", "", self.unexpected),
-            ("adapted", "", self.adapted),
-            ("renamed", "", [f"{old} -> {new}" for old, new in self.renamed.items()]),
+        reshaped = [
+            f"{k}: {format_shape(a)} vs {format_shape(b)}" for k, (a, b) in self.reshaped.items()
         ]
-        for name, note, items in sections:
+        fused = [f"{' + '.join(parts)} -> {k}" for k, parts in self.fused.items()]
+        split = [
+            f"{old} -> {k} (chunk {chunk + 1} of {chunks})"
+            for k, (old, chunk, chunks) in self.split.items()
+        ]
+        renamed = [f"{old} -> {new}" for old, new in self.renamed.items()]
+        sections = [  # name, note, entries, whether they are pairings
+            ("missing", "", self.missing, False),
+            ("mismatched", ", checkpoint vs model shape", mismatched, False),
+            ("unexpected", "", self.unexpected, False),
+            ("adapted", "", self.adapted, False),
+            ("reshaped", ", checkpoint vs model shape", reshaped, True),
+            ("fused", ", concatenated along dim 0", fused, True),
+            ("split", ", chunks along dim 0", split, True),
+            ("renamed", "", renamed, True),
+        ]
+        for name, note, items, pairing in sections:
             if items:
+                shown = len(items) if pairing and all_pairs else _SHOW
                 lines.append(f"{name} ({len(items)}{note}):")
-                lines.extend(f"  {item}" for item in items[:_SHOW])
-                if len(items) > _SHOW:
-                    lines.append(f"  ... and {len(items) - _SHOW} more")
+                lines.extend(f"  {item}" for item in items[:shown])
+                if len(items) > shown:
+                    lines.append(f"  ... and {len(items) - shown} more")
         return "\n".join(lines)
 
 
