@@ -362,3 +362,22 @@ def test_inspect_a_file_that_matches_nothing_reports_it(tmp_path, capsys, tiny_b
     torch.save({"decoder.weight": torch.zeros(2)}, path)
     assert main(["inspect", str(path), "--model", tiny_backbone]) == 0
     assert "loaded 0/8 model keys" in capsys.readouterr().out
+
+
+def test_inspect_key_reads_a_whole_model_under_that_entry(tmp_path, capsys):
+    # ultralytics' final files: the weights only under "ema", as a whole pickled model
+    path = tmp_path / "best.pt"
+    ema = _TinyBackbone().half()
+    torch.save({"model": None, "ema": ema, "epoch": -1}, path)
+    assert main(["inspect", str(path)]) == 1
+    err = capsys.readouterr().err
+    assert "whole models are pickled under 'ema'" in err and "--key ema" in err
+    assert main(["inspect", str(path), "--key", "ema"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert "unwrapped: 'ema'" in out
+    assert f"modules:   {__name__}._TinyBackbone 1, " in "\n".join(out)
+    elements = sum(t.numel() for t in ema.state_dict().values())
+    assert f"tensors:   8 ({elements} elements, 0.00 MiB)" in out  # 8: as ema.state_dict()
+    assert "dtypes:    float16 7, int64 1" in out
+    assert main(["inspect", str(path), "--key", "nope"]) == 1
+    assert "no mapping under key 'nope'" in capsys.readouterr().err

@@ -105,7 +105,7 @@ def _cmd_list(args: argparse.Namespace) -> int:
 def _cmd_inspect(args: argparse.Namespace) -> int:
     from visionblocks.cli._inspect import run_inspect
 
-    return run_inspect(args.checkpoint, args.model)
+    return run_inspect(args.checkpoint, args.model, key=args.key)
 
 
 def _cmd_check_coco(args: argparse.Namespace) -> int:
@@ -270,6 +270,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="a backbone name (see `visionblocks list backbones`, or timm/<model>): "
         "load the file into it as build_backbone does and print the report (and, when the "
         "names do not fit, the pairing matched by structure)",
+    )
+    p_inspect.add_argument(
+        "--key",
+        default=None,
+        metavar="ENTRY",
+        help="read the weights under this top-level entry of the file instead of guessing, "
+        "as read_state_dict(path, key=...) does: e.g. ema for the EMA model of a YOLOv5 or "
+        "ultralytics file, state_dict_ema for timm's",
     )
     p_inspect.set_defaults(func=_cmd_inspect)
 

@@ -263,7 +263,11 @@ def structure_mapping(
 
 
 def run_inspect(
-    checkpoint: str, model_name: str | None = None, *, out: TextIO | None = None
+    checkpoint: str,
+    model_name: str | None = None,
+    *,
+    key: str | None = None,
+    out: TextIO | None = None,
 ) -> int:
     """Print the summary of ``checkpoint`` (and how it loads into a backbone); return the exit code.
 
@@ -272,8 +276,10 @@ def run_inspect(
     too (`structure_mapping`): a file of the same network under other
     names (timm, detectron2) shows how it would load with ``match="structure"``.
 
-    Exit codes: 0 printed; 1 the file is missing, unsafe or unreadable, or building the
-    backbone failed; 2 unknown backbone name.
+    ``key`` reads the weights under that top-level entry (``read_state_dict``'s ``key``).
+
+    Exit codes: 0 printed; 1 the file is missing, unsafe or unreadable, has no mapping
+    under ``key``, or building the backbone failed; 2 unknown backbone name.
     """
     out = sys.stdout if out is None else out
     prog = "visionblocks inspect"
@@ -284,7 +290,7 @@ def run_inspect(
             print(f"{prog}: {exc.args[0]}", file=sys.stderr)
             return 2
     try:
-        state, info = read_checkpoint(checkpoint)
+        state, info = read_checkpoint(checkpoint, key=key)
     except (OSError, ValueError, TypeError, KeyError) as exc:
         message = exc.args[0] if exc.args else str(exc)
         if isinstance(exc, FileNotFoundError):  # `inspect resnet18` meant `--model resnet18`?

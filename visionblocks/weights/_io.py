@@ -242,7 +242,8 @@ def _ask_for_key(obj: Any, entries: list[tuple[Any, ...]], path: str) -> None:
     raise ValueError(
         f"{path!r} holds no tensors at the top level or under {', '.join(CONTAINER_KEYS)}, "
         f"but whole models are pickled under {where}: pick one with "
-        f"read_state_dict(path, key={first!r}) (and pass that state dict to load_partial)"
+        f"read_state_dict(path, key={first!r}) (and pass that state dict to load_partial; "
+        f"visionblocks inspect: --key {first})"
     )
 
 
@@ -404,6 +405,7 @@ def unwrap_state_dict(
         raise ValueError(
             f"{where} holds no tensors at the top level or under {', '.join(CONTAINER_KEYS)}; "
             f"its entries: {', '.join(repr(k) for k in info.dropped[:20])}. "
-            "Select the entry that holds the weights with read_state_dict(path, key=...)."
+            "Select the entry that holds the weights with read_state_dict(path, key=...) "
+            "(visionblocks inspect: --key)."
         )
     return state, info
