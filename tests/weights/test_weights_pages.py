@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 import sys
 import zipfile
@@ -127,3 +128,57 @@ def test_a_file_replaced_after_reading_is_not_read_again(tmp_path):
     with torch.no_grad():
         model.weight.copy_(state["weight"])
     assert torch.equal(model.weight, original["weight"])
+
+
+@linux
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_a_large_tensor_is_read_in_parts_by_the_intra_op_threads(tmp_path, monkeypatch, threads):
+    from visionblocks.weights import _pages
+
+    model = nn.Linear(2048, 1541)  # 12.0 MiB of weights, not a whole number of pages
+    path = tmp_path / "large.pt"
+    torch.manual_seed(0)
+    torch.save(nn.Linear(2048, 1541).state_dict(), path)
+    parts: list[tuple[int, int]] = []
+    read_part = _pages.FilePages._read_part
+
+    def record(self, address, nbytes, offset):
+        parts.append((offset, nbytes))
+        read_part(self, address, nbytes, offset)
+
+    monkeypatch.setattr(_pages.FilePages, "_read_part", record)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        load_partial(model, path, strict=True)
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(model.weight, torch.load(path)["weight"])
+    big = sorted(p for p in parts if p[1] > 8192)  # the weight's parts, not the bias
+    nbytes = model.weight.numel() * 4
+    assert len(big) == threads and sum(n for _, n in big) == nbytes
+    assert all(b[0] == a[0] + a[1] for a, b in itertools.pairwise(big))  # contiguous, in order
+
+
+@linux
+@pytest.mark.parametrize("failing", ["first", "second"])  # the caller's part, a reader's part
+def test_a_failed_part_fails_the_load(tmp_path, monkeypatch, failing):
+    from visionblocks.weights import _pages
+
+    path = tmp_path / "large.pt"
+    torch.save(nn.Linear(2048, 1024).state_dict(), path)  # 8 MiB: two parts on 2 threads
+    read_part = _pages.FilePages._read_part
+
+    def fail_one(self, address, nbytes, offset):
+        if nbytes > 8192 and (offset > 1 << 20) == (failing == "second"):
+            raise OSError("disk gone")
+        read_part(self, address, nbytes, offset)
+
+    monkeypatch.setattr(_pages.FilePages, "_read_part", fail_one)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        with pytest.raises(OSError, match="disk gone"):
+            load_partial(nn.Linear(2048, 1024), path, strict=True)
+    finally:
+        torch.set_num_threads(before)

@@ -115,10 +115,12 @@ def load_partial(
     each tensor is read from the file straight into the model's (``os.preadv``, no page
     faults), and one that must be converted is copied from the mapping, whose pages are then
     handed back to the OS (``madvise``), so the peak extra memory is about the largest
-    converted tensor rather than the file (tensors that are not loaded are never read). With
-    the file in the page cache this is 3 to 9 times faster than
-    ``model.load_state_dict(torch.load(path, weights_only=True, mmap=True))`` (ViT-L/16 and
-    ResNet-50, ``benchmarks/cases/weights.py``).
+    converted tensor rather than the file (tensors that are not loaded are never read); a
+    large tensor is read in parts, one per intra-op thread. With the file in the page cache
+    and 2 threads this measured 1.1x (ViT-L/16) to 1.6x (ResNet-50) faster than
+    ``model.load_state_dict(torch.load(path, weights_only=True, mmap=True))`` on a quiet
+    machine, 2.8x to 11x beside a busy one, and 3.7x to 5.8x faster than the same without
+    ``mmap`` (``benchmarks/cases/weights.py``).
 
     Args:
         model: The module to load into.
