@@ -157,3 +157,65 @@ def test_kernels_compile_for_every_gpu_target():
     assert not bad, "\n".join(bad)
     cdts = {dict(map(tuple, r["spec"]["constexprs"]))["CDT"] for r in rows}
     assert cdts == {"tl.float32", "tl.float64"}
+
+
+_PTX_OPCODES = r"""
+import json, re, sys
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from visionblocks.kernels._compile import _decode
+from visionblocks.kernels import assign
+
+out = {}
+for spec in json.load(sys.stdin):
+    name = spec["kernel"].rpartition(":")[2]
+    names = [p for p, _ in spec["signature"]]
+    src = ASTSource(
+        getattr(assign, name),
+        dict(map(tuple, spec["signature"])),
+        {(names.index(k),): _decode(v) for k, v in spec["constexprs"]},
+    )
+    ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32),
+                         options={"num_warps": spec["num_warps"]}).asm["ptx"]
+    cdt = dict(map(tuple, spec["constexprs"]))["CDT"]
+    ops = re.findall(r"^\s*(?:@!?%p\d+\s+)?((?:fma|mad|div|rcp|mul|add|sub)\.[\w.]+)", ptx, re.M)
+    out[f"{name} {cdt}"] = sorted(set(ops))
+json.dump(out, sys.stdout)
+"""
+
+
+@pytest.mark.slow  # compiles 2 kernels x 2 compute dtypes for sm_90
+def test_the_gpu_code_rounds_every_product_and_quotient_as_torch():
+    """No FMA and no approximate division in the PTX (any triton version): ``div.full.f32``
+    from ``tl.fdiv(ieee_rounding=True)`` under triton 3.6 made an H200 run differ from
+    `box_iou` in the last bit."""
+    import json
+    import subprocess
+    import sys
+
+    from visionblocks.kernels._launch import record_launches
+
+    with record_launches(execute=False) as specs:
+        for dtype in (torch.float32, torch.float64):
+            match_anchors(boxes(70, 1, "cpu", dtype), boxes(5, 2, "cpu", dtype), 0.5, 0.4, True,
+                          impl="triton")  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    run = subprocess.run(
+        [sys.executable, "-c", _PTX_OPCODES],
+        input=json.dumps([s._asdict() for s in specs]),
+        capture_output=True, text=True, env=env, check=True,
+    )  # fmt: skip
+    opcodes = json.loads(run.stdout)
+    assert set(opcodes) == {
+        f"{k} tl.{d}"
+        for k in ("_best_iou_kernel", "_reaches_kernel")
+        for d in ("float32", "float64")
+    }
+    for kernel, ops in opcodes.items():
+        floats = [op for op in ops if ".f32" in op or ".f64" in op]
+        width = "f64" if "float64" in kernel else "f32"
+        assert f"div.rn.{width}" in floats and f"mul.rn.{width}" in floats, (kernel, floats)
+        inexact = [op for op in floats if op.startswith(("fma", "mad", "rcp")) or ".full" in op
+                   or ".approx" in op or (op.startswith(("div", "mul")) and ".rn" not in op)]  # fmt: skip
+        assert not inexact, (kernel, floats)

@@ -17,9 +17,12 @@ Bitwise `box_iou`: every IoU is formed with the operations and roundings of the 
 (`visionblocks.ops.boxes._measure`): the overlap sides, their clamp at 0, the products
 rounded on their own (``mul.rn`` in inline PTX: the compiler would otherwise fuse a product
 and the following sum into one FMA, rounded once, which moves an IoU of exactly 0.5 off 0.5),
-the union summed in the formula's order, and an IEEE division (``div.rn``; triton's ``/`` is
-an approximate division in float32; in float64 it is ``div.rn.f64``). Under ``TRITON_INTERPRET=1`` (NumPy, no FMA) the products are plain
-products. So thresholds and ties fall exactly where they fall on the matrix.
+the union summed in the formula's order, and an IEEE division (``div.rn`` in inline PTX:
+triton's ``/`` is an approximate division in float32, and ``tl.fdiv(ieee_rounding=True)``
+still emitted ``div.full.f32`` under triton 3.6, which is what made an H200 run differ from
+the matrix in the last bit). Under ``TRITON_INTERPRET=1`` (NumPy, no FMA) the products and
+the quotient are plain NumPy ones. So thresholds and ties fall exactly where they fall on
+the matrix.
 
 Ties and NaN as ``torch.max``: the first best object (``tie_break_left``), and a NaN IoU
 wins (as the key ``+inf``; an IoU is never ``+inf``), giving NaN.
@@ -53,14 +56,33 @@ _NUM_WARPS = 4
 _MAX_PROGRAMS = 1024  # rows of the per-object partial maxima
 _INF = tl.constexpr(float("inf"))
 
-if interpret_mode():  # NumPy rounds every product on its own
+if interpret_mode():  # NumPy rounds every product on its own and divides exactly
 
     @triton.jit
     def _mul_rn(a, b, CDT: tl.constexpr):
         """``a * b`` rounded to nearest, never fused with a following add."""
         return a * b
 
+    @triton.jit
+    def _div_rn(a, b, CDT: tl.constexpr):
+        """``a / b`` rounded to nearest (IEEE division)."""
+        return a / b
+
 else:
+
+    @triton.jit
+    def _div_rn(a, b, CDT: tl.constexpr):
+        """``a / b`` rounded to nearest (``div.rn``): triton's float32 ``/`` is the
+        approximate ``div.full.f32``, and ``tl.fdiv(ieee_rounding=True)`` gives ``div.rn``
+        only from triton 3.8 (3.6 still emits ``div.full.f32``)."""
+        if CDT == tl.float64:  # noqa: SIM300 (CDT is a parameter)
+            return tl.inline_asm_elementwise(
+                "div.rn.f64 $0, $1, $2;", "=d,d,d", [a, b], dtype=tl.float64, is_pure=True, pack=1
+            )
+        else:
+            return tl.inline_asm_elementwise(
+                "div.rn.f32 $0, $1, $2;", "=f,f,f", [a, b], dtype=tl.float32, is_pure=True, pack=1
+            )
 
     @triton.jit
     def _mul_rn(a, b, CDT: tl.constexpr):
@@ -112,10 +134,7 @@ def _iou_tile(ax1, ay1, ax2, ay2, aarea, b_ptr, cols, cmask, CDT: tl.constexpr):
     )
     inter = _mul_rn(_relu(dx), _relu(dy), CDT)
     union = (aarea[:, None] + barea[None, :]) - inter
-    if CDT == tl.float64:  # noqa: SIM300 (CDT is a parameter); float64's "/" is div.rn.f64
-        return inter / union
-    else:
-        return tl.fdiv(inter, union, ieee_rounding=True)  # div.rn.f32, not div.full.f32
+    return _div_rn(inter, union, CDT)
 
 
 @jit

@@ -21,8 +21,11 @@ Peak extra memory is ``O(block x M + N + M)``: a block holds as many anchors as
 result depends on the block size. ``impl="triton"`` runs the reductions of `best_box_iou`
 and `match_anchors` as Triton kernels on CUDA (`visionblocks.kernels.assign`), which never
 hold a block of IoUs at all. ``impl="auto"`` keeps the torch path, also on CUDA: on an H200
-(2026-11-28) the kernels differed from it in the last bit of some IoUs, and an assignment
-must equal ``Matcher``'s on the matrix; they are not picked until they are exact there.
+(2026-11-28, triton 3.6) the kernels differed from it in the last bit of some IoUs, and an
+assignment must equal ``Matcher``'s on the matrix. The cause was triton 3.6 compiling their
+float32 division to the approximate ``div.full.f32``; they now use ``div.rn`` on every triton
+version (checked in the compiled code, no GPU needed), and are not picked until a GPU run
+confirms them exact.
 
 Convention:
     Boxes are ``"xyxy"`` corners ``(x1, y1, x2, y2)``, x right, y down, ``w = x2 - x1`` (no
