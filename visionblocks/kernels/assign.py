@@ -71,30 +71,28 @@ if interpret_mode():  # NumPy rounds every product on its own and divides exactl
 else:
 
     @triton.jit
-    def _div_rn(a, b, CDT: tl.constexpr):
-        """``a / b`` rounded to nearest (``div.rn``): triton's float32 ``/`` is the
-        approximate ``div.full.f32``, and ``tl.fdiv(ieee_rounding=True)`` gives ``div.rn``
-        only from triton 3.8 (3.6 still emits ``div.full.f32``)."""
+    def _rounded(a, b, F32: tl.constexpr, F64: tl.constexpr, CDT: tl.constexpr):
+        """``a <op> b`` by the inline PTX instruction ``F32`` or ``F64`` (of ``CDT``)."""
         if CDT == tl.float64:  # noqa: SIM300 (CDT is a parameter)
             return tl.inline_asm_elementwise(
-                "div.rn.f64 $0, $1, $2;", "=d,d,d", [a, b], dtype=tl.float64, is_pure=True, pack=1
+                F64, "=d,d,d", [a, b], dtype=tl.float64, is_pure=True, pack=1
             )
         else:
             return tl.inline_asm_elementwise(
-                "div.rn.f32 $0, $1, $2;", "=f,f,f", [a, b], dtype=tl.float32, is_pure=True, pack=1
+                F32, "=f,f,f", [a, b], dtype=tl.float32, is_pure=True, pack=1
             )
 
     @triton.jit
     def _mul_rn(a, b, CDT: tl.constexpr):
         """``a * b`` rounded to nearest, never fused with a following add (``mul.rn``)."""
-        if CDT == tl.float64:  # noqa: SIM300 (CDT is a parameter)
-            return tl.inline_asm_elementwise(
-                "mul.rn.f64 $0, $1, $2;", "=d,d,d", [a, b], dtype=tl.float64, is_pure=True, pack=1
-            )
-        else:
-            return tl.inline_asm_elementwise(
-                "mul.rn.f32 $0, $1, $2;", "=f,f,f", [a, b], dtype=tl.float32, is_pure=True, pack=1
-            )
+        return _rounded(a, b, "mul.rn.f32 $0, $1, $2;", "mul.rn.f64 $0, $1, $2;", CDT)
+
+    @triton.jit
+    def _div_rn(a, b, CDT: tl.constexpr):
+        """``a / b`` rounded to nearest (``div.rn``): triton's float32 ``/`` is the
+        approximate ``div.full.f32``, and ``tl.fdiv(ieee_rounding=True)`` gives ``div.rn``
+        only from triton 3.8 (3.6 still emits ``div.full.f32``)."""
+        return _rounded(a, b, "div.rn.f32 $0, $1, $2;", "div.rn.f64 $0, $1, $2;", CDT)
 
 
 @triton.jit

@@ -84,6 +84,16 @@ def _signs(k):
 
 
 @triton.jit
+def _clip_side(p, q, t0, t1, bad):
+    """One side of Liang-Barsky clipping: the segment ``start + t u`` keeps ``p t <= q``;
+    ``[t0, t1]`` narrows, and ``bad`` marks a segment parallel to the side and outside it."""
+    r = q / tl.where(p == 0, 1.0, p)
+    t0 = tl.maximum(t0, tl.where(p < 0, r, 0.0))
+    t1 = tl.minimum(t1, tl.where(p > 0, r, 1.0))
+    return t0, t1, bad | ((p == 0) & (q < 0))
+
+
+@triton.jit
 def _area(dx, dy, ca, sa, ex, ey, hw1, hh1, hw2, hh2, CDT: tl.constexpr, BLOCK: tl.constexpr):
     """Intersection area ``[BLOCK]`` of the pairs, in the second box's frame."""
     # candidate c: box (c >= 8: the second box's edges, clipped in the first box's frame),
@@ -115,30 +125,10 @@ def _area(dx, dy, ca, sa, ex, ey, hw1, hh1, hw2, hh2, CDT: tl.constexpr, BLOCK: 
     t0 = tl.zeros_like(x0)
     t1 = tl.zeros_like(x0) + 1.0
     bad = tl.zeros_like(x0) != 0
-    p = -ux
-    q = x0 + bw
-    r = q / tl.where(p == 0, 1.0, p)
-    t0 = tl.maximum(t0, tl.where(p < 0, r, 0.0))
-    t1 = tl.minimum(t1, tl.where(p > 0, r, 1.0))
-    bad = bad | ((p == 0) & (q < 0))
-    p = ux
-    q = bw - x0
-    r = q / tl.where(p == 0, 1.0, p)
-    t0 = tl.maximum(t0, tl.where(p < 0, r, 0.0))
-    t1 = tl.minimum(t1, tl.where(p > 0, r, 1.0))
-    bad = bad | ((p == 0) & (q < 0))
-    p = -uy
-    q = y0 + bh
-    r = q / tl.where(p == 0, 1.0, p)
-    t0 = tl.maximum(t0, tl.where(p < 0, r, 0.0))
-    t1 = tl.minimum(t1, tl.where(p > 0, r, 1.0))
-    bad = bad | ((p == 0) & (q < 0))
-    p = uy
-    q = bh - y0
-    r = q / tl.where(p == 0, 1.0, p)
-    t0 = tl.maximum(t0, tl.where(p < 0, r, 0.0))
-    t1 = tl.minimum(t1, tl.where(p > 0, r, 1.0))
-    bad = bad | ((p == 0) & (q < 0))
+    t0, t1, bad = _clip_side(-ux, x0 + bw, t0, t1, bad)  # x >= -bw
+    t0, t1, bad = _clip_side(ux, bw - x0, t0, t1, bad)  # x <= bw
+    t0, t1, bad = _clip_side(-uy, y0 + bh, t0, t1, bad)  # y >= -bh
+    t0, t1, bad = _clip_side(uy, bh - y0, t0, t1, bad)  # y <= bh
     valid = (bad == 0) & (t0 <= t1)
     sx = tl.minimum(tl.maximum(x0 + t0 * ux, -bw), bw)
     sy = tl.minimum(tl.maximum(y0 + t0 * uy, -bh), bh)

@@ -69,6 +69,7 @@ Dtypes:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -317,6 +318,26 @@ def _check_threshold(iou_threshold: Any) -> float:
     return float(iou_threshold)
 
 
+def _is_integer(t: Tensor) -> bool:
+    return not (t.is_floating_point() or t.is_complex() or t.dtype == torch.bool)
+
+
+def _check_per_box(
+    name: str, value: Any, boxes: Tensor, kind: str, ok: Callable[[Tensor], bool]
+) -> None:
+    """``value`` is a tensor of ``kind`` dtype (``ok``), one entry per box, on boxes' device."""
+    if not isinstance(value, Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
+    if not ok(value):
+        raise TypeError(f"{name} must be {kind} tensor, got dtype {value.dtype}")
+    if tuple(value.shape) != (boxes.shape[0],):
+        raise ValueError(
+            f"{name} must have shape (N,) = ({boxes.shape[0]},) like boxes, "
+            f"got {tuple(value.shape)}"
+        )
+    _same_device("boxes", boxes, name, value)
+
+
 def _nms(
     boxes: Tensor,
     scores: Tensor,
@@ -328,27 +349,9 @@ def _nms(
     fmt = parse_rotated_format(fmt)
     threshold = _check_threshold(iou_threshold)
     boxes = _check_boxes("boxes", boxes, fmt, 2, exact=True)
-    if not isinstance(scores, Tensor):
-        raise TypeError(f"scores must be a torch.Tensor, got {type(scores).__name__}")
-    if not scores.is_floating_point():
-        raise TypeError(f"scores must be a floating-point tensor, got dtype {scores.dtype}")
-    if tuple(scores.shape) != (boxes.shape[0],):
-        raise ValueError(
-            f"scores must have shape (N,) = ({boxes.shape[0]},) like boxes, "
-            f"got {tuple(scores.shape)}"
-        )
-    _same_device("boxes", boxes, "scores", scores)
+    _check_per_box("scores", scores, boxes, "a floating-point", Tensor.is_floating_point)
     if batched:
-        if not isinstance(idxs, Tensor):
-            raise TypeError(f"idxs must be a torch.Tensor, got {type(idxs).__name__}")
-        if idxs.is_floating_point() or idxs.is_complex() or idxs.dtype == torch.bool:
-            raise TypeError(f"idxs must be an integer tensor, got dtype {idxs.dtype}")
-        if tuple(idxs.shape) != (boxes.shape[0],):
-            raise ValueError(
-                f"idxs must have shape (N,) = ({boxes.shape[0]},) like boxes, "
-                f"got {tuple(idxs.shape)}"
-            )
-        _same_device("boxes", boxes, "idxs", idxs)
+        _check_per_box("idxs", idxs, boxes, "an integer", _is_integer)
     dtype = torch.float64 if boxes.dtype == torch.float64 else torch.float32
     cxcywhr = to_cxcywhr(boxes.detach().to(dtype), fmt)
     return nms_rotated_op(cxcywhr, scores.detach(), idxs, threshold)
