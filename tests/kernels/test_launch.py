@@ -6,6 +6,7 @@ raises (a simulated compile error), under the interpreter on CPU.
 
 from __future__ import annotations
 
+import sys
 import warnings
 
 import pytest
@@ -23,7 +24,7 @@ from visionblocks.kernels._launch import (
     prepare,
     specialization,
 )
-from visionblocks.kernels._support import capability_reason, unsupported_reason
+from visionblocks.kernels._support import capability_reason, triton_version, unsupported_reason
 
 RUNNABLE = kernels.triton_available() and (torch.cuda.is_available() or kernels.interpret_mode())
 needs_triton = pytest.mark.skipif(
@@ -159,7 +160,42 @@ def test_capability_table():
     assert capability_reason((7, 0), [torch.float32]).startswith("the kernels need compute")
     for cc in ((7, 5), (8, 0), (8, 6), (9, 0), (10, 0)):
         for dtype in (torch.float16, torch.bfloat16, torch.float32, torch.float64):
-            assert capability_reason(cc, [dtype]) == ""
+            assert capability_reason(cc, [dtype], triton=(3, 3)) == ""
+
+
+def test_triton_before_3_3_keeps_bfloat16_off_turing():
+    # triton 3.0-3.2 emit sm_80's cvt.f32.bf16, which ptxas refuses for sm_75 (every
+    # release compiled offline); the dispatcher must route those calls to torch.
+    for version in ((3, 0), (3, 1), (3, 2)):
+        reason = capability_reason((7, 5), [torch.float32, torch.bfloat16], triton=version)
+        assert reason == (
+            f"torch.bfloat16 needs compute capability 8.0 or newer with triton "
+            f"{version[0]}.{version[1]} (3.3 or newer: 7.5); this GPU has 7.5"
+        )
+        for dtype in (torch.float16, torch.float32, torch.float64):
+            assert capability_reason((7, 5), [dtype], triton=version) == ""
+        assert capability_reason((8, 0), [torch.bfloat16], triton=version) == ""
+    assert capability_reason((7, 5), [torch.bfloat16], triton=(3, 3)) == ""
+    assert capability_reason((7, 5), [torch.bfloat16], triton=(4, 0)) == ""
+
+
+def test_triton_version_reads_the_imported_module_then_the_metadata(monkeypatch):
+    import importlib.metadata
+    import types
+
+    monkeypatch.setitem(sys.modules, "triton", types.SimpleNamespace(__version__="3.2.0+git1"))
+    assert triton_version() == (3, 2)
+    assert capability_reason((7, 5), [torch.bfloat16]).endswith("this GPU has 7.5")
+    monkeypatch.delitem(sys.modules, "triton")
+    monkeypatch.setattr(importlib.metadata, "version", lambda name: "3.9.0")
+    assert triton_version() == (3, 9)
+
+    def missing(name):
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(importlib.metadata, "version", missing)
+    assert triton_version() is None
+    assert capability_reason((7, 5), [torch.bfloat16]) == ""
 
 
 class _Broken:

@@ -46,9 +46,23 @@ _PTXAS_FIELDS = {
 }
 
 
-def _ptxas() -> str:
+def _ptxas(cc: int) -> str:
+    """The ``ptxas`` triton itself assembles ``sm_<cc>`` with: triton 3.9 takes its newer
+    ``ptxas-blackwell`` from ``sm_90`` on (its PTX is too new for the other), 3.3 and 3.5
+    to 3.8 from ``sm_100`` on, the others one ``ptxas`` (``TRITON_PTXAS_PATH`` or the
+    wheel's)."""
     import triton.backends.nvidia as nvidia
 
+    try:
+        from triton.backends.nvidia.compiler import get_ptxas
+    except ImportError:  # triton 3.0 to 3.2
+        get_ptxas = None
+    if get_ptxas is not None:
+        try:
+            tool = get_ptxas(cc)
+        except TypeError:  # triton 3.4: one ptxas for every target
+            tool = get_ptxas()
+        return tool.path if hasattr(tool, "path") else tool[0]  # 3.3: (path, version)
     path = os.environ.get("TRITON_PTXAS_PATH") or os.path.join(
         os.path.dirname(nvidia.__file__), "bin", "ptxas"
     )
@@ -65,6 +79,59 @@ def _decode(value: Any) -> Any:
     return value
 
 
+def _ast_source(ast_source: type, fn: Any, spec: dict) -> Any:
+    """``ASTSource`` of one specialisation, every pointer 16-byte aligned (what the launcher
+    guarantees), in the API of the triton that is imported: 3.3 and newer take the whole
+    signature and ``{(index,): value}`` constexprs; 3.0 to 3.2 take the non-constexpr
+    arguments only and an ``AttrsDescriptor`` (keyed by index up to 3.1, by name in 3.2)."""
+    import inspect
+
+    signature = dict(map(tuple, spec["signature"]))
+    names = list(signature)
+    pointers = [i for i, t in enumerate(signature.values()) if t.startswith("*")]
+    constexprs = {k: _decode(v) for k, v in spec["constexprs"]}
+    if "constexprs" in inspect.signature(ast_source.__init__).parameters:  # triton >= 3.3
+        return ast_source(
+            fn,
+            signature,
+            {(names.index(k),): v for k, v in constexprs.items()},
+            {(i,): [["tt.divisibility", 16]] for i in pointers},
+        )
+    arguments = {k: t for k, t in signature.items() if t != "constexpr"}
+    try:  # triton 3.2
+        from triton.backends.compiler import AttrsDescriptor
+
+        attrs = AttrsDescriptor.from_hints({i: 16 for i in pointers})
+        return ast_source(fn, arguments, constexprs, attrs)
+    except ImportError:  # triton 3.0 and 3.1
+        from triton.compiler.compiler import AttrsDescriptor
+
+        index = names.index
+        return ast_source(
+            fn,
+            {index(k): t for k, t in arguments.items()},
+            {index(k): v for k, v in constexprs.items()},
+            AttrsDescriptor(divisible_by_16=set(pointers)),
+        )
+
+
+def _first_error(message: str) -> str:
+    """The line of a compiler message that says what is wrong: ptxas's first ``error :``
+    (without its temporary file name), else the last line.
+
+    Examples:
+        >>> _first_error("ptxas /tmp/k.ptx, line 8; error   : Feature '.bf16' requires .target"
+        ...              " sm_80 or higher\\nptxas fatal   : Ptx assembly aborted due to errors")
+        "ptxas: Feature '.bf16' requires .target sm_80 or higher"
+    """
+    lines = message.strip().splitlines()
+    for line in lines:
+        found = re.search(r"\berror\s*:\s*(.*)", line)
+        if line.startswith("ptxas") and found:
+            return f"ptxas: {found.group(1).strip()}"
+    return lines[-1] if lines else ""
+
+
 def _compile_one(spec: dict, target: str) -> dict:
     """Compile one specialisation for one target; the result row."""
     import importlib
@@ -78,17 +145,7 @@ def _compile_one(spec: dict, target: str) -> dict:
     try:
         module, _, name = spec["kernel"].partition(":")
         fn = getattr(importlib.import_module(module), name)
-        names = [p for p, _ in spec["signature"]]
-        src = ASTSource(
-            fn,
-            dict(map(tuple, spec["signature"])),
-            {(names.index(k),): _decode(v) for k, v in spec["constexprs"]},
-            {
-                (i,): [["tt.divisibility", 16]]
-                for i, (_, t) in enumerate(spec["signature"])
-                if t.startswith("*")
-            },
-        )
+        src = _ast_source(ASTSource, fn, spec)
         cc, shared_limit = TARGETS[target]
         compiled = triton.compile(
             src, target=GPUTarget("cuda", cc, 32), options={"num_warps": spec["num_warps"]}
@@ -102,7 +159,7 @@ def _compile_one(spec: dict, target: str) -> dict:
             with open(path, "w") as f:
                 f.write(ptx)
             out = subprocess.run(
-                [_ptxas(), "-v", f"--gpu-name={arch}", path, "-o", os.path.join(tmp, "k.cubin")],
+                [_ptxas(cc), "-v", f"--gpu-name={arch}", path, "-o", os.path.join(tmp, "k.cubin")],
                 capture_output=True,
                 text=True,
                 check=True,
@@ -116,9 +173,7 @@ def _compile_one(spec: dict, target: str) -> dict:
         if not row["ok"]:
             row["error"] = f"{row['spill_stores']} bytes spilled, {row['shared']} bytes shared"
     except Exception as exc:  # a compile error is a result here, not a crash
-        row["error"] = (
-            f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1] if str(exc).strip() else ''}"
-        )
+        row["error"] = f"{type(exc).__name__}: {_first_error(str(exc))}"
     row["seconds"] = round(time.perf_counter() - start, 2)
     return row
 

@@ -14,6 +14,9 @@ does not pick them for ``impl="auto"`` and raises (or warns, with ``warn_only=Tr
 from __future__ import annotations
 
 import functools
+import importlib.metadata
+import re
+import sys
 from collections.abc import Iterable
 
 import torch
@@ -22,8 +25,10 @@ __all__ = [
     "DTYPE_MIN_CAPABILITY",
     "MIN_CAPABILITY",
     "NONDETERMINISTIC",
+    "OLD_TRITON_DTYPE_MIN_CAPABILITY",
     "capability_reason",
     "nondeterministic_reason",
+    "triton_version",
     "unsupported_reason",
 ]
 
@@ -31,9 +36,19 @@ MIN_CAPABILITY: tuple[int, int] = (7, 5)
 """Oldest CUDA compute capability the kernels are compiled and checked for (Turing)."""
 
 DTYPE_MIN_CAPABILITY: dict[torch.dtype, tuple[int, int]] = {}
-"""Dtypes that need a newer GPU than `MIN_CAPABILITY` (none today: the kernels load and store
-bfloat16 but compute in float32, which triton compiles for ``sm_75`` too; the compile test
-keeps this table and the compile results consistent both ways)."""
+"""Dtypes that need a newer GPU than `MIN_CAPABILITY` (none with triton 3.3 or newer: the
+kernels load and store bfloat16 but compute in float32, which triton compiles for ``sm_75``
+too; the compile test keeps this table and the compile results consistent both ways)."""
+
+OLD_TRITON_DTYPE_MIN_CAPABILITY: dict[tuple[int, int], dict[torch.dtype, tuple[int, int]]] = {
+    (3, 3): {torch.bfloat16: (8, 0)},
+}
+"""Triton releases older than a key (major, minor) → what they add to `DTYPE_MIN_CAPABILITY`.
+Triton 3.0 to 3.2 (torch 2.4 to 2.6) convert bfloat16 with ``cvt.f32.bf16``, an ``sm_80``
+instruction that ``ptxas`` refuses for ``sm_75``; from 3.3 on the conversion they emit
+assembles for ``sm_75``. Found by compiling every specialisation for ``sm_75``, ``sm_80``
+and ``sm_90`` with triton 3.0, 3.2, 3.3, 3.4, 3.5, 3.6, 3.8 and 3.9, and a bfloat16
+specialisation with 3.1 (``docs/reference/kernels.md``)."""
 
 
 NONDETERMINISTIC: dict[str, str] = {}
@@ -55,23 +70,78 @@ def nondeterministic_reason(op: str) -> str:
     return NONDETERMINISTIC.get(op, "")
 
 
-def capability_reason(capability: tuple[int, int], dtypes: Iterable[torch.dtype]) -> str:
+@functools.cache
+def _parse_version(text: str) -> tuple[int, int] | None:
+    match = re.match(r"(\d+)\.(\d+)", text)
+    return (int(match[1]), int(match[2])) if match else None
+
+
+def triton_version() -> tuple[int, int] | None:
+    """``(major, minor)`` of the triton that is imported, else of the installed one; ``None``
+    without triton (then no kernel runs) or for a version that does not parse.
+
+    Reads ``triton.__version__`` when triton is already imported (so a triton shadowing
+    the installed one on ``sys.path`` counts), else the installed distribution's metadata:
+    this module never imports triton.
+    """
+    text = getattr(sys.modules.get("triton"), "__version__", None)
+    if not isinstance(text, str):
+        try:
+            text = importlib.metadata.version("triton")
+        except importlib.metadata.PackageNotFoundError:
+            return None
+    return _parse_version(text)
+
+
+def _dtype_min_capability(version: tuple[int, int] | None) -> dict[torch.dtype, tuple[int, int]]:
+    table = dict(DTYPE_MIN_CAPABILITY)
+    for before, extra in OLD_TRITON_DTYPE_MIN_CAPABILITY.items():
+        if version is not None and version < before:
+            for dtype, cc in extra.items():
+                table[dtype] = max(table.get(dtype, cc), cc)
+    return table
+
+
+def capability_reason(
+    capability: tuple[int, int],
+    dtypes: Iterable[torch.dtype],
+    triton: tuple[int, int] | None = None,
+) -> str:
     """Why the kernels cannot run on a GPU of ``capability`` for ``dtypes`` ("" if they can).
+
+    Args:
+        capability: The GPU's compute capability ``(major, minor)``.
+        dtypes: The dtypes of the kernel's tensors.
+        triton: The triton release ``(major, minor)`` that would compile the kernels
+            (default: `triton_version`).
 
     Examples:
         >>> capability_reason((9, 0), [torch.bfloat16])
         ''
         >>> capability_reason((7, 0), [torch.float32])
         'the kernels need compute capability 7.5 or newer; this GPU has 7.0'
+        >>> capability_reason((7, 5), [torch.bfloat16], triton=(3, 2))
+        'torch.bfloat16 needs compute capability 8.0 or newer with triton 3.2 (3.3 or newer: 7.5); this GPU has 7.5'
     """
     have = f"{capability[0]}.{capability[1]}"
     if tuple(capability) < MIN_CAPABILITY:
         need = f"{MIN_CAPABILITY[0]}.{MIN_CAPABILITY[1]}"
         return f"the kernels need compute capability {need} or newer; this GPU has {have}"
+    version = triton if triton is not None else triton_version()
+    base, table = _dtype_min_capability(None), _dtype_min_capability(version)
     for dtype in dict.fromkeys(dtypes):
-        need_cc = DTYPE_MIN_CAPABILITY.get(dtype)
-        if need_cc is not None and tuple(capability) < need_cc:
-            return f"{dtype} needs compute capability {need_cc[0]}.{need_cc[1]} or newer; this GPU has {have}"
+        need_cc = table.get(dtype)
+        if need_cc is None or tuple(capability) >= need_cc:
+            continue
+        need = f"{need_cc[0]}.{need_cc[1]} or newer"
+        if version is not None and need_cc != base.get(dtype):  # only older tritons need it
+            fixed = min(k for k, v in OLD_TRITON_DTYPE_MIN_CAPABILITY.items() if dtype in v)
+            newer = base.get(dtype, MIN_CAPABILITY)
+            need += (
+                f" with triton {version[0]}.{version[1]} ({fixed[0]}.{fixed[1]} or newer: "
+                f"{newer[0]}.{newer[1]})"
+            )
+        return f"{dtype} needs compute capability {need}; this GPU has {have}"
     return ""
 
 

@@ -129,7 +129,8 @@ def _nonzero(x, eps):
 
 @triton.jit
 def _pair_terms(p_ptr, g_ptr, base, mask, eps, MODE: tl.constexpr, CDT: tl.constexpr):
-    """Loss and unit-grad-output gradients (pred, then target, xyxy) of the pairs at ``base``.
+    """Loss and unit-grad-output gradients (pred, then target, xyxy: 9 values) of the pairs
+    at ``base``.
 
     Computed as the measure ``m`` and its gradient, then negated: the loss is ``1 - m``.
     """
@@ -200,11 +201,12 @@ def _pair_terms(p_ptr, g_ptr, base, mask, eps, MODE: tl.constexpr, CDT: tl.const
     sly = k_y * _sign(py1, gy1)
     shx = k_x * _sign(px2, gx2)
     shy = k_y * _sign(py2, gy2)
+    # One flat tuple: triton 3.0 to 3.2 cannot return nested ones.
     return (
         1.0 - m,
-        (wp_x + slx - kd_x, wp_y + sly - kd_y, shx - wp_x - kd_x, shy - wp_y - kd_y),
-        (wg_x - slx + kd_x, wg_y - sly + kd_y, -wg_x - shx + kd_x, -wg_y - shy + kd_y),
-    )
+        wp_x + slx - kd_x, wp_y + sly - kd_y, shx - wp_x - kd_x, shy - wp_y - kd_y,
+        wg_x - slx + kd_x, wg_y - sly + kd_y, -wg_x - shx + kd_x, -wg_y - shy + kd_y,
+    )  # fmt: skip
 
 
 @jit
@@ -214,7 +216,7 @@ def _iou_loss_fwd_kernel(
 ):  # fmt: skip
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
-    loss, _, _ = _pair_terms(p_ptr, g_ptr, offs * 4, mask, eps, MODE, CDT)
+    loss, _, _, _, _, _, _, _, _ = _pair_terms(p_ptr, g_ptr, offs * 4, mask, eps, MODE, CDT)
     tl.store(loss_ptr + offs, loss.to(loss_ptr.dtype.element_ty), mask=mask)
 
 
@@ -227,12 +229,12 @@ def _iou_loss_bwd_kernel(
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
     base = offs * 4
-    _, dp, dg = _pair_terms(p_ptr, g_ptr, base, mask, eps, MODE, CDT)
+    _, p0, p1, p2, p3, g0, g1, g2, g3 = _pair_terms(p_ptr, g_ptr, base, mask, eps, MODE, CDT)
     go = tl.load(go_ptr + offs, mask=mask, other=0.0).to(CDT)
     if grad_p != 0:
-        _store_box(gp_ptr, base, mask, dp[0] * go, dp[1] * go, dp[2] * go, dp[3] * go)
+        _store_box(gp_ptr, base, mask, p0 * go, p1 * go, p2 * go, p3 * go)
     if grad_g != 0:
-        _store_box(gg_ptr, base, mask, dg[0] * go, dg[1] * go, dg[2] * go, dg[3] * go)
+        _store_box(gg_ptr, base, mask, g0 * go, g1 * go, g2 * go, g3 * go)
 
 
 def _cdt(dtype: torch.dtype) -> tuple[torch.dtype, tl.dtype]:
