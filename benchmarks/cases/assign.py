@@ -7,6 +7,13 @@ writes with torchvision: ``Matcher(0.5, 0.4, True)(box_iou(boxes, anchors))``, w
 the 400 MB matrix (and its formula's temporaries). Target: peak extra memory at most a tenth
 of the peer's (``max_memory_ratio`` 0.1); the results must be equal (the check compares the
 matches on 20,000 x 50).
+
+On a CUDA GPU (``visionblocks bench --device cuda``) the same problem runs twice: the Triton
+kernels (``impl="triton"``) against the matrix + ``Matcher``, and against our torch path on
+the GPU (the blocked reduction a user gets with ``impl="auto"``), which is what the kernels
+must beat by 1.3x to be picked by default. Both check the full 200,000 x 500 result
+bitwise on every run (``verify``): equal matches on the GPU are what ``impl="auto"`` waits
+for before it picks the kernels.
 """
 
 from __future__ import annotations
@@ -16,7 +23,7 @@ import torch
 from benchmarks.harness.case import BenchCase, register_case
 from benchmarks.harness.check import same_outputs
 
-__all__ = ["MATCH_ANCHORS_200K_500"]
+__all__ = ["CUDA_MATCH_ANCHORS", "MATCH_ANCHORS_200K_500"]
 
 _N, _M = 200_000, 500
 _HIGH, _LOW = 0.5, 0.4
@@ -39,11 +46,22 @@ def _small_setup() -> Boxes:
     return _setup(20_000, 50)
 
 
-def _ours(state: Boxes) -> torch.Tensor:
-    from visionblocks.ops import match_anchors
+def _cuda_setup() -> Boxes:
+    anchors, boxes = _setup()
+    return anchors.cuda(), boxes.cuda()
 
-    anchors, boxes = state
-    return match_anchors(anchors, boxes, _HIGH, _LOW, allow_low_quality_matches=True)
+
+def _match(impl: str):
+    def run(state: Boxes) -> torch.Tensor:
+        from visionblocks.ops import match_anchors
+
+        anchors, boxes = state
+        return match_anchors(anchors, boxes, _HIGH, _LOW, allow_low_quality_matches=True, impl=impl)
+
+    return run
+
+
+_ours = _match("auto")
 
 
 def _torchvision(state: Boxes) -> torch.Tensor:
@@ -71,3 +89,45 @@ MATCH_ANCHORS_200K_500 = register_case(
         params={"op": "match_anchors", "size": "200000x500"},
     )
 )
+
+
+CUDA_MATCH_ANCHORS: tuple[BenchCase, ...] = (
+    register_case(
+        BenchCase(
+            name="cuda_match_anchors_200k_500",
+            setup=_cuda_setup,
+            ours=_match("triton"),
+            peer=_torchvision,
+            peer_name="torchvision box_iou + Matcher",
+            description=(
+                "match_anchors 200000 x 500 float32 on CUDA, Triton kernels vs the IoU "
+                "matrix + Matcher; equal matches checked on every run"
+            ),
+            max_memory_ratio=0.1,
+            check=same_outputs(rtol=0, atol=0),
+            verify=True,
+            device="cuda",
+            params={"op": "match_anchors", "size": "200000x500"},
+        )
+    ),
+    register_case(
+        BenchCase(
+            name="cuda_match_anchors_200k_500_vs_torch_path",
+            setup=_cuda_setup,
+            ours=_match("triton"),
+            peer=_match("torch"),
+            peer_name="torch path (blocked, on the GPU)",
+            description=(
+                "match_anchors 200000 x 500 float32 on CUDA, Triton kernels vs our blocked "
+                "torch path; equal matches checked on every run"
+            ),
+            min_speedup=1.3,
+            check=same_outputs(rtol=0, atol=0),
+            verify=True,
+            device="cuda",
+            params={"op": "match_anchors", "size": "200000x500"},
+        )
+    ),
+)
+"""The assignment on a CUDA GPU: the kernels against the matrix (memory) and against the
+torch path (the 1.3x a kernel must earn before ``impl="auto"`` picks it)."""

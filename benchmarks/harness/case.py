@@ -38,6 +38,7 @@ CASES = Registry(
         "benchmarks.cases.iou_loss",
         "benchmarks.cases.boxes",
         "benchmarks.cases.assign",
+        "benchmarks.cases.rotated",
         "benchmarks.cases.warp",
         "benchmarks.cases.local_filter",
         "benchmarks.cases.local_attention",

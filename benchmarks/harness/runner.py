@@ -208,7 +208,7 @@ def _quiet_pass(
             result.timing = _time(case, result, repeats, warmup, quick)
         if case.count_calls and result.error is None:
             _count(case, result, quick)
-        if memory and case.memory and case.device == "cpu" and result.error is None:
+        if memory and case.memory and result.error is None:
             result.ours_memory = measure_memory(case, "ours")
             if case.peer is not None:
                 result.peer_memory = measure_memory(case, "peer")

@@ -7,7 +7,9 @@ import argparse
 import pytest
 import torch
 
+from benchmarks.cases.assign import CUDA_MATCH_ANCHORS
 from benchmarks.cases.cuda import PERFORMANCE_MODEL
+from benchmarks.cases.rotated import CUDA_ROTATED_IOU
 from benchmarks.harness import (
     BenchResult,
     add_arguments,
@@ -20,12 +22,33 @@ from benchmarks.harness import (
 from benchmarks.harness.timing import TimingResult
 
 
-def test_every_cuda_case_has_a_performance_model_and_no_cpu_case_is_cuda():
+def test_every_cuda_case_is_a_bandwidth_case_or_a_compute_case():
     cuda = [name for name in list_cases() if get_case(name).device == "cuda"]
-    assert sorted(cuda) == sorted(PERFORMANCE_MODEL)
-    for name in cuda:
+    compute = [case.name for case in (*CUDA_MATCH_ANCHORS, CUDA_ROTATED_IOU)]
+    assert sorted(cuda) == sorted([*PERFORMANCE_MODEL, *compute])
+    for name in PERFORMANCE_MODEL:  # bandwidth-bound kernels: GB/s against the copy
         case = get_case(name)
         assert case.bytes_moved == PERFORMANCE_MODEL[name] and not case.memory
+
+
+def test_the_cuda_assignment_cases_check_every_match_on_every_run():
+    # impl="auto" picks the kernels only once these show equal matches on a GPU and 1.3x
+    # over the torch path; the matrix case holds the kernels to a tenth of its memory.
+    vs_matrix, vs_torch = CUDA_MATCH_ANCHORS
+    for case in CUDA_MATCH_ANCHORS:
+        assert case.verify and case.small_setup is None  # the full 200,000 x 500
+        with pytest.raises(AssertionError):
+            case.check(torch.tensor([0, 1, -1]), torch.tensor([0, 1, -2]))
+    assert vs_matrix.memory and vs_matrix.max_memory_ratio == 0.1
+    assert vs_torch.min_speedup == 1.3 and vs_torch.peer_name.startswith("torch path")
+
+
+def test_the_cuda_rotated_case_holds_the_kernel_to_the_torch_path():
+    case = CUDA_ROTATED_IOU
+    assert case.verify and case.min_speedup == 1.3 and case.peer_name.startswith("torch path")
+    case.check(torch.tensor([0.5]), torch.tensor([0.5 + 1e-6]))
+    with pytest.raises(AssertionError):
+        case.check(torch.tensor([0.5]), torch.tensor([0.5 + 1e-5]))
 
 
 def test_cpu_runs_never_pick_cuda_cases():

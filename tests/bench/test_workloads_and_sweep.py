@@ -25,13 +25,14 @@ SMALLEST_SWEEP = [
 
 def test_sweep_covers_every_op_size_and_thread_count():
     names = list_cases("sweep_*")
-    assert len(names) == 2 * 2 * 7 + 2 * 6 + 2 * 7
+    assert len(names) == 2 * 2 * 7 + 2 * 6 + 2 * 7 + 2 * 4
     ops = {get_case(n).params["op"] for n in names}
     assert ops == {
         "box_iou",
         "generalized_box_iou",
         "generalized_box_iou_loss",
         "sigmoid_focal_loss",
+        "rotated_box_iou",
     }
     assert {get_case(n).threads for n in names} == {1, 2}
     focal = sorted(get_case(n).params["elements"] for n in list_cases("sweep_focal_*_t1"))
