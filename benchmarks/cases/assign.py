@@ -91,43 +91,36 @@ MATCH_ANCHORS_200K_500 = register_case(
 )
 
 
+def _cuda_case(name: str, peer, peer_name: str, versus: str, **target) -> BenchCase:
+    """The Triton kernels on CUDA against ``peer``; all 200,000 matches compared bitwise on
+    every run (``verify``)."""
+    return register_case(
+        BenchCase(
+            name=name,
+            setup=_cuda_setup,
+            ours=_match("triton"),
+            peer=peer,
+            peer_name=peer_name,
+            description=f"match_anchors 200000 x 500 float32 on CUDA, Triton kernels vs "
+            f"{versus}; equal matches checked on every run",
+            check=same_outputs(rtol=0, atol=0),
+            verify=True,
+            device="cuda",
+            params={"op": "match_anchors", "size": "200000x500"},
+            **target,
+        )
+    )
+
+
 CUDA_MATCH_ANCHORS: tuple[BenchCase, ...] = (
-    register_case(
-        BenchCase(
-            name="cuda_match_anchors_200k_500",
-            setup=_cuda_setup,
-            ours=_match("triton"),
-            peer=_torchvision,
-            peer_name="torchvision box_iou + Matcher",
-            description=(
-                "match_anchors 200000 x 500 float32 on CUDA, Triton kernels vs the IoU "
-                "matrix + Matcher; equal matches checked on every run"
-            ),
-            max_memory_ratio=0.1,
-            check=same_outputs(rtol=0, atol=0),
-            verify=True,
-            device="cuda",
-            params={"op": "match_anchors", "size": "200000x500"},
-        )
+    _cuda_case(
+        "cuda_match_anchors_200k_500", _torchvision, "torchvision box_iou + Matcher",
+        "the IoU matrix + Matcher", max_memory_ratio=0.1,
     ),
-    register_case(
-        BenchCase(
-            name="cuda_match_anchors_200k_500_vs_torch_path",
-            setup=_cuda_setup,
-            ours=_match("triton"),
-            peer=_match("torch"),
-            peer_name="torch path (blocked, on the GPU)",
-            description=(
-                "match_anchors 200000 x 500 float32 on CUDA, Triton kernels vs our blocked "
-                "torch path; equal matches checked on every run"
-            ),
-            min_speedup=1.3,
-            check=same_outputs(rtol=0, atol=0),
-            verify=True,
-            device="cuda",
-            params={"op": "match_anchors", "size": "200000x500"},
-        )
+    _cuda_case(
+        "cuda_match_anchors_200k_500_vs_torch_path", _match("torch"),
+        "torch path (blocked, on the GPU)", "our blocked torch path", min_speedup=1.3,
     ),
-)
+)  # fmt: skip
 """The assignment on a CUDA GPU: the kernels against the matrix (memory) and against the
 torch path (the 1.3x a kernel must earn before ``impl="auto"`` picks it)."""

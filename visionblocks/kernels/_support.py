@@ -93,6 +93,7 @@ def triton_version() -> tuple[int, int] | None:
     return _parse_version(text)
 
 
+@functools.cache
 def _dtype_min_capability(version: tuple[int, int] | None) -> dict[torch.dtype, tuple[int, int]]:
     table = dict(DTYPE_MIN_CAPABILITY)
     for before, extra in OLD_TRITON_DTYPE_MIN_CAPABILITY.items():
@@ -128,12 +129,13 @@ def capability_reason(
         need = f"{MIN_CAPABILITY[0]}.{MIN_CAPABILITY[1]}"
         return f"the kernels need compute capability {need} or newer; this GPU has {have}"
     version = triton if triton is not None else triton_version()
-    base, table = _dtype_min_capability(None), _dtype_min_capability(version)
+    table = _dtype_min_capability(version)
     for dtype in dict.fromkeys(dtypes):
         need_cc = table.get(dtype)
         if need_cc is None or tuple(capability) >= need_cc:
             continue
         need = f"{need_cc[0]}.{need_cc[1]} or newer"
+        base = _dtype_min_capability(None)
         if version is not None and need_cc != base.get(dtype):  # only older tritons need it
             fixed = min(k for k, v in OLD_TRITON_DTYPE_MIN_CAPABILITY.items() if dtype in v)
             newer = base.get(dtype, MIN_CAPABILITY)
