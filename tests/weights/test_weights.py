@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import collections
 import copy
 import functools
+import io
+import os
 import re
 import sys
+import zipfile
 
 import pytest
 import torch
@@ -15,7 +19,7 @@ from torch import nn
 
 from tests.helpers import MaliciousPickle, resident_file_kib
 from visionblocks.weights import LoadError, LoadReport, load_partial, read_state_dict
-from visionblocks.weights._io import FilePages, read_checkpoint
+from visionblocks.weights._io import read_checkpoint
 
 
 @pytest.fixture(scope="module")
@@ -218,21 +222,70 @@ def test_non_mapping_file_is_refused(tmp_path):
         read_state_dict(path)
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="madvise / procfs")
-def test_file_pages_are_released_after_copy_and_data_stays(tmp_path):
+def _mixed_state() -> dict[str, torch.Tensor]:
+    torch.manual_seed(0)
+    shared = torch.randn(40)
+    base = torch.randn(6, 5)
+    return collections.OrderedDict(
+        f32=torch.randn(3, 4),
+        f16=torch.randn(7).half(),
+        bf16=torch.randn(2, 3).bfloat16(),
+        f64=torch.randn(5, dtype=torch.float64),
+        i64=torch.arange(9) * 1000003,
+        i8=torch.arange(-4, 4, dtype=torch.int8),
+        u8=torch.arange(7, dtype=torch.uint8),
+        flag=torch.tensor([True, False, True]),
+        c64=torch.randn(3, dtype=torch.complex64),
+        scalar=torch.tensor(9),
+        empty=torch.zeros(0, 3),
+        view_a=shared[:8],
+        view_b=shared[10:30].view(4, 5),
+        transposed=base.t(),
+    )
+
+
+def test_read_gives_what_torch_load_gives_for_every_dtype_and_view(tmp_path):
+    state = _mixed_state()
+    path = tmp_path / "mixed.pth"
+    torch.save(state, path)
+    got, info = read_checkpoint(path)
+    assert info.format == "torch (zip, mmap)" and info.mmap
+    expected = torch.load(path, weights_only=True)
+    assert list(got) == list(expected)
+    for key, value in expected.items():
+        assert got[key].dtype == value.dtype and got[key].stride() == value.stride(), key
+        assert torch.equal(got[key], value), key
+    assert got["view_a"].untyped_storage().data_ptr() == got["view_b"].untyped_storage().data_ptr()
+    torch.save(nn.Linear(2, 3).state_dict(keep_vars=True), path)  # nn.Parameter values
+    got, info = read_checkpoint(path)
+    assert info.format == "torch (zip, mmap)" and set(got) == {"weight", "bias"}
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="procfs")
+def test_tensors_are_views_of_the_mapped_file(tmp_path):
     data = torch.arange(1 << 20, dtype=torch.float32)  # 4 MiB
     path = tmp_path / "big.pt"
     torch.save({"w": data}, path)
     state = read_state_dict(path)
-    pages = FilePages(path)
+    assert resident_file_kib(path) < 64  # mapped, not read yet
     assert torch.equal(state["w"], data)  # faults the pages in
     assert resident_file_kib(path) >= 4096
-    pages.release(state["w"])
-    assert resident_file_kib(path) < 64
-    assert torch.equal(state["w"], data)  # read back from the file, unchanged
-    other = data.clone()
-    pages.release(other)  # not in the file's mapping: left alone
-    assert torch.equal(other, data)
+    state["w"].add_(1)  # copy-on-write: the file stays as it was
+    assert torch.equal(read_state_dict(path)["w"], data)
+
+
+def test_a_tensor_outside_its_storage_is_refused(tmp_path):
+    buffer = io.BytesIO()
+    torch.save({"w": torch.arange(4.0)}, buffer)
+    path = tmp_path / "x.pt"
+    with zipfile.ZipFile(buffer) as src, zipfile.ZipFile(path, "w") as dst:
+        for info in src.infolist():
+            data = src.read(info)
+            if info.filename.endswith("/data.pkl"):
+                data = data.replace(b"K\x04\x85", b"K\x05\x85")  # size 5, 4 floats stored
+            dst.writestr(info, data)
+    with pytest.raises(ValueError, match=r"x\.pt.*not a valid torch\.save file"):
+        read_checkpoint(path)
 
 
 def test_loading_from_a_mapped_file_twice_gives_the_same_weights(tmp_path, rgb_state):
@@ -412,6 +465,76 @@ def test_tied_parameters_load_through_either_name():
     report = load_partial(model, {"embed.weight": value})
     assert report.loaded == ["embed.weight", "out.weight"] and report.missing == []
     assert torch.equal(model.out.weight, value)
+
+
+class _Net(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3)
+        self.bn = nn.BatchNorm2d(8)
+        self.fp16 = nn.Parameter(torch.zeros(5, 7, dtype=torch.float16))
+        self.brain = nn.Parameter(torch.zeros(3, 4, dtype=torch.bfloat16))
+        self.register_buffer("steps", torch.zeros(6, dtype=torch.int64))
+        self.register_buffer("empty", torch.zeros(0))
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="procfs")
+def test_loading_a_file_copies_every_dtype_and_closes_it(tmp_path):
+    torch.manual_seed(0)
+    state = {k: torch.randn_like(v.float()).to(v.dtype) for k, v in _Net().state_dict().items()}
+    state["steps"] = torch.arange(6) * 1000003
+    state["bn.num_batches_tracked"] = torch.tensor(9)
+    path = tmp_path / "net.pth"
+    torch.save(state, path)
+    model = _Net()
+    versions = {k: v._version for k, v in model.state_dict().items()}
+    before = set(os.listdir("/proc/self/fd"))
+    assert load_partial(model, path, strict=True).ok
+    assert set(os.listdir("/proc/self/fd")) <= before
+    for key, value in model.state_dict().items():
+        assert value.dtype == state[key].dtype and torch.equal(value, state[key]), key
+        assert value._version > versions[key], key  # copied in place, as copy_ does
+
+
+def test_views_non_contiguous_and_converted_tensors_load_as_with_copy(tmp_path):
+    torch.manual_seed(1)
+    state = dict(_Net().state_dict())
+    state["conv.weight"] = torch.randn(8, 3, 3, 3).transpose(0, 1).contiguous().transpose(0, 1)
+    shared = torch.randn(20)
+    state["bn.weight"], state["bn.bias"] = shared[:8], shared[10:18]  # views of one storage
+    state["fp16"] = torch.randn(5, 7, dtype=torch.float64)  # converted on copy
+    path = tmp_path / "views.pth"
+    torch.save(state, path)
+    model = _Net()
+    load_partial(model, path, strict=True)
+    expected = _Net()
+    expected.load_state_dict(torch.load(path))
+    for key, value in model.state_dict().items():
+        assert torch.equal(value, expected.state_dict()[key]), key
+
+
+def test_inference_tensors_still_refuse_the_load(tmp_path):
+    torch.save(nn.Linear(2, 2).state_dict(), tmp_path / "lin.pt")
+    with torch.inference_mode():
+        model = nn.Linear(2, 2)
+    with pytest.raises(RuntimeError, match="[Ii]nference"):
+        load_partial(model, tmp_path / "lin.pt")
+
+
+def test_tied_targets_load_in_order(tmp_path):
+    class Tied(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a = nn.Linear(4, 4, bias=False)
+            self.b = nn.Linear(4, 4, bias=False)
+            self.b.weight = self.a.weight
+
+    path = tmp_path / "tied.pth"
+    first, second = torch.randn(4, 4), torch.randn(4, 4)
+    torch.save({"a.weight": first, "b.weight": second}, path)
+    model = Tied()
+    load_partial(model, path, strict=True)
+    assert torch.equal(model.a.weight, second)  # the later key wins, as with copy_ in turn
 
 
 def test_meta_device_model_is_refused_before_copying():

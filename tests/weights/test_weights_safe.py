@@ -7,6 +7,7 @@ import builtins
 import io
 import os
 import pickle
+import sys
 import time
 import zipfile
 from collections import OrderedDict
@@ -17,12 +18,12 @@ import pytest
 import torch
 from torch import nn
 
+from tests.helpers import resident_file_kib
 from tests.weights.fixtures.malicious import PAYLOADS, Call, main_class_with_setstate, raw_pickles
-from visionblocks.weights import load_partial, read_state_dict
-from visionblocks.weights._io import FilePages, read_checkpoint
+from visionblocks.weights import _rebuild, load_partial, read_state_dict
+from visionblocks.weights._io import _read_object, read_checkpoint
 from visionblocks.weights._rebuild import Placeholder
-from visionblocks.weights._safe_read import read_torch_zip
-from visionblocks.weights._unpickle import SafeUnpickler
+from visionblocks.weights._unpickle import SafeUnpickler, load_torch_file
 
 # The placeholder each payload must leave (os.system is posix.system on Linux).
 EXPECTED = {
@@ -129,9 +130,9 @@ def test_a_main_class_with_setstate_is_never_looked_up(tmp_path):
         assert sentinel.exists()
         sentinel.unlink()
         # The class is still importable from __main__: the reader must not even look.
-        read = read_torch_zip(str(path))
+        read, _, _ = _read_object(str(path), "cpu")
         assert read_checkpoint(path)[1].placeholders == {"__main__.EvilState": 1}
-    obj = read.obj["obj"]
+    obj = read["obj"]
     assert isinstance(obj, Placeholder) and obj.state == {"path": str(sentinel)}
     assert not sentinel.exists()
 
@@ -197,9 +198,10 @@ def test_numpy_values_and_arrays_are_rebuilt(tmp_path):
     meta = {"seed": np.int64(7), "score": np.float64(0.5), "palette": np.eye(2)}
     path = tmp_path / "np.pth"
     torch.save({"model": weights, "meta": meta}, path)
-    read = read_torch_zip(str(path))
+    obj, read, _ = _read_object(str(path), "cpu")
     assert read.placeholders == {}
-    assert read.obj["meta"]["seed"] == 7 and isinstance(read.obj["meta"]["seed"], np.int64)
+    assert obj["meta"]["seed"] == 7 and isinstance(obj["meta"]["seed"], np.int64)
+    assert np.array_equal(obj["meta"]["palette"], np.eye(2))
     state, info = read_checkpoint(path)
     assert info.containers == ["model"] and info.format == "torch (zip, mmap, safe unpickler)"
     assert torch.equal(state["a"], torch.arange(6.0).reshape(2, 3))
@@ -250,27 +252,63 @@ def test_plain_pickle_of_torch_tensors(tmp_path):
     assert all(torch.equal(state[k], v) for k, v in weights.items())
 
 
-def test_the_safe_reader_maps_the_file_and_pages_can_be_released(tmp_path):
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="procfs")
+@pytest.mark.parametrize("dict_subclass", [False, True])  # torch's unpickler, or SafeUnpickler
+def test_files_with_placeholders_are_memory_mapped(tmp_path, dict_subclass):
     path = tmp_path / "ref.pth"
-    data = torch.arange(float(1 << 16))
-    torch.save({"model": {"w": data}, "args": argparse.Namespace()}, path)
+    data = torch.arange(float(1 << 20))  # 4 MiB
+    extra = _AttributeDict(a=1) if dict_subclass else argparse.Namespace()
+    torch.save({"model": {"w": data}, "args": extra}, path)
     state, info = read_checkpoint(path)
-    assert info.mmap and info.format.startswith("torch (zip, mmap")
-    pages = FilePages(path)
-    ptr = state["w"].untyped_storage().data_ptr()
-    if pages._ranges:  # Linux: the tensor lies in the file's private mapping
-        assert any(low <= ptr < high for low, high in pages._ranges)
-    pages.release(state["w"])
+    assert info.mmap and info.format == "torch (zip, mmap, safe unpickler)"
+    assert len(info.placeholders) == 1
+    assert resident_file_kib(path) < 64  # mapped, not read yet
     assert torch.equal(state["w"], data)
+    assert resident_file_kib(path) >= 4096
 
 
-def test_map_location_of_the_safe_reader(tmp_path):
+class _AttributeDict(dict):
+    """A dict subclass (Lightning's AttributeDict): torch's unpickler cannot fill it."""
+
+
+def test_map_location_of_the_safe_readers(tmp_path):
     path = tmp_path / "ref.pth"
     torch.save({"model": {"w": torch.ones(2)}, "args": argparse.Namespace()}, path)
     assert read_state_dict(path, map_location="meta")["w"].is_meta
     assert read_state_dict(path, map_location=None)["w"].device.type == "cpu"
+    assert read_state_dict(path, map_location={"cpu": "cpu"})["w"].device.type == "cpu"
+    torch.save({"model": {"w": torch.ones(2)}, "args": _AttributeDict(a=1)}, path)  # SafeUnpickler
+    assert read_state_dict(path, map_location="meta")["w"].is_meta
     with pytest.raises(TypeError, match="map_location must be a device .* got dict"):
         read_state_dict(path, map_location={"cpu": "cpu"})
+
+
+@pytest.mark.filterwarnings("ignore::FutureWarning", "ignore:'torch.load' received a zip file")
+def test_a_torchscript_archive_is_never_loaded(tmp_path):
+    path = tmp_path / "scripted.pt"
+    torch.jit.save(torch.jit.script(nn.Linear(2, 2)), str(path))
+    with pytest.raises(ValueError, match=r"scripted\.pt.*not a valid torch\.save file"):
+        read_state_dict(path)
+    # SafeUnpickler's torch.load gives torch.jit.load a function as map_location: refused.
+    with pytest.raises(ValueError, match="map_location should be either None, string or"):
+        load_torch_file(str(path), zip_format=True)
+
+
+@pytest.mark.parametrize(
+    "name", [b"argparse\nNamespace", b"collections\nOrderedDict", b"builtins\nlist"]
+)
+def test_build_cannot_change_the_allowed_objects(tmp_path, name):
+    # GLOBAL name; (None, {"tag": 1}); BUILD: setattr on whatever the global gave.
+    data = b"\x80\x02c" + name + b"\nN}X\x03\x00\x00\x00tagK\x01s\x86b."
+    path = tmp_path / "evil.pt"
+    with zipfile.ZipFile(path, "w") as archive:
+        archive.writestr("archive/data.pkl", data)
+        archive.writestr("archive/version", "3\n")
+        archive.writestr("archive/byteorder", sys.byteorder)
+    with pytest.raises(ValueError):
+        read_state_dict(path)
+    assert not hasattr(OrderedDict, "tag") and not hasattr(Placeholder, "tag")
+    assert not any(hasattr(f, "tag") for f in _rebuild._CALLS.values())
 
 
 def test_key_naming_a_placeholder_is_a_key_error(tmp_path):

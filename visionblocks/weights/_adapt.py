@@ -89,9 +89,8 @@ def differs_in_input_channels(value: torch.Tensor, target: torch.Tensor) -> bool
 def input_conv_key(
     pairs: Iterable[tuple[str, torch.Tensor, torch.Tensor]],
 ) -> str | None:
-    """The stem convolution to adapt: of the ``(model key, checkpoint tensor, model tensor)``
-    pairs whose weights differ in input channels only, the first ``*weight`` in state-dict
-    order (normally the only one: the stem is the one conv that sees the image)."""
+    """The stem convolution to adapt: the first ``*weight`` of the ``(model key, checkpoint
+    tensor, model tensor)`` pairs that differ in input channels only."""
     for name, value, target in pairs:
         if name.endswith("weight") and differs_in_input_channels(value, target):
             return name
@@ -99,15 +98,9 @@ def input_conv_key(
 
 
 def adapt_input_conv_weight(weight: torch.Tensor, in_channels: int) -> torch.Tensor:
-    """Turn a ``(O, I, kh, kw)`` conv weight into one for ``in_channels`` input channels.
-
-    One channel: the sum over the checkpoint's channels, so a grey image gives the output
-    that its channel-repeated copy gives with the original weight. Otherwise the channels
-    are repeated cyclically (``0, 1, 2, 0, 1, ...``) and scaled by ``I / in_channels``, which
-    keeps the weight's total over channels on average; when ``in_channels`` is a multiple of
-    ``I`` an image whose channels are all equal gives exactly the original response. Computed
-    in float32 at least; the caller casts to the parameter's dtype.
-    """
+    """A ``(O, I, kh, kw)`` conv weight for ``in_channels`` inputs (`load_partial`'s rule): the
+    sum over channels for one, else channels repeated cyclically times ``I / in_channels``;
+    in float32 at least (the caller casts)."""
     source = weight.to(torch.promote_types(weight.dtype, torch.float32))
     channels = source.shape[1]
     if in_channels == 1:

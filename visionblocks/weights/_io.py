@@ -1,55 +1,35 @@
-"""Reading checkpoint files safely (private; see `visionblocks.weights.read_state_dict`).
+"""Reading checkpoint files safely (private; the rules are `read_state_dict`'s).
 
-Torch files are first opened with ``torch.load(weights_only=True)``: the restricted
-unpickler rebuilds tensors, containers and plain Python values only. Zip-format files (the
-default of ``torch.save`` since PyTorch 1.6) are memory-mapped (``mmap=True``): tensors are
-views of the file's pages and are read from disk only when copied. When torch refuses a
-file because it names another global (an ``argparse.Namespace``, NumPy arrays, a class of
-the training framework), the file is read again with `SafeUnpickler`, which imports and
-calls nothing the file names: foreign objects become inert placeholders. Whole models
-pickled with ``torch.save(model)`` (alone or inside a dict, as YOLOv5 saves ``model`` and
-``ema``) are placeholders too: their state dicts are rebuilt from the pickled
-``_parameters``/``_buffers``/``_modules`` (`visionblocks.weights._modules`). The file is
-still refused when the weights themselves are other placeholders. ``.pkl``/``.pickle``
-files (detectron2's model zoo) go to the safe unpickler directly.
+`read_checkpoint` tries ``torch.load(weights_only=True)`` (memory-mapped for zip files); for a
+zip file naming foreign globals, again with `_rebuild.torch_allowlist`'s placeholders allowed;
+else `_unpickle`'s reader, which ``.pkl`` files also go to. Pickled modules are rebuilt by
+`_modules`, and a file whose weights would be other placeholders is refused.
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
 import pickle
 import re
-import sys
-import zipfile
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 
 from visionblocks._core.tensor_checks import cuda_unusable
 from visionblocks.weights._formats import detect_layout
 from visionblocks.weights._modules import ModuleStateDict, rebuild_modules
-from visionblocks.weights._pages import FilePages
-from visionblocks.weights._rebuild import Placeholder
-from visionblocks.weights._safe_read import SafeRead, read_pickle, read_torch_zip
-from visionblocks.weights._zipmap import Unsupported, read_mapped_zip
+from visionblocks.weights._rebuild import Placeholder, allowed, python3_name, torch_allowlist
+from visionblocks.weights._unpickle import load_torch_file, read_pickle
 
-__all__ = [
-    "CONTAINER_KEYS",
-    "FilePages",
-    "ReadInfo",
-    "read_checkpoint",
-    "source_state",
-    "unwrap_state_dict",
-]
+__all__ = ["CONTAINER_KEYS", "ReadInfo", "read_checkpoint", "source_state", "unwrap_state_dict"]
 
 CONTAINER_KEYS = ("state_dict", "model_state_dict", "model_state", "model", "module")
-"""Keys under which training checkpoints keep the model's state dict, in order of preference.
-
-``state_dict_ema`` / ``model_ema`` are not unwrapped automatically: pass ``key=`` to pick them.
-"""
+"""Keys under which training checkpoints keep the model's state dict, in order of preference
+(``state_dict_ema`` / ``model_ema`` only with ``key=``)."""
 
 _TORCH_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt", ".tar")
 _PICKLE_SUFFIXES = (".pkl", ".pickle")
@@ -62,20 +42,18 @@ class ReadInfo:
 
     Attributes:
         format: How the file was read: ``"torch (zip, mmap)"``, ``"torch (legacy)"``,
-            ``"safetensors"``, or, by the safe unpickler, ``"torch (zip, mmap, safe
-            unpickler)"``, ``"torch (legacy, safe unpickler)"``, ``"pickle (safe unpickler)"``.
-        layout: The framework layout told by the keys (``"Lightning checkpoint"``,
-            ``"mmengine checkpoint"``, ``"detectron2 model zoo"``, ...; see
-            ``visionblocks.weights._formats``).
+            ``"safetensors"``, or, with foreign names made placeholders, ``"torch (zip,
+            mmap, safe unpickler)"``, ``"torch (legacy, safe unpickler)"``, ``"pickle (safe
+            unpickler)"``.
+        layout: The framework layout told by the keys (``"Lightning checkpoint"``, ...).
         containers: Keys descended into to reach the state dict (``["state_dict"]``).
         dropped: Top-level keys of the state dict's mapping that held no tensor.
         other_keys: Keys of the outer containers that were not descended into.
         placeholders: ``{"argparse.Namespace": 1, ...}``: foreign objects replaced by inert
-            placeholders (never imported, never called), with how many were built.
-        modules: ``{"models.yolo.Model": 1, "torch.nn.modules.conv.Conv2d": 60, ...}``: the
-            classes of the ``nn.Module`` objects pickled in the file (``torch.save(model)``)
-            whose state dicts were rebuilt from their pickled state, each module counted once
-            (all of the file's, not only those of the entry read). Seen, never imported.
+            placeholders, with how many were built.
+        modules: ``{"models.yolo.Model": 1, ...}``: the classes of the pickled ``nn.Module``
+            objects whose state dicts were rebuilt, each module counted once (all of the
+            file's).
         mmap: Whether the tensors are views of the memory-mapped file.
     """
 
@@ -94,10 +72,12 @@ class _UnsafeFileError(ValueError):
 
 
 class _ForeignGlobals(Exception):
-    """torch's weights-only unpickler refused a global: the safe unpickler reads the file."""
+    """torch's weights-only unpickler refused a global: placeholders stand in for them."""
 
 
 _GLOBAL = re.compile(r"GLOBAL ([\w.]+)")  # torch names the refused global in both messages
+_LEGACY_MAGIC = 0x1950A86A20F9469CFC6C  # the first pickle of a legacy torch file
+_ALLOWING = threading.Lock()
 
 
 def _unsafe_message(path: str, name: str | None) -> str:
@@ -112,11 +92,16 @@ def _unsafe_message(path: str, name: str | None) -> str:
     )
 
 
-def _torch_load(path: str, map_location: Any, mmap: bool) -> tuple[Any, str]:
+def _not_valid(path: str, kind: str, exc: BaseException) -> ValueError:
+    detail = f"{type(exc).__name__}: {str(exc).strip() or 'file ended early'}"
+    return ValueError(f"cannot read {path!r}: not a valid {kind} file ({detail})")
+
+
+def _torch_load(path: str, map_location: Any, zip_format: bool) -> Any:
     # mmap needs the zip format; legacy (pre-1.6 / _use_new_zipfile_serialization=False)
     # files are read into memory, still with the restricted unpickler.
     try:
-        obj = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
+        return torch.load(path, map_location=map_location, weights_only=True, mmap=zip_format)
     except pickle.UnpicklingError as exc:
         # "Unsupported global: GLOBAL x.y" (a class) or "unsupported GLOBAL posix.system
         # whose module posix is blocked" (a function of a blocked module).
@@ -129,23 +114,37 @@ def _torch_load(path: str, map_location: Any, mmap: bool) -> tuple[Any, str]:
         ) from None
     except (EOFError, RuntimeError, KeyError) as exc:  # empty, truncated or text files (the
         # legacy reader's magic-number lookup raises KeyError), a zip of other things
-        raise ValueError(
-            f"cannot read {path!r}: not a valid torch.save file "
-            f"({type(exc).__name__}: {str(exc).strip() or 'file ended early'})"
-        ) from None
-    return obj, "torch (zip, mmap)" if mmap else "torch (legacy)"
+        raise _not_valid(path, "torch.save", exc) from None
 
 
-def _safe_read(path: str, zip_format: bool) -> SafeRead:
-    kind = "torch.save" if zip_format else "torch or pickle"
+def _read_torch(path: str, map_location: Any, zip_format: bool) -> tuple[Any, Any, bool]:
+    """The object of a torch file, its placeholders (None: none were needed) and whether
+    ``map_location`` is still to be applied (`SafeUnpickler` leaves tensors on the CPU)."""
     try:
-        return read_torch_zip(path) if zip_format else read_pickle(path)
+        return _torch_load(path, map_location, zip_format), None, False
+    except _ForeignGlobals:
+        pass
+    if zip_format:
+        counts: dict[str, int] = {}
+        try:
+            names = torch.serialization.get_unsafe_globals_in_checkpoint(path)
+            # The allow-list is global: one file's placeholders at a time.
+            with _ALLOWING, torch.serialization.safe_globals(torch_allowlist(names, counts)):
+                obj = torch.load(path, map_location=map_location, weights_only=True, mmap=True)
+        except Exception:  # what torch's unpickler cannot express (see _unpickle): read below
+            pass
+        else:
+            for name in names:  # referenced, never called
+                if allowed(name) is None:
+                    counts.setdefault(python3_name(name), 1)
+            return obj, counts, False
+    try:
+        obj, placeholders = load_torch_file(path, zip_format)
     except OSError:
         raise
     except Exception as exc:  # malformed data of any kind: the reader checks, never runs it
-        raise ValueError(
-            f"cannot read {path!r}: not a valid {kind} file ({type(exc).__name__}: {exc})"
-        ) from None
+        raise _not_valid(path, "torch.save", exc) from None
+    return obj, placeholders, True
 
 
 def _safetensors_load(path: str, map_location: Any) -> dict[str, torch.Tensor]:
@@ -169,27 +168,24 @@ def _safetensors_load(path: str, map_location: Any) -> dict[str, torch.Tensor]:
         ) from None
 
 
-def _read_object(
-    path: str, map_location: Any, want_pages: bool = False
-) -> tuple[Any, ReadInfo, FilePages | None]:
+def _read_object(path: str, map_location: Any) -> tuple[Any, ReadInfo, bool]:
+    """The object of the file, how it was read and whether ``map_location`` is to apply."""
     lower = path.lower()
     if lower.endswith(_SAFETENSORS_SUFFIX):
-        return _safetensors_load(path, map_location), ReadInfo(format="safetensors"), None
-    zip_format = zipfile.is_zipfile(path)
-    if lower.endswith(_PICKLE_SUFFIXES) and not zip_format:  # plain pickle: no fast path
-        read = _safe_read(path, zip_format)
-        return read.obj, ReadInfo(format=read.format, placeholders=read.placeholders), None
-    if zip_format:  # what torch.load would give, without its Python unpickler (or Unsupported)
-        with contextlib.suppress(Unsupported):
-            obj, fd, mapping = read_mapped_zip(path, map_location, keep_fd=want_pages)
-            pages = None if fd is None else FilePages.for_mapping(path, fd, mapping)
-            return obj, ReadInfo(format="torch (zip, mmap)", mmap=True), pages
+        return _safetensors_load(path, map_location), ReadInfo(format="safetensors"), False
+    with open(path, "rb") as file:
+        zip_format = file.read(4) == b"PK\x03\x04"  # as torch.load tells them
+    if lower.endswith(_PICKLE_SUFFIXES) and not zip_format:
+        try:
+            obj, placeholders = read_pickle(path)
+        except OSError:
+            raise
+        except Exception as exc:  # malformed data of any kind: the reader checks, never runs it
+            raise _not_valid(path, "torch or pickle", exc) from None
+        if not (type(obj) is int and obj == _LEGACY_MAGIC):  # else a legacy torch file
+            return obj, ReadInfo("pickle (safe unpickler)", placeholders=placeholders), True
     try:
-        obj, fmt = _torch_load(path, map_location, mmap=zip_format)
-    except _ForeignGlobals:
-        read = _safe_read(path, zip_format)
-        info = ReadInfo(read.format, placeholders=read.placeholders, mmap=read.mmap)
-        return read.obj, info, None
+        obj, placeholders, to_device = _read_torch(path, map_location, zip_format)
     except ValueError as exc:
         if lower.endswith((*_TORCH_SUFFIXES, *_PICKLE_SUFFIXES)):
             raise
@@ -198,11 +194,13 @@ def _read_object(
             f"{', '.join(_TORCH_SUFFIXES + _PICKLE_SUFFIXES)}) and torch cannot read it either "
             f"({type(exc).__name__}: {exc})"
         ) from None
-    return obj, ReadInfo(format=fmt, mmap=fmt.endswith("mmap)")), None
+    fmt = "torch (zip, mmap" if zip_format else "torch (legacy"
+    fmt += ")" if placeholders is None else ", safe unpickler)"
+    return obj, ReadInfo(fmt, placeholders=placeholders or {}, mmap=zip_format), to_device
 
 
 def _to_device(state: dict[str, torch.Tensor], map_location: Any) -> dict[str, torch.Tensor]:
-    """Tensors of the safe unpickler are on the CPU; move them where ``map_location`` says."""
+    """Tensors of `SafeUnpickler` are on the CPU; move them where ``map_location`` says."""
     if map_location is None:
         return state
     if not isinstance(map_location, (str, torch.device)):
@@ -229,8 +227,8 @@ def _rebuild_modules(obj: Any, path: str) -> tuple[Any, dict[str, int], list[tup
 
 
 def _ask_for_key(obj: Any, entries: list[tuple[Any, ...]], path: str) -> None:
-    """Without ``key``, no tensors where the state dict is looked for, but entries hold whole
-    models (ultralytics' final files: ``model: None``, ``ema: <model>``): say which."""
+    """Without ``key``, no tensors where the state dict is looked for but entries holding
+    whole models (ultralytics' ``model: None``, ``ema: <model>``): say which."""
     entries = [keys for keys in entries if keys]  # () is the object itself
     if not entries or not isinstance(obj, Mapping):
         return
@@ -248,9 +246,8 @@ def _ask_for_key(obj: Any, entries: list[tuple[Any, ...]], path: str) -> None:
 
 
 def _refuse_code_weights(obj: Any, key: str | None, path: str, placeholders: dict) -> None:
-    """Refuse a file whose weights would only come out of foreign code: the object itself, or
-    an entry of the mapping where the state dict is looked for, is a placeholder, or that
-    mapping holds no tensors at all. (Pickled modules have been rebuilt by then.)"""
+    """Refuse a file whose weights would only come out of foreign code: the object, or an
+    entry where the state dict is looked for, is a placeholder, or no tensors are there."""
     if isinstance(obj, Placeholder):  # a pickled object other than an nn.Module
         raise _UnsafeFileError(_unsafe_message(path, obj.name))
     if isinstance(obj, ModuleStateDict):  # torch.save(model)
@@ -268,8 +265,7 @@ def _refuse_code_weights(obj: Any, key: str | None, path: str, placeholders: dic
 
 
 def check_map_location(map_location: Any) -> None:
-    """Raise a clear error for a ``map_location`` that names no usable device (before the file
-    is read, so the file is never blamed for it)."""
+    """Refuse a ``map_location`` that names no usable device, before the file is read."""
     if map_location is None or callable(map_location):
         return
     if isinstance(map_location, Mapping):
@@ -294,15 +290,6 @@ def read_checkpoint(
     path: str | os.PathLike[str], map_location: Any = "cpu", key: str | None = None
 ) -> tuple[dict[str, torch.Tensor], ReadInfo]:
     """Read ``path`` and unwrap it to a flat ``{name: Tensor}`` dict (no prefix stripping)."""
-    state, info, _ = _read_checkpoint(path, map_location, key, want_pages=False)
-    return state, info
-
-
-def _read_checkpoint(
-    path: str | os.PathLike[str], map_location: Any, key: str | None, want_pages: bool
-) -> tuple[dict[str, torch.Tensor], ReadInfo, FilePages | None]:
-    """`read_checkpoint`, and with ``want_pages`` the `FilePages` of a file that the fast
-    reader mapped (None otherwise; the caller closes it)."""
     if not isinstance(path, (str, os.PathLike)):
         raise TypeError(f"path must be a str or os.PathLike, got {type(path).__name__}")
     path = os.fspath(path)
@@ -311,36 +298,26 @@ def _read_checkpoint(
     if os.path.isdir(path):
         raise IsADirectoryError(f"checkpoint path is a directory, not a file: {path!r}")
     check_map_location(map_location)
-    obj, read, pages = _read_object(path, map_location, want_pages)
+    obj, read, to_device = _read_object(path, map_location)
     original, modules = obj, {}
-    try:
-        if read.placeholders:  # only the safe unpickler makes placeholders, modules included
-            obj, modules, entries = _rebuild_modules(obj, path)
-            if key is None:
-                _ask_for_key(obj, entries, path)
-            _refuse_code_weights(obj, key, path, read.placeholders)
-        state, info = unwrap_state_dict(obj, key=key, where=repr(path))
-        info.format, info.placeholders, info.mmap = read.format, read.placeholders, read.mmap
-        info.modules = modules
-        info.layout = detect_layout(original, info.containers, state)
-        if read.format.endswith("safe unpickler)"):
-            state = _to_device(state, map_location)
-    except BaseException:
-        if pages is not None:
-            pages.close()
-        raise
-    return state, info, pages
+    if read.placeholders:  # only foreign names make placeholders, modules included
+        obj, modules, entries = _rebuild_modules(obj, path)
+        if key is None:
+            _ask_for_key(obj, entries, path)
+        _refuse_code_weights(obj, key, path, read.placeholders)
+    state, info = unwrap_state_dict(obj, key=key, where=repr(path))
+    info.format, info.placeholders, info.mmap = read.format, read.placeholders, read.mmap
+    info.modules = modules
+    info.layout = detect_layout(original, info.containers, state)
+    return (_to_device(state, map_location) if to_device else state), info
 
 
-def source_state(source: Any) -> tuple[dict[str, torch.Tensor], FilePages | None]:
-    """The state dict of ``load_partial``'s ``source`` and, for a mapped file, its pages."""
+def source_state(source: Any) -> dict[str, torch.Tensor]:
+    """The state dict of ``load_partial``'s ``source``: a checkpoint path or a mapping."""
     if isinstance(source, (str, os.PathLike)):
-        state, info, pages = _read_checkpoint(source, "cpu", None, want_pages=True)
-        if pages is None and info.mmap:  # mapped by torch.load or the safe reader
-            pages = FilePages(source)
-        return state, pages
+        return read_checkpoint(source, "cpu")[0]
     if isinstance(source, Mapping):
-        return unwrap_state_dict(source)[0], None
+        return unwrap_state_dict(source)[0]
     raise TypeError(
         f"source must be a checkpoint path or a state dict, got {type(source).__name__}"
     )
@@ -350,8 +327,7 @@ def _as_tensor(value: Any) -> torch.Tensor | None:
     """``value`` as a tensor: tensors as they are, numeric NumPy arrays converted; else None."""
     if isinstance(value, torch.Tensor):
         return value
-    np = sys.modules.get("numpy")  # not imported: no array can be in the checkpoint
-    if np is None or not isinstance(value, np.ndarray) or value.dtype.kind not in "biufc":
+    if not isinstance(value, np.ndarray) or value.dtype.kind not in "biufc":
         return None
     if not value.dtype.isnative:
         value = value.astype(value.dtype.newbyteorder("="))
@@ -379,11 +355,8 @@ def _descend(obj: Mapping[Any, Any], key: str | None, info: ReadInfo) -> Mapping
 def unwrap_state_dict(
     obj: Any, *, key: str | None = None, where: str = "the source"
 ) -> tuple[dict[str, torch.Tensor], ReadInfo]:
-    """Descend into training-checkpoint containers and keep the tensor entries.
-
-    NumPy arrays of numbers (detectron2's ``.pkl`` files) become tensors (sharing memory
-    when the array is writable).
-    """
+    """Descend into training-checkpoint containers and keep the tensor entries (numeric
+    NumPy arrays become tensors)."""
     info = ReadInfo()
     if not isinstance(obj, Mapping):
         raise TypeError(

@@ -1,25 +1,12 @@
 """State dicts of whole modules pickled with ``torch.save(model)`` (private; see `read_state_dict`).
 
-The safe unpickler turns every class a file names into an inert `Placeholder`; for an
-``nn.Module`` the placeholder's ``state`` is what pickle's ``BUILD`` passed, the module's
-``__dict__``: ``_parameters`` and ``_buffers`` (name -> tensor or None),
-``_non_persistent_buffers_set``, ``_modules`` (name -> module or None), flags and hooks.
-`module_state_dict` rebuilds from that state the dict ``model.state_dict()`` would give, with
-the same names in the same order: the module's parameters, then its persistent buffers, then
-each child's entries under ``<child>.``, recursively; ``None`` entries and non-persistent
-buffers are skipped, and a tensor shared by several names (tied weights) appears under each.
-Tensors are returned as the reader made them: same dtype (half stays half), still views of
-the memory-mapped file. Nothing of the module's class is imported or called.
-
-What only the class's code could add is refused rather than guessed: a module with
-state-dict hooks other than spectral norm's (which only records a version) is refused, and
-so is any parameter, buffer or child that is not a tensor or a module. A class that
-overrides ``get_extra_state`` or ``_save_to_state_dict`` cannot be told from its pickle;
-its extra entries are missing from the rebuilt dict (``load_partial`` reports them missing).
-
-`rebuild_modules` replaces each module placeholder of a read object (the object itself or a
-value of nested mappings, e.g. YOLOv5's ``{"model": <module>, "ema": <module>, ...}``) by its
-state dict and says which classes it rebuilt and which entries held them.
+A module's `Placeholder` holds in ``state`` the ``__dict__`` that pickle's ``BUILD`` passed
+(``_parameters``, ``_buffers``, ``_non_persistent_buffers_set``, ``_modules``, hooks).
+`module_state_dict` rebuilds from it what ``model.state_dict()`` gives, names and order
+included, tensors as the reader made them; nothing of the class is imported or called.
+State-dict hooks (spectral norm's excepted) and non-tensor entries are refused; what a class
+adds by overriding ``get_extra_state`` or ``_save_to_state_dict`` is missing. `rebuild_modules`
+replaces the modules of a read object (itself or values of nested mappings).
 """
 
 from __future__ import annotations
@@ -45,9 +32,8 @@ _MAX_DEPTH = 64  # nested mappings searched for modules
 
 
 class ModuleStateDict(dict):
-    """A state dict rebuilt by `module_state_dict`: a plain dict whose type says that every
-    value is a tensor of a pickled module (so an empty one is a model without weights, not a
-    sign that the weights are hidden in code)."""
+    """A state dict rebuilt by `module_state_dict` (an empty one is a model without weights,
+    not weights hidden in code)."""
 
 
 def _module_dict(obj: Any) -> Mapping[Any, Any] | None:
@@ -65,10 +51,8 @@ def _module_dict(obj: Any) -> Mapping[Any, Any] | None:
 
 
 def is_module(obj: Any) -> bool:
-    """Whether ``obj`` is the placeholder of a pickled ``nn.Module``.
-
-    That is an object placeholder whose state holds ``_parameters``, ``_buffers`` and
-    ``_modules`` mappings.
+    """Whether ``obj`` is the placeholder of a pickled ``nn.Module`` (an object placeholder
+    whose state holds ``_parameters``, ``_buffers`` and ``_modules`` mappings).
 
     Examples:
         >>> placeholder = Placeholder("torch.nn.modules.linear.Linear", "object")
@@ -103,7 +87,7 @@ def _tensors(
             raise ValueError(
                 f"{_where(path, module)}: {table[1:-1]} {name!r} is a {what}, not a tensor"
             )
-        found.append((name, value))
+        found.append((name, value.detach() if isinstance(value, torch.nn.Parameter) else value))
     return found
 
 
@@ -137,9 +121,6 @@ def _check_hooks(state: Mapping[Any, Any], path: str, module: Placeholder) -> No
 
 def module_state_dict(module: Any) -> ModuleStateDict:
     """What ``module.state_dict()`` would give, rebuilt from a module placeholder.
-
-    Names and order are those of ``nn.Module.state_dict``; see the module doc for what is
-    refused.
 
     Args:
         module: A placeholder for which `is_module` is true.

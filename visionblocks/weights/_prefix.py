@@ -1,17 +1,9 @@
 """Finding the key prefix that makes a checkpoint fit a model (private; see `load_partial`).
 
-Checkpoints of wrapped models carry a prefix the bare model lacks (Lightning's ``model.``,
-``module.``, ``backbone.``, ``encoder.``, ``student.``, ...), and a bare backbone's
-checkpoint lacks the ``backbone.`` of the model it goes into. `find_prefix_change` tries
-every dotted prefix of the keys that are not model keys, both ways:
-
-* removing a prefix ``P`` from every such key that starts with it;
-* adding a prefix ``P`` (a dotted prefix of a model key) to every such key.
-
-It keeps the change that makes the most keys load (same name and shape as a model tensor),
-and only if that is at least one more than without it. Ties go to removing over adding,
-then to the shorter prefix, then to the alphabetically first, so the choice is
-deterministic. A change that would give two checkpoint keys one name is never chosen.
+`find_prefix_change` tries removing every dotted prefix of the keys that are not model keys
+and adding every dotted prefix of model keys, and keeps the change that loads the most keys
+(at least one more than none does; ties: removing, then shorter, then alphabetical), never
+one that gives two checkpoint keys one name.
 """
 
 from __future__ import annotations

@@ -1,46 +1,32 @@
-"""What the safe unpickler builds, and the allowlist of names it may call (private).
+"""What the weights-only unpicklers build for the names a file references (private).
 
-Every name a pickle may *call* maps to a function written here (never to the original):
-tensor rebuilders that check each size and offset against the file's storage before making
-a view (``torch``'s own ``set_`` does not), NumPy rebuilders that accept only numeric data,
-and plain containers that refuse placeholders as input. `allowed` answers for a dotted
-name; `CALL_BY_ID` lets `SafeUnpickler.call` check by identity that an object on the stack
-is one of these functions. Each function takes the unpickler first (``u``), to call or
-count placeholders.
+torch's weights-only unpickler (its allow-list extended with `torch_allowlist`) and
+`visionblocks.weights._unpickle.SafeUnpickler` (with `allowed` and `call`) build the same
+objects: every name not in `allowed` becomes an inert `Placeholder`, never imported; the names
+in it map to functions written here, never to the originals (containers that refuse
+placeholders, NumPy rebuilders that take data only, tensor rebuilders that check sizes and
+offsets against the storage).
 """
 
 from __future__ import annotations
 
+import _compat_pickle
+import io
 import pickle
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+import numpy as np
 import torch
 
-if TYPE_CHECKING:
-    from visionblocks.weights._unpickle import SafeUnpickler
-
-__all__ = [
-    "CALL_BY_ID",
-    "CONTAINER_TYPES",
-    "KEY_TYPES",
-    "Placeholder",
-    "StorageType",
-    "TorchStorage",
-    "allowed",
-    "numpy_module",
-]
+__all__ = ["Placeholder", "allowed", "call", "python3_name", "torch_allowlist"]
 
 
 class Placeholder:
-    """Stands in for a class or function the file names, which was never imported.
-
-    ``kind`` is ``"global"`` for the name itself and ``"object"`` for what calling it would
-    have built. Nothing of the original runs: the arguments of the call, the state given by
-    ``BUILD`` (``__setstate__``) and the items or entries the pickle adds are only stored.
-    A placeholder has no behaviour of its own (no ``__call__``, ``__getattr__`` or
-    ``__iter__``), so code that receives one cannot be tricked into running anything.
+    """Stands in for a class or function the file names, which was never imported: calling
+    it builds an object placeholder that stores the arguments, and ``BUILD``, items and
+    entries are stored too.
 
     Attributes:
         name: The dotted name the file references, e.g. ``"argparse.Namespace"``; a call of
@@ -51,9 +37,22 @@ class Placeholder:
         state: What ``BUILD`` passed (``None`` if nothing).
         items: Items appended (``APPEND``/``APPENDS``/``ADDITEMS``).
         entries: ``(key, value)`` pairs set (``SETITEM``/``SETITEMS``).
+        counts: ``{name: objects built}``, shared by the placeholders of one file.
+
+    Examples:
+        >>> namespace = Placeholder("argparse.Namespace")
+        >>> args = namespace(epochs=3)
+        >>> args, args.kwargs, namespace.counts
+        (<placeholder object argparse.Namespace>, {'epochs': 3}, {'argparse.Namespace': 1})
     """
 
-    __slots__ = ("args", "entries", "items", "kind", "kwargs", "name", "state")
+    __slots__ = ("args", "counts", "entries", "items", "kind", "kwargs", "name", "state")
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Placeholder:
+        # torch's NEWOBJ runs ``cls.__new__(cls, *args)`` on a global placeholder: a call.
+        if isinstance(cls, Placeholder):
+            return cls(*args, **kwargs)
+        return object.__new__(cls)
 
     def __init__(
         self,
@@ -61,36 +60,37 @@ class Placeholder:
         kind: str = "global",
         args: tuple[Any, ...] = (),
         kwargs: dict[str, Any] | None = None,
+        counts: dict[str, int] | None = None,
     ) -> None:
-        self.name = name
-        self.kind = kind
-        self.args = args
-        self.kwargs = kwargs or {}
+        self.name, self.kind, self.args, self.kwargs = name, kind, args, kwargs or {}
         self.state: Any = None
         self.items: list[Any] = []
         self.entries: list[tuple[Any, Any]] = []
+        self.counts = {} if counts is None else counts
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Placeholder:
+        name = self.name if self.kind == "global" else self.name + "()"
+        self.counts[name] = self.counts.get(name, 0) + 1
+        return Placeholder(name, "object", args, kwargs, self.counts)
+
+    def __setstate__(self, state: Any) -> None:
+        self.state = state
 
     def __repr__(self) -> str:
         return f"<placeholder {self.kind} {self.name}>"
 
 
-class StorageType:
-    """What a pickled storage class (``torch.FloatStorage``) stands for here: its dtype."""
+class _NDArray:
+    """``numpy.ndarray`` as a pickle names it: only ``_reconstruct``'s first argument."""
 
-    __slots__ = ("dtype",)
+    __slots__ = ()
 
-    def __init__(self, dtype: torch.dtype) -> None:
-        self.dtype = dtype
+    def __new__(cls, *args: Any, **kwargs: Any) -> _NDArray:
+        raise TypeError("numpy.ndarray is only read as the argument of _reconstruct")
 
 
-class TorchStorage:
-    """A storage of a torch file: its bytes and the dtype its tensors were saved with."""
-
-    __slots__ = ("dtype", "untyped")
-
-    def __init__(self, untyped: torch.UntypedStorage, dtype: torch.dtype) -> None:
-        self.untyped = untyped
-        self.dtype = dtype
+_TENSOR_TYPES = {"torch._tensor.Tensor": torch.Tensor, "torch.Tensor": torch.Tensor,
+                 "torch.nn.parameter.Parameter": torch.nn.Parameter}  # fmt: skip
 
 
 # ------------------------------------------------------------------------- rebuilders
@@ -100,13 +100,12 @@ def _int_tuple(name: str, value: Any) -> tuple[int, ...]:
     return tuple(value)
 
 
-def _tensor(
-    storage: Any, dtype: Any, offset: Any, size: Any, stride: Any
-) -> torch.Tensor | Placeholder:
+def _tensor(storage: Any, dtype: Any, offset: Any, size: Any, stride: Any) -> Any:
     if isinstance(storage, Placeholder):
         return storage
-    if not isinstance(storage, TorchStorage):
+    if not isinstance(storage, torch.storage.TypedStorage):
         raise TypeError(f"a tensor's storage must come from the file, got {type(storage).__name__}")
+    untyped = storage._untyped_storage
     dtype = storage.dtype if dtype is None else dtype
     if not isinstance(dtype, torch.dtype):
         raise TypeError(f"dtype must be a torch.dtype, got {type(dtype).__name__}")
@@ -115,86 +114,77 @@ def _tensor(
     size, stride = _int_tuple("size", size), _int_tuple("stride", stride)
     if len(size) != len(stride):
         raise ValueError(f"size {size} and stride {stride} differ in length")
-    if all(size):  # torch's set_ does not check that the view stays inside the storage
-        last = offset + sum((n - 1) * s for n, s in zip(size, stride))
-        if (last + 1) * dtype.itemsize > storage.untyped.nbytes():
-            raise ValueError(
-                f"a tensor of size {size} at offset {offset} reaches past its storage "
-                f"({storage.untyped.nbytes()} bytes)"
-            )
-    tensor = torch.empty(0, dtype=dtype, device=storage.untyped.device)
-    return tensor.set_(storage.untyped, offset, size, stride)
+    # torch's set_ grows a resizable storage to fit the view instead of refusing it.
+    last = offset + sum((n - 1) * s for n, s in zip(size, stride))
+    if all(size) and (last + 1) * dtype.itemsize > untyped.nbytes():
+        raise ValueError(
+            f"a tensor of size {size} at offset {offset} reaches past its storage "
+            f"({untyped.nbytes()} bytes)"
+        )
+    return torch.empty(0, dtype=dtype, device=untyped.device).set_(untyped, offset, size, stride)
 
 
-def _rebuild_tensor(u: SafeUnpickler, storage, offset, size, stride, *_unused) -> Any:
+def _rebuild_tensor(storage: Any, offset: Any, size: Any, stride: Any, *_unused: Any) -> Any:
     return _tensor(storage, None, offset, size, stride)
 
 
-def _rebuild_tensor_v3(
-    u: SafeUnpickler, storage, offset, size, stride, grad, hooks, dtype, metadata=None
-) -> Any:
+def _rebuild_tensor_v3(storage, offset, size, stride, grad, hooks, dtype, metadata=None) -> Any:
     return _tensor(storage, dtype, offset, size, stride)
 
 
-def _rebuild_parameter(u: SafeUnpickler, data: Any, *_unused: Any) -> Any:
+def _rebuild_parameter(data: Any, *_unused: Any) -> Any:
     # A state dict needs the data, not the Parameter (its requires_grad, hooks, attributes).
     if not isinstance(data, (torch.Tensor, Placeholder)):
         raise TypeError(f"a Parameter's data must be a tensor, got {type(data).__name__}")
     return data
 
 
-def _rebuild_from_type_v2(u: SafeUnpickler, func: Any, new_type: Any, args: Any, state: Any):
-    result = u.call(func, args)
+def _rebuild_from_type_v2(func: Any, new_type: Any, args: Any, state: Any) -> Any:
+    result = call(func, args)
     if isinstance(new_type, Placeholder):  # a foreign tensor subclass: keep the plain tensor
-        u.count(new_type)
+        new_type.counts[new_type.name] = new_type.counts.get(new_type.name, 0) + 1
     elif new_type is not torch.Tensor and new_type is not torch.nn.Parameter:
         raise TypeError(f"unsupported tensor type {type(new_type).__name__}")
     return result
 
 
-def _load_from_bytes(u: SafeUnpickler, data: Any) -> Any:
-    if u.load_from_bytes is None:
-        raise pickle.UnpicklingError("nested torch.storage._load_from_bytes is not supported")
+def _load_from_bytes(data: Any) -> Any:
+    """A storage pickled with plain ``pickle``, read by torch's weights-only unpickler."""
     if not isinstance(data, (bytes, bytearray)):
         raise TypeError(f"_load_from_bytes needs bytes, got {type(data).__name__}")
-    return u.load_from_bytes(bytes(data), u)
+    storage = torch.load(io.BytesIO(data), weights_only=True)
+    if not isinstance(storage, torch.storage.TypedStorage):
+        raise TypeError(f"_load_from_bytes holds a {type(storage).__name__}, not a storage")
+    return storage
 
 
-def _device(u: SafeUnpickler, kind: Any, index: Any = None) -> torch.device:
+def _device(kind: Any, index: Any = None) -> torch.device:
     if not isinstance(kind, str) or not (index is None or type(index) is int):
         raise TypeError(f"torch.device({kind!r}, {index!r}) is not a device")
     return torch.device(kind) if index is None else torch.device(kind, index)
 
 
-def _size(u: SafeUnpickler, sizes: Any = ()) -> torch.Size:
+def _size(sizes: Any = ()) -> torch.Size:
     return torch.Size(_int_tuple("torch.Size", sizes))
 
 
-def numpy_module() -> Any:
-    import numpy
-
-    return numpy
-
-
-def _np_dtype(u: SafeUnpickler, spec: Any, align: Any = False, copy: Any = False) -> Any:
+def _np_dtype(spec: Any, align: Any = False, copy: Any = False) -> np.dtype:
     if isinstance(spec, bytes):
         spec = spec.decode("ascii")
     if not isinstance(spec, str):
         raise TypeError(f"numpy.dtype needs a type string, got {type(spec).__name__}")
-    return numpy_module().dtype(spec, align=bool(align), copy=bool(copy))
+    return np.dtype(spec, align=bool(align), copy=bool(copy))
 
 
-def _np_reconstruct(u: SafeUnpickler, subtype: Any, shape: Any, dtype: Any) -> Any:
-    np = numpy_module()
+def _np_reconstruct(subtype: Any, shape: Any, dtype: Any) -> Any:
     if isinstance(subtype, Placeholder):  # a foreign ndarray subclass
-        return u.call(subtype, (shape, dtype))
-    if subtype is not np.ndarray:
+        return subtype(shape, dtype)
+    if subtype is not _NDArray:
         raise TypeError(f"_reconstruct of {type(subtype).__name__}")
-    return np.ndarray(shape=_int_tuple("shape", shape), dtype=_np_dtype(u, dtype))
+    return np.ndarray((0,), dtype=np.int8)  # what NumPy's pickles ask for; BUILD sets the rest
 
 
-def _np_scalar(u: SafeUnpickler, dtype: Any, data: Any = None) -> Any:
-    np = numpy_module()
+def _np_scalar(dtype: Any, data: Any = None) -> Any:
     if not isinstance(dtype, np.dtype):
         raise TypeError(f"numpy scalar needs a dtype, got {type(dtype).__name__}")
     if dtype.hasobject:
@@ -206,8 +196,7 @@ def _np_scalar(u: SafeUnpickler, dtype: Any, data: Any = None) -> Any:
     return np.frombuffer(data, dtype=dtype, count=1)[0]
 
 
-def _np_frombuffer(u: SafeUnpickler, buf: Any, dtype: Any, shape: Any, order: Any) -> Any:
-    np = numpy_module()
+def _np_frombuffer(buf: Any, dtype: Any, shape: Any, order: Any) -> Any:
     if isinstance(buf, pickle.PickleBuffer):
         buf = buf.raw()
     if not isinstance(buf, (bytes, bytearray, memoryview)):
@@ -217,14 +206,14 @@ def _np_frombuffer(u: SafeUnpickler, buf: Any, dtype: Any, shape: Any, order: An
     return np.frombuffer(buf, dtype=dtype).reshape(_int_tuple("shape", shape), order=order)
 
 
-def _codecs_encode(u: SafeUnpickler, text: Any, encoding: Any = "utf-8") -> bytes:
+def _codecs_encode(text: Any, encoding: Any = "utf-8") -> bytes:
     if not isinstance(text, str) or encoding not in ("latin1", "latin-1", "utf-8", "ascii"):
         raise TypeError(f"_codecs.encode({type(text).__name__}, {encoding!r})")
     return text.encode(encoding)
 
 
 def _bytes_like(kind: type) -> Callable[..., Any]:
-    def build(u: SafeUnpickler, data: Any = b"", encoding: Any = None) -> Any:
+    def build(data: Any = b"", encoding: Any = None) -> Any:
         if isinstance(data, str) and encoding in ("latin1", "latin-1"):
             data = data.encode("latin1")
         if not isinstance(data, (bytes, bytearray)):  # bytes(10**12) would allocate
@@ -235,7 +224,7 @@ def _bytes_like(kind: type) -> Callable[..., Any]:
 
 
 def _container(kind: type) -> Callable[..., Any]:
-    def build(u: SafeUnpickler, *args: Any) -> Any:
+    def build(*args: Any) -> Any:
         if any(isinstance(a, Placeholder) for a in args):
             raise TypeError(f"{kind.__name__} of a placeholder")
         return kind(*args)
@@ -243,24 +232,24 @@ def _container(kind: type) -> Callable[..., Any]:
     return build
 
 
-def _defaultdict(u: SafeUnpickler, *args: Any) -> dict[Any, Any]:
+def _defaultdict(*args: Any) -> dict[Any, Any]:
     return {}  # the default factory is never needed (nor called) to read a checkpoint
 
 
-def _reconstructor(u: SafeUnpickler, cls: Any, base: Any, state: Any) -> Any:
-    return u.call(cls, () if state is None else (state,))
+def _reconstructor(cls: Any, base: Any, state: Any) -> Any:
+    return call(cls, () if state is None else (state,))
 
 
-def _newobj(u: SafeUnpickler, cls: Any, *args: Any) -> Any:
-    return u.new(cls, args, {})
+def _newobj(cls: Any, *args: Any) -> Any:
+    return call(cls, args)
 
 
-def _newobj_ex(u: SafeUnpickler, cls: Any, args: Any, kwargs: Any) -> Any:
-    return u.new(cls, tuple(args), dict(kwargs))
+def _newobj_ex(cls: Any, args: Any, kwargs: Any) -> Any:
+    return call(cls, tuple(args), dict(kwargs))
 
 
 def _number(kind: type) -> Callable[..., Any]:
-    def build(u: SafeUnpickler, *args: Any) -> Any:
+    def build(*args: Any) -> Any:
         if not all(isinstance(a, (int, float)) or a is None for a in args):
             raise TypeError(f"{kind.__name__} of {[type(a).__name__ for a in args]}")
         return kind(*args)
@@ -269,10 +258,9 @@ def _number(kind: type) -> Callable[..., Any]:
 
 
 # ------------------------------------------------------------------------- allowlist
-CONTAINER_TYPES = (dict, list, tuple, set, frozenset, OrderedDict)
-KEY_TYPES = (str, bytes, int, float, complex, tuple, frozenset, type(None))
+_CONTAINERS = (dict, list, tuple, set, frozenset)
 _CALLS: dict[str, Callable[..., Any]] = {
-    **{f"builtins.{t.__name__}": _container(t) for t in CONTAINER_TYPES[:5]},
+    **{f"builtins.{t.__name__}": _container(t) for t in _CONTAINERS},
     "collections.OrderedDict": _container(OrderedDict),
     "collections.defaultdict": _defaultdict,
     "builtins.bytes": _bytes_like(bytes),
@@ -302,25 +290,7 @@ _CALLS: dict[str, Callable[..., Any]] = {
     "numpy._core.numeric._frombuffer": _np_frombuffer,
 }
 """Names that may be called, mapped to our implementation (never the original)."""
-
-# The objects find_class hands out for these names are the implementations themselves
-# (wrapped so that each is a distinct, hashable key); `call` looks them up by identity.
-CALL_BY_ID: dict[int, Callable[..., Any]] = {id(impl): impl for impl in _CALLS.values()}
-
-_TYPE_MARKERS = {"torch._tensor.Tensor": torch.Tensor, "torch.Tensor": torch.Tensor,
-                 "torch.nn.parameter.Parameter": torch.nn.Parameter}  # fmt: skip
-
-_STORAGE_DTYPES = {
-    "Double": torch.float64, "Float": torch.float32, "Half": torch.float16,
-    "BFloat16": torch.bfloat16, "Long": torch.int64, "Int": torch.int32,
-    "Short": torch.int16, "Char": torch.int8, "Byte": torch.uint8, "Bool": torch.bool,
-    "ComplexDouble": torch.complex128, "ComplexFloat": torch.complex64, "Untyped": torch.uint8,
-}  # fmt: skip
-_STORAGES = {
-    f"{module}.{kind}Storage": StorageType(dtype)
-    for module in ("torch", "torch.cuda", "torch.storage")
-    for kind, dtype in _STORAGE_DTYPES.items()
-}
+_CALL_BY_ID = {id(impl): impl for impl in _CALLS.values()}
 _DTYPES = {
     f"torch.{name}": getattr(torch, name)
     for name in (
@@ -333,13 +303,76 @@ _DTYPES = {
 }
 
 
+def python3_name(full: str) -> str:
+    """``full`` (``module.name``) as Python 3 calls it (protocols 0 to 2 store Python 2's).
+
+    Examples:
+        >>> python3_name("__builtin__.unicode"), python3_name("argparse.Namespace")
+        ('builtins.str', 'argparse.Namespace')
+    """
+    module, _, name = full.rpartition(".")
+    if (module, name) in _compat_pickle.NAME_MAPPING:
+        module, name = _compat_pickle.NAME_MAPPING[(module, name)]
+    elif module in _compat_pickle.IMPORT_MAPPING:
+        module = _compat_pickle.IMPORT_MAPPING[module]
+    return f"{module}.{name}"
+
+
 def allowed(full: str) -> Any:
-    """The object of ours that stands for ``full``, or None (then it becomes a placeholder)."""
-    if full in _CALLS:
-        return _CALLS[full]
+    """The object of ours that stands for ``full``, or None (then it becomes a placeholder).
+
+    Examples:
+        >>> allowed("collections.OrderedDict")([("a", 1)])["a"]
+        1
+        >>> allowed("torch.float16"), allowed("os.system")
+        (torch.float16, None)
+    """
     if full == "numpy.ndarray":
-        return numpy_module().ndarray
-    for table in (_TYPE_MARKERS, _STORAGES, _DTYPES):
+        return _NDArray
+    for table in (_CALLS, _TENSOR_TYPES, _DTYPES):
         if full in table:
             return table[full]
     return None
+
+
+def call(func: Any, args: Any, kwargs: Any = None) -> Any:
+    """``func(*args, **kwargs)`` for a placeholder or a function of `allowed`; refused otherwise.
+
+    Raises:
+        pickle.UnpicklingError: If ``func`` is anything else, or the arguments are no tuple.
+    """
+    if not isinstance(args, tuple) or not isinstance(kwargs, (dict, type(None))):
+        raise pickle.UnpicklingError("malformed call: arguments must be a tuple")
+    if not isinstance(func, Placeholder) and _CALL_BY_ID.get(id(func)) is not func:
+        raise pickle.UnpicklingError(
+            f"refusing to call a {type(func).__name__}: only placeholders and the "
+            "rebuilders of tensors, NumPy arrays and containers are called"
+        )
+    return func(*args, **(kwargs or {}))
+
+
+def torch_allowlist(names: list[str], counts: dict[str, int]) -> list[tuple[Any, str]]:
+    """Entries for ``torch.serialization.safe_globals`` that make torch's unpickler build, for
+    the ``names`` it refuses, what `allowed` and `Placeholder` give. The types ``BUILD`` may
+    act on (placeholders, NumPy arrays and dtypes) go under names holding a newline, which
+    no ``GLOBAL`` can name.
+
+    Args:
+        names: Dotted names, as ``torch.serialization.get_unsafe_globals_in_checkpoint``
+            lists them.
+        counts: Where the placeholders count the objects built.
+
+    Returns:
+        list[tuple[Any, str]]: ``(object, name)`` pairs.
+
+    Examples:
+        >>> [str(obj) for obj, _ in torch_allowlist(["argparse.Namespace"], {})]
+        ['<placeholder global argparse.Namespace>', "<class '...Placeholder'>"]
+    """
+    entries = [
+        (allowed(name) or Placeholder(python3_name(name), counts=counts), name) for name in names
+    ]
+    types: list[type] = [Placeholder]
+    if any(name.startswith("numpy.") for name in names):
+        types += [np.ndarray, *{type(np.dtype(code)) for code in np.typecodes["All"]}]
+    return entries + [(kind, f"\n{kind.__module__}.{kind.__qualname__}") for kind in types]

@@ -1,47 +1,30 @@
 """Pairing checkpoint tensors with model tensors by structure (private; see `load_partial`).
 
-``load_partial(model, source, match="structure")`` loads a checkpoint whose names differ from
-the model's (timm vs torchvision, detectron2 vs torchvision) from the order of the module tree
-and the shapes alone. `match_structure` pairs the two state dicts in passes, and refuses
-(`AmbiguousMatch`, a ``ValueError``) rather than guesses:
+`match_structure` pairs two state dicts in passes and refuses (`AmbiguousMatch`, a
+``ValueError``) rather than guesses:
 
-1. **Names.** A checkpoint key that prefix stripping and ``rename`` turn into a model key of
-   a compatible tensor is paired with it. This is how a user settles an ambiguity: a
-   ``rename`` rule naming the right model key.
-2. **Alignment.** The remaining tensors, in state-dict order on both sides, are aligned like
-   a longest common subsequence (dynamic programming, one vectorised row at a time). The
-   alignment maximises first the paired *mass*: each module (the tensors under one dotted
-   path) weighs 1, shared by its tensors, so a module counts as much as another whatever
-   its number of tensors; otherwise four interchangeable BatchNorm vectors would outweigh
-   the convolution that fixes their place. Then the number of pairs whose module names agree
-   (the name before the tensor's own: ``conv3`` in ``res2.0.conv3.weight`` and
-   ``layer1.0.conv3.weight``; numbered names such as ``0`` do not count), then the number of
-   pairs that follow each other on both sides (a block stays in one piece), and last the
-   depth in the module tree of the cuts where the unpaired stretches begin and end (a
-   stretch that is a whole module beats one that cuts two modules apart). A forward and a
-   backward pass give, for every pair, the best alignment through it: if any tensor has
-   more than one partner on the best alignments, or two of them cross, the match is
-   ambiguous and refused.
-3. **Runs.** Sibling modules registered in another order (detectron2 registers a block's
-   ``shortcut`` before ``conv1``, torchvision its ``downsample`` after ``bn3``) leave a run
-   of consecutive unpaired tensors on each side. Two such runs whose tensors are
-   compatible one by one are paired when each is the other's only candidate.
-4. **Fused and split projections.** A leftover checkpoint run of ``k`` (2 or 3) repeats of
-   one unit of ``p`` (1 or 2) tensors (``q.weight, q.bias, k.weight, k.bias, v.weight,
-   v.bias``) and a leftover model run of ``p`` tensors of ``k`` times their first size
-   (``qkv.weight, qkv.bias``) are paired by concatenation along dim 0, in checkpoint order;
-   a fused checkpoint and a split model by chunking. Each must be the other's only
-   candidate.
-5. **Bookkeeping scalars.** Integer tensors of one element (``num_batches_tracked``) take no
-   part in passes 2 to 4: those that follow two paired tensors pair in order when both
-   sides have as many.
+1. **Names.** A checkpoint key that prefix stripping and ``rename`` turn into the key of a
+   compatible model tensor is paired with it (how a user settles an ambiguity).
+2. **Alignment.** The remaining tensors, in state-dict order, are aligned like a longest
+   common subsequence (`_forward`), maximising in turn the paired mass (each module weighs
+   1, shared by its tensors, so four BatchNorm vectors do not outweigh the convolution that
+   places them), pairs whose module names agree (``conv3`` in ``res2.0.conv3.weight`` and
+   ``layer1.0.conv3.weight``; numbers do not count), adjacent pairs, and shallow cuts where
+   unpaired stretches begin and end. A tensor with several partners on the best alignments,
+   or two crossing pairs, is ambiguous.
+3. **Runs.** Runs of unpaired tensors left by sibling modules registered in another order
+   (detectron2's ``shortcut`` before ``conv1``) are paired when compatible one by one and
+   each is the other's only candidate.
+4. **Fused and split projections.** ``k`` (2 or 3) repeats of a unit of ``p`` (1 or 2)
+   tensors (``q``, ``k``, ``v`` weights and biases) pair with ``p`` tensors ``k`` times as
+   large along dim 0 (``qkv``), either way, when each is the other's only candidate.
+5. **Bookkeeping scalars.** One-element integer tensors (``num_batches_tracked``) that follow
+   two paired tensors pair in order when both sides have as many.
 
-Two tensors are *compatible* when their dtypes are of one kind (floating, complex, integer,
-bool) and their shapes are equal, or equal once the dimensions of size 1 are dropped (a
-layer scale ``(C,)`` and ``(C, 1, 1)``, a 1x1 convolution and a linear weight): such a pair
-is loaded with ``reshape`` and reported. A model's tied tensors (one parameter under
-several names) count once; a checkpoint's are paired name by name, and a name left over
-is loaded all the same when another name of its tensor was paired.
+Two tensors are *compatible* when their dtypes are of one kind and their shapes are equal
+once dimensions of size 1 are dropped (loaded with ``reshape``). A model's tied tensors count
+once; a checkpoint's tied names are paired one by one, and one left over still loads when
+another name of its tensor was paired.
 """
 
 from __future__ import annotations
@@ -114,9 +97,8 @@ def _module_name(key: str) -> str | None:
 
 
 class _Side:
-    """One state dict as the passes see it: with ``tied_once``, one object under several
-    names counted once (a model's tied parameters); bookkeeping scalars set apart; each
-    tensor's compatibility id (shared by both sides through ``ids``), module path and mass."""
+    """One state dict as the passes see it: compatibility ids (shared through ``ids``), module
+    paths, masses, bookkeeping scalars apart; with ``tied_once``, tied tensors once."""
 
     def __init__(
         self, state: Mapping[str, torch.Tensor], ids: dict[object, int], tied_once: bool
@@ -167,8 +149,8 @@ class _Side:
 
 
 def _tied(state: Mapping[str, torch.Tensor]) -> dict[str, str]:
-    """``{key: first key}`` for the keys of tensors stored under several names: the same
-    view of one storage (the same object on the meta device; empty tensors never)."""
+    """``{key: first key}`` for the keys of one view of one storage (the same object on the
+    meta device; empty tensors never)."""
     first: dict[object, str] = {}
     groups: dict[str, str] = {}
     for key, tensor in state.items():
@@ -191,8 +173,7 @@ def _tied(state: Mapping[str, torch.Tensor]) -> dict[str, str]:
 @dataclass
 class _Sequence:
     """One side of the alignment: per tensor its compatibility id, module-name id (-1: none),
-    module path (the key without the tensor's own name) and mass (`_MODULE_MASS` shared
-    by the tensors of its module)."""
+    module path and mass."""
 
     compat: list[int]
     names: list[int]
@@ -239,19 +220,13 @@ def _weights(ckpt: _Sequence, model: _Sequence) -> tuple[int, int, int]:
 def _forward(
     ckpt: _Sequence, model: _Sequence, weights: tuple[int, int, int]
 ) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
-    """Per checkpoint row ``i`` of the framed sequences: the compatible model columns, the
-    pair scores there and ``F[i, j]``, the best score of an alignment from the start marker
-    to the pair ``(i, j)`` (both included).
+    """Per row ``i`` of the framed sequences: the compatible model columns, their pair
+    scores and ``F[i, j]``, the best score of an alignment from the start marker to ``(i, j)``.
 
-    An alignment goes from ``(0, 0)`` to the end marker through increasing pairs. A pair
-    scores ``w_mass`` times the masses of its two tensors (0 for the markers), plus
-    ``w_name`` when their module names agree; a
-    step from ``(i', j')`` to ``(i, j)`` scores ``w_adjacent`` when both are adjacent
-    (``i' = i - 1``, ``j' = j - 1``) and otherwise costs the depths of the cuts where each
-    gap it leaves opens and closes (a gap that is a whole module costs less than one that
-    cuts a module apart). ``F`` is computed a row at a time (``F`` at the compatible cells
-    only); running maxima over the rows above and the columns to the left give the four
-    kinds of steps: adjacent, a gap in the model only, in the checkpoint only, in both.
+    A pair scores ``w_mass`` times its masses plus ``w_name`` for agreeing module names; a
+    step scores ``w_adjacent`` when both sides advance by one, else costs the depths of the
+    cuts where its gaps open and close. Running maxima over the rows above and the columns
+    to the left give the four kinds of steps.
     """
     w_mass, w_name, w_adjacent = weights
     n, m = len(ckpt.compat), len(model.compat)

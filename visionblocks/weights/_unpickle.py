@@ -1,56 +1,65 @@
-"""A pickle reader that never imports or calls anything a file names (private).
+"""The pickle reader for what torch's weights-only unpickler cannot read (private).
 
-`SafeUnpickler` is pickle's own Python unpickler (``pickle._Unpickler``, the reference
-implementation of ``pickle.Unpickler``) with every opcode that imports, calls or mutates an
-object replaced by a checked version:
+``torch.load(weights_only=True)`` with `visionblocks.weights._rebuild.torch_allowlist` reads
+most checkpoints (`visionblocks.weights._io`). Its unpickler cannot express these cases,
+which `SafeUnpickler` reads instead (the tests that cover each follow it):
 
-* ``GLOBAL``, ``STACK_GLOBAL``, ``INST`` and ``EXT*`` go through `SafeUnpickler.find_class`,
-  which never imports a module: a short allowlist (``visionblocks.weights._rebuild``) maps
-  exact names to objects of ours (plain containers, NumPy and torch rebuilders written
-  there, dtypes, storage types), and every other name becomes an inert `Placeholder`.
-* ``REDUCE``, ``NEWOBJ``, ``NEWOBJ_EX``, ``INST`` and ``OBJ`` call only those allowlisted
-  objects (checked by identity). Calling a placeholder gives another placeholder that
-  records the arguments; calling anything else is refused.
-* ``BUILD`` stores the state in a placeholder, runs NumPy's own ``__setstate__`` on
-  arrays and dtypes, ignores attributes set on dicts and refuses everything else.
-* ``APPEND(S)``, ``SETITEM(S)`` and ``ADDITEMS`` act on built-in lists, dicts, sets and
-  placeholders only.
+* plain pickles (detectron2's ``.pkl``): torch reads ``torch.save`` files only, and its
+  unpickler lacks the opcodes of pickle protocols 3 to 5:
+  ``test_detectron2_pickles_of_any_protocol``, ``test_plain_pickle_of_torch_tensors``,
+  ``test_python2_era_pickle_with_latin1_numpy_data``,
+  ``test_hand_written_opcode_streams_never_run``, the ``ckpt.pkl`` payload cases;
+* a name of a module that torch blocks (``os``, ``posix``, ``nt``, ``sys``) even when it is
+  allow-listed: ``test_a_payload_beside_the_weights_becomes_a_placeholder[os.system-ckpt.pt]``,
+  ``test_reduce_of_a_module_class_is_refused_and_never_runs``;
+* calling what a call built (torch calls allowed globals only):
+  ``test_a_payload_beside_the_weights_becomes_a_placeholder`` with ``functools.partial``,
+  ``operator.attrgetter`` and ``getattr(__import__('os'), 'system')`` in ``ckpt.pt``;
+* setting items of a foreign ``dict`` subclass (torch fills ``dict``, ``OrderedDict`` and
+  ``Counter`` only), as Lightning's ``AttributeDict``:
+  ``test_each_layout_reads_with_its_report[lightning]``,
+  ``test_files_with_placeholders_are_memory_mapped[True]``;
+* legacy files (``_use_new_zipfile_serialization=False``) that name a foreign global:
+  ``get_unsafe_globals_in_checkpoint`` reads zip files only, and torch refuses the
+  persistent ids of pickled module classes: the ``legacy`` cases of
+  ``tests/weights/test_weights_modules.py``,
+  ``test_legacy_file_with_foreign_objects_and_shared_storages``, the ``ckpt.legacy.pt``
+  payload cases.
 
-The C ``pickle.Unpickler`` offers no hook for the last three: it would call
-``__setstate__``, ``append`` or ``__setitem__`` on whatever object the stream put on its
-stack (a tensor, for one), which is why the Python implementation is the base here.
+`SafeUnpickler` is pickle's Python unpickler (the C one has no hook for ``BUILD`` and the
+item opcodes) with every opcode that imports, calls or mutates replaced: names never import
+(`_rebuild.allowed` objects, else a `Placeholder`), calls reach only those
+(`_rebuild.call`), ``BUILD`` fills placeholders, NumPy arrays and dtypes only (ignored on
+dicts), and items go to built-in lists, dicts, sets and placeholders only. `load_torch_file` hands it to
+``torch.load`` as its pickle module, so torch still reads the file's format.
 """
 
 from __future__ import annotations
 
-import _compat_pickle
+import contextlib
 import copyreg
+import io
+import os
 import pickle
-import sys
+import types
 from collections.abc import Callable
 from typing import Any, ClassVar
 
-from visionblocks.weights._rebuild import (
-    CALL_BY_ID,
-    CONTAINER_TYPES,
-    KEY_TYPES,
-    Placeholder,
-    allowed,
-)
+import numpy as np
+import torch
 
-__all__ = ["SafeUnpickler"]
+from visionblocks.weights._rebuild import Placeholder, allowed, call, python3_name
+
+__all__ = ["SafeUnpickler", "load_torch_file", "read_pickle"]
+
+_KEY_TYPES = (str, bytes, int, float, complex, tuple, frozenset, type(None))
 
 
-# ------------------------------------------------------------------------- unpickler
 class SafeUnpickler(pickle._Unpickler):  # type: ignore[name-defined]
     """Unpickles without importing or calling anything the file names (see the module doc).
 
     Args:
         file: A binary file (``read``, ``readline``).
-        persistent_load: Called with each persistent id (torch files' storages); ``None``
-            refuses persistent ids.
-        load_from_bytes: Reads the bytes of ``torch.storage._load_from_bytes`` (a storage
-            pickled with plain ``pickle``) into a `TorchStorage`; ``None`` refuses them.
         placeholders: ``{name: objects built}``, shared by the unpicklers of one file.
 
     Examples:
@@ -64,19 +73,11 @@ class SafeUnpickler(pickle._Unpickler):  # type: ignore[name-defined]
 
     dispatch: ClassVar[dict[int, Callable[..., Any]]] = dict(pickle._Unpickler.dispatch)  # type: ignore[attr-defined]
 
-    def __init__(
-        self,
-        file: Any,
-        *,
-        persistent_load: Callable[[Any], Any] | None = None,
-        load_from_bytes: Callable[[bytes, SafeUnpickler], Any] | None = None,
-        placeholders: dict[str, int] | None = None,
-    ) -> None:
+    def __init__(self, file: Any, *, placeholders: dict[str, int] | None = None) -> None:
         # latin1: NumPy arrays pickled by Python 2 hold their bytes in 8-bit strings.
         super().__init__(file, encoding="latin1")
-        self._persistent = persistent_load
-        self.load_from_bytes = load_from_bytes
         self.placeholders = {} if placeholders is None else placeholders
+        self._storages: Callable[[Any], Any] | None = None
 
     def replaced(self) -> dict[str, int]:
         """``{name: number of objects}`` of every placeholder (1 for a bare reference)."""
@@ -84,17 +85,17 @@ class SafeUnpickler(pickle._Unpickler):  # type: ignore[name-defined]
 
     # -- names ----------------------------------------------------------------------
     def find_class(self, module: str, name: str) -> Any:
-        if self.proto < 3 and self.fix_imports:  # Python 2 names, as pickle maps them
-            if (module, name) in _compat_pickle.NAME_MAPPING:
-                module, name = _compat_pickle.NAME_MAPPING[(module, name)]
-            elif module in _compat_pickle.IMPORT_MAPPING:
-                module = _compat_pickle.IMPORT_MAPPING[module]
         full = f"{module}.{name}"
+        if self.proto < 3:
+            full = python3_name(full)
+        if "Storage" in name:  # torch.FloatStorage...: a dtype marker, as torch.load maps them
+            with contextlib.suppress(KeyError):
+                return torch.serialization.StorageType(name)
         found = allowed(full)
         if found is not None:
             return found
         self.placeholders.setdefault(full, 0)
-        return Placeholder(full)
+        return Placeholder(full, counts=self.placeholders)
 
     def get_extension(self, code: int) -> None:
         key = copyreg._inverted_registry.get(code)  # type: ignore[attr-defined]
@@ -102,44 +103,31 @@ class SafeUnpickler(pickle._Unpickler):  # type: ignore[name-defined]
             raise pickle.UnpicklingError(f"unregistered extension code {code}")
         self.append(self.find_class(*key))  # pickle's own cache is left untouched
 
-    def persistent_load(self, pid: Any) -> Any:
-        if self._persistent is None:
+    # torch.load sets ``persistent_load`` to its reader of the file's storages.
+    @property
+    def persistent_load(self) -> Callable[[Any], Any]:  # type: ignore[override]
+        return self._persistent_id
+
+    @persistent_load.setter
+    def persistent_load(self, storages: Callable[[Any], Any]) -> None:
+        self._storages = storages
+
+    def _persistent_id(self, pid: Any) -> Any:
+        if isinstance(pid, tuple) and len(pid) > 1 and pid[0] in ("module", b"module"):
+            return pid[1]  # a legacy torch.save(model): the class, already a placeholder
+        if self._storages is None:
             raise pickle.UnpicklingError("unsupported persistent id in a plain pickle")
-        return self._persistent(pid)
+        return self._storages(pid)
 
     # -- calls ----------------------------------------------------------------------
-    def count(self, placeholder: Placeholder) -> str:
-        """Count one object built from ``placeholder``; return the object's name."""
-        name = placeholder.name if placeholder.kind == "global" else placeholder.name + "()"
-        self.placeholders[name] = self.placeholders.get(name, 0) + 1
-        return name
-
     def call(self, func: Any, args: Any, kwargs: Any = None) -> Any:
-        """``func(*args, **kwargs)`` for an allowlisted ``func``; a placeholder otherwise."""
-        if not isinstance(args, tuple) or not isinstance(kwargs, (dict, type(None))):
-            raise pickle.UnpicklingError("malformed call: arguments must be a tuple")
-        if isinstance(func, Placeholder):
-            return Placeholder(self.count(func), "object", args, kwargs)
-        impl = CALL_BY_ID.get(id(func))
-        if impl is None or impl is not func:
-            raise pickle.UnpicklingError(
-                f"refusing to call a {type(func).__name__}: only placeholders and the "
-                "rebuilders of tensors, NumPy arrays and containers are called"
-            )
+        """`visionblocks.weights._rebuild.call`, any error an ``UnpicklingError``."""
         try:
-            return impl(self, *args, **(kwargs or {}))
+            return call(func, args, kwargs)
         except pickle.UnpicklingError:
             raise
         except Exception as exc:
             raise pickle.UnpicklingError(f"malformed data: {type(exc).__name__}: {exc}") from None
-
-    def new(self, cls: Any, args: Any, kwargs: Any) -> Any:
-        """``cls.__new__(cls, *args)`` (``NEWOBJ``) for placeholders and plain containers."""
-        if isinstance(cls, Placeholder):
-            return self.call(cls, tuple(args), dict(kwargs))
-        if any(cls is t for t in CONTAINER_TYPES):
-            return cls.__new__(cls, *args) if cls is tuple else cls()
-        raise pickle.UnpicklingError(f"refusing to create a {type(cls).__name__}")
 
     def _instantiate(self, klass: Any, args: list[Any]) -> None:  # INST, OBJ
         self.append(self.call(klass, tuple(args)))
@@ -151,13 +139,13 @@ class SafeUnpickler(pickle._Unpickler):  # type: ignore[name-defined]
     def _load_newobj(self) -> None:
         args = self.stack.pop()
         cls = self.stack.pop()
-        self.append(self.new(cls, args, {}))
+        self.append(self.call(cls, tuple(args)))
 
     def _load_newobj_ex(self) -> None:
         kwargs = self.stack.pop()
         args = self.stack.pop()
         cls = self.stack.pop()
-        self.append(self.new(cls, args, kwargs))
+        self.append(self.call(cls, tuple(args), dict(kwargs)))
 
     # -- state and items ------------------------------------------------------------
     def _load_build(self) -> None:
@@ -165,9 +153,7 @@ class SafeUnpickler(pickle._Unpickler):  # type: ignore[name-defined]
         inst = self.stack[-1]
         if isinstance(inst, Placeholder):
             inst.state = state
-            return
-        np = sys.modules.get("numpy")  # not imported: no NumPy object can be on the stack
-        if np is not None and (type(inst) is np.ndarray or isinstance(inst, np.dtype)):
+        elif type(inst) is np.ndarray or isinstance(inst, np.dtype):
             inst.__setstate__(state)  # NumPy's own, data only
         elif not isinstance(inst, dict):  # attributes of a dict (e.g. _metadata): ignored
             raise pickle.UnpicklingError(f"refusing to set the state of a {type(inst).__name__}")
@@ -203,7 +189,7 @@ class SafeUnpickler(pickle._Unpickler):  # type: ignore[name-defined]
             target.entries.extend(pairs)
             return
         for key, value in pairs:
-            if not isinstance(key, KEY_TYPES):
+            if not isinstance(key, _KEY_TYPES):
                 raise pickle.UnpicklingError(f"unsupported dict key type {type(key).__name__}")
             target[key] = value
 
@@ -226,3 +212,43 @@ for _opcode, _method in (
 ):
     SafeUnpickler.dispatch[_opcode[0]] = _method
 del _opcode, _method
+
+
+def read_pickle(path: str) -> tuple[Any, dict[str, int]]:
+    """A plain pickle file, read by `SafeUnpickler`, and its placeholders (`replaced`)."""
+    with open(path, "rb") as file:
+        unpickler = SafeUnpickler(file)
+        return unpickler.load(), unpickler.replaced()
+
+
+class _NoFileno(io.FileIO):
+    """No ``fileno``: torch's legacy reader then reads storages through ``read`` instead of
+    extracting a ``.tar`` file's members to a folder."""
+
+    def fileno(self) -> int:
+        raise io.UnsupportedOperation("fileno")
+
+
+def _keep(storage: Any, location: str) -> Any:
+    return storage
+
+
+def load_torch_file(path: str, zip_format: bool) -> tuple[Any, dict[str, int]]:
+    """``torch.load`` of a torch file (a zip file memory-mapped) with `SafeUnpickler` as its
+    pickle module: the object, on the CPU, and ``{name: objects built}`` of its placeholders.
+    The function ``map_location`` makes ``torch.jit.load`` refuse TorchScript archives."""
+    placeholders: dict[str, int] = {}
+
+    class Unpickler(SafeUnpickler):
+        def __init__(self, file: Any, **_torch_options: Any) -> None:  # torch's encoding=
+            super().__init__(file, placeholders=placeholders)
+
+    module = types.ModuleType("visionblocks.weights._unpickle")  # torch reads its __name__
+    module.Unpickler = Unpickler  # type: ignore[attr-defined]
+    module.load = lambda file, **_: Unpickler(file).load()  # type: ignore[attr-defined]
+    if zip_format:
+        obj = torch.load(path, _keep, module, weights_only=False, mmap=True)
+    else:
+        with io.BufferedReader(_NoFileno(os.fspath(path))) as file:
+            obj = torch.load(file, _keep, module, weights_only=False)
+    return obj, {name: max(count, 1) for name, count in placeholders.items()}

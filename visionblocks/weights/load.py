@@ -11,7 +11,12 @@ from torch import nn
 
 from visionblocks._core.checks import check_choice, check_type
 from visionblocks._core.namespace import public_dir
-from visionblocks.weights._adapt import compile_rename, input_conv_key, map_keys
+from visionblocks.weights._adapt import (
+    adapt_input_conv_weight,
+    compile_rename,
+    input_conv_key,
+    map_keys,
+)
 from visionblocks.weights._guards import (
     check_flags,
     check_min_loaded,
@@ -19,7 +24,6 @@ from visionblocks.weights._guards import (
     require_patterns,
 )
 from visionblocks.weights._io import source_state
-from visionblocks.weights._pages import copy_tensors
 from visionblocks.weights._prefix import find_prefix_change
 from visionblocks.weights._structure import match_structure
 from visionblocks.weights.report import LoadError, LoadReport
@@ -45,82 +49,41 @@ def load_partial(
 ) -> LoadReport:
     """Copy the tensors of a checkpoint that fit ``model`` into it, and report the rest.
 
-    Checkpoint keys are mapped to model keys in two steps: each prefix of ``strip_prefixes``
-    is removed, in order, from every key that starts with it (unless the key already is a
-    model key: a model wrapped in ``DistributedDataParallel`` loads its own ``module.*``
-    checkpoint); then each ``(regex, replacement)`` pair of ``rename`` is applied, in order,
-    with ``re.sub``. Tied parameters (one tensor under several names) load through any of
-    their names. A tensor whose shape matches the model's is copied into the existing
-    parameter or buffer (under ``torch.no_grad()``, cast to its dtype and device; parameters
-    are never replaced).
+    Keys: each prefix of ``strip_prefixes`` is removed, in order, from the keys that start
+    with it (unless the key already is a model key: a ``DistributedDataParallel`` model loads
+    its own ``module.*`` checkpoint), then each ``rename`` rule is applied with ``re.sub``.
+    With ``auto_prefix``, when keys still do not fit, every dotted prefix of the unfitting
+    keys is tried, removed (Lightning's ``model.``, ``backbone.``...) or added (a bare
+    backbone's file into a model whose keys are ``backbone.*``); the change that loads the
+    most keys is applied if it loads more than none (ties: removing, then the shorter
+    prefix) and reported in ``prefix_change`` and ``renamed``.
 
-    Automatic prefix (``auto_prefix=True``): when keys still do not fit after those steps,
-    every dotted prefix of the keys that are not model keys is tried, removed from them
-    (Lightning's ``model.``, ``module.``, ``backbone.``, ``encoder.``, ``student.``...) or
-    added to them (a bare backbone's checkpoint loaded into a model whose keys are
-    ``backbone.*``). The change that makes the most keys load (same name and shape) is
-    applied, only if it makes more keys load than none does; ties go to removing, then to
-    the shorter prefix. It is reported in ``LoadReport.prefix_change`` and ``renamed``.
+    Tensors: one whose shape equals the model's is copied into the existing parameter or
+    buffer under ``torch.no_grad()``, cast to its dtype and device (parameters are never
+    replaced); tied parameters load through any of their names. With
+    ``adapt_input_channels``, the first conv weight ``(O, I, kh, kw)`` that differs from the
+    checkpoint's in ``I`` only (the stem) is adapted: summed over the checkpoint's channels
+    for ``I == 1`` (a grey image gives its RGB copy's output), else channels repeated
+    cyclically and scaled by checkpoint channels / ``I``.
 
-    Input-channel adaptation (``adapt_input_channels``): the first convolution weight
-    ``(O, I, kh, kw)`` (in state-dict order) whose checkpoint tensor differs from it only in
-    ``I`` - the stem, the one convolution that sees the image - is adapted instead of
-    skipped. For ``I == 1`` the checkpoint's channels are summed, so a grey image
-    gives exactly the output that its RGB copy (the grey channel repeated) gives with the
-    original weights. For any other ``I`` the channels are repeated cyclically (R, G, B, R, ...)
-    and scaled by ``3 / I`` (in general: checkpoint channels / ``I``).
+    By structure (``match="structure"``), for the same network under other names (timm,
+    detectron2, torchvision), tensors are paired by the order of the module tree and by shape:
+    keys that ``strip_prefixes``/``rename`` turn into a fitting model key first, then an
+    alignment that pairs as many modules as possible, preferring agreeing module names
+    (``conv3``) and blocks kept whole, then sibling modules registered in another order.
+    Shapes equal once size-1 dims are dropped load with ``reshape`` (``reshaped``); separate
+    ``q``/``k``/``v`` and a fused ``qkv`` are concatenated or chunked along dim 0 (``fused``,
+    ``split``). An ambiguous pairing raises ``ValueError`` listing the candidates; every
+    pairing is in the report (``describe(all_pairs=True)``). ``mismatched`` stays empty,
+    ``auto_prefix`` and ``adapt_input_channels`` do not apply, and a ``.safetensors`` path is
+    refused (its keys are stored sorted by name). Check with ``dry_run=True`` first.
 
-    Matching by structure (``match="structure"``): for a checkpoint of the same network
-    under other names (timm vs torchvision, detectron2 vs torchvision), tensors are paired
-    by the order of the module tree and by shape instead of by name: the checkpoint's own
-    key order (that of its state dict) against ``model.state_dict()``'s. Keys that
-    ``strip_prefixes`` and ``rename`` turn into a model key of a fitting tensor are paired by
-    name first (a ``rename`` rule is how to settle an ambiguity). The rest are aligned like
-    a longest common subsequence that pairs as much of the modules as possible (a module
-    weighs the same whatever its number of tensors), then prefers pairs whose module names
-    agree (``conv3`` in ``res2.0.conv3.weight`` and ``layer1.0.conv3.weight``), then blocks
-    kept in one piece. Sibling modules registered in another order (detectron2's
-    ``shortcut`` before ``conv1``, torchvision's ``downsample`` after ``bn3``) are paired
-    afterwards when their runs of leftover tensors fit each other and nothing else. Two
-    tensors fit when their dtypes are of one kind and their shapes are equal, or equal
-    once dimensions of size 1 are dropped (a layer scale ``(C,)`` into ``(C, 1, 1)``: loaded
-    with ``reshape``, listed in ``reshaped``). Separate ``q``/``k``/``v`` projections and one
-    fused ``qkv`` (or ``in_proj_weight``) are concatenated or chunked along dim 0 when that
-    is the only way left to pair them (``fused``, ``split``). ``num_batches_tracked`` pairs
-    with the one after its paired BatchNorm, when both sides have one. Anything ambiguous
-    (two pairings equally good) raises ``ValueError`` listing the candidates: nothing is
-    guessed. Every pairing is in the report (``renamed``, ``fused``, ``split``;
-    ``report.describe(all_pairs=True)`` prints them all), and ``unexpected`` lists the
-    checkpoint keys left unpaired; ``mismatched`` stays empty, since only fitting tensors
-    are paired, so ``skip_mismatched`` has no effect. ``auto_prefix`` and
-    ``adapt_input_channels`` are not used. A ``.safetensors`` path is refused: the format
-    stores keys sorted by name, which says nothing about the tree. Check the pairing
-    with ``dry_run=True`` first, and the outputs after loading.
+    The guards (``skip_mismatched``, ``strict``, ``require``, ``min_loaded``) run before
+    anything is copied: a failure raises `LoadError` and leaves the model unchanged.
 
-    Guards, all checked before anything is copied (a failure raises `LoadError` with the
-    report, and the model is left unchanged):
-
-    * ``skip_mismatched=False``: any shape mismatch fails.
-    * ``strict=True``: any missing, unexpected or mismatched key fails.
-    * ``require``: fnmatch patterns (``*`` also matches dots) on *model* keys; every model
-      key matched by a pattern must be loaded. A pattern that matches no model key is an
-      error too (`ValueError`), so a typo cannot pass silently.
-    * ``min_loaded``: at least this fraction (0..1) of the model's keys must be loaded.
-      By default (None) at least one key must load when the model has any: a checkpoint
-      that fits nothing is an error, not an empty report. ``min_loaded=0`` accepts it.
-
-    Memory and speed: a zip-format torch file given as a path is memory-mapped (a plain
-    state dict or training checkpoint is unpickled by pickle's C unpickler restricted to
-    three names, `visionblocks.weights._zipmap`; anything else by ``torch.load``); on Linux
-    each tensor is read from the file straight into the model's (``os.preadv``, no page
-    faults), and one that must be converted is copied from the mapping, whose pages are then
-    handed back to the OS (``madvise``), so the peak extra memory is about the largest
-    converted tensor rather than the file (tensors that are not loaded are never read); a
-    large tensor is read in parts, one per intra-op thread. With the file in the page cache
-    and 2 threads this measured 1.1x (ViT-L/16) to 1.6x (ResNet-50) faster than
-    ``model.load_state_dict(torch.load(path, weights_only=True, mmap=True))`` on a quiet
-    machine, 2.8x to 11x beside a busy one, and 3.7x to 5.8x faster than the same without
-    ``mmap`` (``benchmarks/cases/weights.py``).
+    Memory: a zip-format torch file is memory-mapped (``torch.load(weights_only=True,
+    mmap=True)``) and each tensor copied from the mapping, as ``model.load_state_dict``
+    does; tensors that are not loaded are never read.
 
     Args:
         model: The module to load into.
@@ -133,7 +96,8 @@ def load_partial(
         adapt_input_channels: Adapt the first convolution to the model's input channels.
         strict: Fail unless every model key loads and no checkpoint key is left over.
         dry_run: Compute the report (and run the guards) without copying anything.
-        require: fnmatch pattern(s) of model keys that must all load.
+        require: fnmatch pattern(s) (``*`` also matches dots) of model keys that must all
+            load; a pattern matching no model key is a ``ValueError``.
         min_loaded: Smallest acceptable fraction of loaded model keys, in ``[0, 1]``;
             None (default) requires at least one loaded key, 0 accepts loading nothing.
         auto_prefix: Find a key prefix to remove or add when that makes more keys load
@@ -227,48 +191,41 @@ def load_partial(
             "are in the order of the module tree"
         )
 
-    state, pages = source_state(source)
-    try:
-        model_state = model.state_dict(keep_vars=True)
-        key_map = map_keys(state, prefixes, rules, model_state)
-        stacked: dict[str, list[tuple[str, int, int]]] = {}
-        if match == "structure":
-            report, updates, stacked = _plan_by_structure(state, model_state, key_map)
-        else:
-            report, updates = _plan_by_names(
-                state, model_state, key_map, auto_prefix, adapt_input_channels
-            )
-        report.dry_run = dry_run
-        # Tied tensors (one Parameter under several names) load through any of their names.
-        written = {id(model_state[name]) for name in [*updates, *stacked]}
-        for name in model_state:
-            if (
-                name in updates
-                or name in stacked
-                or (name not in report.mismatched and id(model_state[name]) in written)
-            ):
-                report.loaded.append(name)
-            elif name not in report.mismatched:
-                report.missing.append(name)
+    state = source_state(source)
+    model_state = model.state_dict(keep_vars=True)
+    key_map = map_keys(state, prefixes, rules, model_state)
+    stacked: dict[str, list[tuple[str, int, int]]] = {}
+    if match == "structure":
+        report, updates, stacked = _plan_by_structure(state, model_state, key_map)
+    else:
+        report, updates = _plan_by_names(
+            state, model_state, key_map, auto_prefix, adapt_input_channels
+        )
+    report.dry_run = dry_run
+    # Tied tensors (one Parameter under several names) load through any of their names.
+    written = {id(model_state[name]) for name in [*updates, *stacked]}
+    for name in model_state:
+        if (
+            name in updates
+            or name in stacked
+            or (name not in report.mismatched and id(model_state[name]) in written)
+        ):
+            report.loaded.append(name)
+        elif name not in report.mismatched:
+            report.missing.append(name)
 
-        failure = failed_guard(report, model_state, skip_mismatched, strict, patterns, min_loaded)
-        if failure is not None:
-            raise LoadError(failure, report)
-        on_meta = [name for name in [*updates, *stacked] if model_state[name].is_meta]
-        if on_meta and not dry_run:
-            raise ValueError(
-                f"{len(on_meta)} model tensor(s) are on the meta device (first: {on_meta[0]!r}), "
-                "which holds no data to copy into; materialise the model first, e.g. "
-                "model.to_empty(device='cpu'), then load"
-            )
-        if not dry_run:
-            copy_tensors(
-                updates, model_state, state, set(report.adapted), pages,
-                reshaped=set(report.reshaped), stacked=stacked,
-            )  # fmt: skip
-    finally:
-        if pages is not None:  # its file, open when the fast reader mapped it
-            pages.close()
+    failure = failed_guard(report, model_state, skip_mismatched, strict, patterns, min_loaded)
+    if failure is not None:
+        raise LoadError(failure, report)
+    on_meta = [name for name in [*updates, *stacked] if model_state[name].is_meta]
+    if on_meta and not dry_run:
+        raise ValueError(
+            f"{len(on_meta)} model tensor(s) are on the meta device (first: {on_meta[0]!r}), "
+            "which holds no data to copy into; materialise the model first, e.g. "
+            "model.to_empty(device='cpu'), then load"
+        )
+    if not dry_run:
+        _copy(updates, model_state, state, set(report.adapted), set(report.reshaped), stacked)
     return report
 
 
@@ -288,8 +245,7 @@ def _plan_by_names(
     auto_prefix: bool,
     adapt_input_channels: bool,
 ) -> tuple[LoadReport, dict[str, str]]:
-    """The report (without loaded and missing keys) and ``{model key: checkpoint key}`` of
-    a load that pairs tensors by name."""
+    """The report (but loaded and missing keys) and ``{model key: checkpoint key}``, by name."""
     found = find_prefix_change(key_map, state, model_state) if auto_prefix else None
     prefix_change = None
     if found is not None:
@@ -322,8 +278,7 @@ def _plan_by_structure(
     model_state: dict[str, torch.Tensor],
     key_map: dict[str, str],
 ) -> tuple[LoadReport, dict[str, str], dict[str, list[tuple[str, int, int]]]]:
-    """The report (without loaded and missing keys), ``{model key: checkpoint key}`` and the
-    stacked pieces (`copy_tensors`) of a load that pairs tensors by structure."""
+    """`_plan_by_names` by structure, with the stacked pieces of `_copy`."""
     found = match_structure(state, model_state, key_map)
     report = LoadReport(match="structure", reshaped=found.reshaped)
     updates = {new: old for old, new in found.pairs.items()}
@@ -343,3 +298,29 @@ def _plan_by_structure(
         if old not in used and found.tied.get(old) not in used_groups:
             report.unexpected.append(key_map[old])
     return report, updates, stacked
+
+
+def _copy(
+    updates: dict[str, str],
+    model_state: dict[str, torch.Tensor],
+    state: dict[str, torch.Tensor],
+    adapted: set[str],
+    reshaped: set[str],
+    stacked: dict[str, list[tuple[str, int, int]]],
+) -> None:
+    """Copy ``state[updates[name]]`` into each ``model_state[name]`` (adapted or reshaped as
+    listed), and the rows of ``stacked``: ``{name: [(checkpoint key, first row, rows)]}``
+    one after the other along dim 0."""
+    with torch.no_grad():
+        for name, old in updates.items():
+            target, value = model_state[name], state[old]
+            if name in adapted:
+                value = adapt_input_conv_weight(value, target.shape[1])
+            elif name in reshaped:
+                value = value.reshape(target.shape)
+            target.copy_(value)
+        for name, pieces in stacked.items():
+            target, row = model_state[name], 0
+            for old, start, rows in pieces:
+                target.narrow(0, row, rows).copy_(state[old].narrow(0, start, rows))
+                row += rows

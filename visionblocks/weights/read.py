@@ -19,37 +19,25 @@ def read_state_dict(
 ) -> dict[str, torch.Tensor]:
     """Read a checkpoint file into a flat ``{name: Tensor}`` state dict, safely.
 
-    * ``.safetensors``: read with ``safetensors.torch.load_file``.
-    * ``.pt``, ``.pth``, ``.bin``, ``.ckpt``, ``.tar``: ``torch.load(weights_only=True)``,
-      memory-mapped (``mmap=True``) when the file has the zip format of ``torch.save``; legacy
-      files (``_use_new_zipfile_serialization=False``) are read into memory instead. Any other
-      extension is tried as a torch file.
-    * When ``torch.load`` refuses the file because it pickles other globals (Lightning,
-      mmengine, timm and torchvision training checkpoints hold ``argparse.Namespace``,
-      NumPy scalars, framework classes), it is read again by visionblocks' own unpickler,
-      still memory-mapped: tensors, NumPy arrays and plain containers are rebuilt, and every
-      other class or function becomes an inert placeholder: never imported, never called.
-      Such tensors are on the CPU unless ``map_location`` names a device.
-    * ``.pkl``, ``.pickle`` (detectron2's model zoo): the same unpickler; NumPy arrays
-      become tensors.
-    * Whole models saved with ``torch.save(model)``, alone or as entries of a dict (YOLOv5
-      and ultralytics: ``{"model": <model>, "ema": <model>, "optimizer": ..., ...}``), need
-      their class's code to be unpickled; visionblocks does not run it: the model's state
-      dict is rebuilt from what the pickle stores (each module's ``_parameters``,
-      ``_buffers`` and ``_modules``), with the names and order ``model.state_dict()``
-      gives, tensors as stored (half precision stays half). The classes are only seen,
-      never imported. What only their code could add is refused (a state-dict hook), or
-      missing (entries a class adds by overriding ``get_extra_state`` or
-      ``_save_to_state_dict``). ``key="ema"`` picks the EMA model; the default picks
-      ``model``.
+    * ``.safetensors``: ``safetensors.torch.load_file``.
+    * ``.pt``, ``.pth``, ``.bin``, ``.ckpt``, ``.tar`` and any other extension:
+      ``torch.load(weights_only=True)``, memory-mapped when the file has the zip format of
+      ``torch.save`` (legacy files are read into memory).
+    * When ``torch.load`` refuses the file for the globals it pickles (``argparse.Namespace``,
+      NumPy values, a training framework's classes), it is read again with those names
+      allowed as inert placeholders (``torch.serialization.safe_globals``): never imported,
+      never called. What torch's unpickler cannot express, and ``.pkl``/``.pickle`` files
+      (detectron2), are read by visionblocks' own restricted unpickler, whose tensors are on
+      the CPU unless ``map_location`` names a device.
+    * A whole model saved with ``torch.save(model)``, alone or as a dict entry (YOLOv5 and
+      ultralytics: ``model``, ``ema``), gives the state dict ``model.state_dict()`` would,
+      rebuilt from the pickled module tree without its class's code (half stays half); a
+      state-dict hook is refused, entries only its code adds are missing. ``key="ema"``
+      picks the EMA model.
     * Training checkpoints are unwrapped: the first of ``state_dict``, ``model_state_dict``,
-      ``model_state``, ``model`` and ``module`` that holds a mapping is descended into (again
-      and again, for nested containers). EMA weights (``state_dict_ema``, ``model_ema``) are
-      not picked automatically, since the plain weights are what the run's model held; select
-      them with ``key="state_dict_ema"``.
-    * Entries that are not tensors (``epoch``, ``optimizer``, nested dicts, ...) are dropped.
-    * A ``module.`` prefix (``DataParallel``/``DistributedDataParallel``) is removed when
-      *every* key has it.
+      ``model_state``, ``model`` and ``module`` that holds a mapping, repeatedly. EMA weights
+      (``state_dict_ema``) are only taken with ``key=``. Entries that are not tensors are
+      dropped, and a ``module.`` prefix is removed when *every* key has it.
 
     Args:
         path: The checkpoint file.
@@ -62,14 +50,11 @@ def read_state_dict(
 
     Raises:
         FileNotFoundError: If ``path`` does not exist.
-        ValueError: If the weights of the file would only come out of code it names (a
-            placeholder where the state dict's tensors are, or no tensors at all besides
-            placeholders; nothing runs and the message explains ``weights_only``), a
-            pickled whole model is malformed or has a state-dict hook (its state dict
-            cannot be rebuilt without its code), the file is not a valid torch or pickle
-            file, or it holds no tensors where a state dict is looked for (when entries
-            hold whole models, such as ultralytics' ``ema``, the message names them and
-            says to pass ``key=``).
+        ValueError: If the weights would only come out of code the file names (a
+            placeholder where the tensors are, or no tensors besides placeholders), a pickled
+            whole model is malformed or has a state-dict hook, the file is not a valid torch
+            or pickle file, or it holds no tensors where a state dict is looked for (the
+            message names entries holding whole models, for ``key=``).
         KeyError: If ``key`` is given and the file has no mapping under it.
         TypeError: If the file holds something other than a mapping.
 

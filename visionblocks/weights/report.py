@@ -20,15 +20,10 @@ class LoadReport:
     """What `load_partial` did with each key.
 
     Every key of the model's state dict (parameters *and* buffers, such as BatchNorm running
-    statistics and ``num_batches_tracked``) is in exactly one of ``loaded``, ``mismatched``
-    and ``missing``. Keys are model names, i.e. checkpoint names after prefix stripping and
-    renaming.
-
-    With ``match="structure"`` every model key that got a tensor of another name is in
-    ``renamed`` (one to one, ``reshaped`` among them), ``fused`` or ``split``;
-    ``mismatched`` is empty (tensors are only paired when their shapes fit), and `str`
-    says so in one more line. ``describe(all_pairs=True)`` lists every pairing, without
-    the ``... and N more`` of `str`.
+    statistics) is in exactly one of ``loaded``, ``mismatched`` and ``missing``. Keys are
+    model names (checkpoint names after prefix stripping and renaming). With
+    ``match="structure"`` every pairing of two names is in ``renamed``, ``fused`` or
+    ``split``, and ``mismatched`` is empty.
 
     Attributes:
         loaded: Model keys that received a tensor (adapted ones included).
@@ -39,23 +34,19 @@ class LoadReport:
         adapted: Keys loaded after adapting the first convolution to the model's number of
             input channels.
         renamed: ``{checkpoint key: new key}`` for every key that prefix stripping,
-            ``rename`` or the automatic prefix change changed; with ``match="structure"``,
-            every one-to-one pairing of two different names.
-        prefix_change: ``(removed, added)`` when ``load_partial`` found a key prefix to
-            remove (``("model.", "")``) or to add (``("", "backbone.")``) by itself
-            (``auto_prefix``); None otherwise.
+            ``rename``, the automatic prefix change or (one to one) structure matching
+            changed.
+        prefix_change: ``(removed, added)``, e.g. ``("model.", "")`` or ``("", "backbone.")``,
+            when ``auto_prefix`` found a prefix change; None otherwise.
         dry_run: True when nothing was copied (``load_partial(..., dry_run=True)``).
-        match: How checkpoint tensors were paired with model tensors: ``"names"`` or
-            ``"structure"`` (``load_partial``'s ``match``).
+        match: ``load_partial``'s ``match``: ``"names"`` or ``"structure"``.
         reshaped: ``{model key: (checkpoint shape, model shape)}`` for tensors loaded with
-            ``reshape``: shapes equal once dimensions of size 1 are dropped (a layer scale
-            ``(C,)`` into ``(C, 1, 1)``, a 1x1 convolution into a linear weight).
-        fused: ``{model key: [checkpoint keys]}`` for a model tensor loaded with the
-            concatenation of several checkpoint tensors along dim 0 (separate ``q``, ``k``,
-            ``v`` projections into one ``qkv`` or ``in_proj_weight``).
+            ``reshape`` (shapes equal once dimensions of size 1 are dropped).
+        fused: ``{model key: [checkpoint keys]}`` for a model tensor loaded with their
+            concatenation along dim 0 (``q``, ``k``, ``v`` into ``qkv``).
         split: ``{model key: (checkpoint key, chunk, chunks)}`` for a model tensor loaded
-            with chunk ``chunk`` (from 0) of a checkpoint tensor cut into ``chunks`` equal
-            parts along dim 0 (a fused projection into separate ones).
+            with chunk ``chunk`` (from 0) of a checkpoint tensor cut into ``chunks`` along
+            dim 0.
 
     Examples:
         >>> report = LoadReport(loaded=["a"], missing=["b"], unexpected=["c"])
