@@ -99,7 +99,7 @@ def main() -> None:
     import torch
 
     from visionblocks.data import CocoInstances, make_synthetic_coco
-    from visionblocks.ops.warp_targets import warp_sample
+    from visionblocks.transforms import warp_sample
 
     out = Path(args.out)
     ann = make_synthetic_coco(out / "data", num_images=4, image_size=(160, 200), seed=2)

@@ -132,22 +132,6 @@ class MaliciousPickle:
         return (write_marker, (self.path,))
 
 
-def team_fixture(library):
-    """A fixture, parametrised over both ways a `visionblocks._core.native.NativeLibrary` runs
-    its parts: on torch's OpenMP team, then on `visionblocks._core.parallel`'s threads (skipped
-    when the library cannot be built)."""
-
-    @pytest.fixture(params=[True, False], ids=["openmp-team", "python-threads"])
-    def team(request):
-        if library.reason():
-            pytest.skip(library.reason())
-        library.use_team(request.param)
-        yield request.param
-        library.use_team(True)
-
-    return team
-
-
 def resident_file_kib(path) -> int:
     """Resident KiB of this process's memory mappings of the file ``path`` (from
     ``/proc/self/smaps``): how much of a memory-mapped checkpoint has been read."""

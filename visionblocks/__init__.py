@@ -9,8 +9,14 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from visionblocks._core.dispatch import get_impl, set_impl, use_impl
-from visionblocks._core.values import set_value_checks, value_checks, value_checks_enabled
+from visionblocks._core.dispatch import (
+    get_impl,
+    set_impl,
+    set_value_checks,
+    use_impl,
+    value_checks,
+    value_checks_enabled,
+)
 from visionblocks._core.version import __version__
 
 _SUBMODULES = (
@@ -26,6 +32,7 @@ _SUBMODULES = (
     "nn",
     "ops",
     "registry",
+    "transforms",
     "weights",
 )
 

@@ -9,11 +9,9 @@ rotated by 30° and scaled by 0.8 about the image centre.
 
 kornia runs with its default ``align_corners=True``, which in kornia means OpenCV's pixel
 convention (pixel centres on integers) — the same outputs as ours up to float32 rounding
-(``tests/ops/test_warp.py`` checks it). kornia ends in ``F.grid_sample``; ours, on CPU with
-bilinear sampling and zero padding, runs the native kernel of
-`visionblocks.ops._warp_native` (a plan of taps and weights per block of rows, reused for
-every channel and image sharing the matrix), or ``F.grid_sample`` where no C compiler is
-available. The output check compares
+(``tests/ops/test_warp.py`` checks it). kornia ends in ``F.grid_sample``; ours, on CPU,
+calls OpenCV's ``cv2.warpAffine`` per channel plane (on OpenCV's threads, as many as its
+default: the machine's cores), or ``F.grid_sample`` without OpenCV. The output check compares
 the warped images (two 128×128 images; values in ``[0, 1]``, so an absolute tolerance).
 """
 

@@ -73,7 +73,8 @@ def warp_picture(out: Path) -> None:
     """The sample of ``make_warp_figure.py`` and three warps of it, drawn as it draws them."""
     import make_warp_figure as wf
 
-    from visionblocks.ops import affine_matrix, warp_sample
+    from visionblocks.ops import affine_matrix
+    from visionblocks.transforms import warp_sample
 
     image, target = wf.synthetic_sample()
     samples = [("source", image, target)]

@@ -3,7 +3,7 @@
 The picture is drawn with torch (no downloads): a shaded background with a rectangle, a disc
 and a triangle, each with an instance mask, a box and a key point (its centre). One matrix
 (rotation, scale, shear, translation) warps all of it through
-`visionblocks.ops.warp_targets.warp_sample`. On the right, solid boxes are the corner method
+`visionblocks.transforms.warp_sample`. On the right, solid boxes are the corner method
 (the box enclosing each warped rectangle: what a sample with boxes only gets) and dashed
 boxes the tight boxes `warp_sample` computes from the warped masks::
 
@@ -24,7 +24,7 @@ from matplotlib.patches import Rectangle
 from torchvision import tv_tensors
 
 from visionblocks.ops.warp import affine_matrix
-from visionblocks.ops.warp_targets import warp_sample
+from visionblocks.transforms import warp_sample
 
 DEFAULT_PNG = Path(__file__).resolve().parents[1] / "assets" / "warp.png"
 H, W = 192, 256

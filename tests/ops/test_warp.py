@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.helpers import assert_close, gradcheck
+from visionblocks.ops import _warp_opencv
 from visionblocks.ops.warp import (
     affine_matrix,
     invert_affine,
@@ -21,6 +22,18 @@ from visionblocks.ops.warp import (
 )
 
 cv2 = pytest.importorskip("cv2")
+
+
+@pytest.fixture(params=["opencv", "torch"])
+def path(request, monkeypatch):
+    """Each CPU path of `warp_affine`: ``cv2.warpAffine``, and the torch path (the reference,
+    which runs for gradients, CUDA, tracing and without OpenCV)."""
+    if request.param == "torch":
+        monkeypatch.setattr(_warp_opencv, "opencv", lambda: None)
+    elif _warp_opencv.opencv() is None:
+        pytest.skip("OpenCV 5 is not installed")
+    return request.param
+
 
 SRC = (37, 53)  # (H, W), odd sizes on purpose
 DST = (30, 41)
@@ -185,7 +198,7 @@ CV_INTER = {"bilinear": cv2.INTER_LINEAR, "nearest": cv2.INTER_NEAREST}
 @pytest.mark.parametrize("name", list(MATRICES))
 @pytest.mark.parametrize("padding_mode", list(CV_BORDER))
 @pytest.mark.parametrize("mode", ["bilinear", "nearest"])
-def test_warp_affine_matches_opencv(name, padding_mode, mode):
+def test_warp_affine_matches_opencv(name, padding_mode, mode, path):
     img = smooth_image()
     m = affine_matrix(**MATRICES[name])
     fill = (0.5, -1.0, 2.0) if padding_mode == "fill" else 0.0
@@ -199,13 +212,15 @@ def test_warp_affine_matches_opencv(name, padding_mode, mode):
     )
     out = to_hwc(warp_affine(to_chw(img), m, DST, mode, padding_mode, fill))
     diff = np.abs(out - ref)
-    if mode == "bilinear":  # the whole image, borders included
+    if path == "opencv":
+        assert diff.max() == 0
+    elif mode == "bilinear":  # the whole image, borders included
         assert diff.max() < 1e-4
     else:  # OpenCV quantises positions to 1/1024 px: near-ties may round apart
         assert (diff.max(-1) > 0).mean() < 1e-3
 
 
-def test_warp_affine_uint8_matches_opencv_and_noise_image():
+def test_warp_affine_uint8_matches_opencv_and_noise_image(path):
     rng = np.random.default_rng(0)
     noise = rng.random((60, 80, 3)).astype(np.float32)
     m = affine_matrix(angle=17.0, scale=0.77, translate=(3.3, 1.1), center=(40.0, 30.0))
@@ -216,10 +231,11 @@ def test_warp_affine_uint8_matches_opencv_and_noise_image():
     out = warp_affine(to_chw(u8), m)
     assert out.dtype == torch.uint8
     diff = np.abs(to_hwc(out).astype(int) - ref.astype(int))
-    assert diff.max() <= 1 and (diff > 0).mean() < 0.01  # fixed-point rounding in OpenCV
+    assert diff.max() <= 1 and (diff > 0).mean() < 0.01  # rounding of half levels
+    assert path == "torch" or diff.max() == 0
 
 
-def test_nearest_ties_round_half_to_even_as_opencv():
+def test_nearest_ties_round_half_to_even_as_opencv(path):
     row = np.arange(8, dtype=np.float32)[None].repeat(2, 0)
     m = torch.tensor(
         [[2.0, 0.0, 0.0], [0.0, 1.0, 0.0]]
@@ -229,7 +245,7 @@ def test_nearest_ties_round_half_to_even_as_opencv():
     assert torch.equal(out, torch.from_numpy(ref))
 
 
-def test_warp_affine_matches_kornia_with_align_corners_true():
+def test_warp_affine_matches_kornia_with_align_corners_true(path):
     kornia_warp = pytest.importorskip("kornia.geometry.transform").warp_affine
     img = torch.rand(2, 3, 20, 30, generator=torch.Generator().manual_seed(1))
     m = affine_matrix(angle=33.0, scale=1.2, center=(14.5, 9.5))
@@ -237,7 +253,7 @@ def test_warp_affine_matches_kornia_with_align_corners_true():
     assert_close(warp_affine(img, m, (25, 22)), ref, scale=10)
 
 
-def test_warp_affine_matches_torchvision_affine_image():
+def test_warp_affine_matches_torchvision_affine_image(path):
     tvf = pytest.importorskip("torchvision.transforms.v2.functional")
     img = to_chw(smooth_image())
     h, w = SRC
@@ -259,7 +275,7 @@ def test_warp_affine_matches_torchvision_affine_image():
 # ---------------------------------------------------------------------------- batching, dtypes
 
 
-def test_batched_shared_and_unbatched_agree():
+def test_batched_shared_and_unbatched_agree(path):
     gen = torch.Generator().manual_seed(2)
     img = torch.rand(3, 2, 11, 13, generator=gen)
     mats = torch.stack([affine_matrix(angle=a, center=(6.0, 5.0)) for a in (10.0, 50.0, -80.0)])
@@ -273,7 +289,7 @@ def test_batched_shared_and_unbatched_agree():
     assert_close(warp_affine(img.transpose(-1, -2), mats), warp_affine(img.mT.contiguous(), mats))
 
 
-def test_identity_and_integer_translation_are_exact():
+def test_identity_and_integer_translation_are_exact(path):
     img = torch.rand(2, 3, 8, 9)
     assert_close(warp_affine(img, torch.eye(2, 3)), img)
     shifted = warp_affine(img, affine_matrix(translate=(2.0, -1.0)), mode="bilinear")
@@ -282,7 +298,7 @@ def test_identity_and_integer_translation_are_exact():
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float64])
-def test_float_dtypes_follow_the_float32_result(dtype):
+def test_float_dtypes_follow_the_float32_result(dtype, path):
     img = to_chw(smooth_image())
     m = affine_matrix(**MATRICES["rot_scale"])
     ref = warp_affine(img, m, DST)
@@ -294,7 +310,7 @@ def test_float_dtypes_follow_the_float32_result(dtype):
     )
 
 
-def test_nearest_keeps_any_dtype_exactly():
+def test_nearest_keeps_any_dtype_exactly(path):
     labels = torch.randint(0, 2**40, (2, 10, 12), dtype=torch.int64)
     m = affine_matrix(angle=90.0, center=(5.5, 4.5))
     out = warp_affine(labels, m, mode="nearest", padding_mode="fill", fill=7)

@@ -1,7 +1,7 @@
 """Key points through warps: visibility follows the canvas, a mirror swaps left and right.
 
-Hand-computed cases, torchvision transforms v2 where its convention agrees with ours, the
-instance filtering of `warp_sample`, ``torch.compile(fullgraph=True)`` and fake CUDA tensors.
+Hand-computed cases, torchvision transforms v2 where its convention agrees with ours,
+``torch.compile(fullgraph=True)`` and fake CUDA tensors (`warp_sample` on key points: tests/transforms).
 
 torchvision 0.29 on ``tv_tensors.KeyPoints``: ``horizontal_flip`` / ``vertical_flip`` map
 ``x -> W - 1 - x`` (pixel centres on integers, our convention: equal to our flip matrices);
@@ -33,7 +33,6 @@ from visionblocks.ops import (
     warp_affine,
     warp_keypoints,
     warp_points,
-    warp_sample,
 )
 
 H, W = 24, 32
@@ -162,87 +161,6 @@ def test_a_mirror_without_flip_pairs_is_refused():
     warp_keypoints(PEOPLE, TURN180, (H, W))
     with visionblocks.value_checks(False):  # a value check: off with the others
         warp_keypoints(PEOPLE, HFLIP, (H, W))
-
-
-def test_warp_sample_flips_key_points_and_refuses_without_pairs():
-    image = tv_tensors.Image(torch.rand(3, H, W))
-    target = {
-        "boxes": tv_tensors.BoundingBoxes([[5, 3, 14, 9], [20, 12, 30, 18]], format="XYXY",
-                                          canvas_size=(H, W)),
-        "keypoints": tv_tensors.KeyPoints(PEOPLE.float(), canvas_size=(H, W)),
-        "keypoints_visibility": VISIBLE,
-        "labels": torch.tensor([1, 1]),
-    }  # fmt: skip
-    out_image, out = warp_sample(image, target, HFLIP, flip_pairs=PAIRS)
-    assert torch.equal(out_image, tvf.horizontal_flip(image))
-    expected = warp_points(PEOPLE, HFLIP)[:, [0, 2, 1]].float()
-    assert isinstance(out["keypoints"], tv_tensors.KeyPoints)
-    assert torch.equal(out["keypoints"].as_subclass(torch.Tensor), expected)
-    assert out["keypoints_visibility"].tolist() == [[2, 2, 1], [2, 2, 0]]
-    assert list(out) == list(target)  # the key order is kept
-    with pytest.raises(ValueError, match="flip_pairs is None"):
-        warp_sample(image, target, HFLIP)
-    _, same_names = warp_sample(image, target, HFLIP, flip_pairs=[])
-    assert torch.equal(
-        same_names["keypoints"].as_subclass(torch.Tensor), warp_points(PEOPLE, HFLIP).float()
-    )
-    with pytest.raises(ValueError, match=r"flip_pairs: pair \(1, 5\) has an index outside"):
-        warp_sample(image, target, HFLIP, flip_pairs=[(1, 5)])
-    with pytest.raises(TypeError, match="flip_pairs must hold"):
-        warp_sample(image, target, HFLIP, flip_pairs=[(1, "2")])
-
-
-# --------------------------------------------------------------------- warp_sample instances
-
-
-def test_instance_filtering_keeps_visibility_aligned():
-    image = torch.rand(3, H, W)
-    boxes = tv_tensors.BoundingBoxes(
-        [[1, 1, 6, 6], [10, 2, 20, 12], [22, 10, 31, 20]], format="XYXY", canvas_size=(H, W)
-    )
-    points = torch.tensor(
-        [[[2, 2], [4, 3]], [[12, 4], [18, 11]], [[24, 12], [30, 19]]]
-    )  # integer points: rounded after the warp
-    target = {
-        "keypoints_visibility": torch.tensor([[2, 2], [1, 0], [2, 1]]),  # before its points
-        "boxes": boxes,
-        "keypoints": tv_tensors.KeyPoints(points, canvas_size=(H, W)),
-        "labels": torch.tensor([7, 8, 9]),
-    }
-    m = shift(-8.25, 0.0)  # box 0 leaves; box 2's last point x 30 - 8 = 22 stays
-    _, out = warp_sample(image, target, m, size=(H, 20), flip_pairs=[(0, 1)])
-    assert out["labels"].tolist() == [8, 9]
-    assert out["keypoints"].dtype == torch.int64 and out["keypoints"].canvas_size == (H, 20)
-    assert out["keypoints"].tolist() == [[[4, 4], [10, 11]], [[16, 12], [22, 19]]]
-    # the visibility rows are those of the kept instances; x 22 >= 19.5 leaves the canvas
-    assert out["keypoints_visibility"].tolist() == [[1, 0], [2, 0]]
-    assert list(out) == list(target)
-    # with the visibility listed in instance_keys as well, it is filtered once
-    keys = ("labels", "keypoints_visibility")
-    _, twice = warp_sample(image, target, m, size=(H, 20), flip_pairs=[], instance_keys=keys)
-    assert twice["keypoints_visibility"].tolist() == [[1, 0], [2, 0]]
-    # min_size=None keeps every instance and its flags
-    _, everything = warp_sample(image, target, m, size=(H, 20), min_size=None, flip_pairs=[])
-    assert everything["keypoints_visibility"].tolist() == [[0, 0], [1, 0], [2, 0]]
-
-
-def test_visibility_entry_is_checked():
-    image = torch.rand(3, H, W)
-    target = {
-        "keypoints": tv_tensors.KeyPoints(PEOPLE.float(), canvas_size=(H, W)),
-        "keypoints_visibility": VISIBLE.float(),
-    }
-    with pytest.raises(TypeError, match=r"target\['keypoints_visibility'\] must be an integer"):
-        warp_sample(image, target, shift(1.0))
-    target["keypoints_visibility"] = VISIBLE[:1]
-    with pytest.raises(ValueError, match=r"must have the shape of target\['keypoints'\].*\(2, 3\)"):
-        warp_sample(image, target, shift(1.0))
-    target["keypoints_visibility"] = VISIBLE.to("meta")
-    with pytest.raises(ValueError, match="must be on the same device"):
-        warp_sample(image, target, shift(1.0))
-    # a visibility without its key points is any other entry: copied
-    _, out = warp_sample(image, {"other_visibility": "x"}, shift(1.0))
-    assert out == {"other_visibility": "x"}
 
 
 @pytest.mark.parametrize(

@@ -1,7 +1,7 @@
 """`warp_affine` against the plain float64 reference (tests/reference/warp.py), the oracle.
 
-Bilinear zeros padding on CPU runs either the C kernel (`visionblocks.ops._warp_native`) or,
-without it, ``grid_sample``: the `sampler` fixture runs each test with both.
+On CPU the warp is ``cv2.warpAffine`` where OpenCV 5 is installed, ``grid_sample`` without it:
+the `path` fixture runs each test with both.
 """
 
 from __future__ import annotations
@@ -9,22 +9,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.ops.test_warp import DST, MATRICES, SRC, smooth_image, to_chw
+from tests.ops.test_warp import DST, MATRICES, SRC, path, smooth_image, to_chw
 from tests.reference import warp as reference
-from visionblocks.ops import _warp_native
 from visionblocks.ops.warp import affine_matrix, warp_affine
 
-
-@pytest.fixture(params=["native", "grid_sample"])
-def sampler(request, monkeypatch):
-    """The CPU path of bilinear zeros padding: the C kernel, or grid_sample without it."""
-    if request.param == "native":
-        reason = _warp_native.native_unavailable_reason()
-        if reason:
-            pytest.skip(reason)
-    else:
-        monkeypatch.setattr(_warp_native.LIBRARY, "functions", lambda: None)
-    return request.param
+__all__ = ["path"]  # the fixture, used by name
 
 
 def noise_image(c: int = 3, h: int = SRC[0], w: int = SRC[1], seed: int = 4) -> torch.Tensor:
@@ -34,7 +23,7 @@ def noise_image(c: int = 3, h: int = SRC[0], w: int = SRC[1], seed: int = 4) -> 
 @pytest.mark.parametrize("name", list(MATRICES))
 @pytest.mark.parametrize("padding_mode", ["zeros", "border", "reflection", "fill"])
 @pytest.mark.parametrize("mode", ["bilinear", "nearest"])
-def test_warp_affine_matches_reference(name, padding_mode, mode, sampler):
+def test_warp_affine_matches_reference(name, padding_mode, mode, path):
     """tests/reference/warp.py (float64, written out) is the oracle, on smooth and noise images."""
     fill = (0.5, -1.0, 2.0) if padding_mode == "fill" else 0.0
     m = affine_matrix(**MATRICES[name])
@@ -50,8 +39,8 @@ def test_warp_affine_matches_reference(name, padding_mode, mode, sampler):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("shared", [True, False])
-def test_batched_warp_matches_reference(dtype, shared, sampler):
-    """One matrix for the batch (planned once in the C kernel) and one per image."""
+def test_batched_warp_matches_reference(dtype, shared, path):
+    """One matrix for the batch and one per image."""
     imgs = torch.stack([noise_image(2, 23, 31, seed=i) for i in range(3)]).to(dtype)
     mats = affine_matrix(
         angle=torch.tensor([17.0, -70.0, 200.0]),

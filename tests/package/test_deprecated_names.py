@@ -33,6 +33,11 @@ ALIASES = [
     ("visionblocks.data.coco", "CocoDetection", "CocoInstances"),
 ]
 IDS = [f"{module}.{old}" for module, old, _ in ALIASES]
+# (module, old name, the module it moved to): served from the old place for one release
+MOVES = [
+    ("visionblocks.ops", "warp_sample", "visionblocks.transforms"),
+    ("visionblocks.ops.warp_targets", "warp_sample", "visionblocks.transforms"),
+]
 
 
 @pytest.mark.parametrize(("module", "old", "new"), ALIASES, ids=IDS)
@@ -63,6 +68,23 @@ def test_alias_is_hidden(module, old, new):
     assert old not in namespace and new in namespace
 
 
+@pytest.mark.parametrize(("module", "old", "home"), MOVES, ids=[f"{m}.{o}" for m, o, _ in MOVES])
+def test_moved_name_is_the_new_object_and_warns_once(module, old, home):
+    mod = importlib.import_module(module)
+    reset_warned()
+    with pytest.warns(
+        DeprecationWarning, match=rf"{module}\.{old} is deprecated.*0\.3.*use {home}\.{old}"
+    ):
+        value = getattr(mod, old)
+    assert value is getattr(importlib.import_module(home), old)
+    assert old not in mod.__all__ and old not in dir(mod) and old not in vars(mod)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        namespace: dict[str, object] = {}
+        exec(f"from {module} import {old}", namespace)
+        assert namespace[old] is value
+
+
 def test_import_statement_warns_at_the_importer():
     reset_warned()
     with pytest.warns(DeprecationWarning) as record:
@@ -81,7 +103,8 @@ def test_every_deprecated_name_is_tested():
         for old, (new, removed_in) in getattr(module, "_DEPRECATED", {}).items():
             assert removed_in == "0.3"
             declared.add((info.name, old, new))
-    assert declared == set(ALIASES)
+    moved = {(m, old, f"{home}.{old}") for m, old, home in MOVES}
+    assert declared == set(ALIASES) | moved
 
 
 def test_unknown_names_still_raise_attribute_error():

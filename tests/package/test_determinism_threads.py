@@ -1,11 +1,10 @@
 """Threaded CPU paths give the same bits with 1 and 2 threads (issue 18).
 
-The C kernels (`visionblocks._core.native`) and the torch paths that `parallel_for` cuts into
-parts promise results independent of the thread count: parts depend only on the shapes, each
-part writes its own rows, and sums are added per part, in part order. Each case here is
-large enough for several parts (checked: a test with one part would prove nothing) and runs
-with 1 thread, with 2 threads, and, for the C kernels, on Python threads instead of torch's
-OpenMP team. Outputs and gradients must be bitwise equal.
+The torch paths that `parallel_for` cuts into parts promise results independent of the thread
+count: parts depend only on the shapes, each part writes its own rows, and sums are added per
+part, in part order. Each case here is large enough for several parts (checked: a test with
+one part would prove nothing) and runs with 1 thread and with 2 threads. Outputs and gradients
+must be bitwise equal. (OpenCV's warp on 1 and 2 of its threads: tests/ops/test_warp_opencv.py.)
 
 Not claimed (the determinism table of the docs says so): a torch path whose input fits in one
 part runs that part in the calling thread with all of torch's intra-op threads, and torch's
@@ -23,15 +22,9 @@ from unittest import mock
 import pytest
 import torch
 
-from tests.package.test_determinism import LIBRARIES, _gen, _run, on_path
+from tests.package.test_determinism import _gen, _run, on_path
 from visionblocks import ops
 from visionblocks._core import parallel
-
-
-def _warp() -> tuple:
-    img = torch.rand(2, 3, 200, 150, generator=_gen(35))  # parts of 64 rows
-    m = ops.affine_matrix(angle=11.0, translate=(3.0, -2.0), scale=0.9, center=(75.0, 100.0))
-    return (ops.warp_affine(img, m), ops.warp_affine(img, m.expand(2, 2, 3), size=(190, 170)))
 
 
 def _local_filter() -> tuple:
@@ -46,7 +39,6 @@ def _local_attention() -> tuple:
 
 
 THREADED: dict[str, tuple[str, Callable[[], tuple]]] = {
-    "warp_affine-native": ("native", _warp),
     "local_filter2d-torch": ("torch", _local_filter),
     "local_attention2d-torch": ("torch", _local_attention),
 }
@@ -54,7 +46,7 @@ THREADED: dict[str, tuple[str, Callable[[], tuple]]] = {
 
 @contextmanager
 def _counting_parts() -> Iterator[list[int]]:
-    """Record the number of parts of every `parallel_for` and C kernel call."""
+    """Record the number of parts of every `parallel_for` call."""
     counts: list[int] = []
     real_parts = parallel.parts
 
@@ -63,52 +55,27 @@ def _counting_parts() -> Iterator[list[int]]:
         counts.append(len(out))
         return out
 
-    runners = []
-    for lib in LIBRARIES.values():
-        real_run = lib.run_parts
-
-        def run_parts(fn, args, n_parts, real_run=real_run):  # type: ignore[no-untyped-def]
-            counts.append(n_parts)
-            return real_run(fn, args, n_parts)
-
-        runners.append(mock.patch.object(lib, "run_parts", run_parts))
     with mock.patch.object(parallel, "parts", parts):
-        for runner in runners:
-            runner.start()
-        try:
-            yield counts
-        finally:
-            for runner in runners:
-                runner.stop()
+        yield counts
 
 
-def _with_threads(threads: int, path: str, fn: Callable[[], tuple], team: bool = True) -> tuple:
+def _with_threads(threads: int, path: str, fn: Callable[[], tuple]) -> tuple:
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
-    for lib in LIBRARIES.values():
-        lib.use_team(team)
     try:
         with on_path(path):
             return fn()
     finally:
         torch.set_num_threads(before)
-        for lib in LIBRARIES.values():
-            lib.use_team(True)
 
 
 @pytest.mark.parametrize("name", sorted(THREADED))
 def test_one_and_two_threads_give_the_same_bits(name: str) -> None:
     path, fn = THREADED[name]
-    if path == "native":
-        reasons = {lib.reason() for lib in LIBRARIES.values()} - {None}
-        if reasons:
-            pytest.skip(reasons.pop())
     with _counting_parts() as counts:
         one = _with_threads(1, path, fn)
     assert counts and max(counts) >= 2, f"{name}: one part only, nothing to compare"
     runs = {"2 threads": _with_threads(2, path, fn)}
-    if path == "native":
-        runs["2 Python threads"] = _with_threads(2, path, fn, team=False)
     for label, other in runs.items():
         assert len(one) == len(other) > 0
         for i, (a, b) in enumerate(zip(one, other, strict=True)):

@@ -12,7 +12,7 @@ The layers, lowest first (docs/architecture.md explains them):
    native kernels, the registry core.
 1. ``kernels``: Triton kernels and the routing of an op to its kernel.
 2. ``ops``: functional tensor ops.
-3. ``losses``, ``nn``, ``init``, ``weights``, ``distributed``, ``training``.
+3. ``losses``, ``nn``, ``init``, ``weights``, ``distributed``, ``transforms``, ``training``.
 4. ``features``.
 5. ``backbones``, ``data``.
 6. ``models``.
@@ -45,6 +45,7 @@ LAYERS: dict[str, int] = {
     "init": 3,
     "weights": 3,
     "distributed": 3,
+    "transforms": 3,
     "training": 4,
     "features": 4,
     "backbones": 5,

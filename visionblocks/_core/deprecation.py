@@ -9,10 +9,15 @@ first time each old name is looked up in the process:
 
     def __getattr__(name):
         return deprecated_attribute(__name__, globals(), _DEPRECATED, name)
+
+A name that moved to another module is given with its new module
+(``{"warp_sample": ("visionblocks.transforms.warp_sample", "0.3")}``) and imported by name on
+first use: the new module may sit above the old one in the layers.
 """
 
 from __future__ import annotations
 
+import importlib
 import threading
 import warnings
 from collections.abc import Mapping
@@ -27,26 +32,10 @@ _lock = threading.Lock()
 def deprecated_attribute(
     module: str, namespace: Mapping[str, Any], renamed: Mapping[str, tuple[str, str]], name: str
 ) -> Any:
-    """Resolve ``name`` through ``renamed`` (``{old: (new, removed_in)}``) for a module's ``__getattr__``.
-
-    Args:
-        module: The module's ``__name__`` (for the messages).
-        namespace: The module's ``globals()``, holding the new names.
-        renamed: Old name → (new name, version that removes the old one).
-        name: The attribute looked up.
-
-    Returns:
-        The object bound to the new name.
-
-    Raises:
-        AttributeError: If ``name`` is neither a deprecated name nor defined (the normal
-            message for a missing module attribute).
-
-    Examples:
-        >>> ns = {"new_fn": len}
-        >>> deprecated_attribute("pkg", ns, {"old_fn": ("new_fn", "0.3")}, "old_fn") is len
-        True
-    """
+    """Resolve ``name`` through ``renamed`` (``{old: (new, removed_in)}``; a dotted ``new``
+    is a name that moved to that module) for a module's ``__getattr__``, warning once per
+    name; ``namespace`` is the module's ``globals()``. An unknown ``name`` raises the usual
+    ``AttributeError``."""
     if name not in renamed:
         raise AttributeError(f"module {module!r} has no attribute {name!r}")
     new, removed_in = renamed[name]
@@ -57,18 +46,17 @@ def deprecated_attribute(
     if first:
         warnings.warn(
             f"{module}.{name} is deprecated and will be removed in {removed_in}; "
-            f"use {module}.{new} (same object)",
+            f"use {new if '.' in new else f'{module}.{new}'} (same object)",
             DeprecationWarning,
             stacklevel=3,
         )
+    if "." in new:  # moved: imported by name (not an import statement), on first use
+        home, _, attr = new.rpartition(".")
+        return getattr(importlib.import_module(home), attr)
     return namespace[new]
 
 
 def reset_warned() -> None:
-    """Forget which deprecated names already warned (for tests).
-
-    Examples:
-        >>> reset_warned()
-    """
+    """Forget which deprecated names already warned (for tests)."""
     with _lock:
         _warned.clear()

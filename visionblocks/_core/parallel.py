@@ -3,8 +3,7 @@
 Why: a chunked CPU path that calls torch ops on cache-sized pieces runs every op as its own
 OpenMP parallel region. On a quiet machine that is cheap; when other processes share the
 cores, each region waits for its slowest (descheduled) thread, and a call with hundreds of
-regions collapses (measured: 0.08x torchvision on a 4M-element focal loss with two busy
-neighbours).
+regions collapses (the busy rows of the benchmarks show it).
 
 How: `parallel_for` cuts ``range(n)`` into contiguous *parts* whose boundaries depend only on
 ``n`` and ``grain`` (never on the thread count, so results are bitwise reproducible on any
@@ -28,9 +27,9 @@ from typing import TypeVar
 
 import torch
 
-from visionblocks._core.recording import recording
+from visionblocks._core.dispatch import recording
 
-__all__ = ["in_pool", "parallel_for", "parts", "workspace"]
+__all__ = ["parallel_for", "parts", "workspace"]
 
 T = TypeVar("T")
 
@@ -94,12 +93,6 @@ def parts(n: int, grain: int) -> list[tuple[int, int]]:
     return out
 
 
-def in_pool() -> bool:
-    """Whether the calling thread is running parts of a `parallel_for` (nested work then
-    runs inline, in this thread)."""
-    return getattr(_state, "in_pool", False)
-
-
 def parallel_for(fn: Callable[[int, int], T], n: int, grain: int) -> list[T]:
     """Call ``fn(start, stop)`` on every part of ``range(n)`` (see `parts`), in parallel.
 
@@ -131,7 +124,7 @@ def parallel_for(fn: Callable[[int, int], T], n: int, grain: int) -> list[T]:
         return [fn(a, b) for a, b in parts(n, grain)]
     ranges = parts(n, grain)
     threads = min(torch.get_num_threads(), len(ranges))
-    if threads <= 1 or in_pool():
+    if threads <= 1 or getattr(_state, "in_pool", False):  # nested: inline, in this thread
         return [fn(a, b) for a, b in ranges]
     results: list = [None] * len(ranges)
     index = iter(range(len(ranges)))

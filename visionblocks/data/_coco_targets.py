@@ -29,16 +29,10 @@ def instance_fields(*inputs: Any) -> tuple[Tensor, ...]:
     """``labels_getter`` for ``torchvision.transforms.v2.SanitizeBoundingBoxes``: every
     per-instance tensor of a `CocoInstances` or `visionblocks.data.CocoKeypoints` target
     (``labels``, ``iscrowd``, ``area``, ``keypoints``, ``keypoints_visibility``: those
-    present).
+    present), where torchvision's default getter filters only ``labels``.
 
-    torchvision's default getter filters only ``labels`` when boxes are removed, which
-    would leave ``iscrowd``, ``area`` and the key points longer than ``boxes`` (the datasets
-    raise then). torchvision returns what a getter gives as plain tensors: the
-    ``tv_tensors.KeyPoints`` under ``keypoints`` comes back from ``SanitizeBoundingBoxes`` as
-    a plain tensor, which `visionblocks.data.CocoKeypoints` wraps again after its
-    transforms. So put ``SanitizeBoundingBoxes`` last, as torchvision advises: a geometric
-    transform after it would not move the plain key points. The list under ``polygons``
-    (``with_polygons=True``) is no tensor and cannot be filtered here.
+    ``keypoints`` come back from ``SanitizeBoundingBoxes`` as a plain tensor (re-wrapped by
+    `visionblocks.data.CocoKeypoints`), so put it last; ``polygons`` cannot be filtered here.
 
     Examples:
         >>> import torch
@@ -78,7 +72,8 @@ def check_instances(target: dict[str, Any], image_id: Any) -> None:
             f"after the transforms, image id {image_id!r} has {n} boxes but {len(polygons)} "
             "entries in 'polygons': a transform removed boxes without their polygons "
             "(torchvision's SanitizeBoundingBoxes cannot filter a list). Warp with "
-            "visionblocks.ops.warp_sample, which filters them, or leave with_polygons=False"
+            "visionblocks.transforms (RandomAffine, warp_sample), which filters them, or leave "
+            "with_polygons=False"
         )
     if wrong:
         raise ValueError(
@@ -92,12 +87,8 @@ def check_instances(target: dict[str, Any], image_id: Any) -> None:
 def check_polygons_followed(
     boxes: Tensor, polygons: list[list[Tensor]], target: dict[str, Any], image_id: Any
 ) -> None:
-    """Raise if the transforms moved the boxes but left every polygon tensor as it was.
-
-    torchvision's v2 transforms pass plain tensors through untouched: after a flip, a crop
-    or a resize, the polygons would silently describe the image before it. ``boxes`` and
-    ``polygons`` are the target's before the transforms.
-    """
+    """Raise if the transforms moved the boxes (``boxes``: before them) but left every
+    polygon tensor as it was (v2 transforms pass plain tensors through)."""
     before = [p for instance in polygons for p in instance]
     after = target.get("polygons")
     if not before or not isinstance(after, (list, tuple)):
@@ -113,7 +104,8 @@ def check_polygons_followed(
             f"after the transforms, the boxes of image id {image_id!r} moved but "
             "target['polygons'] did not: torchvision's v2 transforms leave plain tensors as "
             "they are, so the polygons would describe the image before them. Warp with "
-            "visionblocks.ops.warp_sample, which moves the polygons with the boxes, or leave "
+            "visionblocks.transforms (RandomAffine, warp_sample), which moves the polygons with the "
+            "boxes, or leave "
             "with_polygons=False"
         )
 

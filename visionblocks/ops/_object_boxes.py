@@ -1,14 +1,6 @@
-"""Boxes of warped objects (`warp_sample`): tight axis-aligned boxes, and rotated boxes.
-
-Warping the four corners of a box gives the box around the turned box, larger than the object
-once the warp rotates or shears. Where a sample carries the objects themselves, their warped
-shape gives the tight box: polygon vertices move like box corners (edge convention,
-``M (p - 0.5) + 0.5``; see `visionblocks.ops.warp_targets`), a mask's box is that of its
-object pixels.
-
-Rotated boxes (torchvision's ``XYWHR``, ``CXCYWHR``, ``XYXYXYXY``) stay rotated: see
-`warp_rotated_boxes`. Nothing here reads tensor values on the host.
-"""
+"""Boxes of warped objects for `warp_sample`: tight boxes from polygons and masks, and
+rotated boxes (the rules are in `visionblocks.transforms.sample`). Nothing here reads tensor
+values on the host, except the boxes of CPU ``uint8``/``bool`` masks measured by OpenCV."""
 
 from __future__ import annotations
 
@@ -17,15 +9,15 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from visionblocks._core.reduce import compute_dtype
+from visionblocks._core.tensor_checks import compute_dtype
+from visionblocks.ops._warp_opencv import eager_cpu, opencv
 
 _AXIS_TOLERANCE = 1e-6
 
 
 def maps_axes_to_axes(matrix: Tensor) -> Tensor:
-    """0-dim bool tensor: the ``(2, 3)`` matrix maps the x and y axes onto axes (no rotation
-    or shear; flips, anisotropic scales and 90° turns included), up to ``1e-6`` relative (the
-    rounding of ``cos 90°``). Nothing is read: a tensor for `torch.where`."""
+    """0-dim bool tensor: the ``(2, 3)`` matrix maps axes onto axes (flips, scales, 90° turns;
+    no rotation or shear), up to ``1e-6`` relative (the rounding of ``cos 90°``)."""
     a, b = matrix[0, 0].abs(), matrix[0, 1].abs()
     c, d = matrix[1, 0].abs(), matrix[1, 1].abs()
     diagonal, off = torch.maximum(a, d), torch.maximum(b, c)
@@ -33,9 +25,7 @@ def maps_axes_to_axes(matrix: Tensor) -> Tensor:
 
 
 def move_edge_points(points: Tensor, matrix: Tensor) -> Tensor:
-    """``M (p - 0.5) + 0.5`` for ``points (..., 2)`` in the edge convention (box corners,
-    polygon vertices) and one ``(2, 3)`` matrix of their dtype; element-wise, as
-    `warp_points` (no bfloat16 matmul under autocast)."""
+    """``M (p - 0.5) + 0.5`` for edge-convention ``points (..., 2)``, element-wise."""
     p = points - 0.5
     x = p[..., 0] * matrix[0, 0] + p[..., 1] * matrix[0, 1] + matrix[0, 2]
     y = p[..., 0] * matrix[1, 0] + p[..., 1] * matrix[1, 1] + matrix[1, 2]
@@ -66,11 +56,8 @@ def check_polygons(polygons: object) -> list[list[Tensor]]:
 def warp_polygons(
     polygons: list[list[Tensor]], matrix: Tensor
 ) -> tuple[list[list[Tensor]], Tensor | None, list[int]]:
-    """Warp every vertex like a box corner, ``M (p - 0.5) + 0.5``, in one call.
-
-    Returns the warped polygons in their dtypes (on the matrix's device), all warped
-    vertices in the computation dtype (None if there are none) and each instance's count.
-    """
+    """The warped polygons (their dtypes, the matrix's device), all warped vertices in the
+    computation dtype (None if none) and each instance's vertex count."""
     flat = [p for entry in polygons for p in entry]
     counts = [sum(p.shape[0] for p in entry) for entry in polygons]
     if not flat:
@@ -105,9 +92,8 @@ def polygon_boxes(
 
 
 def _occupied(masks: Tensor, mask_fill: int, dim: int) -> Tensor:
-    """uint8, 1 where ``masks`` has an object pixel along ``dim`` (nonzero, and not
-    ``mask_fill`` when that is nonzero). uint8 and bool masks reduce with ``amax`` directly,
-    some thirty times faster than comparing first and reducing with ``any``."""
+    """uint8, 1 where ``masks`` has an object pixel (nonzero, not a nonzero ``mask_fill``)
+    along ``dim``; uint8 and bool masks reduce with ``amax`` directly."""
     if mask_fill == 0 and masks.dtype in (torch.uint8, torch.bool):
         flat = masks.view(torch.uint8) if masks.dtype == torch.bool else masks
         return (flat.amax(dim) != 0).to(torch.uint8)
@@ -118,10 +104,17 @@ def _occupied(masks: Tensor, mask_fill: int, dim: int) -> Tensor:
 
 
 def mask_boxes(warped: Tensor, source: Tensor, mask_fill: int) -> tuple[Tensor, Tensor]:
-    """Boxes of warped ``(N, H, W)`` masks, ``[min col, min row, max col + 1, max row + 1]``
-    of their object pixels (nonzero and, for a nonzero ``mask_fill``, not equal to it), zeros
-    for an empty one; and which instances' source mask has pixels (the others have nothing
-    to measure). First/last nonzero by ``argmax``: nothing read."""
+    """Boxes of the object pixels of warped ``(N, H, W)`` masks (zeros for an empty one) and
+    which source masks have pixels; ``cv2.boundingRect`` where `eager_cpu` allows."""
+    cv2 = opencv()
+    plain = warped.dtype in (torch.uint8, torch.bool) and source.dtype in (torch.uint8, torch.bool)
+    if cv2 is not None and plain and mask_fill == 0 and eager_cpu(warped, source):
+        boxes = [cv2.boundingRect(m) for m in warped.contiguous().view(torch.uint8).numpy()]
+        drawn = [cv2.hasNonZero(m) for m in source.contiguous().view(torch.uint8).numpy()]
+        xyxy = [[x, y, x + w, y + h] for x, y, w, h in boxes]
+        return torch.tensor(xyxy, dtype=torch.int64).view(-1, 4), torch.tensor(
+            drawn, dtype=torch.bool
+        )
     cols = _occupied(warped, mask_fill, -2)  # (N, W): 1 where a column has object pixels
     rows = _occupied(warped, mask_fill, -1)  # (N, H)
     w, h = cols.shape[-1], rows.shape[-1]
@@ -163,42 +156,10 @@ _MIRRORED_ORDER = [1, 0, 3, 2]
 
 
 def warp_rotated_boxes(boxes: Tensor, fmt: str, matrix: Tensor) -> tuple[Tensor, Tensor]:
-    """Warp rotated boxes in torchvision's formats with one ``(2, 3)`` forward matrix.
-
-    Corners move as ``M (p - 0.5) + 0.5`` (edge convention). The result:
-
-    - ``XYXYXYXY``: the four warped corners, exactly (a parallelogram under shear). Under a
-      mirroring matrix (negative determinant) they are reordered ``p2, p1, p4, p3``, as
-      torchvision's ``horizontal_flip`` does, so that ``p1 → p2`` stays the width side and
-      the corners keep torchvision's turning sense (clockwise on screen).
-    - ``XYWHR``, ``CXCYWHR``: the **minimum-area rectangle enclosing the warped box**. Under
-      a similarity (rotation, uniform scale, translation, flips) the warped box is a
-      rectangle and this is that rectangle: centre warped, width and height times the
-      scale, angle turned with the image; a mirror mirrors the angle as torchvision's flips
-      do (``-r`` for a horizontal flip, ``180 - r`` for a vertical one, modulo 360; the
-      width side keeps its role). Under shear or anisotropic scale the warped box is a
-      parallelogram: its minimum-area enclosing rectangle has one side along one of the
-      parallelogram's sides (rotating calipers), the longer one, which this picks in closed
-      form (``cv2.minAreaRect`` of the four corners, up to the corner labelling). It
-      encloses the object as the corner method's axis-aligned box does, but tighter.
-      torchvision's ``affine`` (0.29) aims at the same rectangle (through the ends of the
-      longer diagonal) and gets it in most cases, but not for a rhombus (equal sides: its
-      rectangle is larger) nor where the angle between the sides wraps around (its
-      rectangle is smaller than the parallelogram and does not enclose it).
-
-    Angles come out in ``(-180, 180]`` (``atan2``). Selected with `torch.where`: nothing is
-    read on the host.
-
-    Args:
-        boxes (Tensor[..., 5] or Tensor[..., 8]): Boxes of format ``fmt``, any dtype.
-        fmt: ``"XYWHR"``, ``"CXCYWHR"`` or ``"XYXYXYXY"``.
-        matrix (Tensor[2, 3]): Forward pixel matrix.
-
-    Returns:
-        tuple: The warped boxes in ``fmt`` and the warped corners ``(..., 4, 2)`` (the
-        object, for clipping and ``min_size``), both in the computation dtype (float32 for
-        integer and half inputs).
-    """
+    """Rotated ``boxes`` of torchvision format ``fmt`` warped by one ``(2, 3)`` matrix, as
+    `visionblocks.transforms.sample` states, and their warped corners ``(..., 4, 2)``; both
+    in the computation dtype. The enclosing rectangle of a parallelogram lies along its
+    longer side (rotating calipers), picked in closed form with `torch.where`."""
     from torchvision.transforms.v2.functional import convert_bounding_box_format as convert
 
     floating = boxes.dtype if boxes.is_floating_point() else torch.get_default_dtype()

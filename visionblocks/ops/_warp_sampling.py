@@ -1,7 +1,9 @@
-"""Sampling internals of `visionblocks.ops.warp`: validation, grids and the two samplers.
+"""Sampling internals of `visionblocks.ops.warp`: validation, grids and the torch samplers.
 
-Everything here works on **inverse** matrices (destination pixel → source pixel), already
+The samplers work on **inverse** matrices (destination pixel → source pixel), already
 checked; the public functions in ``warp.py`` and ``warp_targets.py`` validate and invert.
+They are the reference path (gradients, CUDA, tracing, machines without OpenCV); on CPU
+`visionblocks.ops._warp_opencv` runs ``cv2.warpAffine`` instead.
 """
 
 from __future__ import annotations
@@ -14,36 +16,21 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from visionblocks._core.checks import (
-    check_choice,
     check_finite,
-    check_range,
-    check_type,
     is_finite,
 )
-from visionblocks._core.native import plain
-from visionblocks._core.reduce import compute_dtype
-from visionblocks._core.tensor_checks import (
-    assert_on_device,
-    asserts_on_device,
-    check_floating,
-    check_real,
-    reads_values,
-)
-from visionblocks.ops._warp_native import warp_native
+from visionblocks._core.dispatch import assert_on_device, asserts_on_device, reads_values
+from visionblocks._core.tensor_checks import check_floating, check_real, compute_dtype
+from visionblocks.ops._warp_opencv import eager_cpu
 
 __all__ = [
     "as_float",
-    "check_batch",
     "check_fill",
     "check_matrix",
-    "check_sample_options",
     "check_size",
     "compose_affine",
-    "drop_instances",
     "invert_checked",
     "normaliser",
-    "promoted_dtype",
-    "tv_tensors_module",
     "warp_bilinear",
     "warp_nearest",
 ]
@@ -65,10 +52,7 @@ def as_float(name: str, value: object, dtype: torch.dtype, device: torch.device)
 
 
 def check_matrix(name: str, matrix: object, *, batched: bool = False) -> Tensor:
-    """Check an affine matrix: a floating tensor of shape ``(2, 3)`` or ``(B, 2, 3)``.
-
-    With ``batched=True`` any leading dims ``(..., 2, 3)`` are accepted.
-    """
+    """A floating ``(2, 3)`` or ``(B, 2, 3)`` tensor (``(..., 2, 3)`` with ``batched``)."""
     matrix = check_floating(name, matrix)
     ok = matrix.shape[-2:] == (2, 3) and (matrix.dim() in (2, 3) or (batched and matrix.dim() > 3))
     if not ok:
@@ -107,17 +91,10 @@ def singular_error(name: str, index: tuple[int, ...], det: float, entries: list)
 
 
 def invert_checked(name: str, matrix: Tensor) -> Tensor:
-    """Closed-form inverse of checked ``(..., 2, 3)`` affine matrices (`invert_affine`).
-
-    A value check (`visionblocks.value_checks_enabled`; one read of the small result on CPU,
-    a device-side assert on CUDA): a singular or non-finite matrix, whose inverse is not
-    finite, raises ``ValueError`` naming ``name`` instead of giving NaN images downstream.
-
-    One float64 CPU matrix outside autograd and tracing (`warp_affine`'s and `warp_sample`'s
-    case) is inverted in Python floats: the same operations, bit for bit, without a dozen
-    tensor ops (0.6 ms of a 6 ms `warp_sample` call, measured with caches cold from warping).
-    """
-    if matrix.dtype == torch.float64 and matrix.numel() == 6 and plain([matrix]):
+    """Closed-form inverse of checked ``(..., 2, 3)`` matrices, with `invert_affine`'s value
+    check. One eager float64 CPU matrix is inverted in Python floats (same result, bit for
+    bit)."""
+    if matrix.dtype == torch.float64 and matrix.numel() == 6 and eager_cpu(matrix):
         entries = matrix.reshape(6).tolist()
         try:
             *values, det = inverse_entries(*entries)
@@ -142,73 +119,24 @@ def invert_checked(name: str, matrix: Tensor) -> Tensor:
 
 
 def check_fill(name: str, fill: object, nonzero_ok: bool) -> None:
-    """Check a fill value: a finite number, a sequence of them or a tensor (values unread).
-
-    Anything but the number 0 needs ``nonzero_ok`` (``padding_mode="fill"``).
-    """
+    """A finite number, a sequence of them or a tensor (values unread); anything but the
+    number 0 needs ``nonzero_ok`` (``padding_mode="fill"``)."""
     number = isinstance(fill, (int, float)) and not isinstance(fill, bool)
-    if number:
-        if not is_finite(fill):
-            raise ValueError(f"{name} must be finite, got {fill!r}")
-    elif isinstance(fill, Sequence) and not isinstance(fill, str):
-        values = list(fill)
+    if not isinstance(fill, Tensor):
+        sequence = isinstance(fill, Sequence) and not isinstance(fill, str)
+        values = [fill] if number else list(fill) if sequence else [None]
         if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
             raise TypeError(
                 f"{name} must be a number, a sequence of numbers or a tensor, got {fill!r}"
             )
         if not all(is_finite(v) for v in values):
             raise ValueError(f"{name} must hold finite numbers, got {fill!r}")
-    elif not isinstance(fill, Tensor):
-        raise TypeError(
-            f"{name} must be a number, a sequence of numbers or a tensor, got "
-            f"{type(fill).__name__} ({fill!r})"
-        )
     if not nonzero_ok and not (number and fill == 0):
         raise ValueError(f"{name}={fill!r} needs padding_mode='fill'")
 
 
-def check_sample_options(
-    target: object, mode: object, fill: object, mask_fill: object, min_size: object, keys: object
-) -> None:
-    """Type and range checks of `warp_sample`'s options, before anything is warped.
-
-    ``mask_fill`` must fit the dtype of every integer ``Mask`` in ``target``.
-    """
-    from torchvision.tv_tensors import Mask
-
-    check_type("mode", mode, str)
-    check_choice("mode", mode, ("bilinear", "nearest"))
-    check_fill("fill", fill, nonzero_ok=True)
-    check_type("mask_fill", mask_fill, int)
-    masks = [v for v in (target or {}).values() if isinstance(v, Mask)]
-    for mask in masks:
-        if mask.is_floating_point():
-            continue
-        info = None if mask.dtype == torch.bool else torch.iinfo(mask.dtype)
-        low, high = (0, 1) if info is None else (info.min, info.max)
-        if not low <= mask_fill <= high:
-            raise ValueError(
-                f"mask_fill={mask_fill} does not fit the masks' dtype {mask.dtype} "
-                f"([{low}, {high}])"
-            )
-    if min_size is not None:
-        check_type("min_size", min_size, (int, float))
-        check_range("min_size", min_size, 0.0)
-    if isinstance(keys, str) or not isinstance(keys, Sequence):
-        raise TypeError(
-            f"instance_keys must be a sequence of target keys (a tuple of str), got "
-            f"{type(keys).__name__} ({keys!r})"
-        )
-    for i, key in enumerate(keys):
-        check_type(f"instance_keys[{i}]", key, str)
-
-
 def compose_affine(first: Tensor, second: Tensor) -> Tensor:
-    """``first ∘ second`` for ``(..., 2, 3)`` affine matrices (apply ``second``, then ``first``).
-
-    Element-wise products, not ``@``: ``torch.autocast`` would run a matmul in bfloat16/float16
-    and move sample positions by up to a pixel.
-    """
+    """``first ∘ second`` for ``(..., 2, 3)`` matrices, element-wise (no matmul for autocast)."""
     lin = first[..., :, :1] * second[..., :1, :] + first[..., :, 1:2] * second[..., 1:2, :]
     return torch.cat((lin[..., :2], lin[..., 2:] + first[..., 2:]), dim=-1)
 
@@ -257,38 +185,10 @@ def reflect_index(idx: Tensor, n: int) -> Tensor:
     return torch.where(idx >= n, 2 * n - 1 - idx, idx)
 
 
-def native_warp(
-    img: Tensor,
-    inv: Tensor,
-    size: tuple[int, int],
-    mode: str,
-    padding_mode: str,
-    fill: object,
-    fill_dtype: torch.dtype,
-) -> Tensor | None:
-    """The C kernel's result for constant padding on CPU, or ``None`` (see `warp_native`)."""
-    if padding_mode not in ("zeros", "fill") or img.device.type != "cpu":
-        return None
-    value = None
-    if padding_mode == "fill":
-        if isinstance(fill, Tensor) and fill.device.type != "cpu":
-            return None
-        c = img.shape[1]
-        value = fill_tensor(fill, c, fill_dtype, img.device).reshape(-1).expand(c)
-    return warp_native(img, inv, size, mode, value)
-
-
 def warp_nearest(
     img: Tensor, inv: Tensor, size: tuple[int, int], padding_mode: str, fill: object
 ) -> Tensor:
-    """Nearest sampling by gather: exact for any dtype; ``img (B, C, H, W)``, ``inv (Bm, 2, 3)``.
-
-    Constant padding on CPU without autograd runs the C kernel of `_warp_native` when it is
-    available (the same values: it rounds the same float64 coordinates).
-    """
-    out = native_warp(img, inv, size, "nearest", padding_mode, fill, img.dtype)
-    if out is not None:
-        return out
+    """Nearest sampling by gather: exact for any dtype; ``img (B, C, H, W)``, ``inv (Bm, 2, 3)``."""
     b, c, h, w = img.shape
     gx, gy = source_coords(inv, size)
     ix = torch.round(gx).long()  # half to even, as OpenCV 5 and grid_sample
@@ -317,26 +217,13 @@ def warp_nearest(
 def warp_bilinear(
     img: Tensor, inv: Tensor, size: tuple[int, int], padding_mode: str, fill: object
 ) -> Tensor:
-    """Bilinear ``grid_sample`` (``align_corners=False``) on a numeric ``img (B, C, H, W)``.
-
-    Sampled in float32 (float64 for float64 images); integer images are rounded half to even
-    and clamped to their dtype's range. Constant padding on CPU without autograd runs the C
-    kernel of `_warp_native` when it is available (same values up to float32 rounding).
-    """
+    """Bilinear ``grid_sample`` (``align_corners=False``) of ``img (B, C, H, W)``, with the
+    module Dtypes of `visionblocks.ops.warp`."""
     work = torch.float64 if img.dtype == torch.float64 else torch.float32
-    # The C kernel takes uint8 as it is (and rounds as below), other dtypes in `work`.
-    src = img if img.dtype == torch.uint8 else img.to(work)
-    out = native_warp(src, inv, size, "bilinear", padding_mode, fill, work)
-    if out is not None:
-        return out.to(img.dtype)
-    if img.device.type == "cpu" and work != torch.float64:
-        inv = inv.float()  # inverted in float64 for the kernel; a float32 grid is as good
     b, c, h, w = img.shape
-    src = src.to(work)
+    src = img.to(work)
     if padding_mode == "fill":
-        # A one-pixel frame of `fill` sampled with "border" equals OpenCV's BORDER_CONSTANT:
-        # neighbours outside the image take the fill value, and positions farther out clamp
-        # onto the frame. One grid_sample instead of warping a ones-mask as well.
+        # A one-pixel frame of `fill` sampled with "border" equals OpenCV's BORDER_CONSTANT.
         value = fill_tensor(fill, c, work, img.device)
         framed = value.expand(b, c, h + 2, w + 2).clone()
         framed[:, :, 1:-1, 1:-1] = src
@@ -353,87 +240,3 @@ def warp_bilinear(
         info = torch.iinfo(img.dtype)
         out = out.round().clamp(info.min, info.max)
     return out.to(img.dtype)
-
-
-def promoted_dtype(x: Tensor, matrix: Tensor) -> torch.dtype:
-    """The result dtype of `warp_points` / `warp_boxes`: the promoted floating dtype."""
-    dtype = torch.promote_types(x.dtype, matrix.dtype)
-    return dtype if dtype.is_floating_point else torch.get_default_dtype()
-
-
-def check_batch(name: str, x: Tensor, matrix: Tensor) -> None:
-    """``matrix``'s leading dims must broadcast with ``x``'s ``(..., N, k)`` leading dims."""
-    if matrix.dim() == 2:  # one matrix broadcasts with anything (and costs no shape algebra)
-        return
-    try:
-        torch.broadcast_shapes(x.shape[:-2], matrix.shape[:-2])
-    except RuntimeError:
-        raise ValueError(
-            f"matrix of shape {tuple(matrix.shape)} does not broadcast with {name} of shape "
-            f"{tuple(x.shape)}: the leading dims {tuple(matrix.shape[:-2])} and "
-            f"{tuple(x.shape[:-2])} must broadcast (e.g. (B, 2, 3) matrices with (B, N, "
-            f"{x.shape[-1]}) {name})"
-        ) from None
-
-
-def tv_tensors_module() -> Any:
-    """``torchvision.tv_tensors``, imported on first use (the ops import without torchvision)."""
-    from torchvision import tv_tensors
-
-    return tv_tensors
-
-
-def drop_instances(
-    out: dict[str, Any], keep: Tensor, num_boxes: int, instance_keys: Sequence[str]
-) -> None:
-    """Filter, in place, every per-box entry of a warped target by ``keep`` (`warp_sample`).
-
-    Per-box entries: the ``BoundingBoxes``, ``(N, H, W)`` masks, ``(N, ..., 2)`` key points
-    with their visibility (``f"{key}_visibility"``), the list under ``"polygons"`` (one entry
-    per box) and the plain tensors under ``instance_keys``, whose lengths must equal
-    ``num_boxes``.
-    """
-    tv = tv_tensors_module()
-    key_points = getattr(tv, "KeyPoints", None)  # torchvision >= 0.23
-    for key in instance_keys:
-        value = out.get(key)
-        if isinstance(value, Tensor) and value.dim() > 0 and value.shape[0] != num_boxes:
-            raise ValueError(
-                f"target[{key!r}] has {value.shape[0]} rows but there are {num_boxes} boxes"
-            )
-    if bool(keep.all()):
-        return
-
-    def take(value: Tensor) -> Tensor:
-        kept = value.as_subclass(Tensor)[keep]
-        return tv.wrap(kept, like=value) if isinstance(value, tv.TVTensor) else kept
-
-    snapshot = dict(out)
-    done: set[str] = set()
-    for key, value in snapshot.items():
-        if key in done:
-            continue
-        if key == "polygons" and isinstance(value, list) and len(value) == num_boxes:
-            out[key] = [entry for entry, k in zip(value, keep.tolist(), strict=True) if k]
-            continue
-        if not isinstance(value, Tensor) or value.dim() == 0:
-            continue
-        per_box = value.shape[0] == num_boxes
-        if isinstance(value, tv.TVTensor):
-            is_points = key_points is not None and isinstance(value, key_points)
-            is_instance = isinstance(value, tv.BoundingBoxes) or (
-                per_box
-                and (
-                    (isinstance(value, tv.Mask) and value.dim() == 3)
-                    or (is_points and value.dim() >= 3)
-                )
-            )
-            if is_instance:
-                out[key] = take(value)
-                visibility = snapshot.get(f"{key}_visibility")
-                if is_points and isinstance(visibility, Tensor):
-                    out[f"{key}_visibility"] = take(visibility)  # (N, K) as the points
-                    done.add(f"{key}_visibility")
-        elif key in instance_keys:
-            out[key] = value[keep]
-        done.add(key)

@@ -1,12 +1,11 @@
 """Key points: the left/right pairs a mirroring warp swaps.
 
-A horizontal flip (any warp whose 2 x 2 part has a negative determinant) moves a person's left
-wrist to where the right wrist was: the points' coordinates follow the warp, but their *names*
-must be swapped too, or the model learns a mirrored skeleton. `keypoint_flip_pairs` reads the
-pairs from the names COCO files carry (``left_eye`` / ``right_eye``); `flip_permutation`
-turns pairs into the index that swaps them. `visionblocks.ops.warp_targets.warp_keypoints`
-and `visionblocks.ops.warp_targets.warp_sample` take the pairs as ``flip_pairs`` and swap
-them wherever a matrix mirrors.
+A mirroring warp (a 2 x 2 part with a negative determinant) moves a left wrist to where the
+right wrist was: the coordinates follow the warp, but the *names* must be swapped too, or the
+model learns a mirrored skeleton. `keypoint_flip_pairs` reads the pairs from COCO's names
+(``left_eye`` / ``right_eye``); `flip_permutation` turns pairs into the index that swaps
+them. `visionblocks.ops.warp_targets.warp_keypoints` and `visionblocks.transforms.warp_sample`
+take the pairs as ``flip_pairs``.
 """
 
 from __future__ import annotations
@@ -21,18 +20,16 @@ from visionblocks._core.namespace import public_dir
 __all__ = ["flip_permutation", "keypoint_flip_pairs"]
 __dir__ = public_dir(__name__, __all__)
 
-_SIDES = (("left_", "right_", "prefix"), ("_left", "_right", "suffix"))
-
 
 def _partner(name: str) -> str | None:
     """The name of the other side (``left_eye`` -> ``right_eye``), or None (no side)."""
     low = name.lower()
-    for left, right, where in _SIDES:
-        for this, other in ((left, right), (right, left)):
-            if where == "prefix" and low.startswith(this) and len(low) > len(this):
-                return other + low[len(this) :]
-            if where == "suffix" and low.endswith(this) and len(low) > len(this):
-                return low[: -len(this)] + other
+    for this, other in (("left_", "right_"), ("right_", "left_")):
+        if low.startswith(this) and len(low) > len(this):
+            return other + low[len(this) :]
+    for this, other in (("_left", "_right"), ("_right", "_left")):
+        if low.endswith(this) and len(low) > len(this):
+            return low[: -len(this)] + other
     return None
 
 
@@ -91,9 +88,8 @@ def keypoint_flip_pairs(names: Sequence[str]) -> list[tuple[int, int]]:
 def checked_pairs(
     name: str, pairs: object, num_keypoints: int | None = None
 ) -> list[tuple[int, int]]:
-    """``pairs`` checked: a sequence of ``(i, j)`` int pairs, each index in at most one pair,
-    no ``(i, i)``, every index in ``[0, num_keypoints)`` when that is given. Errors name
-    ``name`` (the caller's argument: ``pairs``, ``flip_pairs``)."""
+    """``pairs`` as checked ``(i, j)`` int pairs: each index in one pair at most, no
+    ``(i, i)``, indices in ``[0, num_keypoints)``. Errors name the argument ``name``."""
     if isinstance(pairs, str) or not isinstance(pairs, Sequence):
         raise TypeError(f"{name} must be a sequence of (int, int), got {type(pairs).__name__}")
     seen: set[int] = set()

@@ -1,48 +1,67 @@
 """Affine matrices and affine image warping, in OpenCV's pixel convention.
 
-`affine_matrix` builds forward matrices, `warp_affine` resamples images with them (OpenCV
-5's ``cv2.warpAffine``; see it for OpenCV 4 and kornia), `invert_affine` inverts them, and
-`matrix_to_theta` / `theta_to_matrix` convert to the ``theta`` of ``F.affine_grid``. Boxes,
-masks and key points follow the same matrices in `visionblocks.ops.warp_targets`.
+`affine_matrix` builds forward matrices, `warp_affine` resamples images with them,
+`invert_affine` inverts them, and `matrix_to_theta` / `theta_to_matrix` convert to the
+``theta`` of ``F.affine_grid``. Boxes, masks and key points follow the same matrices in
+`visionblocks.ops.warp_targets`.
 
 Convention:
     - A matrix ``M`` is a ``(2, 3)`` (or batched ``(B, 2, 3)``) floating tensor that maps a
       **source** pixel ``(x, y)`` **forward** to its destination: ``[x', y'] = M @ [x, y, 1]``.
-      `warp_affine` therefore computes ``dst(x', y') = src(M⁻¹ [x', y', 1])``, exactly as
+      `warp_affine` computes ``dst(x', y') = src(M⁻¹ [x', y', 1])``, as
       ``cv2.warpAffine(src, M, (W_out, H_out))`` does without ``WARP_INVERSE_MAP``.
-    - Pixel coordinates: x grows to the right (columns), y downwards (rows), and **pixel centres
-      sit on integers**: pixel ``(row i, column j)`` is the point ``(x=j, y=i)`` and covers
-      ``[j - 0.5, j + 0.5] × [i - 0.5, i + 0.5]``. This is OpenCV's convention and equals
-      ``F.affine_grid``/``F.grid_sample`` with ``align_corners=False`` once coordinates are
-      normalised (see `matrix_to_theta`).
-    - Every size is ``(H, W)`` (height first), as in tensor shapes; OpenCV's ``dsize`` is
-      ``(W, H)``.
-    - Angles are in degrees; a positive angle turns the picture counter-clockwise as seen on the
-      screen (``cv2.getRotationMatrix2D``).
+    - x grows to the right, y downwards, and **pixel centres sit on integers**: pixel
+      ``(row i, column j)`` is the point ``(x=j, y=i)`` and covers ``[j - 0.5, j + 0.5] ×
+      [i - 0.5, i + 0.5]``: OpenCV's convention, and ``F.affine_grid``/``F.grid_sample``'s
+      with ``align_corners=False`` once coordinates are normalised (`matrix_to_theta`).
+    - Every size is ``(H, W)``, as in tensor shapes; OpenCV's ``dsize`` is ``(W, H)``.
+    - Angles are in degrees; a positive angle turns the picture counter-clockwise on screen
+      (``cv2.getRotationMatrix2D``).
+
+Paths:
+    On CPU with OpenCV 5 (``pip install visionblocks[opencv]``) `warp_affine` calls
+    ``cv2.warpAffine`` on every channel and gives its results exactly, on OpenCV's threads
+    (``cv2.setNumThreads``). Tensors that need a gradient, CUDA tensors, ``torch.compile``,
+    tracing and export, bilinear ``float64`` images and machines without OpenCV 5 take the
+    torch path: ``F.grid_sample(..., align_corners=False)`` on the grid of ``M⁻¹``,
+    differentiable with respect to ``img``, ``matrix`` and a tensor ``fill``; nearest
+    sampling gathers pixels by index (gradient to ``img`` only). It agrees with OpenCV 5 up
+    to float rounding, borders included: ``uint8`` results differ by at most one level,
+    where the exact value lies within rounding of a half level, and nearest ties round half
+    to even as OpenCV does. OpenCV 4 rounds sample positions to 1/32 pixel (up to about 6
+    ``uint8`` levels away). kornia's ``warp_affine`` takes the same matrices and agrees,
+    except that ``"reflection"`` is ``BORDER_REFLECT`` (``cba|abc``) here and
+    ``BORDER_REFLECT_101`` (``dcb|abc``) in kornia.
 
 Dtypes:
-    Matrices must be floating point. `warp_affine` samples bilinearly in float32 (float64 for
-    float64 images): float16/bfloat16 images are computed in float32 and returned in their own
-    dtype; integer images (``uint8``...) are computed in float32, rounded half to even and
-    clamped to the dtype's range, as OpenCV 5's ``cv2.warpAffine`` rounds. ``mode="nearest"``
-    copies pixels and keeps any dtype exactly, ``bool`` included. float16/bfloat16 matrices
-    (and `affine_matrix` arguments) are computed in float32 and returned in their dtype.
-    ``torch.autocast`` changes nothing: matrices are combined element-wise, never with
-    ``@`` (which autocast would run in bfloat16/float16, moving samples by up to a pixel).
+    Matrices must be floating point; float16/bfloat16 matrices (and `affine_matrix`
+    arguments) are computed in float32 and returned in their dtype. `warp_affine` samples
+    bilinearly in float32 (float64 for float64 images) and returns the image's dtype:
+    integer images are rounded half to even and clamped to the dtype's range, as OpenCV 5
+    rounds. ``mode="nearest"`` copies pixels and keeps any dtype exactly, ``bool``
+    included. ``torch.autocast`` changes nothing in this module: matrices are combined
+    element-wise, never with ``@`` (which autocast would run in bfloat16/float16, moving
+    samples by up to a pixel).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from torch import Tensor
 
 from visionblocks._core.checks import check_choice, check_type
 from visionblocks._core.namespace import public_dir
-from visionblocks._core.reduce import compute_dtype
-from visionblocks._core.tensor_checks import check_allocation, check_same_device, check_tensor
+from visionblocks._core.tensor_checks import (
+    check_allocation,
+    check_same_device,
+    check_tensor,
+    compute_dtype,
+)
+from visionblocks.ops._warp_opencv import warp_opencv
 from visionblocks.ops._warp_sampling import (
     as_float,
     check_fill,
@@ -80,12 +99,10 @@ def affine_matrix(
 ) -> Tensor:
     """Forward affine matrix from rotation, scale, shear and translation, in pixel coordinates.
 
-    The point ``p`` goes to ``center + translate + scale · R(angle) · Sh(shear) · (p - center)``:
-    shear first, then rotation and isotropic scale (both about ``center``), translation last.
-    ``Sh`` shears x by ``shear[0]`` and then y by ``shear[1]`` (degrees):
-    ``x ← x + tan(shear[0]) · y``, then ``y ← y + tan(shear[1]) · x``, so ``det Sh = 1``.
-    With ``shear=(0, 0)`` and ``translate=(0, 0)`` the matrix equals
-    ``cv2.getRotationMatrix2D(center, angle, scale)``.
+    ``p`` goes to ``center + translate + scale · R(angle) · Sh(shear) · (p - center)``: shear
+    first (``x ← x + tan(shear[0]) · y``, then ``y ← y + tan(shear[1]) · x``), then rotation
+    and isotropic scale about ``center``, translation last. Without shear and translation
+    it equals ``cv2.getRotationMatrix2D(center, angle, scale)``.
 
     Args:
         angle (float or Tensor[...]): Rotation in degrees, counter-clockwise on screen.
@@ -96,18 +113,14 @@ def affine_matrix(
             shear (e.g. ``((W - 1) / 2, (H - 1) / 2)`` for the image centre).
 
     Returns:
-        Tensor[2, 3] or Tensor[..., 2, 3]: Forward (source → destination) matrix; batched when
-        tensor arguments carry leading (batch) dims, which broadcast. The dtype is the
-        promoted floating dtype of the tensor arguments (default dtype if none), and the
-        result is differentiable with respect to them. Under ``torch.autocast``: the same.
+        Tensor[2, 3] or Tensor[..., 2, 3]: Forward matrix, batched over the broadcast
+        leading dims of tensor arguments, in their promoted floating dtype (default dtype if
+        none) and differentiable with respect to them.
 
     Raises:
         TypeError: An argument is not a number, a sequence of numbers or a tensor.
         ValueError: A number that is not finite, a pair argument that does not end in 2, or
             batch dims that do not broadcast.
-
-    Convention:
-        Pixel centres on integers, x right, y down; see the module docstring.
 
     Examples:
         >>> import cv2
@@ -128,6 +141,12 @@ def affine_matrix(
     for other in floats[1:]:
         dtype = torch.promote_types(dtype, other)
     device = tensors[0].device if tensors else torch.device("cpu")
+    plain = None if tensors else _floats(args)
+    if plain is not None:  # numbers only (a data loader's call): float64, rounded once
+        fns = (math.radians, math.cos, math.sin, math.tan)
+        rows = _entries(*plain["angle"], *plain["scale"], *plain["shear"], *plain["center"],
+                        *plain["translate"], *fns)  # fmt: skip
+        return torch.tensor(rows, dtype=dtype, device=device).view(2, 3)
     vals = {k: as_float(k, v, compute_dtype(dtype), device) for k, v in args.items()}
     for k in ("translate", "shear", "center"):
         if vals[k].dim() == 0 or vals[k].shape[-1] != 2:
@@ -142,20 +161,54 @@ def affine_matrix(
         shapes = {k: tuple(v.shape) for k, v in vals.items()}
         raise ValueError(f"affine_matrix arguments do not broadcast: {shapes}") from err
 
-    theta = torch.deg2rad(vals["angle"])
-    cos, sin = torch.cos(theta) * vals["scale"], torch.sin(theta) * vals["scale"]
-    shx, shy = torch.tan(torch.deg2rad(vals["shear"])).unbind(-1)
-    cx, cy = vals["center"].unbind(-1)
-    tx, ty = vals["translate"].unbind(-1)
-    # A = (scale · R) @ Sh, with R = [[cos, sin], [-sin, cos]] and Sh = [[1, shx], [shy, 1 + shx·shy]].
-    a = cos + sin * shy
-    b = cos * shx + sin * (1 + shx * shy)
-    c = -sin + cos * shy
-    d = -sin * shx + cos * (1 + shx * shy)
-    e = cx + tx - a * cx - b * cy
-    f = cy + ty - c * cx - d * cy
+    angle, scale = vals["angle"], vals["scale"]
+    shear, center, translate = (vals[k].unbind(-1) for k in ("shear", "center", "translate"))
+    fns = (torch.deg2rad, torch.cos, torch.sin, torch.tan)
+    a, b, e, c, d, f = _entries(angle, scale, *shear, *center, *translate, *fns)
     rows = [torch.broadcast_to(v, batch) for v in (a, b, e, c, d, f)]
     return torch.stack(rows, dim=-1).unflatten(-1, (2, 3)).to(dtype)
+
+
+def _floats(args: dict[str, Any]) -> dict[str, list[float]] | None:
+    """`affine_matrix`'s arguments as lists of Python floats, or ``None`` unless every one is
+    a finite number (``angle``, ``scale``) or a pair of them (the tensor path then says why)."""
+    out = {}
+    for key, value in args.items():
+        pair = key not in ("angle", "scale")
+        if pair and (not isinstance(value, (tuple, list)) or len(value) != 2):
+            return None
+        items = value if pair else [value]
+        ok = (isinstance(v, (int, float)) and not isinstance(v, bool) for v in items)
+        if not all(ok) or not all(math.isfinite(v) for v in items):
+            return None
+        out[key] = [float(v) for v in items]
+    return out
+
+
+def _entries(
+    angle: Any,
+    scale: Any,
+    shx: Any,
+    shy: Any,
+    cx: Any,
+    cy: Any,
+    tx: Any,
+    ty: Any,
+    rad: Any,
+    cos: Any,
+    sin: Any,
+    tan: Any,
+) -> list[Any]:
+    """``[a, b, e, c, d, f]`` of `affine_matrix`, for Python floats (``math``) or tensors."""
+    theta = rad(angle)
+    cos_s, sin_s = cos(theta) * scale, sin(theta) * scale
+    shx, shy = tan(rad(shx)), tan(rad(shy))
+    # A = (scale · R) @ Sh, with R = [[cos, sin], [-sin, cos]] and Sh = [[1, shx], [shy, 1 + shx·shy]].
+    a = cos_s + sin_s * shy
+    b = cos_s * shx + sin_s * (1 + shx * shy)
+    c = -sin_s + cos_s * shy
+    d = -sin_s * shx + cos_s * (1 + shx * shy)
+    return [a, b, cx + tx - a * cx - b * cy, c, d, cy + ty - c * cx - d * cy]
 
 
 def invert_affine(matrix: Tensor) -> Tensor:
@@ -165,15 +218,14 @@ def invert_affine(matrix: Tensor) -> Tensor:
         matrix (Tensor[..., 2, 3]): Floating affine matrices, any leading dims.
 
     Returns:
-        Tensor[..., 2, 3]: ``M⁻¹`` with ``M⁻¹ @ [M @ [p, 1], 1] = p``, same dtype (also under
-        ``torch.autocast``); differentiable.
+        Tensor[..., 2, 3]: ``M⁻¹`` (``M⁻¹ @ [M @ [p, 1], 1] = p``), same dtype; differentiable.
 
     Raises:
         TypeError: ``matrix`` is not a floating tensor.
         ValueError: ``matrix`` does not have shape ``(..., 2, 3)``, or (a value check, see
-            `visionblocks.set_value_checks`: one read of the ``(..., 2, 3)`` result on CPU,
-            a device-side assert on CUDA) it is singular or not finite, so its inverse is
-            not finite. With value checks off such a matrix gives ``inf``/``nan`` entries.
+            `visionblocks.set_value_checks`: one read of the result on CPU, a device-side
+            assert on CUDA) it is singular or not finite; with value checks off such a
+            matrix gives ``inf``/``nan`` entries.
 
     Examples:
         >>> m = affine_matrix(angle=30.0, scale=2.0, translate=(5.0, -1.0))
@@ -192,11 +244,10 @@ def invert_affine(matrix: Tensor) -> Tensor:
 def matrix_to_theta(matrix: Tensor, src_size: Sequence[int], dst_size: Sequence[int]) -> Tensor:
     """Forward pixel matrix → ``theta`` for ``F.affine_grid(theta, ..., align_corners=False)``.
 
-    ``theta`` maps normalised **destination** coordinates to normalised **source** coordinates
-    (``[-1, 1]`` spans the outer pixel edges), which is what ``F.affine_grid`` expects; it is
-    ``N_src ∘ M⁻¹ ∘ N_dst⁻¹`` with ``N(x) = (2x + 1) / W - 1`` per axis. Then
-    ``F.grid_sample(img, F.affine_grid(theta, (B, C, *dst_size), align_corners=False),
-    align_corners=False)`` equals ``warp_affine(img, matrix, dst_size)``.
+    ``theta = N_src ∘ M⁻¹ ∘ N_dst⁻¹`` maps normalised destination coordinates to normalised
+    source ones (``N(x) = (2x + 1) / W - 1`` per axis), so ``F.grid_sample(img,
+    F.affine_grid(theta, (B, C, *dst_size), align_corners=False), align_corners=False)``
+    equals ``warp_affine(img, matrix, dst_size)``.
 
     Args:
         matrix (Tensor[..., 2, 3]): Forward matrices in pixel coordinates.
@@ -204,8 +255,7 @@ def matrix_to_theta(matrix: Tensor, src_size: Sequence[int], dst_size: Sequence[
         dst_size: ``(H, W)`` of the destination image.
 
     Returns:
-        Tensor[..., 2, 3]: ``theta``, same dtype (also under ``torch.autocast``);
-        differentiable with respect to ``matrix``.
+        Tensor[..., 2, 3]: ``theta``, same dtype; differentiable with respect to ``matrix``.
 
     Raises:
         TypeError: ``matrix`` is not a floating tensor or a size is not a tuple.
@@ -244,8 +294,7 @@ def theta_to_matrix(theta: Tensor, src_size: Sequence[int], dst_size: Sequence[i
         dst_size: ``(H, W)`` of the destination image.
 
     Returns:
-        Tensor[..., 2, 3]: Forward (source → destination) pixel matrices, same dtype (also
-        under ``torch.autocast``).
+        Tensor[..., 2, 3]: Forward pixel matrices, same dtype.
 
     Raises:
         TypeError: ``theta`` is not a floating tensor or a size is not a tuple.
@@ -283,27 +332,8 @@ def warp_affine(
 ) -> Tensor:
     """Warp images with forward affine matrices: ``cv2.warpAffine`` for tensors, batched.
 
-    ``out[..., y', x'] = img[..., M⁻¹ (x', y')]``, sampled bilinearly or at the nearest pixel.
-    Bilinear sampling is ``F.grid_sample(..., align_corners=False)`` on the grid of ``M⁻¹``
-    (``F.affine_grid`` with `matrix_to_theta`), differentiable with respect to ``img``,
-    ``matrix`` and a tensor ``fill`` (spatial-transformer use). Nearest sampling copies pixels
-    (gradient to ``img`` only) and keeps the dtype, so it also warps ``bool`` and integer
-    label maps. On CPU without autograd, ``"zeros"`` and ``"fill"`` padding run a C kernel
-    instead (``visionblocks.ops._warp_native``, built on first use; the torch path without a
-    C compiler): bilinear for ``uint8``, ``float32`` and ``float64`` images, nearest for any
-    dtype, float64 coordinates; nearest results equal the torch path's (both round the same
-    float64 coordinates), bilinear ones agree up to float32 rounding.
-
-    Compared with ``cv2.warpAffine(img, M, (W_out, H_out), flags, borderMode)`` of
-    **OpenCV 5** (the version the tests run against): float32 bilinear results agree to about
-    1e-4 (1e-6 on smooth images), borders included, and both match an exact float64 bilinear
-    reference; ``uint8`` results differ by at most one level, where the exact value lies within
-    float rounding of a half level. **OpenCV 4.x** rounds sample positions to 1/32 pixel
-    (``INTER_BITS``), so its ``uint8`` results differ by up to about 6 levels on edges and
-    noise. ``"nearest"`` rounds ties half to even as OpenCV and ``grid_sample`` do (a position
-    within OpenCV's fixed-point resolution of a tie may round the other way: under 0.1% of
-    pixels in the tests). kornia's ``warp_affine`` gives the same results except for
-    ``padding_mode="reflection"`` (see Convention).
+    ``out[..., y', x'] = img[..., M⁻¹ (x', y')]``, sampled bilinearly or at the nearest pixel:
+    OpenCV's own warp on CPU, ``F.grid_sample`` elsewhere (see the module's Paths).
 
     Args:
         img (Tensor[B, C, H, W] or Tensor[C, H, W]): Images, any dtype (``bool`` only with
@@ -320,24 +350,16 @@ def warp_affine(
 
     Returns:
         Tensor[B, C, H_out, W_out] (or Tensor[C, H_out, W_out] for an unbatched input): The
-        warped images in ``img``'s dtype (see the module's Dtypes section). Under
-        ``torch.autocast``: the same, sampled in float32 or float64.
+        warped images in ``img``'s dtype (see the module's Dtypes).
 
     Raises:
         TypeError: ``img``/``matrix`` not tensors, a non-floating matrix, a ``bool`` image with
             bilinear sampling, or a bad ``fill`` type.
         ValueError: Bad shapes (image not 3-D/4-D or empty, matrix not ``(2, 3)``/``(B, 2, 3)``,
-            batch mismatch), ``img`` and ``matrix`` on different devices, unknown ``mode``/``padding_mode``, bad or absurdly large ``size``, a
-            non-finite ``fill`` or a nonzero one without ``padding_mode="fill"``, or (a value
-            check, see `invert_affine`) a singular or non-finite ``matrix``, which would give
-            an all-NaN image.
-
-    Convention:
-        Forward matrices, pixel centres on integers, sizes ``(H, W)``; see the module
-        docstring. The matrices and coordinates of ``cv2.warpAffine`` and of kornia's
-        ``warp_affine`` (default ``align_corners=True``); border handling as OpenCV's, so
-        ``"reflection"`` is ``BORDER_REFLECT`` (``cba|abc``), not the ``BORDER_REFLECT_101``
-        (``dcb|abc``) of kornia with its default ``align_corners=True``.
+            batch mismatch), ``img`` and ``matrix`` on different devices, unknown
+            ``mode``/``padding_mode``, bad or absurdly large ``size``, a non-finite ``fill``
+            or a nonzero one without ``padding_mode="fill"``, or (a value check, see
+            `invert_affine`) a singular or non-finite ``matrix``.
 
     Examples:
         >>> img = torch.arange(12.0).view(1, 3, 4)
@@ -368,13 +390,10 @@ def warp_checked(
     padding_mode: str,
     fill: object,
     inverse: Tensor | None = None,
-) -> tuple[Tensor, Tensor]:
-    """`warp_affine`, also returning the inverse matrices it sampled with.
-
-    ``inverse`` (that return value of an earlier call with the same ``matrix``) skips the
-    inversion when its dtype is the one this call needs: `warp_sample` inverts once for the
-    image and its masks.
-    """
+) -> tuple[Tensor, Tensor | None]:
+    """`warp_affine`, also returning the inverse matrices the torch path sampled with (or
+    ``inverse`` as given, after OpenCV). Passing that back for the same ``matrix`` skips the
+    inversion: `warp_sample` inverts once for the image and its masks."""
     check_tensor("img", img)
     check_matrix("matrix", matrix)
     check_same_device(img=img, matrix=matrix)
@@ -400,9 +419,12 @@ def warp_checked(
         )
     if mode == "bilinear" and batch.dtype == torch.bool:
         raise TypeError("bilinear warping needs a numeric img, got dtype torch.bool")
+    out = warp_opencv(batch, mats, out_size, mode, padding_mode, fill)
+    if out is not None:
+        return (out[0] if unbatched else out), inverse
     coord_dtype = torch.promote_types(mats.dtype, torch.float32)
-    if batch.device.type == "cpu" and (mode == "nearest" or padding_mode in ("zeros", "fill")):
-        coord_dtype = torch.float64  # the C kernel's coordinates (nearest: both paths round them)
+    if batch.device.type == "cpu" and mode == "nearest":
+        coord_dtype = torch.float64  # rounded as OpenCV rounds its double coordinates
     inv = inverse
     if inv is None or inv.dtype != coord_dtype or inv.shape[0] != mats.shape[0]:
         inv = invert_checked("matrix", mats.to(coord_dtype))

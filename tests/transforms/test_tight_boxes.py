@@ -17,7 +17,8 @@ from torchvision import tv_tensors
 from torchvision.transforms.v2 import functional as tvf
 
 from tests.helpers import assert_close
-from visionblocks.ops import affine_matrix, warp_boxes, warp_masks, warp_sample
+from visionblocks.ops import affine_matrix, warp_boxes, warp_masks
+from visionblocks.transforms import warp_sample
 
 cv2 = pytest.importorskip("cv2")
 

@@ -24,7 +24,7 @@ from tests.helpers import assert_close
 from tests.package.test_fake_cuda import no_driver
 from visionblocks.ops._object_boxes import warp_rotated_boxes
 from visionblocks.ops.warp import affine_matrix
-from visionblocks.ops.warp_targets import warp_sample
+from visionblocks.transforms import warp_sample
 
 S = 64  # a square canvas for the hand-computed cases
 H, W = 40, 60
