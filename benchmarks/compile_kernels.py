@@ -3,7 +3,7 @@
 Triton's interpreter (how the tests run kernels on CPU) accepts programs that the GPU
 compiler rejects and knows nothing of registers or shared memory. Triton's own compiler
 runs without a GPU, though: `compile_all` compiles each specialisation found by
-`visionblocks.cli._kernel_specs` with ``triton.compile(ASTSource(...), target=GPUTarget(...))``
+`benchmarks.kernel_specs` with ``triton.compile(ASTSource(...), target=GPUTarget(...))``
 for ``sm_75``, ``sm_80`` and ``sm_90`` (which also assembles a cubin with ``ptxas``), then
 runs ``ptxas -v`` on the PTX for the register count, spill stores and loads and stack
 frame, and takes the shared memory from triton's metadata.
@@ -12,8 +12,8 @@ Compilation runs in worker processes without ``TRITON_INTERPRET`` (triton decide
 whether ``@triton.jit`` compiles or interprets). Results are cached by triton
 (``~/.triton/cache``), so a second run takes seconds.
 
-``visionblocks list kernels --compile`` prints the table; ``tests/kernels/test_compile.py``
-requires every row to compile with no spills.
+``python -m benchmarks.compile_kernels [--all]`` (from a clone) prints the table;
+``tests/kernels/test_compile.py`` requires every row to compile with no spills.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ import sys
 import tempfile
 import time
 from collections import defaultdict
+from pathlib import Path
 from typing import Any
 
 __all__ = ["TARGETS", "compile_all", "format_table", "summarize"]
@@ -193,9 +194,8 @@ def compile_all(
     """Compile specialisations for targets in ``jobs`` worker processes.
 
     Args:
-        specs: Rows of `visionblocks.cli._kernel_specs.launched_specializations` (the
-            specialisations the launchers reach; collected a layer above the kernels, since
-            collecting them runs the ops).
+        specs: Rows of `benchmarks.kernel_specs.launched_specializations` (the
+            specialisations the launchers reach).
         targets: Keys of `TARGETS`.
         jobs: Worker processes (default: the CPU count).
         python: The interpreter for the workers (default: this one).
@@ -215,7 +215,7 @@ def compile_all(
     work = [(spec, target) for spec in specs for target in targets]
     jobs = max(1, min(jobs or os.cpu_count() or 1, len(work) or 1))
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    code = "from visionblocks.kernels._compile import _worker; _worker()"
+    code = "from benchmarks.compile_kernels import _worker; _worker()"
     procs = []
     for i in range(jobs):
         proc = subprocess.Popen(
@@ -225,6 +225,7 @@ def compile_all(
             stderr=subprocess.PIPE,
             text=True,
             env=env,
+            cwd=Path(__file__).resolve().parent.parent,
         )
         procs.append((proc, json.dumps(work[i::jobs])))
     rows: list[dict] = []
@@ -264,7 +265,7 @@ def summarize(rows: list[dict]) -> list[dict]:
 
 
 def format_table(summary: list[dict]) -> str:
-    """The summary as a Markdown table (what ``visionblocks list kernels --compile`` prints)."""
+    """The summary as a Markdown table (what `main` prints)."""
     lines = [
         "| kernel | target | specialisations | compiled, no spills | max registers | spill stores | max shared (B) |",
         "|---|---|---|---|---|---|---|",
@@ -275,3 +276,40 @@ def format_table(summary: list[dict]) -> str:
         for r in summary
     ]
     return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Compile every launched specialisation and print the table (``--all``: every row)."""
+    import argparse
+
+    from benchmarks.kernel_specs import Spec, launched_specializations
+
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.compile_kernels")
+    parser.add_argument("--all", action="store_true", help="one row per specialisation too")
+    args = parser.parse_args(argv)
+    print("compiling every launched specialisation (cached by triton after the first run)...")
+    rows = compile_all(launched_specializations())
+    print(format_table(summarize(rows)))
+    if args.all:
+        print("\n| specialisation | target | ok | registers | spill stores | shared (B) |")
+        print("|---|---|---|---|---|---|")
+        for r in rows:
+            s = r["spec"]
+            spec = Spec(
+                s["kernel"],
+                tuple(map(tuple, s["signature"])),
+                tuple(map(tuple, s["constexprs"])),
+                s["num_warps"],
+            )
+            print(
+                f"| {spec.describe()} | {r['target']} | {'yes' if r['ok'] else 'NO'} | "
+                f"{r.get('regs', '-')} | {r.get('spill_stores', '-')} | {r.get('shared', '-')} |"
+            )
+    failed = [r for r in rows if not r["ok"]]
+    for r in failed:
+        print(f"FAILED {r['target']} {r['kernel']}: {r['error']}", file=sys.stderr)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

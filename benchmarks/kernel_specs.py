@@ -4,25 +4,163 @@
 options that reach the launchers (dtypes of every input, target kinds, weights, ignore and
 alpha, reductions, which inputs need gradients, window geometries, channel counts per group
 and per head), forward and backward, on tiny CPU tensors, and collects the `Spec` of every
-launch (`visionblocks.kernels._launch.record_launches`, as a dry run: launches are checked
-and recorded, not executed; the kernel tests run them). The signatures therefore come from
-the launchers themselves, not from a hand-kept list:
-`visionblocks.kernels._compile` compiles exactly these for real GPU targets.
+launch (`record_launches`, as a dry run: launches are checked and recorded, not executed;
+the kernel tests run them). The signatures therefore come from the launchers themselves,
+not from a hand-kept list: `benchmarks.compile_kernels` compiles exactly these for real GPU
+targets. `record_launches` also checks every tensor a launcher passes (one device, strided,
+a supported dtype, 16-byte aligned), so the kernel tests catch a launcher that breaks the
+kernels' calling convention.
 
-Run as ``python -m visionblocks.cli._kernel_specs`` (it sets ``TRITON_INTERPRET=1`` before
-triton is imported) to print the specialisations as JSON.
+Run as ``python -m benchmarks.kernel_specs`` from a clone (it sets ``TRITON_INTERPRET=1``
+before triton is imported) to print the specialisations as JSON.
 """
 
 from __future__ import annotations
 
+import importlib
 import itertools
 import json
 import os
+import pkgutil
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, NamedTuple
 
-__all__ = ["launched_specializations", "main"]
+__all__ = ["Spec", "launched_specializations", "main", "record_launches", "specialization"]
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+class Spec(NamedTuple):
+    """One compiled specialisation of a kernel, as triton's JIT would key it.
+
+    Attributes:
+        kernel: ``"module:function"`` of the ``@triton.jit`` function.
+        signature: ``(parameter, type)`` pairs in order: ``"*fp16"`` for a tensor,
+            ``"i32"``/``"i64"``/``"fp32"`` for a scalar, ``"constexpr"`` for a constexpr.
+        constexprs: ``(parameter, value)`` pairs; dtypes are written ``"tl.float32"``.
+        num_warps: Warps per program (triton's default is 4).
+    """
+
+    kernel: str
+    signature: tuple[tuple[str, str], ...]
+    constexprs: tuple[tuple[str, Any], ...]
+    num_warps: int = 4
+
+    def describe(self) -> str:
+        """A short label: the kernel's name, the pointer dtypes and the constexpr values."""
+        ptrs = ",".join(t[1:] for _, t in self.signature if t.startswith("*"))
+        consts = ",".join(f"{k}={str(v).removeprefix('tl.')}" for k, v in self.constexprs)
+        return f"{self.kernel.rpartition(':')[2]}[{ptrs}|{consts}|w{self.num_warps}]"
+
+
+_TL_NAMES = {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32", "fp64": "float64"}
+
+
+def _pointer_types():
+    import torch
+
+    return {
+        torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32",
+        torch.float64: "fp64", torch.int64: "i64", torch.int32: "i32", torch.uint8: "u8",
+    }  # fmt: skip
+
+
+def _encode(value: Any) -> Any:
+    if isinstance(value, bool | int | float | str) or value is None:
+        return value
+    name = getattr(value, "name", None)  # a triton dtype
+    if isinstance(name, str):
+        return f"tl.{_TL_NAMES.get(name, name)}"
+    raise TypeError(f"unsupported constexpr value {value!r}")
+
+
+def specialization(kernel: Any, args: Mapping[str, Any], num_warps: int = 4) -> Spec:
+    """The `Spec` a launch of ``kernel`` with ``args`` compiles to; checks the arguments.
+
+    Raises:
+        ValueError: A tensor on another device, with a non-strided layout, an unsupported
+            dtype or a misaligned start; a missing or unexpected argument.
+        TypeError: A tensor parameter given something else.
+    """
+    import torch
+
+    from visionblocks.kernels._launch import ALIGNMENT, parameters
+
+    params = parameters(kernel.fn)
+    name = f"{kernel.fn.__module__}:{kernel.fn.__name__}"
+    unknown = set(args) - {p for p, _ in params}
+    if unknown:
+        raise ValueError(f"{name}: unexpected arguments {sorted(unknown)}")
+    pointers = _pointer_types()
+    signature, constexprs, device = [], [], None
+    for param, kind in params:
+        if param not in args:
+            raise ValueError(f"{name}: missing argument {param!r}")
+        value = args[param]
+        if kind is None:
+            if not isinstance(value, torch.Tensor):
+                raise TypeError(f"{name}: {param} must be a tensor, got {type(value).__name__}")
+            if value.layout != torch.strided:
+                raise ValueError(f"{name}: {param} must be a strided tensor, got {value.layout}")
+            if value.dtype not in pointers:
+                raise ValueError(f"{name}: {param} has unsupported dtype {value.dtype}")
+            device = value.device if device is None else device
+            if value.device != device:
+                raise ValueError(
+                    f"{name}: {param} is on {value.device}, the other tensors on {device}"
+                )
+            if value.data_ptr() % ALIGNMENT:
+                raise ValueError(f"{name}: {param} must start {ALIGNMENT}-byte aligned (prepare)")
+            signature.append((param, "*" + pointers[value.dtype]))
+        elif kind == "constexpr":
+            signature.append((param, "constexpr"))
+            constexprs.append((param, _encode(value)))
+        else:
+            signature.append((param, kind))
+    return Spec(name, tuple(signature), tuple(constexprs), num_warps)
+
+
+def kernel_modules() -> list[Any]:
+    """Every kernel module of `visionblocks.kernels` (imports triton)."""
+    import visionblocks.kernels as package
+
+    names = sorted(m.name for m in pkgutil.iter_modules(package.__path__) if m.name[0] != "_")
+    return [importlib.import_module(f"visionblocks.kernels.{name}") for name in names]
+
+
+@contextmanager
+def record_launches(execute: bool = True) -> Iterator[set[Spec]]:
+    """Collect the `Spec` of every launch in the block (also launches that then fail).
+
+    Replaces ``launch`` in every kernel module by a recorder for the block's duration.
+
+    Args:
+        execute: False for a dry run: launches are checked and recorded but not run (their
+            outputs hold garbage), which enumerates the whole op matrix in seconds.
+    """
+    from visionblocks.kernels import _launch
+
+    specs: set[Spec] = set()
+
+    def recorder(op: str, kernel: Any, grid: Any, num_warps: int = 4, **args: Any) -> None:
+        _launch.check_grid(op, grid)
+        specs.add(specialization(kernel, args, num_warps))
+        if execute:
+            _launch.launch(op, kernel, grid, num_warps, **args)
+
+    modules = [m for m in kernel_modules() if getattr(m, "launch", None) is _launch.launch]
+    for module in modules:
+        module.launch = recorder
+    try:
+        yield specs
+    finally:
+        for module in modules:
+            module.launch = _launch.launch
+
 
 FLOATS = ("float16", "bfloat16", "float32", "float64")
 
@@ -68,7 +206,7 @@ def _cases_focal(torch) -> Iterator[Callable[[], None]]:
 
 
 def _cases_iou(torch) -> Iterator[Callable[[], None]]:
-    from visionblocks.ops import iou_loss
+    from visionblocks.losses import iou as iou_loss
 
     ops = (
         iou_loss.generalized_box_iou_loss,
@@ -164,8 +302,6 @@ def _record() -> list[dict]:
     """Run every case in this process (under the interpreter); the specs as JSON rows."""
     import torch
 
-    from visionblocks.kernels._launch import record_launches
-
     torch.manual_seed(0)
     with record_launches(execute=False) as specs:
         for make in CASES.values():
@@ -191,7 +327,8 @@ def launched_specializations(python: str | None = None) -> list[dict]:
     env.pop("VISIONBLOCKS_DISABLE_TRITON", None)
     env.pop("VISIONBLOCKS_IMPL", None)
     proc = subprocess.run(
-        [python or sys.executable, "-m", "visionblocks.cli._kernel_specs"],
+        [python or sys.executable, "-m", "benchmarks.kernel_specs"],
+        cwd=ROOT,
         capture_output=True,
         text=True,
         env=env,

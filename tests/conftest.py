@@ -21,6 +21,7 @@ import pytest
 
 from visionblocks import kernels
 from visionblocks._core.dispatch import set_impl
+from visionblocks.kernels._launch import INTERPRET
 
 # One thread per core among pytest-xdist's workers (at most 2 each): more threads than cores
 # makes OpenMP's waiting threads spin against each other. The processes a test starts (docs
@@ -31,15 +32,12 @@ torch.set_num_threads(THREADS)
 if _WORKERS > 1:
     os.environ["OMP_NUM_THREADS"] = str(THREADS)
 
-_TRITON_RUNNABLE = kernels.triton_available() and (
-    torch.cuda.is_available() or kernels.interpret_mode()
-)
+_REASON = kernels.available()["reason"]
+"""Why triton cannot run here ("" when it can)."""
+_TRITON_RUNNABLE = not _REASON and (torch.cuda.is_available() or INTERPRET)
 _NO_TRITON = (
     "triton kernels cannot run here: "
-    + (
-        kernels.triton_unavailable_reason()
-        or "no CUDA device, and TRITON_INTERPRET=1 was not set before triton was imported"
-    )
+    + (_REASON or "no CUDA device, and TRITON_INTERPRET=1 was not set before triton was imported")
     + " (a CPU-only torch has no triton: pip install visionblocks[triton])"
 )
 """Why kernel tests are skipped: the same text in every kernel test module."""

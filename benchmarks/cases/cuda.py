@@ -90,7 +90,7 @@ def _giou(impl: str | None):
 
             loss = loss_fn(pred, target, reduction="sum")
         else:
-            from visionblocks.ops.iou_loss import generalized_box_iou_loss
+            from visionblocks.losses.iou import generalized_box_iou_loss
 
             loss = generalized_box_iou_loss(pred, target, reduction="sum", impl=impl)
         return torch.autograd.grad(loss, pred)[0]

@@ -53,7 +53,7 @@ def _grad(fn: Callable[..., torch.Tensor], state: dict[str, Any], **kwargs: Any)
 
 def _case(name: str, op: str, min_speedup: float) -> BenchCase:
     def ours(state: dict[str, Any]) -> Outputs:
-        from visionblocks.ops import iou_loss
+        from visionblocks.losses import iou as iou_loss
 
         return _grad(getattr(iou_loss, op), state, impl="torch")
 

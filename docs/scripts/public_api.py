@@ -10,6 +10,7 @@ build (``mkdocs_hooks.py``) and the reference-coverage test all start from here:
 
 from __future__ import annotations
 
+import ast
 import sys
 from collections import defaultdict
 from dataclasses import dataclass
@@ -71,13 +72,23 @@ def _summary(obj: griffe.Object) -> str:
     return " ".join(first.split())
 
 
+def _served(module: griffe.Module) -> dict[str, str]:
+    """A module's ``_SERVED`` (name → the module defining it), read statically."""
+    member = module.members.get("_SERVED")
+    return ast.literal_eval(str(member.value)) if member is not None else {}
+
+
 def public_symbols(package: griffe.Module | None = None) -> list[Symbol]:
     """One entry per name in each public module's ``__all__``, in module then name order."""
     package = package or load()
     symbols = []
     for module in public_modules(package):
+        served = _served(module)
         for name in sorted(module.exports or ()):
-            member = module.get_member(name)
+            if name in served:  # defined a layer above, served by the module's __getattr__
+                member = package.get_member(f"{served[name]}.{name}".partition(".")[2])
+            else:
+                member = module.get_member(name)
             target = member.final_target if member.is_alias else member
             filepath = target.relative_filepath if not target.is_module else None
             symbols.append(

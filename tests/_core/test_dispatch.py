@@ -1,4 +1,5 @@
-"""Implementation selection: defaults, env vars, context manager, forced triton errors."""
+"""The one decision (`use_triton`): defaults, env vars, context manager, forced triton errors,
+capabilities, failures; and the value-check switches."""
 
 from __future__ import annotations
 
@@ -8,17 +9,29 @@ import pytest
 import torch
 
 import visionblocks
-from visionblocks import kernels
 from visionblocks._core import dispatch as _dispatch
-from visionblocks._core.dispatch import get_impl, set_impl, use_impl
-from visionblocks.kernels import _dispatch as _routing
-from visionblocks.kernels._dispatch import resolve_impl
+from visionblocks._core.dispatch import (
+    capability_reason,
+    get_impl,
+    note_failure,
+    set_impl,
+    use_impl,
+    use_triton,
+)
+
+OP = "some_op"
 
 
 @pytest.fixture
-def fake_kernel(monkeypatch):
-    monkeypatch.setitem(kernels.KERNEL_OPS, "fake_op", "nowhere:fn")
-    return "fake_op"
+def triton_here(monkeypatch):
+    """triton installed, whatever this machine has."""
+    monkeypatch.setattr(_dispatch, "_triton_missing", lambda: "")
+
+
+@pytest.fixture
+def no_failures():
+    yield
+    _dispatch._failures.clear()
 
 
 def test_default_is_auto(monkeypatch):
@@ -81,7 +94,7 @@ def test_unknown_impl_names_list_valid_ones(bad):
     with pytest.raises(ValueError, match="one of 'auto', 'torch', 'triton'"), use_impl(bad):
         pass
     with pytest.raises(ValueError, match="one of 'auto', 'torch', 'triton'"):
-        resolve_impl(bad, "fake_op", torch.zeros(1))
+        use_triton(OP, bad, torch.zeros(1))
 
 
 def test_non_string_impl_is_type_error():
@@ -89,18 +102,17 @@ def test_non_string_impl_is_type_error():
         set_impl(1)
 
 
-def test_auto_picks_torch_for_cpu_tensors(fake_kernel):
-    assert resolve_impl("auto", fake_kernel, torch.zeros(2)) == "torch"
-    assert resolve_impl("torch", fake_kernel, torch.zeros(2)) == "torch"
+def test_auto_picks_torch_for_cpu_tensors():
+    assert not use_triton(OP, "auto", torch.zeros(2))
+    assert not use_triton(OP, "torch", torch.zeros(2))
 
 
-def test_auto_follows_process_default(fake_kernel, monkeypatch):
-    monkeypatch.setattr(kernels, "interpret_mode", lambda: True)
-    monkeypatch.setattr(kernels, "triton_available", lambda: True)
+def test_auto_follows_process_default(triton_here, monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
     with use_impl("triton"):
-        assert resolve_impl("auto", fake_kernel, torch.zeros(2)) == "triton"
+        assert use_triton(OP, "auto", torch.zeros(2))
         # An explicit impl= on the call wins over the default.
-        assert resolve_impl("torch", fake_kernel, torch.zeros(2)) == "torch"
+        assert not use_triton(OP, "torch", torch.zeros(2))
 
 
 class FakeCuda:
@@ -109,54 +121,114 @@ class FakeCuda:
     dtype = torch.float32
 
 
-def test_auto_picks_triton_for_cuda_tensors(fake_kernel, monkeypatch):
-    from visionblocks.kernels import _fallback, _support
-
-    monkeypatch.setattr(_support, "_capability", lambda index: (8, 0))
-    monkeypatch.setattr(kernels, "triton_available", lambda: True)
-    assert resolve_impl("auto", fake_kernel, FakeCuda()) == "triton"
-    assert resolve_impl("auto", "op_without_kernel", FakeCuda()) == "torch"
+def test_auto_picks_triton_for_cuda_tensors(triton_here, no_failures, monkeypatch):
+    monkeypatch.setattr(_dispatch, "has_values", lambda t: True)
+    monkeypatch.setattr(_dispatch, "_capability", lambda index: (8, 0))
+    assert use_triton(OP, "auto", FakeCuda())
+    assert not use_triton(OP, "auto", FakeCuda(), auto=False)  # kernels not yet verified
+    assert not use_triton(OP, "auto", FakeCuda(), torch.zeros(1))  # a CPU tensor among them
     # An older GPU than the kernels are compiled for: auto runs torch, forcing explains.
-    monkeypatch.setattr(_support, "_capability", lambda index: (7, 0))
-    assert resolve_impl("auto", fake_kernel, FakeCuda()) == "torch"
-    monkeypatch.setattr("visionblocks.kernels._dispatch._capability", lambda device: (7, 0))
+    monkeypatch.setattr(_dispatch, "_capability", lambda index: (7, 0))
+    assert not use_triton(OP, "auto", FakeCuda())
     with pytest.raises(
         RuntimeError, match="need compute capability 7.5 or newer; this GPU has 7.0"
     ):
-        resolve_impl("triton", fake_kernel, FakeCuda())
-    # After a failure on that device, auto stays on torch there.
-    monkeypatch.setattr(_support, "_capability", lambda index: (9, 0))
+        use_triton(OP, "triton", FakeCuda())
+    # After a failure on that device, auto stays on torch there, and forcing says why.
+    monkeypatch.setattr(_dispatch, "_capability", lambda index: (9, 0))
     with pytest.warns(RuntimeWarning, match="failed on cuda:0"):
-        _fallback.note_failure(fake_kernel, FakeCuda.device, RuntimeError("boom"))
-    try:
-        assert resolve_impl("auto", fake_kernel, FakeCuda()) == "torch"
-    finally:
-        _fallback.reset_failures()
-    assert resolve_impl("auto", fake_kernel, FakeCuda()) == "triton"
-    monkeypatch.setattr(kernels, "triton_available", lambda: False)
-    assert resolve_impl("auto", fake_kernel, FakeCuda()) == "torch"
+        note_failure(OP, FakeCuda.device, RuntimeError("boom"))
+    assert not use_triton(OP, "auto", FakeCuda())
+    assert use_triton("other_op", "auto", FakeCuda())
+    with pytest.raises(RuntimeError, match="failed earlier on cuda:0 .RuntimeError: boom."):
+        use_triton(OP, "triton", FakeCuda())
+    _dispatch._failures.clear()
+    assert use_triton(OP, "auto", FakeCuda())
+    monkeypatch.setattr(_dispatch, "_triton_missing", lambda: "not installed")
+    assert not use_triton(OP, "auto", FakeCuda())
 
 
-def test_forced_triton_explains_why_it_cannot_run(fake_kernel, monkeypatch):
-    with pytest.raises(RuntimeError, match="has no triton kernel"):
-        resolve_impl("triton", "op_without_kernel", torch.zeros(1))
-    monkeypatch.setattr(kernels, "triton_available", lambda: False)
-    monkeypatch.setattr(kernels, "triton_unavailable_reason", lambda: "disabled by test")
+def test_a_failure_warns_once_per_op_and_device(no_failures):
+    with pytest.warns(RuntimeWarning) as record:
+        for _ in range(3):
+            note_failure(OP, torch.device("cuda", 1), RuntimeError("boom"))
+    assert len(record) == 1
+
+
+def test_forced_triton_explains_why_it_cannot_run(monkeypatch):
+    monkeypatch.setattr(_dispatch, "_triton_missing", lambda: "disabled by test")
     with pytest.raises(RuntimeError, match="triton is unavailable: disabled by test"):
-        resolve_impl("triton", fake_kernel, torch.zeros(1))
-    monkeypatch.setattr(kernels, "triton_available", lambda: True)
-    monkeypatch.setattr(kernels, "interpret_mode", lambda: False)
+        use_triton(OP, "triton", torch.zeros(1))
+    monkeypatch.setattr(_dispatch, "_triton_missing", lambda: "")
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     with pytest.raises(RuntimeError, match="TRITON_INTERPRET=1"):
-        resolve_impl("triton", fake_kernel, torch.zeros(1))
-    monkeypatch.setattr(kernels, "interpret_mode", lambda: True)
-    assert resolve_impl("triton", fake_kernel, torch.zeros(1)) == "triton"
+        use_triton(OP, "triton", torch.zeros(1))
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert use_triton(OP, "triton", torch.zeros(1))
+
+
+def test_disable_env_and_missing_triton_in_a_fresh_process(tmp_path):
+    import subprocess
+    import sys
+
+    code = (
+        "import torch; from visionblocks._core.dispatch import use_triton\n"
+        "try:\n    use_triton('op', 'triton', torch.zeros(1))\n"
+        "except RuntimeError as e:\n    print(e)\n"
+    )
+    env = {"VISIONBLOCKS_DISABLE_TRITON": "1", "PATH": "/usr/bin:/bin"}
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=tmp_path
+    )
+    assert "disabled by VISIONBLOCKS_DISABLE_TRITON=1" in out.stdout, out.stderr
+
+
+def test_auto_is_the_formula_while_recording(triton_here, monkeypatch):
+    monkeypatch.setattr(_dispatch, "has_values", lambda t: True)
+    monkeypatch.setattr(_dispatch, "_capability", lambda index: (9, 0))
+    monkeypatch.setattr(_dispatch, "recording", lambda: True)
+    with use_impl("triton"):  # the default does not apply while torch records
+        assert not use_triton(OP, "auto", FakeCuda())
+    assert use_triton(OP, "triton", FakeCuda())
+
+
+def test_capability_table():
+    assert capability_reason((9, 0), [torch.bfloat16, torch.float16]) == ""
+    assert "7.5 or newer" in capability_reason((6, 1), [torch.float32])
+    # triton before 3.3 cannot compile bfloat16 for Turing (ptxas refuses cvt.f32.bf16).
+    assert capability_reason((7, 5), [torch.bfloat16], triton=(3, 3)) == ""
+    assert capability_reason((8, 0), [torch.bfloat16], triton=(3, 0)) == ""
+    assert capability_reason((7, 5), [torch.float32], triton=(3, 1)) == ""
+    assert "8.0 or newer with triton 3.1" in capability_reason(
+        (7, 5), [torch.bfloat16], triton=(3, 1)
+    )
+
+
+def test_triton_version_reads_the_imported_module_then_the_metadata(monkeypatch):
+    import importlib.metadata
+    import sys
+    import types
+
+    fake = types.ModuleType("triton")
+    fake.__version__ = "3.2.0"
+    monkeypatch.setitem(sys.modules, "triton", fake)
+    assert _dispatch.triton_version() == (3, 2)
+    monkeypatch.delitem(sys.modules, "triton")
+    monkeypatch.setattr(importlib.metadata, "version", lambda name: "4.0.1")
+    assert _dispatch.triton_version() == (4, 0)
+
+    def missing(name):
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(importlib.metadata, "version", missing)
+    assert _dispatch.triton_version() is None
 
 
 def test_dispatch_module_does_not_import_triton():
     import ast
     import inspect
 
-    for module in (_dispatch, _routing, visionblocks):
+    for module in (_dispatch, visionblocks):
         tree = ast.parse(inspect.getsource(module))
         names = {
             alias.name.split(".")[0]
@@ -172,7 +244,7 @@ def test_dispatch_module_does_not_import_triton():
         assert "triton" not in names
 
 
-def test_auto_for_cpu_and_meta_tensors_touches_no_driver(fake_kernel, monkeypatch):
+def test_auto_for_cpu_and_meta_tensors_touches_no_driver(monkeypatch):
     """Choosing an implementation never asks triton or the driver for tensors that do not
     need it (fake CUDA tensors: tests/package/test_fake_cuda.py)."""
 
@@ -181,6 +253,6 @@ def test_auto_for_cpu_and_meta_tensors_touches_no_driver(fake_kernel, monkeypatc
 
     for name in ("init", "current_device", "get_device_capability", "get_device_properties"):
         monkeypatch.setattr(torch.cuda, name, refuse)
-    monkeypatch.setattr(kernels, "triton_available", refuse)
+    monkeypatch.setattr(_dispatch, "_triton_missing", refuse)
     for device in ("cpu", "meta"):
-        assert resolve_impl("auto", fake_kernel, torch.zeros(2, device=device)) == "torch"
+        assert not use_triton(OP, "auto", torch.zeros(2, device=device))

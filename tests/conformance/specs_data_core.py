@@ -492,18 +492,6 @@ SPECS: list[Spec] = [
         args=[Arg("enabled", "bool")],
     ),
     Spec(
-        kernels.has_kernel,
-        lambda: (kernels.has_kernel, {"op": "sigmoid_focal_loss"}),
-        args=[Arg("op", "choice", accept={"unknown"})],
-    ),  # an unknown op has no kernel: False
-    Spec(
-        kernels.load_kernel,
-        lambda: (kernels.load_kernel, {"op": "sigmoid_focal_loss"}),
-        # an unknown op: "'no-such-choice' has no triton kernel" (a KeyError naming it)
-        args=[Arg("op", "choice", aliases=("no-such-choice",))],
-        errors=(KeyError,),
-    ),
-    Spec(
         run_demo,
         lambda: (
             _quiet_demo,
@@ -544,9 +532,6 @@ EXEMPT: dict[object, str] = {
     visionblocks.get_impl: "takes no arguments",
     visionblocks.value_checks_enabled: "takes no arguments",
     kernels.available: "takes no arguments",
-    kernels.triton_available: "takes no arguments",
-    kernels.triton_unavailable_reason: "takes no arguments",
-    kernels.interpret_mode: "takes no arguments",
     build_parser: "takes no arguments",
     reg.ConfigError: "the exception Registry.build raises for a config key; users do not build it",
     main: "argument errors are argparse's (usage and exit status 2), tested in tests/cli/test_cli.py",

@@ -229,10 +229,6 @@ def _keypoints() -> torch.Tensor:
     return torch.tensor([[[0.0, 0.0], [4.0, 2.0], [1.5, 3.0]]])
 
 
-def _warp_sample(**kwargs: Any) -> Any:
-    return ops.warp_sample(**kwargs)
-
-
 WARP_SPECS: list[Spec] = [
     Spec(
         ops.affine_matrix,
@@ -392,35 +388,6 @@ WARP_SPECS: list[Spec] = [
             Arg("masks", "tensor", accept={"dtype", "rank_up"}),  # any dtype; (B, N, H, W)
             Arg("matrix", "tensor", accept={"rank_up"}),
             Arg("size", "sequence", optional=True),
-        ],
-        equivalences=("noncontiguous",),
-    ),
-    Spec(
-        ops.warp_sample,
-        _call(
-            _warp_sample,
-            image=lambda: _image()[0],
-            target=_sample,
-            matrix=_matrix,
-            size=(4, 5),
-            mode="bilinear",
-            fill=0.0,
-            mask_fill=0,
-            min_size=1.0,
-            instance_keys=("labels",),
-            flip_pairs=[(1, 2)],
-        ),
-        args=[
-            Arg("image", "tensor", accept={"dtype"}),
-            Arg("target", "mapping", optional=True),  # None: only the image
-            Arg("matrix", "tensor"),
-            Arg("size", "sequence", optional=True),
-            Arg("mode", "choice"),
-            _signed("fill"),
-            Arg("mask_fill", "int"),
-            Arg("min_size", "float", optional=True),  # None keeps every box
-            Arg("instance_keys", "sequence", accept={"longer"}),  # a repeated key is harmless
-            Arg("flip_pairs", "sequence", optional=True),  # None: a mirror is refused
         ],
         equivalences=("noncontiguous",),
     ),

@@ -12,12 +12,11 @@ import os
 import pytest
 import torch
 
-from tests.conftest import _NO_TRITON
-from visionblocks import kernels
+from tests.conftest import _NO_TRITON, _TRITON_RUNNABLE
 from visionblocks.ops import best_box_iou, box_iou, match_anchors
 from visionblocks.ops.assign import _reaches_torch
 
-RUNNABLE = kernels.triton_available() and (torch.cuda.is_available() or kernels.interpret_mode())
+RUNNABLE = _TRITON_RUNNABLE
 pytestmark = pytest.mark.skipif(not RUNNABLE, reason=_NO_TRITON)
 
 FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -114,7 +113,7 @@ def test_nan_boxes(device):
 
 
 def test_auto_keeps_the_torch_path_and_triton_runs_the_kernels():
-    from visionblocks.kernels._launch import record_launches
+    from benchmarks.kernel_specs import record_launches
 
     anchors, gt = boxes(10, 9, "cpu"), boxes(3, 10, "cpu")
     with record_launches() as specs:
@@ -140,8 +139,8 @@ def test_cuda_large_equals_torch_and_matcher():
 
 @pytest.mark.slow  # compiles 2 kernels x their dtypes for three GPU targets
 def test_kernels_compile_for_every_gpu_target():
-    from visionblocks.kernels._compile import TARGETS, compile_all
-    from visionblocks.kernels._launch import record_launches
+    from benchmarks.compile_kernels import TARGETS, compile_all
+    from benchmarks.kernel_specs import record_launches
 
     with record_launches(execute=False) as specs:  # dry run: checked and recorded only
         for adtype in FLOATS:
@@ -164,7 +163,7 @@ import json, re, sys
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from visionblocks.kernels._compile import _decode
+from benchmarks.compile_kernels import _decode
 from visionblocks.kernels import assign
 
 out = {}
@@ -194,7 +193,7 @@ def test_the_gpu_code_rounds_every_product_and_quotient_as_torch():
     import subprocess
     import sys
 
-    from visionblocks.kernels._launch import record_launches
+    from benchmarks.kernel_specs import record_launches
 
     with record_launches(execute=False) as specs:
         for dtype in (torch.float32, torch.float64):
@@ -205,6 +204,7 @@ def test_the_gpu_code_rounds_every_product_and_quotient_as_torch():
         [sys.executable, "-c", _PTX_OPCODES],
         input=json.dumps([s._asdict() for s in specs]),
         capture_output=True, text=True, env=env, check=True,
+        cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
     )  # fmt: skip
     opcodes = json.loads(run.stdout)
     assert set(opcodes) == {

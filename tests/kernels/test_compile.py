@@ -1,14 +1,13 @@
 """Every kernel specialisation the library can launch, compiled for real GPUs (no GPU needed).
 
 Triton's own compiler and ``ptxas`` (shipped in the triton wheel) compile each specialisation
-recorded from the launchers (`visionblocks.cli._kernel_specs`) for ``sm_75``, ``sm_80`` and
+recorded from the launchers (`benchmarks.kernel_specs`) for ``sm_75``, ``sm_80`` and
 ``sm_90``: a cubin must come out, with no spill stores and shared memory within the target.
 About three minutes on two cores on a fresh machine (triton caches the results).
 """
 
 from __future__ import annotations
 
-import importlib
 import os
 from collections import defaultdict
 from pathlib import Path
@@ -16,18 +15,18 @@ from pathlib import Path
 import pytest
 import torch
 
-from visionblocks import kernels
+from tests.conftest import _REASON
+from visionblocks._core.dispatch import capability_reason
 
-if not kernels.triton_available():
+if _REASON:
     pytest.skip(
-        f"triton is not installed or disabled ({kernels.triton_unavailable_reason()}); "
+        f"triton is not installed or disabled ({_REASON}); "
         "install visionblocks[triton] to compile the kernels",
         allow_module_level=True,
     )
 
-from visionblocks.cli._kernel_specs import launched_specializations
-from visionblocks.kernels._compile import TARGETS, compile_all, format_table, summarize
-from visionblocks.kernels._support import capability_reason
+from benchmarks.compile_kernels import TARGETS, compile_all, format_table, summarize
+from benchmarks.kernel_specs import kernel_modules, launched_specializations
 
 pytestmark = pytest.mark.slow  # compiles every kernel specialisation for three GPU targets
 
@@ -48,8 +47,7 @@ def rows() -> list[dict]:
 def _launched_kernels() -> set[str]:
     """Every ``*_kernel`` jit function of the kernel modules (what the launchers launch)."""
     found = set()
-    for target in kernels.KERNEL_OPS.values():
-        module = importlib.import_module(f"visionblocks.kernels.{target.partition(':')[0]}")
+    for module in kernel_modules():
         for name, obj in vars(module).items():
             if name.endswith("_kernel") and hasattr(obj, "fn"):
                 found.add(f"{module.__name__}:{name}")
@@ -104,6 +102,6 @@ def test_every_constexpr_value_and_dtype_is_reached(rows):
 def test_kernels_page_shows_the_current_compile_table(rows):
     table = format_table(summarize(rows))
     assert table in DOCS.read_text(encoding="utf-8"), (
-        "docs/reference/kernels.md must show the table that `visionblocks list kernels "
-        f"--compile` prints now:\n{table}"
+        "docs/reference/kernels.md must show the table that `python -m "
+        f"benchmarks.compile_kernels` prints now:\n{table}"
     )

@@ -8,12 +8,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.conftest import _NO_TRITON
+from tests.conftest import _NO_TRITON, _TRITON_RUNNABLE
 from tests.helpers import assert_close, gradcheck
-from visionblocks import kernels
 from visionblocks.losses.focal import sigmoid_focal_loss
 
-if not (kernels.triton_available() and (torch.cuda.is_available() or kernels.interpret_mode())):
+if not _TRITON_RUNNABLE:
     pytest.skip(_NO_TRITON, allow_module_level=True)
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")

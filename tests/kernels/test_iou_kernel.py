@@ -5,17 +5,16 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.conftest import _NO_TRITON
+from tests.conftest import _NO_TRITON, _TRITON_RUNNABLE
 from tests.helpers import assert_close
-from visionblocks import kernels
-from visionblocks.kernels._dispatch import resolve_impl
-from visionblocks.ops.iou_loss import (
+from visionblocks._core.dispatch import use_triton
+from visionblocks.losses.iou import (
     complete_box_iou_loss,
     distance_box_iou_loss,
     generalized_box_iou_loss,
 )
 
-RUNNABLE = kernels.triton_available() and (torch.cuda.is_available() or kernels.interpret_mode())
+RUNNABLE = _TRITON_RUNNABLE
 pytestmark = pytest.mark.skipif(not RUNNABLE, reason=_NO_TRITON)
 
 FUNCTIONS = {
@@ -107,21 +106,21 @@ def test_kernel_grad_for_one_input_only(device):
 
 
 @pytest.mark.parametrize("op", sorted(FUNCTIONS))
-def test_dispatch_names_and_auto(op):
-    assert kernels.has_kernel(op)
-    assert callable(kernels.load_kernel(op))
+def test_auto_is_torch_on_cpu_and_triton_runs_in_the_interpreter(op):
     cpu = torch.zeros(1, 4)
-    assert resolve_impl("auto", op, cpu, cpu) == "torch"
-    assert resolve_impl("triton", op, cpu, cpu) == "triton"
+    assert not use_triton(op, "auto", cpu, cpu)
+    assert use_triton(op, "triton", cpu, cpu)
 
 
 def test_kernel_is_called_for_triton(monkeypatch):
+    from visionblocks.kernels import iou as iou_kernels
+
     calls = []
-    real = kernels.load_kernel("generalized_box_iou_loss")
+    real = iou_kernels.generalized_box_iou_loss_triton
 
     def spy(pred, target, eps, reference=None):
         calls.append((pred.shape, eps))
-        return real(pred, target, eps, reference)
+        return real(pred, target, eps, reference=reference)
 
     monkeypatch.setattr("visionblocks.kernels.iou.generalized_box_iou_loss_triton", spy)
     pred, target = random_pairs(6, torch.float32, "cpu")

@@ -6,38 +6,33 @@ raises (a simulated compile error), under the interpreter on CPU.
 
 from __future__ import annotations
 
-import sys
 import warnings
 
 import pytest
 import torch
 
+from tests.conftest import _NO_TRITON, _REASON, _TRITON_RUNNABLE
 from tests.helpers import assert_close
-from visionblocks import kernels
-from visionblocks.kernels import _fallback, _launch
-from visionblocks.kernels._dispatch import resolve_impl, run_fused
+from visionblocks._core import dispatch
+from visionblocks.kernels import _launch
 from visionblocks.kernels._launch import (
     GRID_LIMITS,
     KernelFailure,
     LaunchLimitError,
     check_grid,
+    launch,
     prepare,
-    specialization,
 )
-from visionblocks.kernels._support import capability_reason, triton_version, unsupported_reason
 
-RUNNABLE = kernels.triton_available() and (torch.cuda.is_available() or kernels.interpret_mode())
-needs_triton = pytest.mark.skipif(
-    not kernels.triton_available(), reason=f"triton: {kernels.triton_unavailable_reason()}"
-)
-runs_kernels = pytest.mark.skipif(not RUNNABLE, reason="triton cannot run kernels here")
+needs_triton = pytest.mark.skipif(bool(_REASON), reason=f"triton: {_REASON}")
+runs_kernels = pytest.mark.skipif(not _TRITON_RUNNABLE, reason=_NO_TRITON)
 
 
 @pytest.fixture(autouse=True)
 def _forget_failures():
-    _fallback.reset_failures()
+    dispatch._failures.clear()
     yield
-    _fallback.reset_failures()
+    dispatch._failures.clear()
 
 
 def test_check_grid_accepts_the_limits_and_names_the_axis_past_them():
@@ -116,7 +111,8 @@ def test_focal_operands_take_few_dtypes_and_keep_broadcast_weights_unexpanded():
 
 
 @needs_triton
-def test_specialization_checks_every_argument_and_names_it():
+def test_recorded_specialization_checks_every_argument_and_names_it():
+    from benchmarks.kernel_specs import specialization
     from visionblocks.kernels.iou import _iou_loss_fwd_kernel as kernel
 
     boxes = torch.zeros(4, 4)
@@ -130,15 +126,19 @@ def test_specialization_checks_every_argument_and_names_it():
         specialization(kernel, {**args, "g_ptr": boxes.to(torch.int16), **consts})
     with pytest.raises(ValueError, match="g_ptr is on meta"):
         specialization(kernel, {**args, "g_ptr": boxes.to("meta"), **consts})
-    with pytest.raises(TypeError, match="n must be an int, got True"):
-        specialization(kernel, {**args, "n": True, **consts})
     with pytest.raises(ValueError, match="missing argument 'eps'"):
         specialization(kernel, {k: v for k, v in {**args, **consts}.items() if k != "eps"})
 
 
 @needs_triton
 def test_int32_arguments_past_their_range_are_refused_not_wrapped():
-    from visionblocks.kernels.local_filter import _grad_kernels_kernel as kernel
+    from visionblocks.kernels.local_filter import _grad_kernels_kernel as real
+
+    class Kernel:  # launches nothing: the guard must refuse before
+        fn = real.fn
+
+        def __getitem__(self, grid):
+            raise AssertionError("launched")
 
     t = torch.zeros(4)
     sizes = dict.fromkeys(("C", "G", "CG", "H", "W", "HO", "WO", "KS", "DIL", "STRIDE", "N_PB"), 1)
@@ -151,51 +151,12 @@ def test_int32_arguments_past_their_range_are_refused_not_wrapped():
         "BLOCK_C": 1,
         "BLOCK_P": 128,
     }
-    specialization(kernel, args)
     with pytest.raises(ValueError, match=r"C = 2147483648 does not fit its type i32"):
-        specialization(kernel, {**args, "C": 2**31})
-
-
-def test_capability_table():
-    assert capability_reason((7, 0), [torch.float32]).startswith("the kernels need compute")
-    for cc in ((7, 5), (8, 0), (8, 6), (9, 0), (10, 0)):
-        for dtype in (torch.float16, torch.bfloat16, torch.float32, torch.float64):
-            assert capability_reason(cc, [dtype], triton=(3, 3)) == ""
-
-
-def test_triton_before_3_3_keeps_bfloat16_off_turing():
-    # triton 3.0-3.2 emit sm_80's cvt.f32.bf16, which ptxas refuses for sm_75 (every
-    # release compiled offline); the dispatcher must route those calls to torch.
-    for version in ((3, 0), (3, 1), (3, 2)):
-        reason = capability_reason((7, 5), [torch.float32, torch.bfloat16], triton=version)
-        assert reason == (
-            f"torch.bfloat16 needs compute capability 8.0 or newer with triton "
-            f"{version[0]}.{version[1]} (3.3 or newer: 7.5); this GPU has 7.5"
-        )
-        for dtype in (torch.float16, torch.float32, torch.float64):
-            assert capability_reason((7, 5), [dtype], triton=version) == ""
-        assert capability_reason((8, 0), [torch.bfloat16], triton=version) == ""
-    assert capability_reason((7, 5), [torch.bfloat16], triton=(3, 3)) == ""
-    assert capability_reason((7, 5), [torch.bfloat16], triton=(4, 0)) == ""
-
-
-def test_triton_version_reads_the_imported_module_then_the_metadata(monkeypatch):
-    import importlib.metadata
-    import types
-
-    monkeypatch.setitem(sys.modules, "triton", types.SimpleNamespace(__version__="3.2.0+git1"))
-    assert triton_version() == (3, 2)
-    assert capability_reason((7, 5), [torch.bfloat16]).endswith("this GPU has 7.5")
-    monkeypatch.delitem(sys.modules, "triton")
-    monkeypatch.setattr(importlib.metadata, "version", lambda name: "3.9.0")
-    assert triton_version() == (3, 9)
-
-    def missing(name):
-        raise importlib.metadata.PackageNotFoundError(name)
-
-    monkeypatch.setattr(importlib.metadata, "version", missing)
-    assert triton_version() is None
-    assert capability_reason((7, 5), [torch.bfloat16]) == ""
+        launch("local_filter", Kernel(), (1,), **{**args, "C": 2**31})
+    with pytest.raises(TypeError, match="H must be an int, got True"):
+        launch("local_filter", Kernel(), (1,), **{**args, "H": True})
+    with pytest.raises(ValueError, match="missing argument 'W'"):
+        launch("local_filter", Kernel(), (1,), **{k: v for k, v in args.items() if k != "W"})
 
 
 class _Broken:
@@ -229,8 +190,9 @@ def test_a_failing_forward_kernel_warns_once_and_falls_back(monkeypatch):
     x = torch.randn(5, 3)
     t = torch.rand(5, 3)
     expected, _ = _focal_reference(*_focal_args(x, t))
+    entry = focal.sigmoid_focal_loss_triton
     with pytest.warns(RuntimeWarning) as record:
-        loss, _ = run_fused("sigmoid_focal_loss", "auto", _focal_reference, *_focal_args(x, t))
+        loss, _ = entry(*_focal_args(x, t), reference=_focal_reference)
     assert len(record) == 1
     message = str(record[0].message)
     assert "'sigmoid_focal_loss' failed on cpu" in message
@@ -238,11 +200,27 @@ def test_a_failing_forward_kernel_warns_once_and_falls_back(monkeypatch):
     assert_close(loss, expected)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # the second call stays silent
-        loss, _ = run_fused("sigmoid_focal_loss", "auto", _focal_reference, *_focal_args(x, t))
+        loss, _ = entry(*_focal_args(x, t), reference=_focal_reference)
     assert_close(loss, expected)
-    assert "simulated compile error" in unsupported_reason("sigmoid_focal_loss", [x])
+    assert "simulated compile error" in dispatch._failures[("sigmoid_focal_loss", "cpu")]
     with pytest.raises(KernelFailure, match="simulated compile error"):
-        run_fused("sigmoid_focal_loss", "triton", _focal_reference, *_focal_args(x, t))
+        entry(*_focal_args(x, t))  # no reference: impl="triton" forced
+
+
+def test_a_launch_limit_falls_back_without_being_remembered():
+    """A shape past a kernel's indexing (`LaunchLimitError`) concerns that call only."""
+
+    @_launch.with_fallback("some_op")
+    def entry(x, reference=None):
+        raise LaunchLimitError("some_op", "pixel indexing", ValueError("a huge plane"))
+
+    x = torch.ones(2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no warning either
+        assert torch.equal(entry(x, reference=lambda t: t * 2), x * 2)
+    assert not dispatch._failures
+    with pytest.raises(LaunchLimitError, match="a huge plane"):
+        entry(x)
 
 
 @runs_kernels
@@ -254,9 +232,8 @@ def test_a_failing_backward_kernel_falls_back_to_the_torch_gradient(monkeypatch)
     x = torch.randn(5, 3, requires_grad=True)
     t = torch.tensor([0, 2, 1, 3, 0])
     (expected,) = torch.autograd.grad(sigmoid_focal_loss(x, t, reduction="sum", impl="torch"), x)
-    loss, _ = run_fused(
-        "sigmoid_focal_loss", "auto", _focal_reference, x, t, None, 0.25, 2.0, None, True, x.dtype
-    )
+    args = (x, t, None, 0.25, 2.0, None, True, x.dtype)
+    loss, _ = focal.sigmoid_focal_loss_triton(*args, reference=_focal_reference)
     with pytest.warns(RuntimeWarning, match="failed on cpu"):
         (grad,) = torch.autograd.grad(loss, x)
     assert_close(grad, expected)
@@ -266,44 +243,75 @@ def test_a_failing_backward_kernel_falls_back_to_the_torch_gradient(monkeypatch)
 
 
 @runs_kernels
-@pytest.mark.parametrize("op", ["local_filter", "local_attention2d", "generalized_box_iou_loss"])
+@pytest.mark.parametrize(
+    "op",
+    ["sigmoid_focal_loss", "local_filter", "local_attention2d", "generalized_box_iou_loss",
+     "rotated_box_iou", "best_box_iou", "match_anchors"],
+)  # fmt: skip
 def test_every_op_falls_back_when_its_kernel_fails(op, monkeypatch):
-    from visionblocks.kernels import iou, local_attention, local_filter
-    from visionblocks.ops.iou_loss import generalized_box_iou_loss
+    """Each op passes its formula to its kernel entry: under "auto" (as on a GPU) a broken
+    kernel warns and gives the formula's result, gradients included; forced, it raises."""
+    from visionblocks.kernels import assign, focal, iou, local_attention, local_filter, rotated_iou
+    from visionblocks.losses.focal import sigmoid_focal_loss
+    from visionblocks.losses.iou import generalized_box_iou_loss
+    from visionblocks.ops import best_box_iou, match_anchors, rotated_box_iou
     from visionblocks.ops.local import local_filter2d as lf
     from visionblocks.ops.local_attention import local_attention2d
 
-    module, names, op_module = {
-        "local_filter": (local_filter, ["_gather_kernel", "_grad_kernels_kernel"], "local"),
+    boxes = (torch.tensor([[0.0, 0, 2, 2], [1, 1, 4, 5]]), torch.tensor([[1.0, 1, 3, 3]]))
+    module, names, where, inputs, call = {
+        "sigmoid_focal_loss": (
+            focal, ["_focal_fwd_kernel", "_focal_bwd_kernel"], "losses.focal",
+            (torch.randn(4, 3), torch.tensor([0, 2, 3, 1])),
+            lambda impl, *a: sigmoid_focal_loss(*a, reduction="sum", impl=impl),
+        ),
+        "local_filter": (
+            local_filter, ["_gather_kernel", "_grad_kernels_kernel"], "ops.local",
+            (torch.randn(1, 2, 4, 4), torch.randn(1, 9, 4, 4)),
+            lambda impl, *a: lf(*a, 3, impl=impl),
+        ),
         "local_attention2d": (
-            local_attention,
-            ["_fwd_kernel", "_bwd_q_kernel", "_bwd_kv_kernel"],
-            "local_attention",
+            local_attention, ["_fwd_kernel", "_bwd_q_kernel", "_bwd_kv_kernel"],
+            "ops.local_attention", tuple(torch.randn(1, 4, 3, 3) for _ in range(3)),
+            lambda impl, *a: local_attention2d(*a, 3, impl=impl),
         ),
         "generalized_box_iou_loss": (
-            iou,
-            ["_iou_loss_fwd_kernel", "_iou_loss_bwd_kernel"],
-            "iou_loss",
+            iou, ["_iou_loss_fwd_kernel", "_iou_loss_bwd_kernel"], "losses.iou",
+            (boxes[0][:1], boxes[1]), lambda impl, *a: generalized_box_iou_loss(*a, impl=impl),
         ),
-    }[op]
+        "rotated_box_iou": (
+            rotated_iou, ["_rotated_iou_kernel"], "ops._rotated_overlap",
+            (torch.tensor([[1.0, 1, 2, 2, 30]]), torch.tensor([[1.0, 1, 2, 3, 0]])),
+            lambda impl, *a: rotated_box_iou(*a, impl=impl),
+        ),
+        "best_box_iou": (
+            assign, ["_best_iou_kernel"], "ops.assign", boxes,
+            lambda impl, *a: torch.cat([v.double() for v in best_box_iou(*a, impl=impl)]),
+        ),
+        "match_anchors": (
+            assign, ["_reaches_kernel"], "ops.assign", boxes,
+            lambda impl, *a: match_anchors(*a, 0.5, 0.4, allow_low_quality_matches=True, impl=impl),
+        ),
+    }[op]  # fmt: skip
     for name in names:
         monkeypatch.setattr(module, name, _Broken(getattr(module, name)))
-    if op == "local_filter":
-        inputs = (torch.randn(1, 2, 4, 4), torch.randn(1, 9, 4, 4))
-        call = lambda impl, *a: lf(*a, 3, impl=impl)  # noqa: E731
-    elif op == "local_attention2d":
-        inputs = tuple(torch.randn(1, 4, 3, 3) for _ in range(3))
-        call = lambda impl, *a: local_attention2d(*a, 3, impl=impl)  # noqa: E731
-    else:
-        inputs = (torch.tensor([[0.0, 0, 2, 2]]), torch.tensor([[1.0, 1, 3, 3]]))
-        call = lambda impl, *a: generalized_box_iou_loss(*a, impl=impl)  # noqa: E731
-    inputs = tuple(t.requires_grad_(True) for t in inputs)
+    differentiable = op not in ("best_box_iou", "match_anchors")
+    inputs = tuple(t.requires_grad_(differentiable and t.is_floating_point()) for t in inputs)
     expected = call("torch", *inputs)
     with pytest.raises(KernelFailure):
-        call("triton", *inputs)
-    # "auto" never picks triton on CPU; force the fused path as "auto" would on a GPU.
-    monkeypatch.setattr(f"visionblocks.ops.{op_module}.resolve_impl", lambda *a: "triton")
+        out = call("triton", *inputs)
+        if out.requires_grad:
+            out.sum().backward()
+    # "auto" never picks triton on CPU; decide as "auto" would on a GPU.
+    monkeypatch.setattr(f"visionblocks.{where}.use_triton", lambda *a, **k: True)
     with pytest.warns(RuntimeWarning, match=f"'{op}' failed on cpu"):
         out = call("auto", *inputs)
     assert_close(out, expected)
-    assert resolve_impl("torch", op, *inputs) == "torch"
+    if differentiable:  # the backward falls back too
+        wanted = [t for t in inputs if t.requires_grad]
+        grads = torch.autograd.grad(out.sum(), wanted, allow_unused=True)
+        ref = torch.autograd.grad(expected.sum(), wanted, allow_unused=True)
+        for g, r in zip(grads, ref):
+            assert (g is None) == (r is None)
+            if g is not None:
+                assert_close(g, r)

@@ -9,18 +9,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.conftest import _NO_TRITON
+from tests.conftest import _NO_TRITON, _TRITON_RUNNABLE
 from tests.helpers import assert_close
-from visionblocks import kernels
 from visionblocks.ops.local_attention import local_attention2d
 
-RUNNABLE = kernels.triton_available() and (torch.cuda.is_available() or kernels.interpret_mode())
+RUNNABLE = _TRITON_RUNNABLE
 pytestmark = pytest.mark.skipif(not RUNNABLE, reason=_NO_TRITON)
-
-
-def test_dispatch_table_names_the_kernel():
-    assert kernels.KERNEL_OPS["local_attention2d"] == "local_attention:local_attention2d_triton"
-    assert kernels.has_kernel("local_attention2d")
 
 
 def run(q, k, v, grad_out, impl, *args):

@@ -5,18 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.conftest import _NO_TRITON
+from tests.conftest import _NO_TRITON, _TRITON_RUNNABLE
 from tests.helpers import assert_close
-from visionblocks import kernels
 from visionblocks.ops.local import local_filter2d
 
-RUNNABLE = kernels.triton_available() and (torch.cuda.is_available() or kernels.interpret_mode())
+RUNNABLE = _TRITON_RUNNABLE
 pytestmark = pytest.mark.skipif(not RUNNABLE, reason=_NO_TRITON)
-
-
-def test_dispatch_table_names_the_kernel():
-    assert kernels.KERNEL_OPS["local_filter"] == "local_filter:local_filter_triton"
-    assert kernels.has_kernel("local_filter")
 
 
 def make(b, c, h, w, k, g, s, dtype, device):

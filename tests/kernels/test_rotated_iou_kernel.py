@@ -8,21 +8,21 @@ import math
 import pytest
 import torch
 
-from tests.conftest import _NO_TRITON
-from visionblocks import kernels
-from visionblocks.kernels import _fallback
-from visionblocks.kernels._launch import KernelFailure, record_launches
+from benchmarks.kernel_specs import record_launches
+from tests.conftest import _NO_TRITON, _TRITON_RUNNABLE
+from visionblocks._core import dispatch
+from visionblocks.kernels._launch import KernelFailure
 from visionblocks.ops import nms_rotated, rotated_box_iou
 
-RUNNABLE = kernels.triton_available() and (torch.cuda.is_available() or kernels.interpret_mode())
+RUNNABLE = _TRITON_RUNNABLE
 pytestmark = pytest.mark.skipif(not RUNNABLE, reason=_NO_TRITON)
 
 
 @pytest.fixture(autouse=True)
 def _forget_failures():
-    _fallback.reset_failures()
+    dispatch._failures.clear()
     yield
-    _fallback.reset_failures()
+    dispatch._failures.clear()
 
 
 def boxes_pair(n: int, m: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -138,7 +138,7 @@ def test_a_failing_kernel_falls_back_or_raises(monkeypatch, device):
     with pytest.raises(KernelFailure, match="simulated compile error"):
         rotated_box_iou(a, b, impl="triton")
     # "auto" never picks triton on CPU; force the fused path as "auto" would on a GPU.
-    monkeypatch.setattr("visionblocks.ops.rotated.resolve_impl", lambda *args: "triton")
+    monkeypatch.setattr("visionblocks.ops._rotated_overlap.use_triton", lambda *a, **k: True)
     with pytest.warns(RuntimeWarning, match=f"'rotated_box_iou' failed on {device.type}"):
         got = rotated_box_iou(a, b, impl="auto")
     torch.testing.assert_close(got, want, rtol=0, atol=0)
@@ -163,8 +163,8 @@ def kernels_forced():
 def test_compiles_for_gpu_targets_without_spills():
     """The launched specialisations (every box dtype) compile for sm_75, sm_80 and sm_90 with
     triton's compiler and ptxas, no spills (as tests/kernels/test_compile.py checks for the
-    specialisations of cli/_kernel_specs.py)."""
-    from visionblocks.kernels._compile import compile_all
+    specialisations of benchmarks/kernel_specs.py)."""
+    from benchmarks.compile_kernels import compile_all
 
     device = "cuda" if torch.cuda.is_available() else "cpu"  # the interpreter on CPU
     with record_launches(execute=False) as specs:

@@ -2,7 +2,7 @@
 
 Two dtype rules (see each loss's docstring, "Under torch.autocast"):
 
-- ``"policy"`` (focal, softmax focal, the IoU family; `visionblocks._core.reduce`): computed in
+- ``"policy"`` (focal, softmax focal, the IoU family; `visionblocks.losses._reduce`): computed in
   float32 inside autocast or not; ``"none"`` returns the inputs' dtype (the logits' for the
   focal losses, ``pred`` and ``target`` promoted for the box losses), ``"sum"``/``"mean"``
   float32. Autocast changes nothing: the results are the ones outside it.
@@ -26,7 +26,7 @@ import torch
 import visionblocks.losses as L
 import visionblocks.ops
 from tests.helpers import TOLERANCES
-from visionblocks import kernels
+from visionblocks.kernels._launch import INTERPRET
 
 REDUCTIONS = ("none", "mean", "sum")
 _CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA not available")
@@ -263,7 +263,7 @@ def test_softmax_focal_gamma0_keeps_the_focal_dtype_rule(reduction, amp):
 def test_fused_kernels_follow_the_same_rule(impl, kind, reduction):
     """The Triton kernels (on the GPU, or interpreted on CPU) give the torch path's dtypes and
     values."""
-    device = "cpu" if impl == "torch" or kernels.interpret_mode() else "cuda"
+    device = "cpu" if impl == "torch" or INTERPRET else "cuda"
     names = ["sigmoid_focal_loss"] if kind != "boxes" else ["generalized_box_iou_loss"]
     if kind == "boxes":
         names += ["distance_box_iou_loss", "complete_box_iou_loss"]

@@ -682,8 +682,8 @@ def test_cuda_call_does_not_wait_for_the_gpu(impl_name):
 @pytest.mark.skipif(not _TRITON_RUNNABLE, reason=_NO_TRITON)
 def test_auto_runs_the_formula_while_compiling_and_tracing():
     """The kernel runs eagerly where "auto" picks it; compiled and traced calls get the formula."""
+    from benchmarks.kernel_specs import record_launches
     from visionblocks._core.dispatch import use_impl
-    from visionblocks.kernels._launch import record_launches
 
     torch._dynamo.reset()
     x, t = torch.randn(6, 5), torch.rand(6, 5)

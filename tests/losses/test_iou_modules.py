@@ -7,8 +7,10 @@ import pytest
 import torch
 
 from tests.helpers import assert_close
-from visionblocks.losses.iou import CompleteBoxIoULoss, DistanceBoxIoULoss, GeneralizedBoxIoULoss
-from visionblocks.ops.iou_loss import (
+from visionblocks.losses.iou import (
+    CompleteBoxIoULoss,
+    DistanceBoxIoULoss,
+    GeneralizedBoxIoULoss,
     complete_box_iou_loss,
     distance_box_iou_loss,
     generalized_box_iou_loss,

@@ -195,7 +195,7 @@ def test_planar_converts_channels_last_inputs(shape, dtype):
 def test_local_ops_on_cuda_take_channels_last(impl):
     from visionblocks import kernels
 
-    if impl == "triton" and not kernels.triton_available():
+    if impl == "triton" and kernels.available()["reason"]:
         pytest.skip("triton not installed")
     gen = torch.Generator().manual_seed(3)
     x, q, k = (torch.randn(2, 16, 12, 13, generator=gen).cuda() for _ in range(3))

@@ -27,7 +27,8 @@ from torch import Tensor
 
 import visionblocks.ops as ops
 from tests.helpers import cuda_autocast_dtypes
-from visionblocks import kernels
+from visionblocks import kernels, transforms
+from visionblocks.transforms import warp_sample
 
 CUDA_AUTOCASTS = cuda_autocast_dtypes(
     "CUDA not available: the CUDA autocast (and Triton kernel) checks need a GPU"
@@ -41,6 +42,7 @@ NOT_APPLICABLE = {
     "keypoint_flip_pairs": "names to index pairs: no tensors",
     "flip_permutation": "index pairs to an int64 index: no floating computation",
     "COCO_PERSON_SIGMAS": "a tuple of 17 floats: no computation",
+    "RandomAffine": "a random transform: its warp is warp_sample's (which has a case)",
 }
 LOSSES = {
     name: "a loss: its autocast behaviour is tested with the losses"
@@ -164,7 +166,7 @@ def _warp_sample(d: torch.device) -> tuple[Callable[..., Any], list[Tensor]]:
 
     def fn(image: Tensor, boxes: Tensor, matrix: Tensor) -> tuple[Tensor, Tensor]:
         target = {"boxes": tv_tensors.BoundingBoxes(boxes, format="XYXY", canvas_size=(40, 48))}
-        out, moved = ops.warp_sample(image, target, matrix, (36, 44), min_size=None)
+        out, moved = warp_sample(image, target, matrix, (36, 44), min_size=None)
         return out, moved["boxes"].as_subclass(Tensor)  # type: ignore[index]
 
     return fn, [_randn(d, 3, 40, 48), _boxes(5, d, 4) / 16, ops.affine_matrix(angle=10.0).to(d)]
@@ -322,10 +324,11 @@ IDS = [f"{c.op}-{i}" for i, c in enumerate(CASES)]
 
 def test_every_public_op_is_covered():
     covered = {c.op for c in CASES}
-    in_scope = set(ops.__all__) - set(LOSSES)
+    public = set(ops.__all__) | set(transforms.__all__)
+    in_scope = public - set(LOSSES)
     missing = in_scope - covered - set(NOT_APPLICABLE)
     assert not missing, f"ops without an autocast case (add one, or to NOT_APPLICABLE): {missing}"
-    assert covered <= set(ops.__all__), f"cases for names no longer public: {covered - in_scope}"
+    assert covered <= public, f"cases for names no longer public: {covered - in_scope}"
     assert not covered & set(NOT_APPLICABLE)
 
 
@@ -435,7 +438,7 @@ def test_cuda_autocast(case, dtype):
 
 
 @pytest.mark.cuda
-@pytest.mark.skipif(not kernels.triton_available(), reason="triton not installed")
+@pytest.mark.skipif(bool(kernels.available()["reason"]), reason="triton not installed")
 @pytest.mark.parametrize("dtype", CUDA_AUTOCASTS)
 @pytest.mark.parametrize(
     "case", TRITON_CASES, ids=[f"{c.op}-{i}" for i, c in enumerate(TRITON_CASES)]

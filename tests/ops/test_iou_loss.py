@@ -10,7 +10,7 @@ import torchvision.ops as tvops
 
 from tests.helpers import assert_close, gradcheck
 from tests.reference import boxes as ref
-from visionblocks.ops.iou_loss import (
+from visionblocks.losses.iou import (
     complete_box_iou_loss,
     distance_box_iou_loss,
     generalized_box_iou_loss,

@@ -8,7 +8,7 @@ import torch
 
 from tests.helpers import assert_close
 from tests.ops.test_iou_loss import LOSSES
-from visionblocks.ops.iou_loss import generalized_box_iou_loss
+from visionblocks.losses.iou import generalized_box_iou_loss
 
 # --- the coordinate range, devices, values ------------------------------------------------------
 

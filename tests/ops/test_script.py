@@ -12,8 +12,8 @@ import torch
 import torchvision.ops as tvo
 from torch import Tensor, nn
 
+from visionblocks.losses import iou as L
 from visionblocks.ops import boxes as B
-from visionblocks.ops import iou_loss as L
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*torch.jit.*:FutureWarning")
 

@@ -1,7 +1,7 @@
 """One small call of every public op, loss and layer, for the whole-API tests.
 
-`CASES` maps each name of ``visionblocks.ops.__all__``, ``visionblocks.losses.__all__`` and
-``visionblocks.nn.__all__`` to a builder: ``build(device)`` returns ``(fn, inputs)``, where
+`CASES` maps each name of ``visionblocks.ops.__all__``, ``visionblocks.losses.__all__``,
+``visionblocks.nn.__all__`` and ``visionblocks.transforms.__all__`` to a builder: ``build(device)`` returns ``(fn, inputs)``, where
 ``fn(*inputs)`` is one typical call (a module is built, on ``device``, inside the builder)
 and returns a tensor or a tuple of tensors. `NOT_TENSOR_OPS` holds the names that take no
 tensors, with the reason. `test_fake_cuda.py` runs every case on fake CUDA tensors and
@@ -22,6 +22,7 @@ from torch import Tensor, nn
 import visionblocks.losses as L
 import visionblocks.nn as vnn
 import visionblocks.ops as O
+import visionblocks.transforms as T
 
 Case = Callable[[torch.device], tuple[Callable[..., Any], tuple[Tensor, ...]]]
 
@@ -33,6 +34,8 @@ NOT_TENSOR_OPS = {
     "ops.BELOW_LOW_THRESHOLD": "an int constant (match_anchors' negatives)",
     "ops.BETWEEN_THRESHOLDS": "an int constant (match_anchors' ignored anchors)",
     "ops.BestIoU": "a NamedTuple of best_box_iou's results (best_box_iou has a case)",
+    "transforms.RandomAffine": "a random transform: draws its parameters on the host with "
+    ".item(), as v2.RandomAffine does; its warp is transforms.warp_sample's case",
 }
 
 # Names whose output size depends on the input values (like torchvision's nms), with the reason:
@@ -215,8 +218,8 @@ CASES: dict[str, Case] = {
         ),
     ),
     # target=None: with boxes and min_size set, which boxes survive is data dependent.
-    "ops.warp_sample": lambda d: (
-        lambda x, m: O.warp_sample(x, None, m, (5, 8))[0],
+    "transforms.warp_sample": lambda d: (
+        lambda x, m: T.warp_sample(x, None, m, (5, 8))[0],
         (_image(d)[0], _matrix(d)),
     ),
     # --------------------------------------------------------------------------- losses
@@ -306,10 +309,10 @@ OPTION_CASES: dict[str, Case] = {
 
 
 def public_names() -> list[str]:
-    """Every public name of ops, losses and nn, as ``"<package>.<name>"``."""
+    """Every public name of ops, losses, nn and transforms, as ``"<package>.<name>"``."""
     return [
         f"{package.__name__.rsplit('.', 1)[-1]}.{name}"
-        for package in (O, L, vnn)
+        for package in (O, L, vnn, T)
         for name in package.__all__
     ]
 

@@ -1,13 +1,12 @@
 """Determinism of every public op and loss on each of its paths (issue 18).
 
-Paths: ``"torch"`` (the PyTorch path, with the C kernels switched off), ``"native"`` (the C
-kernel of a CPU fast path, where the op has one) and ``"triton"`` (the kernel, here in
+Paths: ``"torch"`` (the PyTorch path, with OpenCV switched off), ``"native"`` (the CPU
+library of a fast path, where the op has one: OpenCV's warp) and ``"triton"`` (the kernel, here in
 triton's interpreter, so this checks the code path, not GPU scheduling: the GPU claim rests
 on `tests/package/test_determinism_mode.py`'s scan for atomics). Every case builds its inputs from a
 fixed seed and runs forward and backward twice: outputs and gradients must be bitwise equal
-(`torch.equal`). Threaded CPU paths run again with 1 and 2 threads (and, for the C kernels,
-on Python threads instead of torch's OpenMP team) on inputs cut into several parts, and must
-give the same bits. ``CASES`` must name every public op and loss (`test_every_public_op_has_a_case`).
+(`torch.equal`). Threaded CPU paths run again with 1 and 2 threads on inputs cut into several
+parts, and must give the same bits. ``CASES`` must name every public op and loss (`test_every_public_op_has_a_case`).
 A third run in deterministic mode (``torch.use_deterministic_algorithms(True)``) must give
 the same bits as well.
 """
@@ -17,23 +16,20 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
-from pathlib import Path
 from unittest import mock
 
 import pytest
 import torch
 from torch import Tensor
 
+from benchmarks.kernel_specs import record_launches
 from tests.conftest import _NO_TRITON, _TRITON_RUNNABLE
-from visionblocks import kernels, losses, nn, ops
-from visionblocks._core import native
+from visionblocks import kernels, losses, nn, ops, transforms
 from visionblocks._core.dispatch import use_impl
-from visionblocks.kernels._launch import record_launches
-from visionblocks.ops import _warp_native
+from visionblocks.ops import _warp_opencv
 
-LIBRARIES = {lib.LIBRARY.name: lib.LIBRARY for lib in (_warp_native,)}
-WARP = "warp_kernel"  # C library
-LF, LA = "local_filter", "local_attention2d"  # triton ops
+WARP = "opencv"  # the CPU library of the warps
+LF, LA = "local_filter", "local_attention"  # kernel modules
 
 
 def _gen(seed: int = 0) -> torch.Generator:
@@ -74,8 +70,8 @@ class Case:
 
     Attributes:
         run: Builds seeded inputs, runs forward and backward.
-        native: The C library its ``"native"`` path must use (None: no such path).
-        kernel: Its triton op (a `kernels.KERNEL_OPS` key; None: no ``"triton"`` path).
+        native: The CPU library its ``"native"`` path must use (None: no such path).
+        kernel: Its kernel module in `visionblocks.kernels` (None: no ``"triton"`` path).
     """
 
     run: Callable[[], tuple]
@@ -162,9 +158,28 @@ def _warp_sample() -> tuple:
         "keypoints_visibility": torch.tensor([[2, 1], [0, 2], [1, 1]]),
         "polygons": polygons,
     }
-    out, target = ops.warp_sample(image, target, m, flip_pairs=[(0, 1)])
+    out, target = transforms.warp_sample(image, target, m, flip_pairs=[(0, 1)])
     warped = [p for entry in target.pop("polygons") for p in entry]
     return out.as_subclass(Tensor), *(t.as_subclass(Tensor) for t in target.values()), *warped
+
+
+def _random_affine() -> tuple:
+    """Seeded: the same draw, the same warp (a flip with pairs, masks, boxes, key points)."""
+    from torchvision import tv_tensors
+
+    image = tv_tensors.Image((torch.rand(3, 16, 14, generator=_gen(14)) * 255).to(torch.uint8))
+    target = {
+        "boxes": tv_tensors.BoundingBoxes(_boxes(3, 15) / 2, format="XYXY", canvas_size=(16, 14)),
+        "masks": tv_tensors.Mask((torch.rand(3, 16, 14, generator=_gen(16)) > 0.5).to(torch.uint8)),
+        "keypoints": tv_tensors.KeyPoints(_boxes(3, 17).view(3, 2, 2) / 2, canvas_size=(16, 14)),
+        "labels": torch.arange(3),
+    }
+    augment = transforms.RandomAffine(
+        30.0, (0.2, 0.2), (0.7, 1.3), 10.0, hflip=1.0, flip_pairs=[(0, 1)]
+    )
+    torch.manual_seed(0)
+    out, target = augment(image, target)
+    return out.as_subclass(Tensor), *(t.as_subclass(Tensor) for t in target.values())
 
 
 def _cross_entropy(fn: Callable[..., Tensor]) -> Callable[[], tuple]:
@@ -303,7 +318,7 @@ def _nms_rotated() -> tuple:
 
 CASES: dict[str, Case] = {
     "keypoint_oks": Case(_oks),
-    "rotated_box_iou": Case(_rotated, kernel="rotated_box_iou"),
+    "rotated_box_iou": Case(_rotated, kernel="rotated_iou"),
     "rotated_box_iou_loss": Case(_rotated_loss(ops.rotated_box_iou_loss)),
     "RotatedBoxIoULoss": Case(_rotated_loss(_loss_module(losses.RotatedBoxIoULoss))),
     "nms_rotated": Case(_nms_rotated),
@@ -312,7 +327,7 @@ CASES: dict[str, Case] = {
         lambda: _run(
             lambda a, b: ops.best_box_iou(a, b, block_bytes=64), _boxes(40, 31), _boxes(9, 32)
         ),
-        kernel="best_box_iou",
+        kernel="assign",
     ),
     "match_anchors": Case(
         lambda: _run(
@@ -320,7 +335,7 @@ CASES: dict[str, Case] = {
             _boxes(40, 33),
             _boxes(9, 34),
         ),
-        kernel="match_anchors",
+        kernel="assign",
     ),
     "atss_assign": Case(
         lambda: _run(
@@ -344,6 +359,7 @@ CASES: dict[str, Case] = {
     "warp_keypoints": Case(_warp_targets),
     "warp_masks": Case(_warp_targets),
     "warp_sample": Case(_warp_sample, native=WARP),
+    "RandomAffine": Case(_random_affine, native=WARP),
     "local_filter2d": Case(_local_filter, kernel=LF),
     "local_attention2d": Case(_local_attention, kernel=LA),
     "softmax_focal_loss": Case(_softmax_focal(losses.softmax_focal_loss)),
@@ -352,10 +368,8 @@ CASES: dict[str, Case] = {
     "CrossEntropyLoss": Case(_cross_entropy(_loss_module(losses.CrossEntropyLoss))),
     "binary_cross_entropy_with_logits": Case(_bce(losses.binary_cross_entropy_with_logits)),
     "BCEWithLogitsLoss": Case(_bce(_loss_module(losses.BCEWithLogitsLoss))),
-    "sigmoid_focal_loss": Case(_focal(losses.sigmoid_focal_loss), kernel="sigmoid_focal_loss"),
-    "SigmoidFocalLoss": Case(
-        _focal(_loss_module(losses.SigmoidFocalLoss)), kernel="sigmoid_focal_loss"
-    ),
+    "sigmoid_focal_loss": Case(_focal(losses.sigmoid_focal_loss), kernel="focal"),
+    "SigmoidFocalLoss": Case(_focal(_loss_module(losses.SigmoidFocalLoss)), kernel="focal"),
     # nn layers with a custom op (the others are plain torch layers: NN_PLAIN)
     "Involution2d": _layer(lambda: nn.Involution2d(8, 3, 2, groups=2), LF, 1, 8, 6, 6),
     "LocalFilter2d": _layer(lambda: nn.LocalFilter2d(4, 3, groups=2), LF, 1, 4, 5, 6),
@@ -368,8 +382,8 @@ for _name, _cls in (
     ("distance_box_iou_loss", losses.DistanceBoxIoULoss),
     ("complete_box_iou_loss", losses.CompleteBoxIoULoss),
 ):
-    CASES[_name] = Case(_iou_loss(getattr(ops, _name)), kernel=_name)
-    CASES[_cls.__name__] = Case(_iou_loss(_loss_module(_cls)), kernel=_name)
+    CASES[_name] = Case(_iou_loss(getattr(ops, _name)), kernel="iou")
+    CASES[_cls.__name__] = Case(_iou_loss(_loss_module(_cls)), kernel="iou")
 NN_PLAIN = {
     "ChannelShuffle", "ConvNormAct", "DepthwiseConv2d", "DepthwiseSeparableConv2d", "LayerNorm2d",
     "channel_shuffle", "find_conv_bn_pairs", "fuse_conv_bn", "fuse_modules", "make_activation",
@@ -390,19 +404,18 @@ NOT_OPS = {
 
 @contextmanager
 def on_path(path: str) -> Iterator[dict[str, set]]:
-    """Run on ``path``; yields ``{"native": library names fetched, "kernels": launched}``."""
+    """Run on ``path``; yields ``{"native": libraries asked for, "kernels": launched}``."""
     seen: dict[str, set] = {"native": set(), "kernels": set()}
     with ExitStack() as stack:
-        for name, lib in LIBRARIES.items():
-            real = lib.functions
+        real = _warp_opencv.opencv
 
-            def spy(name: str = name, real: Callable = real) -> object:
-                seen["native"].add(name)
-                return real()
+        def spy() -> object:
+            seen["native"].add(WARP)
+            return real()
 
-            stack.enter_context(
-                mock.patch.object(lib, "functions", spy if path == "native" else lambda: None)
-            )
+        stack.enter_context(
+            mock.patch.object(_warp_opencv, "opencv", spy if path == "native" else lambda: None)
+        )
         stack.enter_context(use_impl("triton" if path == "triton" else "torch"))
         specs = stack.enter_context(record_launches())
         yield seen
@@ -447,8 +460,8 @@ def test_two_runs_give_the_same_bits(name: str, path: str) -> None:
     calls an op torch refuses there, and none reads memory it did not write (torch fills
     uninitialised memory with NaN in that mode)."""
     case = CASES[name]
-    if path == "native" and LIBRARIES[case.native].reason():
-        pytest.skip(LIBRARIES[case.native].reason())
+    if path == "native" and _warp_opencv.opencv() is None:
+        pytest.skip("OpenCV 5 is not installed")
     with on_path(path) as seen:
         first = case.run()
     with on_path(path):
@@ -457,19 +470,16 @@ def test_two_runs_give_the_same_bits(name: str, path: str) -> None:
     with deterministic_algorithms(True), on_path(path):
         strict = case.run()
     _assert_equal(first, strict, "in deterministic mode")
-    # The path really ran: its C library was asked for, its kernels launched (or not).
+    # The path really ran: its CPU library was asked for, its kernels launched (or not).
     assert seen["native"] == ({case.native} if path == "native" else set())
-    module = kernels.KERNEL_OPS.get(case.kernel or "", "").partition(":")[0]
-    assert seen["kernels"] == ({module} if path == "triton" else set())
+    assert seen["kernels"] == ({case.kernel} if path == "triton" else set())
 
 
 def test_every_public_op_has_a_case() -> None:
-    public = {n for n in (*ops.__all__, *losses.__all__) if n not in NOT_OPS}
+    public = {n for n in (*ops.__all__, *losses.__all__, *transforms.__all__) if n not in NOT_OPS}
     assert public <= set(CASES), f"no determinism case for {sorted(public - set(CASES))}"
     custom = set(CASES) - public
     assert custom | NN_PLAIN == set(nn.__all__) and not custom & NN_PLAIN
-    # Every kernel and every C library is exercised by some case.
-    assert {c.kernel for c in CASES.values()} - {None} == set(kernels.KERNEL_OPS)
-    package = Path(ops.__file__).parents[1]
-    built = {lib.name for lib in native._libraries if lib.source.is_relative_to(package)}
-    assert {c.native for c in CASES.values()} - {None} == set(LIBRARIES) == built
+    # Every kernel and the CPU library are exercised by some case.
+    assert {c.kernel for c in CASES.values()} - {None} == set(kernels.available()["kernels"])
+    assert {c.native for c in CASES.values()} - {None} == {WARP}

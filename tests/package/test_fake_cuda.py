@@ -19,10 +19,9 @@ from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import visionblocks
-from visionblocks import kernels
-from visionblocks._core.reduce import check_normalizer, check_target_range
-from visionblocks._core.tensor_checks import asserts_on_device, has_values, reads_values
-from visionblocks.kernels._dispatch import resolve_impl
+from visionblocks._core import dispatch
+from visionblocks._core.dispatch import asserts_on_device, has_values, reads_values, use_triton
+from visionblocks.losses._reduce import check_normalizer, check_target_range
 
 from .public_api_cases import (
     CASES,
@@ -60,7 +59,7 @@ def no_driver():
         def no_triton():
             raise AssertionError("triton availability was probed")
 
-        mp.setattr(kernels, "triton_available", no_triton)
+        mp.setattr(dispatch, "_triton_missing", no_triton)
         yield
 
 
@@ -212,13 +211,12 @@ def test_compiling_reads_nothing():
     assert seen == [(False, False)]
 
 
-def test_dispatch_for_fake_tensors_touches_no_driver(monkeypatch):
-    monkeypatch.setitem(kernels.KERNEL_OPS, "fake_op", "nowhere:fn")
+def test_dispatch_for_fake_tensors_touches_no_driver():
     with FakeTensorMode(allow_non_fake_inputs=False):
         x = torch.zeros(3, device=CUDA)
         with no_driver():
-            assert resolve_impl("auto", "fake_op", x) == "torch"
+            assert not use_triton("fake_op", "auto", x)
             with visionblocks.use_impl("triton"), pytest.raises(RuntimeError, match="fake"):
-                resolve_impl("auto", "fake_op", x)
+                use_triton("fake_op", "auto", x)
             with pytest.raises(RuntimeError, match="fake tensors"):
-                resolve_impl("triton", "fake_op", x)
+                use_triton("fake_op", "triton", x)

@@ -27,6 +27,7 @@ statistics equal those of the plain module. Dropout draws the same masks again
 from __future__ import annotations
 
 import contextlib
+import copy
 import difflib
 import functools
 import inspect
@@ -39,7 +40,7 @@ from torch import nn
 from torch.nn.modules.batchnorm import _NormBase
 from torch.utils.checkpoint import checkpoint
 
-from visionblocks._core.recording import recording
+from visionblocks._core.dispatch import recording
 from visionblocks._core.tensor_checks import is_tracing
 
 __all__ = [
@@ -48,6 +49,7 @@ __all__ = [
     "enable_one",
     "is_grad_checkpointing",
     "set_grad_checkpointing",
+    "without_checkpointing",
 ]
 
 _STATE = threading.local()
@@ -302,3 +304,18 @@ def set_grad_checkpointing(module: nn.Module, enable: bool | Sequence[str] = Tru
     for m in _named(module, enable):
         enable_one(m)
     return module
+
+
+def without_checkpointing(module: nn.Module) -> nn.Module:
+    """``module`` itself, or when it checkpoints its forward a shallow copy that does not.
+
+    What a layer's ``__prepare_scriptable__`` returns (``torch.jit.script`` calls it first and
+    compiles neither an instance ``forward`` nor ``checkpoint``): a scripted layer does not
+    checkpoint. The copy shares ``module``'s parameters, buffers and submodules; ``module``
+    keeps checkpointing.
+    """
+    if not is_grad_checkpointing(module):
+        return module
+    plain = copy.copy(module)
+    enable_one(plain, False)
+    return plain

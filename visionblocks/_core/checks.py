@@ -103,10 +103,7 @@ def format_shape(shape: Sequence[int]) -> str:
 
 
 def check_int(name: str, value: Any, low: int | None = None, high: int | None = None) -> int:
-    """Raise unless ``value`` is an int (not a bool) in ``[low, high]``; return it.
-
-    Type first, then range, so ``None`` or ``"3"`` give a ``TypeError`` naming the argument
-    rather than a comparison error from inside Python.
+    """Raise unless ``value`` is an int (not a bool) in ``[low, high]`` (type first); return it.
 
     Examples:
         >>> check_int("num_convs", 4, 0, 32)
@@ -134,9 +131,7 @@ def check_number(
     low_inclusive: bool = True,
     high_inclusive: bool = True,
 ) -> float:
-    """Raise unless ``value`` is a real number (int or float, not a bool, not NaN) in range.
-
-    Returns it as a ``float``.
+    """Raise unless ``value`` is a real number (not a bool, not NaN) in range; return a float.
 
     Examples:
         >>> check_number("score_thresh", 0.05, 0.0, 1.0)
@@ -156,8 +151,7 @@ def check_number(
 
 
 def is_finite(value: float) -> bool:
-    """``math.isfinite`` that ``torch.compile`` traces: ``value`` may be symbolic (dynamo
-    makes a float argument's default one), which ``math.isfinite`` cannot take.
+    """``math.isfinite`` that ``torch.compile`` traces (``value`` may be symbolic).
 
     Examples:
         >>> is_finite(1e308), is_finite(float("inf")), is_finite(float("nan"))
@@ -180,10 +174,6 @@ def check_finite(name: str, value: float) -> float:
     return value
 
 
-#: Refuse to allocate more bytes than this (256 TiB): a size that large is a mistake (a stray
-#: 10**9), and asking the allocator for it only gives an unclear out-of-memory error.
-
-
 def check_positive_int(name: str, value: Any, high: int | None = None) -> int:
     """Raise unless ``value`` is an int (not a bool) in ``[1, high]``; return it.
 
@@ -201,9 +191,7 @@ def check_positive_int(name: str, value: Any, high: int | None = None) -> int:
 def check_positive_ints(
     name: str, values: Any, length: int | None = None, high: int | None = None
 ) -> tuple[int, ...]:
-    """Raise unless ``values`` is a non-empty list or tuple of ints in ``[1, high]``.
-
-    ``length`` fixes the number of entries. Errors name the entry (``widths[2]``).
+    """Raise unless ``values`` is a non-empty list or tuple of ``length`` ints in ``[1, high]``.
 
     Examples:
         >>> check_positive_ints("strides", [8, 16, 32])

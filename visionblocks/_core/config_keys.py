@@ -1,12 +1,6 @@
-"""Config-key checks for `Registry.build`: errors that name a key by its path in the config.
-
-A model config nests configs (``{"type": "detector", "head": {"type": "fcos", ...}}``); each
-`Registry.build` checks its config's keys against the builder's signature before the call
-(`check_keys`) and raises `ConfigError` naming the key by its path from the top-level config
-(``head.num_classes``). Builders say which entry they build with `config_key`; `pending_path`
-and `ConfigScope` carry that path through `Registry.build` (documented in
-`visionblocks.registry`).
-"""
+"""Config-key checks for `Registry.build`: errors that name a key by its path from the
+top-level config (``head.num_classes``). Builders say which entry they build with
+`config_key`; `pending_path` and `ConfigScope` carry that path through `Registry.build`."""
 
 from __future__ import annotations
 
@@ -30,9 +24,9 @@ _KEYWORD = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_O
 class ConfigError(TypeError):
     """A config key that its builder does not take, or a required key missing (`Registry.build`).
 
-    A ``TypeError``, raised before the builder is called and chained to the ``TypeError`` the
-    call would have raised. The message names each key by its path from the top-level config
-    (``head.loss_cls.gama``), suggests a close accepted key and lists the accepted keys.
+    Raised before the builder is called, chained to the ``TypeError`` the call would have
+    raised; the message names each key by its path (``head.loss_cls.gama``), suggests a
+    close accepted key and lists the accepted keys.
 
     Attributes:
         config_path: The path of the config whose keys are wrong (``"head.loss_cls"``; ``""``
@@ -54,25 +48,8 @@ class ConfigError(TypeError):
 
 @contextlib.contextmanager
 def config_key(*keys: str) -> Iterator[None]:
-    """`Registry.build` calls inside build the config entry ``keys`` (of the config being
-    built, if any): their errors name the entry's path. Builders wrap their sub-builds in it.
-
-    Args:
-        *keys: The entry's path below the config being built (``"head"``, ``"loss_cls"``).
-
-    Yields:
-        None: the builds inside the block name their keys ``<path of the config>.<keys>.<key>``.
-
-    Examples:
-        >>> from visionblocks._core.registry import Registry
-        >>> LOSSES = Registry("toy_losses")
-        >>> _ = LOSSES.register(lambda gamma=2.0: gamma, name="focal")
-        >>> with config_key("head", "loss_cls"):
-        ...     LOSSES.build({"type": "focal", "gama": 1})
-        Traceback (most recent call last):
-        ...
-        visionblocks._core.config_keys.ConfigError: unexpected config key 'head.loss_cls.gama' (did you mean 'gamma'?) for toy_losses 'focal' (...). Accepted keys: gamma
-    """
+    """`Registry.build` calls inside build the config entry ``keys`` (below the config being
+    built, if any): their errors name the entry's path. Builders wrap their sub-builds in it."""
     token = _PENDING.set((*_CURRENT.get(), *keys))
     try:
         yield
@@ -81,43 +58,17 @@ def config_key(*keys: str) -> Iterator[None]:
 
 
 def pending_path() -> tuple[str, ...]:
-    """The key path of the config that the `Registry.build` now starting builds.
-
-    Returns:
-        The keys from the top-level config (``("head", "loss_cls")``), set by `config_key`;
-        ``()`` for a top-level build.
-
-    Examples:
-        >>> pending_path()
-        ()
-        >>> with config_key("head"):
-        ...     pending_path()
-        ('head',)
-    """
+    """The key path (``("head", "loss_cls")``; ``()`` at the top) of the config that the
+    `Registry.build` now starting builds, as `config_key` set it."""
     pending = _PENDING.get()
     return () if pending is None else pending
 
 
 class ConfigScope:
-    """The scope of one builder's call in `Registry.build`.
-
-    Inside it, `config_key` paths start from ``where`` and a build without `config_key` is a
-    top-level build. An ``Exception`` leaving it gets a note (Python 3.11+) naming the config
-    key and builder, and ``config_path`` (where it can be set), unless an inner build already
-    labelled it; its type and message are kept.
-
-    Args:
-        where: The key path of the config being built (`pending_path`).
-        what: The builder, as the note names it (``"heads 'fcos' (visionblocks...FCOSHead)"``).
-
-    Examples:
-        >>> with ConfigScope(("head",), "heads 'toy'"):
-        ...     with config_key("loss_cls"):
-        ...         pending_path()
-        ('head', 'loss_cls')
-        >>> pending_path()
-        ()
-    """
+    """The scope of one builder's call in `Registry.build`: inside it, `config_key` paths
+    start from ``where`` (the config's path); an ``Exception`` leaving it gets a note naming
+    the config key and ``what`` (the builder), and ``config_path``, unless an inner build
+    already labelled it."""
 
     __slots__ = ("_tokens", "what", "where")
 
@@ -160,30 +111,10 @@ def check_keys(
     where: tuple[str, ...],
     what: str,
 ) -> None:
-    """Check that ``builder(*args, **params)`` binds: every key taken, every required one given.
-
-    Args:
-        builder: The builder about to be called.
-        args: Its positional arguments.
-        params: Its keyword arguments (the config's keys and the build's keyword arguments).
-        where: The key path of the config (`pending_path`), which the message names keys by.
-        what: The builder, as the message names it (``"losses 'focal' (...)"``).
-
-    Raises:
-        ConfigError: Chained to the call's ``TypeError``: keys ``builder`` does not take (none,
-            if it takes ``**kwargs``) and required keys missing. Nothing is raised for a builder
-            without a signature, or for positional arguments that clash (the call reports
-            those).
-
-    Examples:
-        >>> def focal(gamma=2.0, alpha=0.25):
-        ...     return gamma
-        >>> check_keys(focal, (), {"gamma": 1.0}, (), "losses 'focal'")
-        >>> check_keys(focal, (), {"gama": 1.0}, ("head", "loss_cls"), "losses 'focal'")
-        Traceback (most recent call last):
-        ...
-        visionblocks._core.config_keys.ConfigError: unexpected config key 'head.loss_cls.gama' (did you mean 'gamma'?) for losses 'focal'. Accepted keys: gamma, alpha
-    """
+    """Raise `ConfigError` (chained to the call's ``TypeError``) unless ``builder(*args,
+    **params)`` binds: keys it does not take and required keys missing, named by their path
+    below ``where``, for ``what``. Positional clashes and builders without a signature are
+    left to the call."""
     try:
         signature = inspect.signature(builder)
     except (TypeError, ValueError):  # no signature (some builtins): the call says what is wrong

@@ -15,25 +15,8 @@ __all__ = ["public_dir"]
 
 
 def public_dir(module: str, names: Sequence[str]) -> Callable[[], list[str]]:
-    """A module-level ``__dir__`` for ``module``: ``names`` plus its public submodules.
-
-    Args:
-        module: The module's ``__name__``.
-        names: Its ``__all__``.
-
-    Returns:
-        A function taking no arguments, to bind as the module's ``__dir__``.
-
-    Examples:
-        >>> import sys, types
-        >>> m = types.ModuleType("demo_pkg")
-        >>> m.__all__, m.helper, m.api = ["api"], len, abs
-        >>> sys.modules["demo_pkg"] = m
-        >>> m.__dir__ = public_dir("demo_pkg", m.__all__)
-        >>> dir(m)
-        ['api']
-        >>> del sys.modules["demo_pkg"]
-    """
+    """A module-level ``__dir__`` for ``module``: ``names`` (its ``__all__``) plus its public
+    submodules."""
     api = tuple(names)
 
     def __dir__() -> list[str]:

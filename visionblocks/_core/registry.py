@@ -25,10 +25,8 @@ class _Namespace(NamedTuple):
 
 
 class Registry:
-    """A named mapping from strings to builders, usable as a decorator or a call.
-
-    Besides its registered names, a registry may resolve a whole family of names by prefix
-    (`add_namespace`): ``BACKBONES`` builds ``"timm/<model>"`` for any timm model.
+    """A named mapping from strings to builders, usable as a decorator or a call; it may
+    resolve a whole family of names by prefix (`add_namespace`).
 
     Args:
         name: What the registry holds, used in messages (``"losses"``).
@@ -82,10 +80,8 @@ class Registry:
         aliases: Iterable[str] = (),
         force: bool = False,
     ) -> Any:
-        """Register ``obj`` under ``name`` (default ``obj.__name__``) and ``aliases``.
-
-        Use as ``@REG.register``, ``@REG.register(name=..., aliases=...)`` or
-        ``REG.register(obj, name=...)``.
+        """Register ``obj`` under ``name`` (default ``obj.__name__``) and ``aliases``: as
+        ``@REG.register``, ``@REG.register(name=..., aliases=...)`` or ``REG.register(obj)``.
 
         Args:
             obj: The builder. When omitted, a decorator is returned.
@@ -94,8 +90,7 @@ class Registry:
             force: Replace existing entries with the same names instead of raising.
 
         Returns:
-            The object itself (so decorated classes and functions are unchanged), or a
-            decorator when ``obj`` is omitted.
+            The object itself, or a decorator when ``obj`` is omitted.
 
         Raises:
             KeyError: If a name or alias is taken and ``force`` is False.
@@ -158,16 +153,15 @@ class Registry:
         """Resolve every name that starts with ``prefix`` with ``resolve`` (a family of names).
 
         A name that is not registered but starts with ``prefix`` is looked up as
-        ``resolve(name[len(prefix):])``, which returns the builder, or raises ``KeyError``
-        (an unknown name; its message is the lookup's) or ``ValueError`` (a malformed name).
-        ``get``, ``build`` and ``in`` accept such names; ``list`` and iteration show only
-        registered names. Registered names take precedence over a namespace.
+        ``resolve(name[len(prefix):])``, which returns the builder or raises ``KeyError``
+        (unknown) or ``ValueError`` (malformed). ``get``, ``build`` and ``in`` accept such
+        names; ``list`` and iteration show only registered names.
 
         Args:
             prefix: The names' common start, e.g. ``"timm/"``.
             resolve: ``resolve(rest)`` returns the builder for ``prefix + rest``.
             suggest: ``suggest(name)`` returns names of the namespace (with the prefix) close
-                to a missing unprefixed ``name``, for the "Did you mean" of a ``KeyError``.
+                to a missing ``name``, for the "Did you mean" of a ``KeyError``.
             force: Replace a namespace with the same prefix instead of raising.
 
         Raises:
@@ -226,10 +220,7 @@ class Registry:
         return self._aliases.get(name)
 
     def get(self, name: str) -> Any:
-        """Return the builder registered as ``name`` (or an alias of it).
-
-        Names in a namespace (`add_namespace`, e.g. ``"timm/resnet18"`` in ``BACKBONES``) are
-        resolved by it.
+        """Return the builder registered as ``name`` (or an alias, or a namespace's name).
 
         Raises:
             TypeError: If ``name`` is not a string.
@@ -240,6 +231,13 @@ class Registry:
             raise TypeError(
                 f"{self.name} registry keys are strings, got {type(name).__name__} ({name!r})"
             )
+        builder = self._lookup(name)
+        if builder is None:
+            raise KeyError(self._missing_message(name))
+        return builder
+
+    def _lookup(self, name: str) -> Any:
+        """The builder of ``name`` (registered, else from its namespace), or None."""
         key = self._resolve(name)
         if key is None:
             self._ensure_loaded()
@@ -247,10 +245,7 @@ class Registry:
         if key is not None:
             return self._entries[key]
         found = self._namespace(name)
-        if found is not None:
-            namespace, rest = found
-            return namespace.resolve(rest)
-        raise KeyError(self._missing_message(name))
+        return None if found is None else found[0].resolve(found[1])
 
     def _missing_message(self, name: str) -> str:
         candidates = [*self._entries, *self._aliases]
@@ -281,10 +276,8 @@ class Registry:
             *args: Positional arguments for the builder.
             **kwargs: Keyword arguments; they override entries of the config dict.
 
-        The keys (config entries and keyword arguments) are checked against the builder's
-        signature before the call. Inside `config_key` (a builder building an entry of its
-        config) errors name keys by their path from the top-level config; the builder's own
-        errors get a note (Python 3.11+) naming the config they come from.
+        The keys are checked against the builder's signature before the call; inside
+        `config_key`, errors name keys by their path from the top-level config.
 
         Returns:
             Whatever the builder returns.
@@ -331,10 +324,7 @@ class Registry:
             return builder(*args, **params)
 
     def list(self, pattern: str = "*") -> list[str]:
-        """Sorted registered names (aliases excluded) that match an fnmatch ``pattern``.
-
-        Names resolved by a namespace (`add_namespace`) are not listed.
-        """
+        """Sorted registered names (not aliases, not namespaces) matching an fnmatch ``pattern``."""
         self._ensure_loaded()
         return sorted(n for n in self._entries if fnmatch.fnmatchcase(n, pattern))
 
@@ -351,19 +341,10 @@ class Registry:
     def __contains__(self, name: object) -> bool:
         if not isinstance(name, str):
             return False
-        if self._resolve(name) is None:
-            self._ensure_loaded()
-        if self._resolve(name) is not None:
-            return True
-        found = self._namespace(name)
-        if found is None:
-            return False
-        namespace, rest = found
         try:
-            namespace.resolve(rest)
+            return self._lookup(name) is not None
         except (KeyError, ValueError):
             return False
-        return True
 
     def __len__(self) -> int:
         self._ensure_loaded()

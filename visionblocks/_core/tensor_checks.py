@@ -7,9 +7,6 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
-from torch._subclasses.fake_tensor import is_fake
-
-from visionblocks._core.values import value_checks_enabled
 
 
 def check_tensor(name: str, value: Any) -> torch.Tensor:
@@ -192,82 +189,15 @@ def check_same_device(**tensors: torch.Tensor | None) -> None:
         raise ValueError(f"{joined} must be on the same device, got {where}")
 
 
-def has_values(value: torch.Tensor) -> bool:
-    """Whether ``value`` holds data: False for meta and fake tensors (shape inference).
+def compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype losses and ops compute in for inputs of ``dtype``: float64 stays float64,
+    everything else (float16, bfloat16, float32, integers) is computed in float32.
 
     Examples:
-        >>> import torch
-        >>> has_values(torch.zeros(1)), has_values(torch.zeros(1, device="meta"))
-        (True, False)
+        >>> compute_dtype(torch.float16), compute_dtype(torch.float64)
+        (torch.float32, torch.float64)
     """
-    return value.device.type != "meta" and not is_fake(value)
-
-
-def _checks_off() -> bool:
-    """Value checks do not run now: switched off, or tracing or compiling (compiling is
-    tested first: the other tests are Python state that dynamo need not trace)."""
-    return torch.compiler.is_compiling() or torch.jit.is_tracing() or not value_checks_enabled()
-
-
-def _checking(tensors: tuple[torch.Tensor | None, ...]) -> list[torch.Tensor] | None:
-    """The given tensors if value checks apply to this call now, else None."""
-    if _checks_off():
-        return None
-    given = [t for t in tensors if t is not None]
-    return None if any(t.device.type == "meta" for t in given) else given
-
-
-def reads_values(*tensors: torch.Tensor | None) -> bool:
-    """Whether a check may read these tensors' values on the host now.
-
-    True when `visionblocks.value_checks_enabled`, nothing is being traced or compiled (a
-    host read there would freeze one input's answer into the trace, or break the compiled
-    graph), and every tensor is a real CPU tensor: reading a CUDA tensor would make the host
-    wait for the GPU, and meta or fake tensors (shape inference) have no values. For CUDA
-    tensors a check runs as a device-side assert instead (`asserts_on_device`).
-
-    Examples:
-        >>> import torch
-        >>> reads_values(torch.zeros(1)), reads_values(torch.zeros(1, device="meta"))
-        (True, False)
-    """
-    if _checks_off():
-        return False
-    for t in tensors:  # a plain CPU tensor (fake tensors are a subclass) needs no other test
-        if t is not None and not (
-            t.device.type == "cpu" and (type(t) is torch.Tensor or not is_fake(t))
-        ):
-            return False
-    return True
-
-
-def asserts_on_device(*tensors: torch.Tensor | None) -> bool:
-    """Whether a value check of these tensors runs as a device-side assert (`assert_on_device`).
-
-    True when `visionblocks.value_checks_enabled`, nothing is being traced or compiled, no
-    tensor is on the meta device and one is on CUDA (fake CUDA tensors too: the assert is
-    recorded, nothing is read). Such a check costs a kernel or two and no synchronisation; a
-    failure surfaces at the next synchronisation as a CUDA error (``device-side assert
-    triggered``) carrying the message, and leaves the CUDA context unusable, as an
-    out-of-range index in ``F.cross_entropy`` does.
-
-    Examples:
-        >>> import torch
-        >>> asserts_on_device(torch.zeros(1))  # CPU: `reads_values` instead
-        False
-    """
-    given = _checking(tensors)
-    return given is not None and any(t.device.type == "cuda" for t in given)
-
-
-def assert_on_device(ok: torch.Tensor, message: str) -> None:
-    """Assert on the device that every element of the boolean ``ok`` is True.
-
-    ``torch._assert_async``: queued with the tensor's other work, no host synchronisation.
-    Call it when `asserts_on_device` says so; ``message`` cannot quote values (they are not
-    read), so it names the argument and the rule.
-    """
-    torch._assert_async(ok.all(), message)
+    return torch.float64 if dtype == torch.float64 else torch.float32
 
 
 MAX_ALLOCATION_BYTES = 2**48

@@ -4,8 +4,8 @@ Subcommands:
 
 - ``visionblocks demo [--steps N] [--out DIR] [--device auto|cpu|cuda] [--distributed]
   [--seed S] [--amp | --no-amp] [--detect-nonfinite]``: train the reference detector on synthetic COCO and evaluate it.
-- ``visionblocks list [REGISTRY|kernels] [--compile [--all]]``: registered names per registry,
-  or the fast-path report (``--compile``: every kernel compiled for real GPU targets).
+- ``visionblocks list [REGISTRY|kernels]``: registered names per registry, or the fast-path
+  report.
 - ``visionblocks inspect CHECKPOINT [--model NAME]``: what a checkpoint holds, and how it
   would load into a registered backbone (by names, and by structure when names do not fit).
 - ``visionblocks check-coco ANN_FILE [--images DIR] [--fix OUT.json] [--[no-]keypoints]``:
@@ -30,40 +30,6 @@ __all__ = ["build_parser", "main"]
 __dir__ = public_dir(__name__, __all__)
 
 
-def _compile_kernels(args: argparse.Namespace) -> int:
-    from visionblocks.kernels import triton_available, triton_unavailable_reason
-
-    if not triton_available():
-        print(f"visionblocks list: cannot compile: {triton_unavailable_reason()}", file=sys.stderr)
-        return 1
-    from visionblocks.cli._kernel_specs import launched_specializations
-    from visionblocks.kernels._compile import compile_all, format_table, summarize
-    from visionblocks.kernels._launch import Spec
-
-    print("compiling every launched specialisation (cached by triton after the first run)...")
-    rows = compile_all(launched_specializations())
-    print(format_table(summarize(rows)))
-    if args.all:
-        print("\n| specialisation | target | ok | registers | spill stores | shared (B) |")
-        print("|---|---|---|---|---|---|")
-        for r in rows:
-            s = r["spec"]
-            spec = Spec(
-                s["kernel"],
-                tuple(map(tuple, s["signature"])),
-                tuple(map(tuple, s["constexprs"])),
-                s["num_warps"],
-            )
-            print(
-                f"| {spec.describe()} | {r['target']} | {'yes' if r['ok'] else 'NO'} | "
-                f"{r.get('regs', '-')} | {r.get('spill_stores', '-')} | {r.get('shared', '-')} |"
-            )
-    failed = [r for r in rows if not r["ok"]]
-    for r in failed:
-        print(f"FAILED {r['target']} {r['kernel']}: {r['error']}", file=sys.stderr)
-    return 1 if failed else 0
-
-
 def _cmd_list(args: argparse.Namespace) -> int:
     if args.registry == "kernels":
         from visionblocks.kernels import available
@@ -74,14 +40,8 @@ def _cmd_list(args: argparse.Namespace) -> int:
         print(f"interpreter:   {'on (TRITON_INTERPRET=1)' if report['interpret'] else 'off'}")
         print(f"cuda device:   {report['cuda'] or 'none'}")
         print(f"default impl:  {report['default_impl']}")
-        ops = report["ops"]
-        print(f"kernel ops:    {', '.join(ops) if ops else '(none)'}")
-        if args.compile:
-            return _compile_kernels(args)
+        print(f"kernels:       {', '.join(report['kernels'])}")
         return 0
-    if args.compile:
-        print("visionblocks list: --compile goes with 'kernels'", file=sys.stderr)
-        return 2
     if args.registry is not None:
         try:
             registries = [get_registry(args.registry)]
@@ -235,16 +195,6 @@ def build_parser() -> argparse.ArgumentParser:
         nargs="?",
         default=None,
         help=f"one of: {', '.join(sorted(REGISTRIES))}, kernels (default: all registries)",
-    )
-    p_list.add_argument(
-        "--compile",
-        action="store_true",
-        help="with 'kernels': compile every launched kernel specialisation for sm_75, sm_80 "
-        "and sm_90 with triton's compiler and ptxas (no GPU needed; minutes on a fresh "
-        "machine) and print registers, spills and shared memory; exit 1 on a failure",
-    )
-    p_list.add_argument(
-        "--all", action="store_true", help="with --compile: one row per specialisation"
     )
     p_list.set_defaults(func=_cmd_list)
 

@@ -1,55 +1,47 @@
-"""Launching triton kernels: grid limits, argument checks, specialisation records, failures.
+"""The shared launcher of the Triton kernels: guards, failures and the formula as fallback.
 
-Every kernel of this package is launched through `launch`, which
-
-- checks the grid against CUDA's limits (``2**31 - 1`` programs on axis 0, 65,535 on axes 1
-  and 2) and every scalar against the range of its annotated type (``n: tl.int64``,
-  ``C: tl.int32``): a value that does not fit is an error, never a silent wrap;
-- checks every tensor argument: one device, a strided layout, a supported dtype and a
-  16-byte aligned start (launchers pass tensors through `prepare`, which copies the rare
-  misaligned view), so the compiled specialisation never depends on where a view starts;
-- records the launch's *specialisation* (`Spec`: pointer dtypes, scalar types, constexpr
-  values, ``num_warps``) while `record_launches` is active: `visionblocks.kernels._compile`
-  compiles exactly the recorded specialisations for real GPU targets;
-- turns any error of triton's compiler, loader or launcher into a `KernelFailure` naming
-  the op and the kernel, which `visionblocks._core.dispatch` (forward) and
-  `visionblocks.kernels._fallback` (backward) turn into a one-time warning and the torch
-  path (unless ``impl="triton"`` was forced).
-
-Kernel parameters follow one convention, which `specialization` enforces: tensors are
-``*_ptr`` parameters, every other runtime scalar carries a type annotation
-(``tl.int32``, ``tl.int64``, ``tl.float32``) and is listed in ``do_not_specialize``, so a
-specialisation is fixed by the tensors' dtypes and the constexpr values alone and does not
-change with a size that happens to equal 1 or be a multiple of 16.
+Kernel parameters follow one convention: tensors are ``*_ptr`` parameters, every other
+runtime scalar carries a type annotation (``tl.int32``, ``tl.int64``, ``tl.float32``) and is
+not specialised (`jit`), so a compiled specialisation is fixed by the tensors' dtypes and the
+constexpr values alone. `launch` checks the grid against CUDA's limits and every integer
+scalar against its annotated type (a value that does not fit is an error, never a silent
+wrap), and turns any error of triton's compiler, loader or launcher into a `KernelFailure`.
+An entry point wrapped in `with_fallback` then runs the op's formula instead (warning once
+per op and device, `visionblocks._core.dispatch.note_failure`), unless ``impl="triton"``
+was forced; a backward that fails takes the formula's gradients (`reference_grads`).
 """
 
 from __future__ import annotations
 
 import functools
 import inspect
-import threading
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
-from typing import Any, NamedTuple
+import os
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 import torch
 from torch import Tensor
 
+from visionblocks._core.dispatch import note_failure
+
 __all__ = [
     "ALIGNMENT",
     "GRID_LIMITS",
+    "INTERPRET",
     "KernelFailure",
     "LaunchLimitError",
-    "Spec",
     "cdiv",
     "check_grid",
     "check_plane",
     "jit",
     "launch",
+    "parameters",
     "prepare",
-    "record_launches",
-    "specialization",
+    "reference_grads",
+    "with_fallback",
 ]
+
+T = TypeVar("T")
 
 GRID_LIMITS: tuple[int, int, int] = (2**31 - 1, 65535, 65535)
 """CUDA's maximum number of programs (blocks) on grid axes 0, 1 and 2."""
@@ -57,19 +49,10 @@ GRID_LIMITS: tuple[int, int, int] = (2**31 - 1, 65535, 65535)
 ALIGNMENT = 16
 """Byte alignment every tensor argument starts at (triton's ``tt.divisibility = 16``)."""
 
-_SCALAR_RANGES = {
-    "i32": (-(2**31), 2**31 - 1),
-    "i64": (-(2**63), 2**63 - 1),
-}
-_POINTER_TYPES = {
-    torch.float16: "fp16",
-    torch.bfloat16: "bf16",
-    torch.float32: "fp32",
-    torch.float64: "fp64",
-    torch.int64: "i64",
-    torch.int32: "i32",
-    torch.uint8: "u8",
-}
+INTERPRET = os.environ.get("TRITON_INTERPRET", "").strip().lower() in ("1", "true", "yes", "on")
+"""Whether triton runs the kernels in its interpreter, on CPU tensors (``TRITON_INTERPRET=1``)."""
+
+_RANGES = {"i32": (-(2**31), 2**31 - 1), "i64": (-(2**63), 2**63 - 1)}
 _ANNOTATIONS = {
     "tl.constexpr": "constexpr",
     "tl.int32": "i32",
@@ -94,33 +77,15 @@ class KernelFailure(RuntimeError):
         )
 
 
-class Spec(NamedTuple):
-    """One compiled specialisation of a kernel, as triton's JIT would key it.
-
-    Attributes:
-        kernel: ``"module:function"`` of the ``@triton.jit`` function.
-        signature: ``(parameter, type)`` pairs in order: ``"*fp16"`` for a tensor,
-            ``"i32"``/``"i64"``/``"fp32"`` for a scalar, ``"constexpr"`` for a constexpr.
-        constexprs: ``(parameter, value)`` pairs; dtypes are written ``"tl.float32"``.
-        num_warps: Warps per program (triton's default is 4).
-    """
-
-    kernel: str
-    signature: tuple[tuple[str, str], ...]
-    constexprs: tuple[tuple[str, Any], ...]
-    num_warps: int = 4
-
-    def describe(self) -> str:
-        """A short label: the kernel's name, the pointer dtypes and the constexpr values."""
-        ptrs = ",".join(t[1:] for _, t in self.signature if t.startswith("*"))
-        consts = ",".join(f"{k}={str(v).removeprefix('tl.')}" for k, v in self.constexprs)
-        return f"{self.kernel.rpartition(':')[2]}[{ptrs}|{consts}|w{self.num_warps}]"
+class LaunchLimitError(KernelFailure):
+    """A shape beyond what a kernel's indexing supports (the op runs the formula)."""
 
 
 @functools.cache
-def _parameters(fn: Callable) -> tuple[tuple[str, str | None], ...]:
-    """``(name, kind)`` of the kernel's parameters: ``"constexpr"``, a scalar type, or None
-    for a tensor (``*_ptr``). Raises if a parameter breaks the convention."""
+def parameters(fn: Callable) -> tuple[tuple[str, str | None], ...]:
+    """``(name, kind)`` of a kernel's parameters: ``"constexpr"``, a scalar type (``"i32"``,
+    ``"i64"``, ``"fp32"``), or None for a tensor (``*_ptr``). Raises if one breaks the
+    convention."""
     out = []
     for p in inspect.signature(fn).parameters.values():
         ann = (
@@ -136,28 +101,18 @@ def _parameters(fn: Callable) -> tuple[tuple[str, str | None], ...]:
     return tuple(out)
 
 
-def _kernel_id(kernel: Any) -> str:
-    fn = kernel.fn
-    return f"{fn.__module__}:{fn.__name__}"
+def jit(fn: Callable) -> Any:
+    """``triton.jit(fn)`` with every scalar in ``do_not_specialize`` (checks the convention)."""
+    import triton
 
-
-def _encode(value: Any) -> Any:
-    if isinstance(value, bool | int | float | str) or value is None:
-        return value
-    name = getattr(value, "name", None)  # a triton dtype
-    if isinstance(name, str):
-        return f"tl.{_TL_NAMES.get(name, name)}"
-    raise TypeError(f"unsupported constexpr value {value!r}")
-
-
-_TL_NAMES = {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32", "fp64": "float64"}
+    scalars = [name for name, kind in parameters(fn) if kind not in (None, "constexpr")]
+    return triton.jit(fn, do_not_specialize=scalars)
 
 
 def prepare(t: Tensor) -> Tensor:
     """``t`` contiguous and starting at a 16-byte aligned address (copied only if needed).
 
     Examples:
-        >>> import torch
         >>> x = torch.arange(10.0)[1:]  # a view starting 4 bytes into its storage
         >>> prepare(x).data_ptr() % ALIGNMENT
         0
@@ -168,12 +123,21 @@ def prepare(t: Tensor) -> Tensor:
     return t
 
 
+def cdiv(a: int, b: int) -> int:
+    """``ceil(a / b)`` for non-negative ints.
+
+    Examples:
+        >>> cdiv(5, 2)
+        3
+    """
+    return -(-a // b)
+
+
 def check_grid(op: str, grid: Sequence[int]) -> tuple[int, ...]:
     """Return ``grid`` as a tuple after checking it against `GRID_LIMITS`.
 
     Raises:
-        ValueError: An axis is not a positive int or exceeds CUDA's limit; the message names
-            the op, the axis, the size and the limit.
+        ValueError: An axis is not a positive int or exceeds CUDA's limit.
 
     Examples:
         >>> check_grid("op", (70000, 2))
@@ -191,139 +155,99 @@ def check_grid(op: str, grid: Sequence[int]) -> tuple[int, ...]:
     return tuple(grid)
 
 
-def specialization(kernel: Any, args: Mapping[str, Any], num_warps: int = 4) -> Spec:
-    """The `Spec` a launch of ``kernel`` with ``args`` compiles to; checks the arguments.
-
-    Raises:
-        ValueError: A tensor on another device, with a non-strided layout, an unsupported
-            dtype or a misaligned start; a scalar outside its annotated type's range; a
-            missing or unexpected argument.
-        TypeError: A scalar of the wrong kind.
-    """
-    params = _parameters(kernel.fn)
-    name = _kernel_id(kernel)
-    unknown = set(args) - {p for p, _ in params}
-    if unknown:
-        raise ValueError(f"{name}: unexpected arguments {sorted(unknown)}")
-    signature, constexprs = [], []
-    device = None
-    for param, kind in params:
-        if param not in args:
-            raise ValueError(f"{name}: missing argument {param!r}")
-        value = args[param]
-        if kind is None:
-            if not isinstance(value, Tensor):
-                raise TypeError(f"{name}: {param} must be a tensor, got {type(value).__name__}")
-            if value.layout != torch.strided:
-                raise ValueError(f"{name}: {param} must be a strided tensor, got {value.layout}")
-            if value.dtype not in _POINTER_TYPES:
-                raise ValueError(f"{name}: {param} has unsupported dtype {value.dtype}")
-            device = value.device if device is None else device
-            if value.device != device:
-                raise ValueError(
-                    f"{name}: {param} is on {value.device}, the other tensors on {device}"
-                )
-            if value.data_ptr() % ALIGNMENT:
-                raise ValueError(f"{name}: {param} must start {ALIGNMENT}-byte aligned (prepare)")
-            signature.append((param, "*" + _POINTER_TYPES[value.dtype]))
-        elif kind == "constexpr":
-            signature.append((param, "constexpr"))
-            constexprs.append((param, _encode(value)))
-        else:
-            if kind == "fp32":
-                if isinstance(value, bool) or not isinstance(value, int | float):
-                    raise TypeError(f"{name}: {param} must be a float, got {value!r}")
-            else:
-                if isinstance(value, bool) or not isinstance(value, int):
-                    raise TypeError(f"{name}: {param} must be an int, got {value!r}")
-                low, high = _SCALAR_RANGES[kind]
-                if not low <= value <= high:
-                    raise ValueError(
-                        f"{name}: {param} = {value} does not fit its type {kind} ([{low}, {high}])"
-                    )
-            signature.append((param, kind))
-    return Spec(name, tuple(signature), tuple(constexprs), num_warps)
-
-
-_recorders: list[tuple[set[Spec], bool]] = []
-_recorders_lock = threading.Lock()
-
-
-@contextmanager
-def record_launches(execute: bool = True) -> Iterator[set[Spec]]:
-    """Collect the `Spec` of every launch in the block (also launches that then fail).
-
-    Args:
-        execute: False for a dry run: launches are checked and recorded but not run (their
-            outputs hold garbage), which is how `visionblocks.cli._kernel_specs` enumerates the
-            specialisations of the whole op matrix in seconds.
-
-    Examples:
-        >>> with record_launches() as specs:
-        ...     pass
-        >>> specs
-        set()
-    """
-    entry: tuple[set[Spec], bool] = (set(), execute)
-    with _recorders_lock:
-        _recorders.append(entry)
-    try:
-        yield entry[0]
-    finally:
-        with _recorders_lock:
-            _recorders.remove(entry)
-
-
-def launch(op: str, kernel: Any, grid: Sequence[int], num_warps: int = 4, **args: Any) -> None:
-    """Check and launch ``kernel[grid](**args)`` for ``op``.
-
-    Raises:
-        ValueError, TypeError: From `check_grid` and `specialization` (bugs in a launcher).
-        KernelFailure: If triton fails to compile, load or launch the kernel.
-    """
-    grid = check_grid(op, grid)
-    spec = specialization(kernel, args, num_warps)
-    execute = True
-    for specs, run in list(_recorders):
-        specs.add(spec)
-        execute = execute and run
-    if not execute:
-        return
-    try:
-        kernel[grid](**args, num_warps=num_warps)
-    except Exception as exc:
-        raise KernelFailure(op, spec.kernel, exc) from exc
-
-
-def jit(fn: Callable) -> Any:
-    """``triton.jit(fn)`` for a launched kernel, with every scalar in ``do_not_specialize``.
-
-    Also checks the parameter convention (tensors ``*_ptr``, scalars annotated).
-    """
-    import triton
-
-    scalars = [name for name, kind in _parameters(fn) if kind not in (None, "constexpr")]
-    return triton.jit(fn, do_not_specialize=scalars)
-
-
-def cdiv(a: int, b: int) -> int:
-    """``ceil(a / b)`` for non-negative ints."""
-    return -(-a // b)
-
-
-class LaunchLimitError(KernelFailure):
-    """A shape beyond what a kernel's indexing supports (the op runs the torch path)."""
-
-
 def check_plane(height: int, width: int, op: str = "local op") -> None:
-    """Raise `LaunchLimitError` if a ``height x width`` plane has ``2**31`` pixels or more.
-
-    The local-op kernels index pixels inside one plane with int32 (channel and batch offsets
-    are int64), which covers planes up to 46,340 x 46,340.
-    """
+    """Raise `LaunchLimitError` if a ``height x width`` plane has ``2**31`` pixels or more
+    (the local-op kernels index pixels inside one plane with int32)."""
     if height * width > 2**31 - 1:
         raise LaunchLimitError(
             op,
             "pixel indexing",
             ValueError(f"a {height}x{width} plane has more than 2**31 - 1 pixels"),
         )
+
+
+def launch(op: str, kernel: Any, grid: Sequence[int], num_warps: int = 4, **args: Any) -> None:
+    """Check and launch ``kernel[grid](**args)`` for ``op``.
+
+    Raises:
+        ValueError, TypeError: A grid beyond CUDA's limits, an integer scalar outside its
+            annotated type, a missing argument (bugs in a launcher).
+        KernelFailure: If triton fails to compile, load or launch the kernel.
+    """
+    grid = check_grid(op, grid)
+    fn = kernel.fn
+    for name, kind in parameters(fn):
+        if name not in args:
+            raise ValueError(f"{fn.__name__}: missing argument {name!r}")
+        if kind in _RANGES:
+            value, (low, high) = args[name], _RANGES[kind]
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise TypeError(f"{fn.__name__}: {name} must be an int, got {value!r}")
+            if not low <= value <= high:
+                raise ValueError(
+                    f"{fn.__name__}: {name} = {value} does not fit its type {kind} ([{low}, {high}])"
+                )
+    try:
+        kernel[grid](**args, num_warps=num_warps)
+    except Exception as exc:
+        raise KernelFailure(op, f"{fn.__module__}:{fn.__name__}", exc) from exc
+
+
+def _device(args: Sequence[Any]) -> torch.device:
+    return next(a.device for a in args if isinstance(a, Tensor))
+
+
+def with_fallback(op: str) -> Callable[[Callable[..., T]], Callable[..., T]]:
+    """Wrap a kernel entry point ``entry(*args, reference=None)``: on a `KernelFailure`, run
+    ``reference(*args)`` (the op's formula) and route ``op`` to it on that device from then
+    on; raise when ``reference`` is None (``impl="triton"`` forced). A `LaunchLimitError`
+    concerns one shape only, so it is not remembered."""
+
+    def wrap(entry: Callable[..., T]) -> Callable[..., T]:
+        @functools.wraps(entry)
+        def run(*args: Any, reference: Callable[..., T] | None = None) -> T:
+            try:
+                return entry(*args, reference=reference)
+            except KernelFailure as exc:
+                if reference is None:
+                    raise
+                if not isinstance(exc, LaunchLimitError):
+                    note_failure(op, _device(args), exc)
+                return reference(*args)
+
+        return run
+
+    return wrap
+
+
+def reference_grads(
+    op: str,
+    exc: KernelFailure,
+    reference: Callable[..., Any] | None,
+    args: Sequence[Any],
+    needs: Sequence[bool],
+    grad_outputs: Sequence[Tensor | None],
+) -> tuple[Tensor | None, ...]:
+    """Gradients of ``reference(*args)`` for a fused backward that failed (re-raises ``exc``
+    when ``reference`` is None); one gradient (or None) per argument, ``needs`` being
+    ``ctx.needs_input_grad``."""
+    if reference is None:
+        raise exc
+    note_failure(op, _device(args), exc)
+    leaves = [
+        a.detach().requires_grad_(need) if isinstance(a, Tensor) and need else a
+        for a, need in zip(args, needs)
+    ]
+    with torch.enable_grad():
+        outputs = reference(*leaves)
+    outputs = outputs if isinstance(outputs, tuple) else (outputs,)
+    pairs = [(o, g) for o, g in zip(outputs, grad_outputs) if g is not None and o.requires_grad]
+    wanted = [leaf for leaf, need in zip(leaves, needs) if need and isinstance(leaf, Tensor)]
+    grads = iter(
+        torch.autograd.grad([o for o, _ in pairs], wanted, [g for _, g in pairs], allow_unused=True)
+        if pairs and wanted
+        else [None] * len(wanted)
+    )
+    return tuple(
+        next(grads) if need and isinstance(a, Tensor) else None for a, need in zip(args, needs)
+    )

@@ -42,8 +42,7 @@ import triton.language as tl
 from torch import Tensor
 
 from visionblocks._core.namespace import public_dir
-from visionblocks.kernels import interpret_mode
-from visionblocks.kernels._launch import cdiv, jit, launch, prepare
+from visionblocks.kernels._launch import INTERPRET, cdiv, jit, launch, prepare, with_fallback
 
 __all__ = ["best_box_iou_triton", "box_iou_reaches_triton"]
 __dir__ = public_dir(__name__, __all__)
@@ -56,7 +55,7 @@ _NUM_WARPS = 4
 _MAX_PROGRAMS = 1024  # rows of the per-object partial maxima
 _INF = tl.constexpr(float("inf"))
 
-if interpret_mode():  # NumPy rounds every product on its own and divides exactly
+if INTERPRET:  # NumPy rounds every product on its own and divides exactly
 
     @triton.jit
     def _mul_rn(a, b, CDT: tl.constexpr):
@@ -205,6 +204,7 @@ def _eps32(eps: float) -> float:
     return float(eps)
 
 
+@with_fallback("best_box_iou")
 def best_box_iou_triton(
     anchors: Tensor, boxes: Tensor, eps: float, reference: Callable | None = None
 ) -> tuple[Tensor, Tensor, Tensor]:
@@ -214,7 +214,12 @@ def best_box_iou_triton(
         anchors (Tensor[N, 4]): Floating boxes, ``N >= 1``.
         boxes (Tensor[M, 4]): Floating boxes on the same device, ``M >= 1``.
         eps: `box_iou`'s ``eps``.
-        reference: Unused (no backward); accepted as every entry point does.
+        reference: The torch path, run if the kernel fails (None: raise).
+
+    Examples:
+        >>> a = torch.tensor([[0.0, 0.0, 2.0, 2.0]], device="cuda")  # doctest: +SKIP
+        >>> best_box_iou_triton(a, a, 1e-7)  # doctest: +SKIP
+        (tensor([1.], device='cuda:0'), tensor([0], device='cuda:0'), tensor([1.], device='cuda:0'))
     """
     anchors, boxes = prepare(anchors), prepare(boxes)
     tdt, cdt = _cdt(anchors, boxes)
@@ -233,6 +238,7 @@ def best_box_iou_triton(
     return values, indices, box_values.masked_fill(box_values == float("inf"), float("nan"))
 
 
+@with_fallback("match_anchors")
 def box_iou_reaches_triton(
     anchors: Tensor,
     boxes: Tensor,
@@ -247,7 +253,12 @@ def box_iou_reaches_triton(
         boxes (Tensor[M, 4]): Floating boxes on the same device, ``M >= 1``.
         eps: `box_iou`'s ``eps``.
         targets (Tensor[M]): One value per object, in the compute dtype.
-        reference: Unused (no backward); accepted as every entry point does.
+        reference: The torch path, run if the kernel fails (None: raise).
+
+    Examples:
+        >>> a = torch.tensor([[0.0, 0.0, 2.0, 2.0]], device="cuda")  # doctest: +SKIP
+        >>> box_iou_reaches_triton(a, a, 1e-7, torch.ones(1, device="cuda"))  # doctest: +SKIP
+        tensor([True], device='cuda:0')
     """
     anchors, boxes = prepare(anchors), prepare(boxes)
     tdt, cdt = _cdt(anchors, boxes)

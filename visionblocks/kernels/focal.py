@@ -55,9 +55,14 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 from visionblocks._core.namespace import public_dir
-from visionblocks._core.reduce import compute_dtype
-from visionblocks.kernels._fallback import reference_grads
-from visionblocks.kernels._launch import KernelFailure, jit, launch, prepare
+from visionblocks.kernels._launch import (
+    KernelFailure,
+    jit,
+    launch,
+    prepare,
+    reference_grads,
+    with_fallback,
+)
 
 __all__ = ["sigmoid_focal_loss_triton"]
 __dir__ = public_dir(__name__, __all__)
@@ -151,6 +156,10 @@ def _focal_bwd_kernel(
     tl.store(grad_ptr + offs, (dloss * go).to(grad_ptr.dtype.element_ty), mask=mask)
 
 
+def _cdt(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
 def _block(dtype: torch.dtype) -> int:
     return _BLOCKS.get(dtype, _BLOCK)
 
@@ -166,7 +175,7 @@ def canonical_inputs(
     and the weight in the compute dtype, read through its strides (a broadcast weight stays
     un-expanded; no weight is a single 1 read with zero strides).
     """
-    cdt = compute_dtype(x.dtype)
+    cdt = _cdt(x.dtype)
     x = prepare(x)
     if targets.dtype == torch.bool:
         targets = targets.view(torch.uint8)
@@ -219,7 +228,7 @@ class _SigmoidFocalTriton(torch.autograd.Function):
         # For a fallback backward: the torch path's own arguments (x as the kernel read it).
         ctx.args = (xk, targets, w, alpha, gamma, ignore, reduce_sum, out_dtype)
         ctx.reference = reference
-        cdt = compute_dtype(x.dtype)
+        cdt = _cdt(x.dtype)
         n = xk.numel()
         grid = (max(1, triton.cdiv(n, _block(x.dtype))),)
         scalars = _scalars(xk, tk, w_sr, w_sc, alpha, gamma, ignore)
@@ -275,6 +284,7 @@ class _SigmoidFocalTriton(torch.autograd.Function):
         return grad, None, None, None, None, None, None, None, None
 
 
+@with_fallback("sigmoid_focal_loss")
 def sigmoid_focal_loss_triton(
     x: Tensor,
     targets: Tensor,
@@ -297,14 +307,22 @@ def sigmoid_focal_loss_triton(
         ignore: Target value to ignore (rows for class indices), or None.
         reduce_sum: Return the 0-d sum (compute dtype) instead of the element-wise loss.
         out_dtype: Dtype of the element-wise loss.
-        reference: The torch formula with the same first eight arguments and outputs; used
-            for the gradient if the backward kernel fails (None: raise instead).
+        reference: The torch formula with the same first eight arguments and outputs; run
+            instead if a kernel fails (None: raise instead).
 
     Returns:
         tuple: The loss, and the number of non-ignored elements (int64, not differentiable).
 
     Raises:
-        KernelFailure: If a kernel fails to compile, load or launch.
+        KernelFailure: If a kernel fails to compile, load or launch and ``reference`` is None.
+
+    Examples:
+        >>> x = torch.zeros(2, 3, device="cuda")  # doctest: +SKIP
+        >>> labels = torch.tensor([0, 3], device="cuda")  # doctest: +SKIP
+        >>> loss, count = sigmoid_focal_loss_triton(  # doctest: +SKIP
+        ...     x, labels, None, 0.25, 2.0, None, True, torch.float32)
+        >>> loss, count  # doctest: +SKIP
+        (tensor(0.6931, device='cuda:0'), tensor(6, device='cuda:0'))
     """
     return _SigmoidFocalTriton.apply(
         x, targets, w, alpha, gamma, ignore, reduce_sum, out_dtype, reference

@@ -39,8 +39,14 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 from visionblocks._core.namespace import public_dir
-from visionblocks.kernels._fallback import reference_grads
-from visionblocks.kernels._launch import KernelFailure, jit, launch, prepare
+from visionblocks.kernels._launch import (
+    KernelFailure,
+    jit,
+    launch,
+    prepare,
+    reference_grads,
+    with_fallback,
+)
 
 __all__ = [
     "complete_box_iou_loss_triton",
@@ -294,26 +300,46 @@ class _BoxIoULossTriton(torch.autograd.Function):
 _Reference = Callable[[Tensor, Tensor, float], Tensor]
 
 
+@with_fallback("generalized_box_iou_loss")
 def generalized_box_iou_loss_triton(
     pred: Tensor, target: Tensor, eps: float, reference: _Reference | None = None
 ) -> Tensor:
     """Per-pair GIoU loss ``(N,)`` of ``(N, 4)`` boxes (fused forward and backward).
 
-    ``reference(pred, target, eps)`` is the torch path, used for the gradient if the backward
-    kernel fails (None: raise `KernelFailure` instead).
+    ``reference(pred, target, eps)`` is the torch path, run instead if a kernel fails (None:
+    raise `KernelFailure` instead).
+
+    Examples:
+        >>> pred = torch.tensor([[0.0, 0.0, 2.0, 2.0]], device="cuda")  # doctest: +SKIP
+        >>> generalized_box_iou_loss_triton(pred, pred + 1, 1e-7)  # doctest: +SKIP
+        tensor([1.0794], device='cuda:0')
     """
     return _BoxIoULossTriton.apply(pred, target, eps, _GIOU, reference)
 
 
+@with_fallback("distance_box_iou_loss")
 def distance_box_iou_loss_triton(
     pred: Tensor, target: Tensor, eps: float, reference: _Reference | None = None
 ) -> Tensor:
-    """Per-pair DIoU loss ``(N,)`` of ``(N, 4)`` boxes; as `generalized_box_iou_loss_triton`."""
+    """Per-pair DIoU loss ``(N,)`` of ``(N, 4)`` boxes; as `generalized_box_iou_loss_triton`.
+
+    Examples:
+        >>> pred = torch.tensor([[0.0, 0.0, 2.0, 2.0]], device="cuda")  # doctest: +SKIP
+        >>> distance_box_iou_loss_triton(pred, pred + 1, 1e-7)  # doctest: +SKIP
+        tensor([0.9683], device='cuda:0')
+    """
     return _BoxIoULossTriton.apply(pred, target, eps, _DIOU, reference)
 
 
+@with_fallback("complete_box_iou_loss")
 def complete_box_iou_loss_triton(
     pred: Tensor, target: Tensor, eps: float, reference: _Reference | None = None
 ) -> Tensor:
-    """Per-pair CIoU loss ``(N,)`` of ``(N, 4)`` boxes; as `generalized_box_iou_loss_triton`."""
+    """Per-pair CIoU loss ``(N,)`` of ``(N, 4)`` boxes; as `generalized_box_iou_loss_triton`.
+
+    Examples:
+        >>> pred = torch.tensor([[0.0, 0.0, 2.0, 2.0]], device="cuda")  # doctest: +SKIP
+        >>> complete_box_iou_loss_triton(pred, pred + 1, 1e-7)  # doctest: +SKIP
+        tensor([0.9683], device='cuda:0')
+    """
     return _BoxIoULossTriton.apply(pred, target, eps, _CIOU, reference)

@@ -41,7 +41,6 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 from visionblocks._core.namespace import public_dir
-from visionblocks.kernels._fallback import reference_grads
 from visionblocks.kernels._launch import (
     KernelFailure,
     cdiv,
@@ -49,6 +48,8 @@ from visionblocks.kernels._launch import (
     jit,
     launch,
     prepare,
+    reference_grads,
+    with_fallback,
 )
 
 __all__ = ["local_attention2d_triton"]
@@ -361,6 +362,7 @@ class _LocalAttentionTriton(torch.autograd.Function):
         return (*grads, None, None, None, None)
 
 
+@with_fallback("local_attention2d")
 def local_attention2d_triton(
     q: Tensor,
     k: Tensor,

@@ -33,7 +33,6 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 from visionblocks._core.namespace import public_dir
-from visionblocks.kernels._fallback import reference_grads
 from visionblocks.kernels._launch import (
     KernelFailure,
     cdiv,
@@ -41,6 +40,8 @@ from visionblocks.kernels._launch import (
     jit,
     launch,
     prepare,
+    reference_grads,
+    with_fallback,
 )
 
 __all__ = ["local_filter_triton"]
@@ -270,6 +271,7 @@ def _backward(x: Tensor, kernels: Tensor, grad_out: Tensor, ctx) -> tuple[Tensor
     return grad_x, grad_kernels
 
 
+@with_fallback("local_filter")
 def local_filter_triton(
     x: Tensor,
     kernels: Tensor,

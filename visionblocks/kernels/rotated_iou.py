@@ -6,9 +6,8 @@ case of 2-D inputs) as ``rotated_box_iou_triton(boxes1, boxes2, eps, reference)`
 floating dtype; the result is the ``(N, M)`` IoU in float32 (float64 for float64 boxes).
 Forward only: the op (the custom op ``visionblocks::rotated_box_iou``) differentiates with
 its written-out torch gradient (`visionblocks.ops._rotated_overlap.iou_backward`), which
-needs no saved intermediates, so
-``reference`` (the torch forward, which `visionblocks.kernels._dispatch.run_fused` runs if
-this kernel fails to compile or launch) is not called here.
+needs no saved intermediates; ``reference`` (the torch forward) runs if this kernel fails
+to compile or launch (`visionblocks.kernels._launch.with_fallback`).
 
 One program handles ``BLOCK`` pairs of the flattened ``N x M`` grid, one pair per row of
 ``[BLOCK, 16]`` tiles (16 candidate vertices per pair), each box's 5 numbers cast to the
@@ -34,7 +33,7 @@ import triton.language as tl
 from torch import Tensor
 
 from visionblocks._core.namespace import public_dir
-from visionblocks.kernels._launch import jit, launch, prepare
+from visionblocks.kernels._launch import jit, launch, prepare, with_fallback
 
 __all__ = ["rotated_box_iou_triton"]
 __dir__ = public_dir(__name__, __all__)
@@ -215,6 +214,7 @@ def _rotated_iou_kernel(
     tl.store(out_ptr + offs, iou.to(out_ptr.dtype.element_ty), mask=mask)
 
 
+@with_fallback("rotated_box_iou")
 def rotated_box_iou_triton(
     boxes1: Tensor,
     boxes2: Tensor,
@@ -224,10 +224,15 @@ def rotated_box_iou_triton(
     """Pairwise IoU ``(N, M)`` of ``(N, 5)`` and ``(M, 5)`` cxcywhr boxes of one dtype.
 
     float32 for float16, bfloat16 and float32 boxes, float64 for float64 ones. No autograd:
-    the op's custom op calls this in its forward. ``reference`` is accepted for the calling
-    convention of `visionblocks.kernels._dispatch.run_fused` (which runs it on a failure).
+    the op's custom op calls this in its forward. ``reference``: the torch forward, run if
+    the kernel fails (None: raise).
+
+    Examples:
+        >>> boxes = torch.tensor([[0.0, 0.0, 2.0, 2.0, 45.0]], device="cuda")  # doctest: +SKIP
+        >>> rotated_box_iou_triton(boxes, boxes, 1e-7)  # doctest: +SKIP
+        tensor([[1.]], device='cuda:0')
     """
-    del reference  # forward only: a failure is handled by run_fused
+    del reference  # run by with_fallback
     b1, b2 = prepare(boxes1), prepare(boxes2)
     n, m = b1.shape[0], b2.shape[0]
     double = b1.dtype == torch.float64

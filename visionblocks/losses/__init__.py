@@ -4,8 +4,8 @@ Every loss is a function plus a thin ``nn.Module`` of the same stem
 (``sigmoid_focal_loss`` / `SigmoidFocalLoss`, ``generalized_box_iou_loss`` /
 `GeneralizedBoxIoULoss`, ...), registered in `visionblocks.registry.LOSSES` (``focal``,
 ``softmax_focal``, ``bce``, ``ce``, ``giou``, ``diou``, ``ciou``, ``rotated_iou``). The box-loss
-functions live in `visionblocks.ops.iou_loss` and `visionblocks.ops.rotated` and are
-re-exported here. Dtype policy: half inputs are
+functions are served by `visionblocks.ops` too, where torchvision users look for them. Dtype
+policy: half inputs are
 computed in float32; ``reduction="none"`` returns the input dtype, ``"sum"``/``"mean"`` the
 compute dtype; except `cross_entropy` and `binary_cross_entropy_with_logits`, which return
 the dtypes of the PyTorch functions they stand in for (float32 under ``torch.autocast``).
@@ -23,15 +23,16 @@ from visionblocks._core.namespace import public_dir
 from visionblocks.losses.bce import BCEWithLogitsLoss, binary_cross_entropy_with_logits
 from visionblocks.losses.ce import CrossEntropyLoss, cross_entropy
 from visionblocks.losses.focal import SigmoidFocalLoss, sigmoid_focal_loss
-from visionblocks.losses.iou import CompleteBoxIoULoss, DistanceBoxIoULoss, GeneralizedBoxIoULoss
-from visionblocks.losses.rotated_iou import RotatedBoxIoULoss
-from visionblocks.losses.softmax_focal import SoftmaxFocalLoss, softmax_focal_loss
-from visionblocks.ops.iou_loss import (
+from visionblocks.losses.iou import (
+    CompleteBoxIoULoss,
+    DistanceBoxIoULoss,
+    GeneralizedBoxIoULoss,
     complete_box_iou_loss,
     distance_box_iou_loss,
     generalized_box_iou_loss,
 )
-from visionblocks.ops.rotated import rotated_box_iou_loss
+from visionblocks.losses.rotated_iou import RotatedBoxIoULoss, rotated_box_iou_loss
+from visionblocks.losses.softmax_focal import SoftmaxFocalLoss, softmax_focal_loss
 
 __all__ = [
     "BCEWithLogitsLoss",

@@ -6,13 +6,9 @@ import torch
 from torch import Tensor
 
 from visionblocks._core.checks import check_range, check_type
-from visionblocks._core.reduce import check_reduction
-from visionblocks._core.tensor_checks import (
-    check_floating,
-    check_same_device,
-    check_tensor,
-    reads_values,
-)
+from visionblocks._core.dispatch import reads_values
+from visionblocks._core.tensor_checks import check_floating, check_same_device, check_tensor
+from visionblocks.losses._reduce import check_reduction
 from visionblocks.losses._torch_compat import TorchIndexError, TorchValueError
 
 __all__ = [

@@ -15,19 +15,15 @@ from torch import Tensor, nn
 
 from visionblocks._core.checks import check_finite, check_range, check_type
 from visionblocks._core.namespace import public_dir
-from visionblocks._core.reduce import (
-    check_reduction,
-    check_target_range,
-    compute_dtype,
-    reduce_loss,
-)
 from visionblocks._core.registries import LOSSES
 from visionblocks._core.tensor_checks import (
     check_floating,
     check_same_device,
     check_same_shape,
     check_tensor,
+    compute_dtype,
 )
+from visionblocks.losses._reduce import check_reduction, check_target_range, reduce_loss
 from visionblocks.losses._torch_compat import TorchValueError, autocast_enabled, legacy_reduction
 
 __all__ = ["BCEWithLogitsLoss", "binary_cross_entropy_with_logits"]
@@ -192,10 +188,9 @@ def binary_cross_entropy_with_logits(
     out_dtype = loss.dtype
     loss = loss.to(compute_dtype(out_dtype))
     if valid is None:
-        return reduce_loss(loss, reduction, input_dtype=out_dtype).to(out_dtype)
+        return reduce_loss(loss, reduction, out_dtype).to(out_dtype)
     loss = loss.masked_fill(~valid, 0.0)
-    count = valid.sum()
-    return reduce_loss(loss, reduction, input_dtype=out_dtype, count=count).to(out_dtype)
+    return reduce_loss(loss, reduction, out_dtype, valid.sum()).to(out_dtype)
 
 
 @LOSSES.register(name="bce")

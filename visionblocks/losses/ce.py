@@ -16,8 +16,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from visionblocks._core.namespace import public_dir
-from visionblocks._core.reduce import check_target_range, compute_dtype
 from visionblocks._core.registries import LOSSES
+from visionblocks._core.tensor_checks import compute_dtype
 from visionblocks.losses._ce_checks import (
     check_class_indices,
     check_class_weight,
@@ -26,6 +26,7 @@ from visionblocks.losses._ce_checks import (
     check_options,
     check_top_k,
 )
+from visionblocks.losses._reduce import check_target_range, reduce_loss
 from visionblocks.losses._torch_compat import TorchValueError, autocast_enabled, legacy_reduction
 
 __all__ = ["CrossEntropyLoss", "cross_entropy"]
@@ -39,19 +40,6 @@ _K_EPS = 1e-6
 
 
 # ------------------------------------------------------------------------------- reduction
-def _safe_mean(total: Tensor, denom: Tensor | int) -> Tensor:
-    """``total / denom``, or a zero connected to ``total``'s graph when ``denom`` is zero.
-
-    ``denom`` stays a tensor (no host sync): the division runs on a denominator of 1 where it is
-    zero, so neither the value nor the gradient can be NaN.
-    """
-    if not isinstance(denom, Tensor):
-        return total * 0.0 if denom == 0 else total / denom
-    denom = denom.to(total.dtype)
-    nonzero = denom != 0
-    return torch.where(nonzero, total / torch.where(nonzero, denom, 1.0), total * 0.0)
-
-
 def _ohem_keep(
     loss: Tensor, valid: Tensor | None, top_k: float, *, use_sort: bool | None = None
 ) -> Tensor:
@@ -76,7 +64,7 @@ def _ohem_keep(
     if use_sort is None:
         use_sort = key.device.type != "cpu"
     if not use_sort:
-        # topk is ~10-25x faster than a full sort on CPU (131k-1M elements, 2 threads).
+        # topk selects in linear time on CPU, where reading the count costs no sync.
         kept_idx = torch.topk(key, int(k), sorted=False).indices
         keep = torch.zeros(n, dtype=torch.bool, device=key.device).index_fill_(0, kept_idx, True)
     else:
@@ -111,15 +99,10 @@ def _reduce_class_loss(
     if top_k is not None and top_k < 1.0:
         valid = _ohem_keep(loss, valid, top_k)
         loss = loss.masked_fill(~valid, 0.0)
-    if reduction == "none":
-        return loss.to(input_dtype)
-    total = loss.sum()
-    if reduction == "sum":
-        return total
-    if elem_weight is not None:
-        counted = elem_weight if valid is None else elem_weight.masked_fill(~valid, 0.0)
-        return _safe_mean(total, counted.sum())
-    return _safe_mean(total, loss.numel() if valid is None else valid.sum())
+    count = None if valid is None else valid.sum()
+    if elem_weight is not None and reduction == "mean":
+        count = (elem_weight if valid is None else elem_weight.masked_fill(~valid, 0.0)).sum()
+    return reduce_loss(loss, reduction, input_dtype, count)
 
 
 # -------------------------------------------------------------------------------- function

@@ -1,10 +1,9 @@
 """Sigmoid focal loss (RetinaNet): binary cross entropy down-weighted on easy elements.
 
-One torch formula (`_focal_terms`, reduced by `_reduce`) serves eager calls,
-``torch.jit.script``, ``torch.jit.trace`` and ``torch.compile``. Eager calls backpropagate
-through its derivative written out (`_FocalGrad`, tested against autograd of the formula);
-the fused Triton kernel (`visionblocks.kernels.focal`) is its CUDA fast path, tested against
-it, and falls back to it.
+One torch formula (`_focal_terms`) serves eager calls, ``torch.jit.script``,
+``torch.jit.trace`` and ``torch.compile``. Eager calls backpropagate through its derivative
+written out (`_FocalGrad`, tested against autograd of the formula); the fused Triton kernel
+(`visionblocks.kernels.focal`) is its CUDA fast path, tested against it, and falls back to it.
 """
 
 from __future__ import annotations
@@ -16,21 +15,19 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from visionblocks._core.checks import check_choice, check_range, check_type
+from visionblocks._core.checks import check_range
 from visionblocks._core.deprecation import deprecated_attribute
-from visionblocks._core.dispatch import IMPLS, get_impl
+from visionblocks._core.dispatch import forced_triton, use_triton, validate_impl
 from visionblocks._core.namespace import public_dir
-from visionblocks._core.reduce import (
+from visionblocks._core.registries import LOSSES
+from visionblocks._core.tensor_checks import check_floating, check_same_device, check_tensor
+from visionblocks.losses._reduce import (
     REDUCTIONS,
     check_normalizer,
     check_reduction,
     check_target_range,
-    compute_dtype,
     reduce_loss,
 )
-from visionblocks._core.registries import LOSSES
-from visionblocks._core.tensor_checks import check_floating, check_same_device, check_tensor
-from visionblocks.kernels._dispatch import resolve_impl, run_fused
 
 __all__ = ["SigmoidFocalLoss", "sigmoid_focal_loss"]
 __dir__ = public_dir(__name__, __all__)
@@ -142,8 +139,8 @@ def _focal_elements(
     weight: Tensor | None,
     ignore_index: float | None,
 ) -> tuple[Tensor, Tensor | None]:
-    """The element-wise loss in the compute dtype, and the mask of the counted elements (None
-    when nothing is ignored; one column per row for class indices)."""
+    """The element-wise loss in the compute dtype, and the number of counted elements (None
+    when nothing is ignored: all of them)."""
     cdt = torch.float64 if inputs.dtype == torch.float64 else torch.float32  # compute_dtype
     x = inputs if inputs.dtype == cdt else inputs.to(cdt)
     keep: Tensor | None = None
@@ -166,9 +163,12 @@ def _focal_elements(
         loss = _focal_terms(x, t, positive, alpha, gamma)[0]
     if weight is not None:
         loss = loss * weight.to(cdt)
-    if keep is not None:
-        loss = loss * keep
-    return loss, keep
+    if keep is None:
+        return loss, None
+    count = keep.sum()
+    if keep.shape != loss.shape:  # one flag per row of class indices
+        count = count * x.shape[-1]
+    return loss * keep, count
 
 
 def _closed_form_grad(x: Tensor, t: Tensor) -> bool:
@@ -184,38 +184,10 @@ def _closed_form_grad(x: Tensor, t: Tensor) -> bool:
     )
 
 
-def _reduce(
-    loss: Tensor,
-    keep: Tensor | None,
-    reduction: str,
-    normalizer: float | Tensor | None,
-    input_dtype: torch.dtype,
-) -> Tensor:
-    """`visionblocks._core.reduce.reduce_loss`'s policy, scriptable; the count of ``"mean"``
-    from ``keep`` as a tensor (no host read; all ignored gives a connected 0)."""
-    if reduction == "mean" and normalizer is None:
-        if keep is None:
-            return loss.mean() if loss.numel() > 0 else loss.sum() * 0.0
-        count = keep.sum() * (loss.shape[-1] if keep.shape != loss.shape else 1)
-        return loss.sum() / count.to(loss.dtype).clamp_min(1)
-    if reduction != "none":
-        if reduction != "sum" and reduction != "mean":
-            raise ValueError("reduction must be one of 'none', 'mean', 'sum'; got " + reduction)
-        loss = loss.sum()
-    if normalizer is not None:
-        if isinstance(normalizer, Tensor):
-            loss = loss / normalizer.reshape(()).to(loss.dtype)
-        else:
-            loss = loss / normalizer
-    return loss.to(input_dtype) if reduction == "none" else loss
-
-
 def _focal_rows(x, targets, w, alpha, gamma, ignore, reduce_sum, out_dtype):
-    """The formula with the Triton kernel's arguments and outputs (`run_fused`'s reference)."""
-    loss, keep = _focal_elements(x, targets, alpha, gamma, w, ignore)
-    count = torch.tensor(x.numel(), device=x.device) if keep is None else keep.sum()
-    if keep is not None and keep.shape != loss.shape:
-        count = count * x.shape[-1]
+    """The formula with the Triton kernel's arguments and outputs (its fallback)."""
+    loss, count = _focal_elements(x, targets, alpha, gamma, w, ignore)
+    count = torch.tensor(x.numel(), device=x.device) if count is None else count
     return (loss.sum() if reduce_sum else loss.to(out_dtype)), count
 
 
@@ -304,21 +276,6 @@ def _check_scripted(
         raise ValueError("integer targets must have shape inputs.shape[:-1]")
 
 
-def _uses_kernel(impl: str, inputs: Tensor, targets: Tensor, weight: Tensor | None) -> bool:
-    """Whether an eager call runs the Triton kernel: where `resolve_impl` picks it, unless
-    ``impl="auto"`` while tracing or compiling (the formula's whole-tensor ops are what
-    those record), or float targets or the weight need gradients (the kernel gives the
-    logits' gradient only)."""
-    if impl == "auto" and not inputs.is_cuda and get_impl() == "auto":
-        return False  # what resolve_impl answers for CPU tensors, without its other checks
-    if impl == "torch" or (impl == "auto" and torch.compiler.is_compiling()):
-        return False
-    if resolve_impl(impl, "sigmoid_focal_loss", inputs) != "triton" or torch.jit.is_tracing():
-        return False
-    other = targets.requires_grad or (weight is not None and weight.requires_grad)
-    return not (other and torch.is_grad_enabled())
-
-
 def _focal_triton(inputs, targets, alpha, gamma, reduction, weight, ignore_index, normalizer, impl):
     """The fused kernel on ``(R, C)`` views, the formula (`_focal_rows`) as its fallback."""
     num_classes = inputs.shape[-1] if inputs.ndim else 1
@@ -328,16 +285,19 @@ def _focal_triton(inputs, targets, alpha, gamma, reduction, weight, ignore_index
     t = targets.reshape(rows) if index else targets.reshape(rows, num_classes)
     w = None if weight is None else weight.expand(inputs.shape).reshape(rows, num_classes)
     alpha = None if alpha is None or alpha < 0 else float(alpha)
-    out_dtype = inputs.dtype if normalizer is None else compute_dtype(inputs.dtype)
+    # With a normalizer, "none" divides in the compute dtype before the cast.
+    cdt = torch.float64 if inputs.dtype == torch.float64 else torch.float32
+    out_dtype = inputs.dtype if normalizer is None else cdt
     args = (x, t, w, alpha, float(gamma), ignore_index, reduction != "none", out_dtype)
-    loss, count = run_fused("sigmoid_focal_loss", impl, _focal_rows, *args)
+    from visionblocks.kernels.focal import sigmoid_focal_loss_triton
+
+    fallback = None if forced_triton(impl) else _focal_rows
+    loss, count = sigmoid_focal_loss_triton(*args, reference=fallback)
     if reduction == "none":
         loss = loss.reshape(inputs.shape)
     if ignore_index is None:
         count = inputs.numel()  # exact, and what torchvision's "mean" divides by
-    return reduce_loss(
-        loss, reduction, input_dtype=inputs.dtype, count=count, normalizer=normalizer
-    )
+    return reduce_loss(loss, reduction, inputs.dtype, count, normalizer)
 
 
 def sigmoid_focal_loss(
@@ -360,50 +320,32 @@ def sigmoid_focal_loss(
 
     Float ``targets`` (binary or soft, ``inputs``' shape) give torchvision's
     ``sigmoid_focal_loss`` within ``rtol=1e-5, atol=1e-6`` (values, and gradients where
-    torchvision's are finite; its ``"mean"`` is over all elements); where the two differ more,
-    this one is the closer to float64 (torchvision forms ``1 - p_t`` by subtraction).
-    Integer ``targets`` of shape ``inputs.shape[:-1]`` are class indices, as in mmcv: a value in
-    ``[0, C)`` makes that class positive and the others negative; ``C`` (mmdet) or ``-1``
-    makes the whole row background. The result equals passing the equivalent one-hot float
-    targets.
+    torchvision's are finite); where the two differ more, this one is the closer to float64
+    (torchvision forms ``1 - p_t`` by subtraction; here it comes from ``sigmoid(-x)`` and
+    ``sigmoid(x)``, the BCE term from ``softplus``, so confident logits lose no precision).
+    Integer ``targets`` of shape ``inputs.shape[:-1]`` are class indices, as in mmcv: a
+    value in ``[0, C)`` makes that class positive; ``C`` (mmdet) or ``-1`` makes the row
+    background; the result equals the one-hot float targets'.
 
-    ``ignore_index``: for class-index targets, rows whose target equals it are ignored (all
-    ``C`` elements); for float targets, elements whose target equals it are ignored (e.g.
-    RetinaNet marks ignored anchors with ``-1``). Ignored elements give loss 0 and gradient 0,
-    and are not counted by ``"mean"`` (all ignored: a zero connected to the graph).
+    ``ignore_index``: rows (class indices) or elements (float targets) whose target equals
+    it give loss 0 and gradient 0 and are not counted by ``"mean"`` (all ignored: a zero
+    connected to the graph). ``"mean"`` divides by the number of counted elements
+    (``weight`` does not change it); ``normalizer`` (e.g. the number of positive anchors)
+    replaces that count and divides ``"sum"`` and ``"none"`` too.
 
-    ``"mean"`` divides the summed loss by the number of non-ignored elements (``weight`` does
-    not change that count, as in ``F.binary_cross_entropy_with_logits``). ``normalizer``
-    replaces that denominator and also divides ``"sum"`` and ``"none"`` (e.g. the number of
-    positive anchors), following `visionblocks._core.reduce.reduce_loss`. It must be positive and
-    finite, whatever its type (Python or NumPy number, one-element tensor).
-
-    Value checks (see `visionblocks.set_value_checks`; on by default): float targets must be
-    in ``[0, 1]`` and class indices in ``[-1, C]``, ``ignore_index`` excepted, and a tensor
-    ``normalizer`` positive and finite: read on CPU (``ValueError``), device-side asserts on
-    CUDA (nothing waits for the GPU; see `visionblocks._core.reduce.check_target_range`),
-    skipped while tracing or compiling.
+    Value checks (`visionblocks.set_value_checks`): float targets in ``[0, 1]``, class
+    indices in ``[-1, C]`` (``ignore_index`` excepted), a tensor ``normalizer`` positive and
+    finite; read on CPU, device-side asserts on CUDA, skipped while tracing or compiling.
 
     Dtype policy: float16/bfloat16 inputs are computed in float32; ``"none"`` returns the
-    inputs' dtype (with a ``normalizer`` too: it divides before the cast), ``"sum"``/``"mean"``
-    return float32. Logits of any magnitude (+-1e4) give finite values and gradients, also for
-    ``0 <= gamma < 1`` (where torchvision's formula can give NaN gradients for saturated
-    logits). Under ``torch.autocast`` the same rule holds, from the logits' dtype; targets,
-    ``weight`` and a tensor ``normalizer`` of any dtype are cast to the compute dtype.
+    inputs' dtype (with a ``normalizer`` too: it divides before the cast), ``"sum"`` and
+    ``"mean"`` float32; the same under ``torch.autocast``. Logits of any magnitude give
+    finite values and gradients, also for ``0 <= gamma < 1``.
 
-    Exact numerics: ``1 - p_t`` is computed from ``sigmoid(-x)`` and ``sigmoid(x)`` (never by
-    subtraction) and the BCE term from ``softplus(x)`` and ``softplus(-x)``. For binary and
-    class-index targets the loss has a relative error below ``1e-5`` against float64
-    wherever it exceeds ``1e-30`` (float32, logits in ``[-30, 30]``), also for confident
-    logits where ``1 - p_t`` by subtraction is wrong by 190% (``x = 14.7, t = 1``). With
-    ``gamma = 0`` and ``alpha=None`` it is the exact BCE within 4 float32 eps (relative).
-
-    One formula: gradients flow to ``inputs``, to float ``targets`` and to ``weight``. In eager
-    calls the gradient of ``inputs`` is the formula's derivative written out (equal to
-    autograd's through the formula, in fewer passes; second derivatives go through
-    autograd). It compiles with ``torch.jit.script`` (``impl`` ``"auto"`` or ``"torch"``; no
-    value checks), traces with ``torch.jit.trace`` and ``torch.compile(fullgraph=True)``
-    (where ``impl="auto"`` runs it, not the kernel).
+    Gradients flow to ``inputs``, to float ``targets`` and to ``weight``; in eager calls the
+    gradient of ``inputs`` is the formula's derivative written out (equal to autograd's, in
+    fewer passes). Scripts with ``torch.jit.script`` (``impl`` ``"auto"`` or ``"torch"``; no
+    value checks), traces, and compiles with ``torch.compile(fullgraph=True)``.
 
     Args:
         inputs (Tensor[..., C]): Logits, any shape (floating point).
@@ -453,14 +395,19 @@ def sigmoid_focal_loss(
     if not torch.jit.is_scripting():
         _check_args(inputs, targets, alpha, gamma, reduction, weight, ignore_index)
         normalizer = check_normalizer(normalizer, inputs.device)
-        if _uses_kernel(impl, inputs, targets, weight):
+        # The kernel gives the logits' gradient only: targets or a weight that need one take
+        # the formula.
+        if use_triton("sigmoid_focal_loss", impl, inputs) and not (
+            torch.is_grad_enabled()
+            and (targets.requires_grad or (weight is not None and weight.requires_grad))
+        ):
             return _focal_triton(
                 inputs, targets, alpha, gamma, reduction, weight, ignore_index, normalizer, impl
             )
     else:
         _check_scripted(inputs, targets, alpha, gamma, impl)
-    loss, keep = _focal_elements(inputs, targets, alpha, gamma, weight, ignore_index)
-    return _reduce(loss, keep, reduction, normalizer, inputs.dtype)
+    loss, count = _focal_elements(inputs, targets, alpha, gamma, weight, ignore_index)
+    return reduce_loss(loss, reduction, inputs.dtype, count, normalizer)
 
 
 @LOSSES.register(name="focal", aliases=("sigmoid_focal",))
@@ -504,8 +451,7 @@ class SigmoidFocalLoss(nn.Module):
     ) -> None:
         super().__init__()
         _check_args(torch.zeros(1), torch.zeros(1), alpha, gamma, reduction, None, ignore_index)
-        check_type("impl", impl, str)
-        check_choice("impl", impl, IMPLS)
+        validate_impl(impl)
         self.alpha = alpha
         self.gamma = gamma
         self.reduction = reduction

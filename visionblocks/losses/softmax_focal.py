@@ -9,12 +9,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from visionblocks._core.checks import check_choice, check_range, check_type
-from visionblocks._core.dispatch import IMPLS
+from visionblocks._core.checks import check_range
+from visionblocks._core.dispatch import forced_triton, validate_impl
 from visionblocks._core.namespace import public_dir
-from visionblocks._core.reduce import compute_dtype
 from visionblocks._core.registries import LOSSES
-from visionblocks.kernels._dispatch import resolve_impl
+from visionblocks._core.tensor_checks import compute_dtype
 from visionblocks.losses._ce_checks import (
     check_class_indices,
     check_class_weight,
@@ -155,7 +154,10 @@ def softmax_focal_loss(
     if isinstance(alpha, Tensor):
         check_class_weight("alpha", alpha, num_classes)
     check_devices(logits, target, weight=weight, alpha=alpha)
-    resolve_impl(impl, "softmax_focal_loss", logits)  # validates impl; no kernel, so torch
+    if forced_triton(validate_impl(impl)):
+        raise RuntimeError(
+            "impl='triton' was requested but 'softmax_focal_loss' has no triton kernel"
+        )
     check_class_indices(target, num_classes, ignore_index)
 
     if unbatched:
@@ -239,8 +241,7 @@ class SoftmaxFocalLoss(nn.Module):
         _check_focal_options(gamma, alpha)
         check_options(ignore_index, label_smoothing, reduction)
         check_class_weight("weight", weight, None)
-        check_type("impl", impl, str)
-        check_choice("impl", impl, IMPLS)
+        validate_impl(impl)
         self.gamma = gamma
         if isinstance(alpha, Tensor):
             self.register_buffer("alpha", alpha)

@@ -1,14 +1,5 @@
-"""Checks and preparation of detection training targets (private; the public entry point is
-`visionblocks.models.detector.training_targets`).
-
-Structure (types, dtypes, shapes, devices, lengths) is always checked: it costs a few Python
-attribute reads per image. Values (finite boxes with ``x2 > x1`` and ``y2 > y1``, labels in
-``[0, num_classes)``, ``iscrowd`` in ``{0, 1}``) are checked when
-`visionblocks.value_checks_enabled` (the default), in one pass over the whole batch: on CPU
-one read, and only when something is wrong a second pass finds the first offending row to
-name it; on CUDA a device-side assert (no host sync). Crowd rows (``iscrowd`` 1) are removed,
-a data-dependent size: with an ``iscrowd`` entry, one host sync on CUDA.
-"""
+"""Checks and preparation of detection training targets (private; the contract is
+`visionblocks.models.detector.training_targets`'s)."""
 
 from __future__ import annotations
 
@@ -18,12 +9,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from visionblocks._core.tensor_checks import (
-    assert_on_device,
-    asserts_on_device,
-    check_device,
-    reads_values,
-)
+from visionblocks._core.dispatch import assert_on_device, asserts_on_device, reads_values
+from visionblocks._core.tensor_checks import check_device
 
 __all__ = ["CheckedTargets", "prepare_targets"]
 
@@ -144,8 +131,7 @@ def _allowed(num_classes: int | None) -> str:
 def _check_values(
     items: list[tuple[Tensor, Tensor, Tensor | None]], num_classes: int | None
 ) -> None:
-    """One reduction over the batch (a value check: read on CPU, then, if needed, find the
-    culprit; a device-side assert on CUDA)."""
+    """One reduction over the batch; on CPU, the culprit is then found and named."""
     boxes = [b for b, _, _ in items if b.numel()]
     on_host = bool(boxes) and reads_values(*boxes)
     if not boxes or not (on_host or asserts_on_device(*boxes)):
@@ -189,11 +175,8 @@ def prepare_targets(
     num_classes: int | None = None,
     device: torch.device | None = None,
 ) -> list[dict[str, Tensor]]:
-    """Checked ``{"boxes" (XYXY), "labels"}`` of every target, crowd rows left out.
-
-    See `visionblocks.models.detector.training_targets` for the contract. ``device``:
-    where every tensor must be (default: the first target's boxes' device).
-    """
+    """`visionblocks.models.detector.training_targets`, every tensor on ``device`` (default:
+    the first target's boxes' device)."""
     if isinstance(targets, CheckedTargets) and (
         num_classes is None or targets.num_classes == num_classes
     ):

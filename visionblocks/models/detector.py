@@ -9,15 +9,10 @@ import torch
 from torch import Tensor
 
 from visionblocks._core.checks import check_int
+from visionblocks._core.dispatch import assert_on_device, asserts_on_device, reads_values
 from visionblocks._core.namespace import public_dir
 from visionblocks._core.registries import MODELS
-from visionblocks._core.tensor_checks import (
-    assert_on_device,
-    asserts_on_device,
-    check_device,
-    check_floating,
-    reads_values,
-)
+from visionblocks._core.tensor_checks import check_device, check_floating
 from visionblocks.models._compose import ComposedModel, build_parts
 from visionblocks.models._targets import prepare_targets
 
@@ -87,26 +82,24 @@ def normalize_images(
     """A float batch ``(images - mean) / std`` and the sizes of the images in it.
 
     Args:
-        images: A ``(B, C, H, W)`` tensor (uint8 or floating point, values in ``[0, 255]``,
-            e.g. a `visionblocks.data.collate_detection` batch) or a list of ``(C, H, W)``
-            tensors, padded bottom/right into one batch whose sides are multiples of 32.
+        images: A ``(B, C, H, W)`` tensor (uint8 or floating point, values in ``[0, 255]``)
+            or a list of ``(C, H, W)`` tensors, padded into one batch (sides multiples of 32).
         mean (Tensor[C]): Per-channel mean, in the images' units; floating point.
         std (Tensor[C]): Per-channel standard deviation, positive.
-        image_sizes: ``(H, W)`` of each image of a tensor batch before padding; default: the
-            batch's ``(H, W)``. For a list, if given, it must equal the images' own sizes.
+        image_sizes: ``(H, W)`` of each image of a tensor batch before padding (default:
+            the batch's); for a list, if given, the images' own sizes.
 
     Returns:
         tuple: ``Tensor[B, C, H, W]`` in ``mean``'s dtype, and the ``(H, W)`` of each image.
 
     Raises:
-        TypeError: ``images`` is neither a tensor nor a list of tensors, or of another dtype
-            than uint8 or floating point; ``mean``/``std`` are not floating-point tensors.
+        TypeError: ``images`` is not a tensor or list of tensors of uint8 or floating point;
+            ``mean``/``std`` are not floating-point tensors.
         ValueError: Not 4-D (3-D for list items), another number of channels than ``mean``,
             tensors on different devices, ``image_sizes`` not one ``(H, W)`` within the batch
-            per image; with value checks on (`visionblocks.value_checks_enabled`), a
-            ``mean`` that is not finite, a ``std`` that is not positive and finite, or
-            floating-point images with NaN or inf pixels (on CUDA these are device-side
-            asserts, no host sync).
+            per image; with value checks on (`visionblocks.value_checks_enabled`; on CUDA a
+            device-side assert), a ``mean`` that is not finite, a ``std`` that is not
+            positive and finite, or NaN or inf pixels.
 
     Examples:
         >>> import torch
@@ -184,33 +177,26 @@ def training_targets(
     """Checked ``boxes`` (XYXY) and ``labels`` of every target, crowd rows left out.
 
     ``tv_tensors.BoundingBoxes`` in another format are converted to XYXY; rows whose
-    ``iscrowd`` is 1 are dropped (a crowd region is neither an object to find nor a mistake
-    to punish, and a dense head has no ignore class: its locations become background).
-
-    Every target is checked, so that a mistake fails loudly instead of training on nothing:
+    ``iscrowd`` is 1 are dropped (a dense head has no ignore class). Always checked:
     ``boxes`` a floating-point ``Tensor[N, 4]``, ``labels`` an integer ``Tensor[N]``,
     ``iscrowd`` (optional) an integer or bool ``Tensor[N]``, all on one device. With value
-    checks on (`visionblocks.value_checks_enabled`, the default), also: boxes finite with
-    ``x2 > x1`` and ``y2 > y1`` (after conversion to XYXY; **zero-size boxes are rejected**:
-    no location lies inside them, so they would be silently ignored), labels in
-    ``[0, num_classes)`` (``>= 0`` when ``num_classes`` is None) and ``iscrowd`` 0 or 1. The
-    value checks make one pass over the whole batch: read on CPU, a device-side assert on
-    CUDA (no host sync). Removing crowd rows is a data-dependent size: with an ``iscrowd``
-    entry, one host sync on CUDA.
+    checks on (`visionblocks.value_checks_enabled`, the default; one pass over the batch, a
+    device-side assert on CUDA): boxes finite with ``x2 > x1`` and ``y2 > y1`` (**zero-size
+    boxes are rejected**: no location lies inside them), labels in ``[0, num_classes)``
+    (``>= 0`` without ``num_classes``), ``iscrowd`` 0 or 1. Dropping crowd rows costs one
+    host sync on CUDA.
 
     Args:
         targets: One dict per image with ``boxes``, ``labels`` and optionally ``iscrowd``.
-        num_classes: The model's number of classes, to check the labels against.
+        num_classes: The model's number of classes.
 
     Returns:
         list[dict[str, Tensor]]: ``{"boxes": Tensor[M, 4] (XYXY), "labels": Tensor[M]}``.
 
     Raises:
-        TypeError: ``targets`` is not a list of dicts; a field of the wrong type or dtype
-            (float labels, integer boxes, a list of boxes).
-        ValueError: A missing field, a shape other than ``(N, 4)`` / ``(N,)``, lengths that
-            differ, tensors on different devices; bad values (see above). Messages name the
-            field, e.g. ``targets[1]["boxes"][0]``.
+        TypeError: ``targets`` is not a list of dicts; a field of the wrong type or dtype.
+        ValueError: A missing field, wrong shapes or lengths, tensors on different devices;
+            bad values (see above). Messages name the field (``targets[1]["boxes"][0]``).
 
     Examples:
         >>> import torch
@@ -233,41 +219,27 @@ def training_targets(
 class Detector(ComposedModel):
     """Backbone -> neck -> dense head, with pixel normalisation; losses or detections.
 
-    ``forward(images, targets=None, image_sizes=None)``:
-
-    - in training mode: the head's loss dict, plus ``loss`` (their sum); ``targets`` are
-      required (a training-mode call without them raises);
-    - in eval mode: one dict per image, ``{"boxes" (XYXY, input pixels), "scores",
-      "labels"}``; ``targets`` are not used.
+    ``forward(images, targets=None, image_sizes=None)``: in training mode the head's loss
+    dict plus ``loss`` (their sum; ``targets`` required); in eval mode one dict per image,
+    ``{"boxes" (XYXY, input pixels), "scores", "labels"}``.
 
     Images are ``(B, 3, H, W)`` in ``[0, 255]`` (uint8 or float; a
     `visionblocks.data.collate_detection` batch with its ``image_sizes``) or a list of
-    ``(3, H, W)`` tensors. They are normalised with ``pixel_mean`` / ``pixel_std`` (ImageNet
-    statistics in 0-255 units by default) inside the model, so data pipelines can stay in
-    uint8. Targets are the dataset's: ``boxes`` (XYXY, or ``tv_tensors.BoundingBoxes`` in
-    any format) and ``labels`` in ``[0, num_classes)``; rows with ``iscrowd`` 1 are left
-    out (`training_targets`).
-
-    Inputs are checked before anything runs (`normalize_images`, `training_targets`): a
-    ``(B, 3, H, W)`` uint8 or floating-point batch on the model's device, ``image_sizes``
-    one ``(H, W)`` per image, ``targets`` one dict per image whose boxes are finite XYXY
-    with ``x2 > x1`` and ``y2 > y1`` (zero-size boxes are rejected) and whose labels are
-    integers in ``[0, num_classes)``. Checks of values run when
-    `visionblocks.value_checks_enabled` (the default; they cost one pass over the targets:
-    read on CPU, device-side asserts on CUDA).
+    ``(3, H, W)`` tensors, normalised inside the model with ``pixel_mean`` / ``pixel_std``
+    (ImageNet statistics in 0-255 units by default). Targets are the dataset's (``boxes``,
+    ``labels``, ``iscrowd``). Inputs are checked before anything runs (`normalize_images`,
+    `training_targets`).
 
     ``forward(images, padded=True)`` (eval mode) gives the export form instead of the list:
     ``{"boxes" (B, K, 4), "scores" (B, K), "labels" (B, K), "num_detections" (B,)}``,
     ``K`` the head's ``max_detections``, rows past ``num_detections[b]`` padding (labels
-    -1; `visionblocks.models.postprocess.postprocess_padded`, one NMS for the batch).
+    -1; `visionblocks.models.postprocess.postprocess_padded`).
 
-    Export (eval mode, a ``(B, 3, H, W)`` tensor batch): ``torch.export.export`` strict and
-    non-strict, post-processing included (NMS sizes are unbacked symbols). With
-    ``padded=True``, batch size and ``H``, ``W`` (multiples of the largest stride) may be
-    dynamic (``torch.export.Dim``); the list form needs a static batch size.
-    ``torch.onnx.export(model, (x,), kwargs={"padded": True}, dynamo=True)`` exports the
-    padded form (NMS becomes ONNX ``NonMaxSuppression``); its four outputs are the dict's
-    values in that order. ``torch.jit`` tracing does not work (data-dependent NMS).
+    Export (eval mode, a tensor batch): ``torch.export.export`` strict and non-strict,
+    post-processing included; with ``padded=True``, batch size and ``H``, ``W`` (multiples
+    of the largest stride) may be dynamic, and ``torch.onnx.export(model, (x,),
+    kwargs={"padded": True}, dynamo=True)`` gives the dict's four values in order (NMS as
+    ONNX ``NonMaxSuppression``). ``torch.jit`` tracing does not work (data-dependent NMS).
 
     Args:
         backbone: Returns a dict of feature maps (a `visionblocks.backbones.Backbone`).
@@ -280,9 +252,8 @@ class Detector(ComposedModel):
     Raises:
         TypeError: A part is not a module, the head lacks ``loss``/``predict``, bad pixel
             statistics; in ``forward``, inputs of the wrong type or dtype.
-        ValueError: Pixel statistics that are empty, not finite, of another length than
-            the backbone's input channels, a ``pixel_std`` that is not positive; in
-            ``forward``, training without targets, and the input errors listed above.
+        ValueError: Bad pixel statistics (not finite, not positive, another length than
+            the input channels); in ``forward``, training without targets, bad inputs.
 
     Examples:
         >>> import torch
@@ -347,10 +318,9 @@ def build_detector(cfg: Mapping[str, Any] | None = None, **entries: Any) -> Dete
     ``cfg`` (or keyword arguments, which update it) has ``backbone`` (``BACKBONES``), ``neck``
     (``NECKS``) and ``head`` (``HEADS``), each a ``{"type": name, **options}`` dict (or a
     name, or a ready module), and optional ``pixel_mean`` / ``pixel_std``. The neck gets
-    ``in_channels`` and ``strides`` from the backbone's ``feature_info`` and the head gets
-    ``in_channels`` and ``strides`` from the neck's, unless the config sets them. The config
-    is not modified. Registered in ``MODELS`` as ``"detector"``:
-    ``MODELS.build({"type": "detector", "backbone": ..., "neck": ..., "head": ...})``.
+    ``in_channels`` and ``strides`` from the backbone's ``feature_info``, the head from the
+    neck's, unless the config sets them; the config is not modified. Registered in
+    ``MODELS`` as ``"detector"``.
 
     Returns:
         Detector: The assembled model.

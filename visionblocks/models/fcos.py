@@ -1,4 +1,10 @@
-"""FCOS-style anchor-free detection head: `FCOSHead`, registered in ``HEADS`` as ``"fcos"``."""
+"""FCOS-style anchor-free detection head: `FCOSHead`, registered in ``HEADS`` as ``"fcos"``.
+
+Convention:
+    Locations are the centres of the feature-map cells in input pixels: cell ``(i, j)`` of a
+    level with stride ``s`` is at ``(x, y) = (j s + s // 2, i s + s // 2)``, as in FCOS.
+    Boxes are XYXY in input pixels.
+"""
 
 from __future__ import annotations
 
@@ -18,35 +24,28 @@ from visionblocks._core.registries import HEADS
 from visionblocks.distributed import reduce_mean
 from visionblocks.init import bias_init_with_prob, normal_init
 from visionblocks.losses.focal import sigmoid_focal_loss
+from visionblocks.losses.iou import generalized_box_iou_loss
 from visionblocks.models._fcos_targets import centerness_target, grid_locations, match_batch
-from visionblocks.models._levels import check_levels, check_measured_strides, check_size
+from visionblocks.models._levels import (
+    check_levels,
+    check_measured_strides,
+    check_size,
+    check_strides,
+)
 from visionblocks.models._targets import prepare_targets
 from visionblocks.models.postprocess import (
     decode_ltrb,
     postprocess_detections,
     postprocess_padded,
 )
-from visionblocks.nn._limits import MAX_CHANNELS, MAX_REPEATS, MAX_STRIDE, check_channels
+from visionblocks.nn._limits import MAX_CHANNELS, MAX_REPEATS, check_channels
 from visionblocks.nn.conv import ConvNormAct
 from visionblocks.nn.layers import NormSpec, make_norm
-from visionblocks.ops.iou_loss import generalized_box_iou_loss
 
 __all__ = ["FCOSHead"]
 __dir__ = public_dir(__name__, __all__)
 
 Outputs = dict[str, list[Any]]
-
-
-def check_strides(strides: Any) -> list[int]:
-    """A non-empty list of increasing int strides in ``[1, MAX_STRIDE]``."""
-    if isinstance(strides, (str, bytes)) or not isinstance(strides, Sequence):
-        raise TypeError(f"strides must be a non-empty list of ints, got {strides!r}")
-    if not strides:
-        raise ValueError("strides is empty; give one stride per input level")
-    out = [check_int(f"strides[{i}]", s, 1, MAX_STRIDE) for i, s in enumerate(strides)]
-    if any(b <= a for a, b in itertools.pairwise(out)):
-        raise ValueError(f"strides must increase from level to level (finest first), got {out}")
-    return out
 
 
 def _check_ranges(size_ranges: Any, levels: int) -> list[tuple[float, float]]:
@@ -69,34 +68,22 @@ def _check_ranges(size_ranges: Any, levels: int) -> list[tuple[float, float]]:
 class FCOSHead(nn.Module):
     """FCOS head: shared GroupNorm towers, per-location classes, box sides and centerness.
 
-    One classification tower and one regression tower (``num_convs`` 3x3 ``ConvNormAct``
-    each), shared by every level. The class logits (``num_classes``, no background class)
-    come from the first; the box distances ``(l, t, r, b)`` (``relu(scale_level * x) *
-    stride``, in pixels) and the centerness logit from the second. The class bias starts
-    at ``bias_init_with_prob(prior_prob)``, so early training is not swamped by background.
+    Two towers (``num_convs`` 3x3 ``ConvNormAct`` each) shared by every level: class logits
+    (``num_classes``, no background class) from the first, the box distances ``(l, t, r,
+    b)`` (``relu(scale_level * x) * stride``, pixels) and the centerness logit from the
+    second. The class bias starts at ``bias_init_with_prob(prior_prob)``.
 
-    Training (`loss`): each location is matched to the smallest ground-truth box that
-    contains it within ``center_sampling_radius`` strides of the box centre and whose
-    largest side distance falls in the level's range (``size_ranges``; by default level
-    ``i`` of stride ``s_i`` takes ``(8 s_(i-1), 8 s_i]``, the first from 0 and the last
-    open-ended: FCOS's 64, 128, 256, 512 for strides 8 to 128). Losses:
-
-    - ``loss_cls``: sigmoid focal loss over all locations and classes, summed and divided by
-      the number of positive locations **averaged over ranks** (`visionblocks.distributed.
-      reduce_mean`), so every rank divides by the same number;
-    - ``loss_box``: GIoU loss of the positives, weighted by their centerness targets and
-      divided by the rank-averaged sum of those weights;
-    - ``loss_centerness``: binary cross-entropy of the centerness logits of the positives,
-      divided by the rank-averaged number of positives.
-
-    Convention:
-        Locations are the centres of the feature-map cells in input pixels: cell ``(i, j)``
-        of a level with stride ``s`` is at ``(x, y) = (j s + s // 2, i s + s // 2)``, as in
-        FCOS. Boxes are XYXY in input pixels.
+    Training (`loss`): each location takes the smallest ground-truth box that contains it
+    within ``center_sampling_radius`` strides of the box centre and whose largest side
+    distance falls in the level's ``size_ranges`` (default ``(8 s_(i-1), 8 s_i]``, the first
+    from 0, the last open: FCOS's 64, 128, 256, 512 for strides 8 to 128). ``loss_cls`` is
+    the sigmoid focal loss over all locations, ``loss_box`` the GIoU loss of the positives
+    weighted by their centerness targets, ``loss_centerness`` the BCE of their centerness
+    logits; each is divided by its count (positives, or the sum of the weights) **averaged
+    over ranks** (`visionblocks.distributed.reduce_mean`).
 
     Inference (`predict`): score ``sqrt(sigmoid(class) * sigmoid(centerness))``, then
-    `visionblocks.models.postprocess.postprocess_detections` (threshold, top candidates per
-    level, ``torchvision.ops.batched_nms``).
+    `visionblocks.models.postprocess.postprocess_detections`.
 
     Args:
         in_channels: Channels of every input level (an FPN's ``out_channels``).
@@ -114,18 +101,16 @@ class FCOSHead(nn.Module):
         nms_thresh: NMS IoU threshold.
         topk_candidates: Candidates per level before NMS.
         max_detections: Detections per image.
-        grad_checkpointing: Checkpoint the two towers (each level's input is kept, the
-            tower's activations recomputed in the backward): less memory, more time.
+        grad_checkpointing: Checkpoint the two towers (activations recomputed in the
+            backward).
 
     Raises:
-        TypeError: An option of the wrong type (checked before its range: ``score_thresh=None``
-            is a ``TypeError`` naming it); at call time, features that are not a list of
-            floating-point tensors.
-        ValueError: An option out of range, including absurd sizes: ``in_channels`` and
-            ``num_classes`` above 65,536, ``num_convs`` above 64, strides above 65,536 or
-            not increasing; at call time, features that do not match ``strides`` and
-            ``in_channels`` (or not on the head's device), and bad targets (see
-            `visionblocks.models.detector.training_targets`).
+        TypeError: An option of the wrong type (``score_thresh=None`` names it); at call
+            time, features that are not a list of floating-point tensors.
+        ValueError: An option out of range (``in_channels``, ``num_classes`` or strides
+            above 65,536, ``num_convs`` above 64, strides not increasing); at call time,
+            features that do not match ``strides``, ``in_channels`` or the head's device,
+            and bad targets (`visionblocks.models.detector.training_targets`).
 
     Examples:
         >>> import torch
@@ -221,21 +206,16 @@ class FCOSHead(nn.Module):
 
         Returns:
             dict[str, list[Tensor]]: ``cls_logits`` ``[B, A_l, C]``, ``boxes`` ``[B, A_l, 4]``
-            (``l, t, r, b`` in pixels), ``centerness`` ``[B, A_l]``, and ``sizes``: each
-            level's ``(H_l, W_l)``.
+            (``l, t, r, b``), ``centerness`` ``[B, A_l]``, ``sizes`` ``(H_l, W_l)``.
 
         Raises:
-            TypeError: ``features`` is not a dict or list of floating-point tensors.
-            ValueError: Another number of levels than ``strides``, levels of another
-                shape, batch size or device, or levels whose sizes are not as far apart
-                as ``strides`` say.
+            TypeError, ValueError: As the class says.
         """
         channels = self.cls_logits.in_channels
         levels = check_levels("features", features, [channels] * len(self.strides), self.cls_logits)
         check_measured_strides(features, levels, self.strides)
         out: Outputs = {"cls_logits": [], "boxes": [], "centerness": [], "sizes": []}
-        # box_pred and centerness read the same tensor: one convolution with both weights
-        # (about twice as fast as two with 4 and 1 output channels), split afterwards.
+        # box_pred and centerness read the same tensor: one convolution, split afterwards.
         weight = torch.cat([self.box_pred.weight, self.centerness.weight])
         bias = torch.cat([self.box_pred.bias, self.centerness.bias])
         for i, x in enumerate(levels):
@@ -268,7 +248,7 @@ class FCOSHead(nn.Module):
 
         Raises:
             TypeError, ValueError: Targets that `visionblocks.models.detector.
-                training_targets` rejects (one per image, on the outputs' device).
+                training_targets` rejects.
         """
         cls_logits = torch.cat(outputs["cls_logits"], dim=1)
         distances = torch.cat(outputs["boxes"], dim=1)
@@ -322,10 +302,8 @@ class FCOSHead(nn.Module):
 
         Args:
             outputs: What `forward` returned.
-            image_sizes: ``(H, W)`` of every image (before padding).
-
-        Under ``torch.export`` the detections come from `predict_padded`, cut to each
-        image's ``num_detections`` (data-dependent sizes; the batch size must be static).
+            image_sizes: ``(H, W)`` of every image (before padding). Under ``torch.export``
+                the detections are `predict_padded`'s, cut to ``num_detections``.
 
         Raises:
             TypeError, ValueError: Not one ``(H, W)`` pair of positive ints per image.
@@ -363,17 +341,13 @@ class FCOSHead(nn.Module):
     def predict_padded(
         self, outputs: Outputs, image_sizes: Tensor | Sequence[tuple[int, int]] | None = None
     ) -> dict[str, Tensor]:
-        """Detections of the whole batch, padded: the export form of `predict`.
-
-        One vectorised pass (`visionblocks.models.postprocess.postprocess_padded`): no loop
-        over images, so ``torch.export`` with a dynamic batch size and ``torch.onnx.export``
-        trace it.
+        """Detections of the whole batch, padded (`visionblocks.models.postprocess.
+        postprocess_padded`): the export form of `predict`.
 
         Args:
             outputs: What `forward` returned.
             image_sizes: ``(H, W)`` of every image (a ``(B, 2)`` tensor or a list of pairs);
-                ``None``: the whole padded size of the levels (stride times the finest
-                level's size).
+                ``None``: the padded size of the levels.
 
         Returns:
             dict[str, Tensor]: ``boxes (B, K, 4)`` XYXY, ``scores (B, K)``, ``labels (B, K)``

@@ -1,4 +1,8 @@
-"""Box decoding and detection post-processing for dense detectors."""
+"""Box decoding and detection post-processing for dense detectors.
+
+Convention:
+    Locations and boxes are in input pixels, boxes XYXY.
+"""
 
 from __future__ import annotations
 
@@ -9,14 +13,9 @@ import torch
 from torch import Tensor
 
 from visionblocks._core.checks import check_int, check_number
+from visionblocks._core.dispatch import assert_on_device, asserts_on_device, reads_values
 from visionblocks._core.namespace import public_dir
-from visionblocks._core.tensor_checks import (
-    assert_on_device,
-    asserts_on_device,
-    check_device,
-    check_floating,
-    reads_values,
-)
+from visionblocks._core.tensor_checks import check_device, check_floating
 from visionblocks.models._levels import check_size
 
 __all__ = ["decode_ltrb", "postprocess_detections", "postprocess_padded"]
@@ -37,10 +36,6 @@ def decode_ltrb(points: Tensor, distances: Tensor) -> Tensor:
         TypeError: ``points`` or ``distances`` is not a floating-point tensor.
         ValueError: If the last dims are not 2 and 4, the leading dims differ, or the two
             are on different devices.
-
-    Convention:
-        Locations and boxes in input pixels, boxes XYXY; FCOS places the location of feature
-        cell ``(i, j)`` at ``(j s + s // 2, i s + s // 2)`` for stride ``s``.
 
     Examples:
         >>> decode_ltrb(torch.tensor([[10.0, 20.0]]), torch.tensor([[1.0, 2.0, 3.0, 4.0]]))
@@ -76,17 +71,12 @@ def postprocess_detections(
     Per level: the (location, class) pairs scoring above ``score_thresh``, at most
     ``topk_candidates`` of them. Then over all levels: boxes clipped to the image,
     ``torchvision.ops.batched_nms`` per class at ``nms_thresh``, and the
-    ``max_detections`` highest scores. How many boxes survive depends on the values, so on
-    CUDA this reads on the host (it synchronises), as NMS does.
+    ``max_detections`` highest scores. On CUDA this synchronises, as NMS does.
 
-    **Non-finite predictions are dropped**, as detectron2's ``fast_rcnn_inference`` drops
-    them: a (location, class) pair whose box has a NaN or infinite coordinate, or whose
-    score is NaN or infinite, never becomes a candidate (a NaN box would otherwise survive
-    clipping and NMS, whose comparisons with NaN are false, and come out as a detection;
-    an infinite one would come out clipped flat). Selected with the threshold, in the same
-    ``nonzero``: nothing more is read on the host. A diverging model thus gives fewer
-    detections, not NaN boxes. With value checks on, scores that are NaN or outside
-    ``[0, 1]`` raise instead (see Raises): they are not probabilities.
+    **Non-finite predictions are dropped** (as detectron2's ``fast_rcnn_inference``): a
+    pair whose box or score is NaN or infinite never becomes a candidate, so a diverging
+    model gives fewer detections, not NaN boxes. With value checks on, scores that are NaN
+    or outside ``[0, 1]`` raise instead.
 
     Args:
         scores (Sequence[Tensor[A_l, C]]): Class scores in ``[0, 1]`` per level.
@@ -156,8 +146,7 @@ def postprocess_detections(
 
 
 def _check_levels(scores: Any, boxes: Any, batched: bool = False) -> None:
-    """Per level: ``scores[l]`` a ``(A_l, C)`` and ``boxes[l]`` an ``(A_l, 4)`` float tensor
-    (``batched``: ``(B, A_l, C)`` and ``(B, A_l, 4)``, one ``B`` for every level)."""
+    """Per level: ``(A_l, C)`` scores and ``(A_l, 4)`` boxes (``batched``: with a batch dim)."""
     for name, value in (("scores", scores), ("boxes", boxes)):
         if not isinstance(value, (list, tuple)):
             raise TypeError(
@@ -220,17 +209,12 @@ def postprocess_padded(
 ) -> dict[str, Tensor]:
     """`postprocess_detections` of a whole batch at once, padded to ``max_detections``.
 
-    The export form of the post-processing: no Python loop over images and no host
-    synchronisation, so ``torch.export`` (dynamic batch and image size) and
-    ``torch.onnx.export(..., dynamo=True)`` trace it. Per level, the ``topk_candidates``
-    best (location, class) pairs of each image; the pairs above ``score_thresh`` of the whole
-    batch (``nonzero``: a data-dependent size) are clipped to their image, and one
-    ``torchvision.ops.nms`` with boxes offset per (image, class) (the coordinate trick of
-    ``batched_nms``; clipping bounds the offset by the largest image side) keeps the
-    detections; the ``max_detections`` best of each image are scattered into the output.
-    The same detections as `postprocess_detections`, image by image (ties in score may
-    order differently); non-finite predictions are dropped as there, before the top
-    candidates are chosen.
+    The export form (no loop over images, no host synchronisation: ``torch.export`` with
+    dynamic batch and image size, ``torch.onnx.export(..., dynamo=True)``): the
+    ``topk_candidates`` best pairs per level and image, one ``torchvision.ops.nms`` with
+    boxes offset per (image, class), the ``max_detections`` best of each image scattered
+    into the output. The same detections as `postprocess_detections`, image by image (ties
+    in score may order differently).
 
     Args:
         scores (Sequence[Tensor[B, A_l, C]]): Class scores in ``[0, 1]`` per level.
@@ -238,22 +222,20 @@ def postprocess_padded(
         image_sizes (Tensor[B, 2]): ``(H, W)`` of every image, to clip to (integers).
         score_thresh: Smallest score kept, as in `postprocess_detections`.
         topk_candidates: Candidates kept per level and image before NMS.
-        nms_thresh: IoU above which a lower-scoring box of the same image and class is
-            removed.
+        nms_thresh: NMS IoU threshold (per image and class).
         max_detections: Detections kept per image, the size ``K`` of the padded outputs.
 
     Returns:
         dict[str, Tensor]: ``boxes (Tensor[B, K, 4])``, ``scores (Tensor[B, K])``,
-        ``labels (Tensor[B, K])`` int64 and ``num_detections (Tensor[B])`` int64, with
-        ``K = max_detections``: the first ``num_detections[b]`` rows of image ``b``, sorted
-        by decreasing score, are its detections; the rest is padding (boxes and scores 0,
-        labels -1).
+        ``labels (Tensor[B, K])`` int64 and ``num_detections (Tensor[B])`` int64: the first
+        ``num_detections[b]`` rows of image ``b``, by decreasing score, are its detections;
+        the rest is padding (0, labels -1).
 
     Raises:
-        TypeError: As `postprocess_detections`, for batched levels; an ``image_sizes`` that
-            is not an integer tensor.
-        ValueError: As `postprocess_detections`, for batched levels; an ``image_sizes`` that
-            is not ``(B, 2)`` or not on the scores' device; ``max_detections`` above 100,000.
+        TypeError: As `postprocess_detections`; an ``image_sizes`` that is not an integer
+            tensor.
+        ValueError: As `postprocess_detections`; an ``image_sizes`` that is not ``(B, 2)``
+            on the scores' device; ``max_detections`` above 100,000.
 
     Examples:
         >>> scores = [torch.tensor([[[0.9, 0.1], [0.8, 0.0]]])]

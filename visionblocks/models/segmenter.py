@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import itertools
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -13,21 +12,22 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from visionblocks._core.checks import check_choice, check_int, check_number, check_type
+from visionblocks._core.dispatch import assert_on_device, asserts_on_device, reads_values
 from visionblocks._core.namespace import public_dir
 from visionblocks._core.registries import HEADS, MODELS
-from visionblocks._core.tensor_checks import (
-    assert_on_device,
-    asserts_on_device,
-    check_device,
-    reads_values,
-)
+from visionblocks._core.tensor_checks import check_device
 from visionblocks.init import kaiming_init, normal_init
 from visionblocks.losses.ce import cross_entropy
 from visionblocks.losses.softmax_focal import softmax_focal_loss
 from visionblocks.models._compose import ComposedModel, build_parts
-from visionblocks.models._levels import check_levels, check_measured_strides, check_size
+from visionblocks.models._levels import (
+    check_levels,
+    check_measured_strides,
+    check_size,
+    check_strides,
+)
 from visionblocks.models.detector import normalize_images
-from visionblocks.nn._limits import MAX_CHANNELS, MAX_STRIDE, check_channels
+from visionblocks.nn._limits import MAX_CHANNELS, check_channels
 from visionblocks.nn.conv import ConvNormAct
 from visionblocks.nn.layers import NormSpec
 
@@ -65,36 +65,16 @@ def check_label_maps(
             raise ValueError(f"{rule}, got {labels[bad][0].item()}")
 
 
-def _check_strides(strides: Any) -> list[int]:
-    """Powers of two of the finest stride, finest first."""
-    if isinstance(strides, (str, bytes)) or not isinstance(strides, Sequence):
-        raise TypeError(f"strides must be a non-empty list of ints, got {strides!r}")
-    if not strides:
-        raise ValueError("strides is empty; give one stride per input level")
-    strides = [check_int(f"strides[{i}]", s, 1, MAX_STRIDE) for i, s in enumerate(strides)]
-    base = strides[0]
-    if any(s % base or (s // base) & (s // base - 1) for s in strides) or any(
-        b <= a for a, b in itertools.pairwise(strides)
-    ):
-        raise ValueError(
-            f"strides must be increasing powers of two of the finest one, got {strides}"
-        )
-    return strides
-
-
 @HEADS.register(name="fpn_seg")
 class FPNSegHead(nn.Module):
     """Semantic FPN head (Kirillov et al., 2019): every level brought to the finest stride,
     summed, classified per pixel; a loss on the labels at input resolution.
 
     A level of stride ``s`` goes through ``log2(s / s_0)`` blocks of 3x3 ``ConvNormAct`` +
-    2x bilinear upsampling (one block without upsampling for the finest level ``s_0``); the
-    sums feed a 1x1 classifier. Logits are upsampled bilinearly to the input size.
-
-    Losses (``loss=``): ``"ce"``: `visionblocks.losses.cross_entropy` (``top_k`` keeps the
-    hardest fraction of pixels, OHEM; ``label_smoothing``); ``"softmax_focal"``:
-    `visionblocks.losses.softmax_focal_loss` (``gamma``). Pixels equal to ``ignore_index``
-    (255: crowd and unknown regions of `visionblocks.data.CocoSegmentation`) are skipped.
+    2x bilinear upsampling (one without upsampling for the finest level); the sums feed a
+    1x1 classifier, whose logits are upsampled to the input size. The loss is
+    `visionblocks.losses.cross_entropy` (``"ce"``) or `visionblocks.losses.
+    softmax_focal_loss`; pixels equal to ``ignore_index`` are skipped.
 
     Args:
         in_channels: Channels of every input level (an FPN's ``out_channels``).
@@ -104,17 +84,15 @@ class FPNSegHead(nn.Module):
         norm: Norm of the branch convolutions.
         loss: ``"ce"`` or ``"softmax_focal"``.
         ignore_index: Label of pixels the loss skips.
-        top_k: With ``"ce"``: OHEM fraction in ``(0, 1]``, or ``None`` for all pixels.
+        top_k: With ``"ce"``: the hardest fraction of pixels (OHEM), or ``None`` for all.
         gamma: With ``"softmax_focal"``: the focusing parameter.
         label_smoothing: With ``"ce"``, in ``[0, 1)``.
 
     Raises:
         TypeError: An option of the wrong type; in ``forward``, ``features`` that is not a
             dict or list of floating-point tensors.
-        ValueError: An option out of range (channels and classes above 65,536, strides
-            that are not powers of two of the finest one, ``top_k`` outside ``(0, 1]``...);
-            in ``forward``, levels that do not match ``strides`` and ``in_channels``, a
-            ``size`` that is not a pair of positive ints.
+        ValueError: An option out of range; in ``forward``, levels that do not match
+            ``strides`` and ``in_channels``, a bad ``size``.
 
     Examples:
         >>> import torch
@@ -153,7 +131,7 @@ class FPNSegHead(nn.Module):
         check_number("label_smoothing", label_smoothing, 0.0, 1.0, high_inclusive=False)
         if loss == "softmax_focal" and (top_k is not None or label_smoothing):
             raise ValueError("top_k and label_smoothing apply to loss='ce', not 'softmax_focal'")
-        strides = _check_strides(strides)
+        strides = check_strides(strides, powers_of_two=True)
         base = strides[0]
         self.num_classes, self.strides, self.loss_type = num_classes, strides, loss
         self.ignore_index, self.top_k, self.gamma = ignore_index, top_k, gamma
@@ -238,19 +216,13 @@ class Segmenter(ComposedModel):
     """Backbone -> neck -> `FPNSegHead`: per-pixel class logits, losses or label maps.
 
     ``forward(images, targets=None)``: in training mode, the loss dict with ``loss``
-    (``targets``, ``(B, H, W)`` labels such as stacked `visionblocks.data.CocoSegmentation`
-    masks, are required); in eval mode, logits ``(B, K, H, W)`` at the input size. `predict`
-    gives label maps. Images are a ``(B, 3, H, W)`` tensor in ``[0, 255]``, normalised inside
-    the model as in `visionblocks.models.Detector`.
-
-    Export (eval mode): ``torch.export.export`` (strict and non-strict) and
-    ``torch.onnx.export(..., dynamo=True)`` of ``forward`` (logits), batch size and ``H``,
-    ``W`` (multiples of the largest stride) dynamic.
-
-    ``targets`` must be an integer tensor of the images' batch size, height and width, on
-    their device; with value checks on (`visionblocks.value_checks_enabled`), every label
-    is in ``[0, num_classes)`` or the head's ``ignore_index`` (on CUDA a device-side
-    assert, no host sync).
+    (``targets`` required: ``(B, H, W)`` integer labels on the images' device, such as
+    stacked `visionblocks.data.CocoSegmentation` masks; with value checks on, each in
+    ``[0, num_classes)`` or the head's ``ignore_index``); in eval mode, logits ``(B, K, H,
+    W)`` at the input size. `predict` gives label maps. Images are as in
+    `visionblocks.models.Detector`. Exports (``torch.export``, ``torch.onnx.export(...,
+    dynamo=True)``) with dynamic batch size and ``H``, ``W`` (multiples of the largest
+    stride).
 
     Raises:
         TypeError: As `visionblocks.models.Detector`; ``targets`` not an integer tensor.
@@ -316,10 +288,9 @@ class Segmenter(ComposedModel):
 
 @MODELS.register(name="segmenter")
 def build_segmenter(cfg: Mapping[str, Any] | None = None, **entries: Any) -> Segmenter:
-    """Build a `Segmenter` from ``backbone``, ``neck`` and ``head`` config entries.
+    """Build a `Segmenter` from config entries, as `visionblocks.models.build_detector`.
 
-    As `visionblocks.models.build_detector`: the neck's ``in_channels``/``strides`` come from
-    the backbone, the head's from the neck. Registered in ``MODELS`` as ``"segmenter"``.
+    Registered in ``MODELS`` as ``"segmenter"``.
 
     Examples:
         >>> model = build_segmenter(

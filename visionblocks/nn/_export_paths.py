@@ -1,12 +1,8 @@
-"""Plain-torch forms of the local ops for ``torch.export`` (private).
+"""Plain-torch forms of the local ops for ``torch.export`` and TorchScript (private).
 
-`visionblocks.ops.local.local_filter2d` and `visionblocks.ops.local_attention.local_attention2d`
-run a blocked implementation whose parts go to a thread pool (`visionblocks._core.parallel`) and
-write into preallocated outputs: export traces only the calling thread (the parts in pool
-threads are lost: non-strict export gives wrong outputs) and strict export cannot trace the
-pool at all. Under ``torch.compiler.is_exporting()`` the layers of `visionblocks.nn` call the
-functions here instead: the same maths on the materialised windows
-(``F.unfold``), ``k*k`` times the memory, one traceable graph.
+The ops' threaded CPU path cannot be exported (work done in pool threads is not traced) nor
+scripted, so the layers of `visionblocks.nn` call these instead: the same maths on the
+``F.unfold`` windows, ``k*k`` times the memory, one traceable graph.
 """
 
 from __future__ import annotations
@@ -21,9 +17,8 @@ __all__ = ["local_attention_plain", "local_filter_plain"]
 
 
 def _windows(x: Tensor, kernel_size: int, dilation: int) -> Tensor:
-    """``(B, C, k*k, H, W)``: `visionblocks.ops.local.sliding_windows` without its checks
-    and its size clamp (`visionblocks.ops.local.effective_window`), which would specialise
-    symbolic sizes; taps past the image read the zero padding either way."""
+    """``(B, C, k*k, H, W)``: `sliding_windows` without its checks and size clamp (which
+    would specialise symbolic sizes)."""
     b, c, h, w = x.shape
     pad = dilation * (kernel_size // 2)
     cols = F.unfold(x, kernel_size, dilation=dilation, padding=pad)

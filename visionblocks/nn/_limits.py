@@ -1,18 +1,5 @@
-"""Upper bounds on layer sizes (private): absurd sizes fail fast instead of allocating.
-
-A typo such as ``extra_levels=10**9`` or ``in_channels=10**9`` would otherwise allocate
-gigabytes or loop for hours before anything fails. The bounds are far above any real network:
-
-- `MAX_CHANNELS` (65,536): channels of any layer, classes of a head, widths of a backbone;
-- `MAX_KERNEL_SIZE` (1,024): convolution kernel side, stride, dilation and padding;
-- `MAX_WINDOW` (63): the window side of the local (unfold-based) layers, whose memory grows
-  with its square per pixel;
-- `MAX_LAYER_WEIGHTS` (2**31, 8 GiB in float32): weights of one convolution;
-- `MAX_REPEATS` (64): repeated blocks (tower convolutions, blocks per stage);
-- `MAX_EXTRA_LEVELS` (8): pyramid levels added on top of a backbone;
-- `MAX_STRIDE` (2**16): feature strides;
-- `MAX_SIDE` (16,384): the side of dry-run inputs and output sizes.
-"""
+"""Upper bounds on layer sizes (private), far above any real network: a typo such as
+``in_channels=10**9`` fails fast instead of allocating gigabytes or looping for hours."""
 
 from __future__ import annotations
 
@@ -31,14 +18,14 @@ __all__ = [
     "check_conv_weights",
 ]
 
-MAX_CHANNELS = 2**16
-MAX_KERNEL_SIZE = 1024
-MAX_WINDOW = 63
-MAX_LAYER_WEIGHTS = 2**31
-MAX_REPEATS = 64
-MAX_EXTRA_LEVELS = 8
-MAX_STRIDE = 2**16
-MAX_SIDE = 16384
+MAX_CHANNELS = 2**16  # channels of any layer, classes of a head, widths of a backbone
+MAX_KERNEL_SIZE = 1024  # convolution kernel side, stride, dilation and padding
+MAX_WINDOW = 63  # window side of the local layers (memory grows with its square)
+MAX_LAYER_WEIGHTS = 2**31  # weights of one convolution (8 GiB in float32)
+MAX_REPEATS = 64  # repeated blocks (tower convolutions, blocks per stage)
+MAX_EXTRA_LEVELS = 8  # pyramid levels added on top of a backbone
+MAX_STRIDE = 2**16  # feature strides
+MAX_SIDE = 16384  # side of dry-run inputs and output sizes
 
 
 def check_channels(name: str, value: object) -> int:

@@ -6,10 +6,14 @@ convolutions for inference. All blocks are registered in `visionblocks.registry.
 Under ``torch.autocast`` their convolutions run in the autocast dtype (bfloat16 on CPU), which
 the norm and activation keep, so a block returns that dtype; parameters, their gradients and
 BatchNorm statistics stay float32. A ``channels_last`` input or block gives channels_last.
-Every block and `channel_shuffle` compiles with ``torch.jit.script`` (alone or in a model;
-the input checks run in Python only, so a scripted block skips them) and gives the eager
-output, except a block whose norm is a ``torch.nn.SyncBatchNorm``, which TorchScript cannot
-compile (see `ConvNormAct`).
+Every block and `channel_shuffle` compiles with ``torch.jit.script`` (alone or in a model)
+and gives the eager output, except a block whose norm is a ``torch.nn.SyncBatchNorm`` (see
+`ConvNormAct`).
+
+Checks: sizes are ints ``>= 1`` (padding ``>= 0``), at most 65,536 channels, 1,024 for the
+other sizes and 2**31 weights per conv. ``forward`` takes a floating ``(B, C_in, H, W)``
+tensor on the weights' device (and dtype, outside ``torch.autocast``); scripted or traced
+blocks skip that check.
 
 Convention (``padding=None``): each side gets ``dilation * (k - 1) // 2``, which keeps the
 spatial size at stride 1 for odd kernels (``ceil(H / stride)`` at any stride). When
@@ -62,7 +66,7 @@ def _pair(name: str, value: object, minimum: int = 1) -> tuple[int, int]:
 def _resolve_padding(
     padding: object, kernel_size: tuple[int, int], stride: tuple[int, int], dilation: tuple
 ) -> tuple[int, int] | str:
-    """The padding passed to ``nn.Conv2d`` (see the module docstring for ``None``)."""
+    """The padding passed to ``nn.Conv2d`` (``None``: the module's Convention)."""
     if padding is None:
         totals = [d * (k - 1) for k, d in zip(kernel_size, dilation)]
         if stride == (1, 1) and any(t % 2 for t in totals):
@@ -100,20 +104,18 @@ class ConvNormAct(nn.Module):
         out_channels: Output channels ``C_out``.
         kernel_size: Kernel size, an int or ``(kh, kw)``.
         stride: Stride, an int or a pair.
-        padding: ``None`` (default) keeps the size at stride 1 (see the module's
-            **Convention**); otherwise an int, a pair, ``"same"`` or ``"valid"`` as
-            ``nn.Conv2d``.
+        padding: ``None`` (default) keeps the size at stride 1 (the module's Convention);
+            otherwise an int, a pair, ``"same"`` or ``"valid"`` as ``nn.Conv2d``.
         dilation: Dilation, an int or a pair.
         groups: Convolution groups; must divide ``in_channels`` and ``out_channels``.
-        norm: ``"bn"``, ``"syncbn"``, ``"gn"``, ``"ln2d"``, a factory ``f(C_out)`` or
-            ``None`` (see `visionblocks.nn.layers.make_norm`).
-        act: ``"relu"``, ``"relu6"``, ``"silu"``, ``"gelu"``, ``"hardswish"``,
-            ``"leaky_relu"``, a zero-argument factory or ``None`` (see
-            `visionblocks.nn.layers.make_activation`).
+        norm: A name (``"bn"``, ``"gn"``, ...), a factory ``f(C_out)`` or ``None``
+            (`visionblocks.nn.layers.make_norm`).
+        act: A name (``"relu"``, ``"silu"``, ...), a zero-argument factory or ``None``
+            (`visionblocks.nn.layers.make_activation`).
         bias: Give the convolution a bias. ``None`` (default): only when ``norm`` is
             ``None`` (a norm's shift makes the bias redundant).
-        inplace: Use the in-place variant of a named activation (saves one activation
-            map in training, as torchvision's ``Conv2dNormActivation``).
+        inplace: Use the in-place variant of a named activation (as torchvision's
+            ``Conv2dNormActivation``).
 
     Attributes:
         conv (nn.Conv2d): The convolution.
@@ -124,24 +126,18 @@ class ConvNormAct(nn.Module):
         - Input: ``(B, C_in, H, W)``.
         - Output: ``(B, C_out, H_out, W_out)`` with
           ``H_out = floor((H + 2 * pad - dilation * (k - 1) - 1) / stride) + 1``
-          (``H_out = H`` at stride 1 with ``padding=None``). Under ``torch.autocast``: in
-          the autocast dtype (see the module docstring).
+          (``H_out = H`` at stride 1 with ``padding=None``); dtype: the module notes.
 
-    TorchScript: ``torch.jit.script`` compiles the block (its input checks run in Python
-    only), unless ``norm`` is a ``torch.nn.SyncBatchNorm`` (``"syncbn"``, or a BatchNorm
-    converted by `visionblocks.training.convert_sync_batchnorm`): torch's SyncBatchNorm does
-    not compile, and scripting such a block raises a ``RuntimeError`` that says so. Script
-    an inference model with plain BatchNorms (or fused, `visionblocks.nn.fuse.fuse_modules`).
+    TorchScript: scripting a block whose norm is a ``torch.nn.SyncBatchNorm`` (``"syncbn"``,
+    or converted by `visionblocks.training.convert_sync_batchnorm`) raises a
+    ``RuntimeError`` that says so (torch's SyncBatchNorm does not compile): script an
+    inference model with plain BatchNorms (or fused, `visionblocks.nn.fuse.fuse_modules`).
 
     Raises:
         TypeError: Non-int sizes, an ``act``/``norm`` of the wrong type; in ``forward``, an
-            input that is not a floating-point tensor or differs from the weights' dtype
-            (outside ``torch.autocast``).
-        ValueError: Sizes below 1 or absurdly large (channels above 65,536, kernel size,
-            stride, dilation or padding above 1,024, more than 2**31 weights), ``groups``
-            not dividing the channels (the message says which number must divide which), an
-            unknown ``norm``/``act`` name; in ``forward``, an input that is not
-            ``(B, C_in, H, W)`` or not on the weights' device.
+            input that fails the module's checks by type or dtype.
+        ValueError: Sizes out of the module's bounds, ``groups`` not dividing the channels,
+            an unknown ``norm``/``act`` name; in ``forward``, a wrong shape or device.
 
     Examples:
         >>> import torch
@@ -214,16 +210,14 @@ class DepthwiseConv2d(nn.Conv2d):
     """Depthwise convolution: every input channel convolved with its own ``multiplier`` filters.
 
     An ``nn.Conv2d`` with ``groups=channels`` and ``out_channels=channels * multiplier``
-    (output channel ``c * multiplier + m`` comes from input channel ``c``), so it behaves
-    exactly like that ``nn.Conv2d`` everywhere (state dict, fusion, export, autocast: it
-    returns the autocast dtype, channels_last).
+    (output channel ``c * multiplier + m`` comes from input channel ``c``), behaving
+    exactly like it (state dict, fusion, export, autocast, channels_last).
 
     Args:
         channels: Input channels ``C``.
         kernel_size: Kernel size, an int or a pair.
         stride: Stride, an int or a pair.
-        padding: ``None`` keeps the size at stride 1 (see the module's **Convention**), or
-            an int, a pair, ``"same"``, ``"valid"``.
+        padding: As `ConvNormAct`.
         dilation: Dilation, an int or a pair.
         multiplier: Filters per input channel.
         bias: Add a learnable bias.
@@ -233,11 +227,9 @@ class DepthwiseConv2d(nn.Conv2d):
         - Output: ``(B, C * multiplier, H_out, W_out)``, ``H_out`` as `ConvNormAct`.
 
     Raises:
-        TypeError: Non-int sizes; in ``forward``, an input that is not a floating-point
-            tensor of the weights' dtype (outside ``torch.autocast``).
-        ValueError: Sizes below 1 or above the bounds of `ConvNormAct`, an invalid
-            ``padding``; in ``forward``, an input that is not ``(B, C, H, W)`` or not on the
-            weights' device.
+        TypeError: Non-int sizes; in ``forward``, a wrong input type or dtype.
+        ValueError: Sizes out of the module's bounds, an invalid ``padding``; in
+            ``forward``, a wrong input shape or device.
 
     Examples:
         >>> import torch
@@ -282,8 +274,7 @@ class DepthwiseConv2d(nn.Conv2d):
 class DepthwiseSeparableConv2d(nn.Module):
     """Depthwise ``k x k`` `ConvNormAct` followed by a pointwise ``1 x 1`` `ConvNormAct`.
 
-    The MobileNet (v1) block: ``dw conv -> norm -> act -> 1x1 conv -> norm -> act``, about
-    ``k*k + C_out`` instead of ``k*k*C_out`` multiply-adds per input channel and pixel.
+    The MobileNet (v1) block: ``dw conv -> norm -> act -> 1x1 conv -> norm -> act``.
 
     Args:
         in_channels: Input channels ``C_in``.
@@ -300,14 +291,12 @@ class DepthwiseSeparableConv2d(nn.Module):
 
     Shape:
         - Input: ``(B, C_in, H, W)``.
-        - Output: ``(B, C_out, H_out, W_out)``, ``H_out = ceil(H / stride)`` for odd ``k``;
-          under ``torch.autocast`` in the autocast dtype, as `ConvNormAct`.
+        - Output: ``(B, C_out, H_out, W_out)``, ``H_out = ceil(H / stride)`` for odd ``k``.
 
     Raises:
-        TypeError: Non-int sizes; in ``forward``, an input that is not a floating-point
-            tensor.
-        ValueError: Sizes below 1 or above the bounds of `ConvNormAct`, unknown
-            ``norm``/``act``; in ``forward``, an input that is not ``(B, C_in, H, W)``.
+        TypeError: Non-int sizes; in ``forward``, a wrong input type.
+        ValueError: Sizes out of the module's bounds, unknown ``norm``/``act``; in
+            ``forward``, a wrong input shape.
 
     Examples:
         >>> import torch
@@ -354,18 +343,16 @@ def _check_shuffle(x: Tensor, groups: int) -> None:
 def channel_shuffle(x: Tensor, groups: int) -> Tensor:
     """ShuffleNet's channel shuffle: interleave the channels of ``groups`` equal groups.
 
-    Channels viewed as a ``(groups, C // groups)`` grid are transposed: output channel
-    ``j * groups + g`` is input channel ``g * (C // groups) + j``. Equals torchvision's
-    ``shufflenetv2.channel_shuffle`` on 4-D input; any trailing dimensions are allowed.
+    Output channel ``j * groups + g`` is input channel ``g * (C // groups) + j``, as
+    torchvision's ``shufflenetv2.channel_shuffle`` (any trailing dimensions allowed).
 
     Args:
         x (Tensor[B, C, *]): Input with channels in dim 1, any dtype.
         groups: Number of groups; must divide ``C``.
 
     Returns:
-        Tensor[B, C, *]: The shuffled tensor, ``x``'s dtype (a view of ``x`` when the
-        shuffle is the identity, ``groups`` 1 or ``C``), also under ``torch.autocast``;
-        channels_last for a ``channels_last`` ``x``.
+        Tensor[B, C, *]: The shuffled tensor in ``x``'s dtype and memory format (a view of
+        ``x`` when ``groups`` is 1 or ``C``).
 
     Raises:
         TypeError: ``x`` not a tensor, ``groups`` not an int.
@@ -389,8 +376,7 @@ def channel_shuffle(x: Tensor, groups: int) -> Tensor:
     return x.unflatten(1, (groups, -1)).transpose(1, 2).flatten(1, 2)
 
 
-# A leaf for torch.fx.symbolic_trace (its checks cannot run on proxies), so models using it
-# stay traceable (feature extraction, `fuse_modules`).
+# A torch.fx leaf (its checks cannot run on proxies): models using it stay traceable.
 torch.fx.wrap("channel_shuffle")
 
 
@@ -402,8 +388,7 @@ class ChannelShuffle(nn.Module):
         groups: Number of groups; must divide the input's channels.
 
     Shape:
-        - Input: ``(B, C, *)``.
-        - Output: ``(B, C, *)``.
+        - Input and output: ``(B, C, *)``.
 
     Raises:
         TypeError: ``groups`` not an int.

@@ -7,18 +7,17 @@ before it: ``W' = W * s`` (per output channel), ``b' = (b - mean) * s + beta`` w
 a model, and `find_conv_bn_pairs` says which pairs those are.
 
 Which pairs fold: a ``nn.Conv2d`` (or a subclass that keeps ``Conv2d``'s ``forward``, or
-`visionblocks.nn.conv.DepthwiseConv2d`, whose ``forward`` only checks its input) whose output goes **only** into a
-``nn.BatchNorm2d``, ``nn.SyncBatchNorm`` or torchvision ``FrozenBatchNorm2d`` that keeps
-running statistics and the stock ``forward`` (norm subclasses that do more, such as timm's
-``BatchNormAct2d`` with its built-in activation, are left alone). The pairs are found on the ``torch.fx`` graph of the model (so
-``conv1 -> bn1`` inside a ResNet block, ``downsample`` branches and any other wiring are
-found); a (sub)module that ``torch.fx`` cannot trace, e.g. one with data-dependent control
-flow, is searched by structure instead: consecutive children of an ``nn.Sequential`` and the
-``conv``/``norm`` of a `visionblocks.nn.conv.ConvNormAct`, then its children are traced one
-by one (this assumes that such a module runs its children through their own ``forward``,
-as ``nn.Sequential`` does). A pair is left alone when the conv or the norm is called more
-than once, reachable under two names, read directly (``self.conv.weight`` in a
-``forward``) or carries forward hooks.
+`visionblocks.nn.conv.DepthwiseConv2d`) whose output goes **only** into a ``nn.BatchNorm2d``,
+``nn.SyncBatchNorm`` or torchvision ``FrozenBatchNorm2d`` that keeps running statistics and
+the stock ``forward`` (norm subclasses that do more, such as timm's ``BatchNormAct2d``, are
+left alone). Pairs are found on the model's ``torch.fx`` graph (any wiring); a (sub)module
+``torch.fx`` cannot trace is searched by structure (``nn.Sequential`` neighbours, a
+`visionblocks.nn.conv.ConvNormAct`'s ``conv``/``norm``), then its children are traced. A
+pair is left alone when the conv or the norm is called more than once, reachable under two
+names, read directly (``self.conv.weight`` in a ``forward``) or carries forward hooks.
+
+The folding is computed in float64 (float32 on MPS) and cast back to the conv's dtype,
+inside ``torch.autocast`` too; a ``channels_last`` conv gives a channels_last fused conv.
 """
 
 from __future__ import annotations
@@ -48,10 +47,7 @@ def _bn_types() -> tuple[type[nn.Module], ...]:
 
 
 def _is_plain_conv(module: nn.Module) -> bool:
-    """A Conv2d whose output is exactly ``F.conv2d`` of its parameters (foldable).
-
-    `DepthwiseConv2d`'s ``forward`` only checks its input before ``nn.Conv2d.forward``.
-    """
+    """A Conv2d whose output is exactly ``F.conv2d`` of its parameters (foldable)."""
     cls = type(module)
     return (
         isinstance(module, nn.Conv2d)
@@ -60,18 +56,10 @@ def _is_plain_conv(module: nn.Module) -> bool:
     )
 
 
-@cache
-def _bn_forwards() -> frozenset:
-    return frozenset(t.forward for t in _bn_types())
-
-
 def _is_plain_bn(module: nn.Module) -> bool:
-    """A supported norm whose ``forward`` is the stock one: only normalisation, so foldable.
-
-    Subclasses that do more in ``forward`` (timm's ``BatchNormAct2d`` also applies an
-    activation) are not: replacing them by ``nn.Identity`` would drop that work.
-    """
-    return isinstance(module, _bn_types()) and type(module).forward in _bn_forwards()
+    """A supported norm whose ``forward`` is the stock one (only normalisation: foldable)."""
+    types = _bn_types()
+    return isinstance(module, types) and type(module).forward in {t.forward for t in types}
 
 
 def _num_features(bn: nn.Module) -> int:
@@ -93,10 +81,7 @@ def fuse_conv_bn(conv: nn.Conv2d, bn: nn.Module) -> nn.Conv2d:
     Returns a new ``nn.Conv2d`` (with a bias) computing ``bn(conv(x))`` as the BatchNorm
     computes it in eval mode, i.e. with its running statistics. Works for convs without bias,
     grouped/depthwise convs, any padding mode, and norms with ``affine=False``. The inputs are
-    not modified. The folding is computed in float64 (float32 on MPS) and cast back to the
-    conv's dtype, inside ``torch.autocast`` too (it lowers nothing here); the fused conv
-    then runs under autocast as any conv does, in the autocast dtype. A ``channels_last``
-    conv gives a channels_last fused conv.
+    not modified; precision and memory format: the module notes.
 
     Args:
         conv: A ``nn.Conv2d`` (or a subclass that does not override ``forward``, or a
@@ -199,7 +184,7 @@ def fuse_conv_bn(conv: nn.Conv2d, bn: nn.Module) -> nn.Conv2d:
 
 
 class _PairTracer(fx.Tracer):
-    """``torch.fx`` tracer that keeps every Conv2d and BatchNorm as one ``call_module`` node."""
+    """Keeps every Conv2d and BatchNorm as one ``call_module`` node."""
 
     def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
         if isinstance(m, (nn.Conv2d, _BatchNorm, *_bn_types())):
@@ -271,10 +256,9 @@ def _hooked(module: nn.Module) -> bool:
 def find_conv_bn_pairs(model: nn.Module) -> list[tuple[str, str]]:
     """Qualified names ``(conv, norm)`` of the Conv2d -> BatchNorm pairs `fuse_modules` folds.
 
-    See the module docstring for how pairs are found and which are left alone. Norms without
-    running statistics are left out; norms in training mode are listed (`fuse_modules`
-    refuses to fold them). ``torch.fx`` runs ``forward`` symbolically; the model is not
-    changed.
+    How pairs are found and which are left alone: the module notes. Norms without running
+    statistics are left out; norms in training mode are listed (`fuse_modules` refuses to
+    fold them). The model is not changed.
 
     Args:
         model: Any ``nn.Module``.
@@ -321,9 +305,7 @@ def fuse_modules(model: nn.Module, *, inplace: bool = False) -> nn.Module:
     conv by `fuse_conv_bn`'s result, the norm by ``nn.Identity``. The model keeps its class,
     ``forward`` and module names (``resnet.bn1`` becomes an ``Identity``), so it still
     traces, scripts and exports; outputs match the unfused eval-mode model up to float
-    rounding (about 1e-6 relative in float32). The fused model is for inference: training it
-    would no longer normalise. The folding is done as `fuse_conv_bn` does it (in float64,
-    unaffected by ``torch.autocast``; a ``channels_last`` model stays channels_last).
+    rounding. The fused model is for inference: training it would no longer normalise.
 
     Args:
         model: The model, in eval mode (at least every BatchNorm that follows a conv).

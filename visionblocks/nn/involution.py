@@ -1,15 +1,16 @@
 """Layers built on per-pixel dynamic filtering (`visionblocks.ops.local.local_filter2d`).
 
-- `Involution2d`: involution (Li et al., CVPR 2021), kernels generated from the input
-  itself, one ``k x k`` kernel per pixel and channel group.
-- `LocalFilter2d`: a dynamic ``k x k`` filter, its kernels predicted from the input by a
-  convolution (optionally softmax-normalised) or passed in.
+`Involution2d` generates its kernels from the input itself (Li et al., CVPR 2021);
+`LocalFilter2d` predicts them with a convolution or takes them as given. Both run `local_filter2d`, so neither materialises the ``k*k``-times unfolded input, except
+under ``torch.export`` and ``torch.jit.script`` (the threaded op neither traces nor
+compiles): there they run the same maths on the unfolded windows, ``k*k`` times the memory.
+A scripted layer skips the input checks and does not checkpoint its activations. Under
+``torch.autocast`` the convolutions run in the autocast dtype and `local_filter2d` promotes
+their kernels with ``x`` (float32 ``x`` gives float32); outputs are contiguous NCHW.
 
-Both run `local_filter2d`, so neither materialises the ``k*k``-times unfolded input, except
-under ``torch.export`` and ``torch.jit.script``: the threaded op neither traces nor compiles,
-so there they run the same maths on the unfolded windows (``k*k`` times the memory, outputs
-equal up to rounding). Both compile with ``torch.jit.script`` (input checks in Python only;
-a scripted layer does not checkpoint its activations).
+Checks: ints ``>= 1``, ``kernel_size`` odd and at most 63, ``stride`` and ``dilation`` at
+most 1,024, ``channels`` at most 65,536 and divisible by ``groups``. In ``forward`` the
+input must be a floating-point ``(B, C, H, W)`` tensor of the weights' dtype and device.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
-from visionblocks._core.checkpointing import set_grad_checkpointing
+from visionblocks._core.checkpointing import set_grad_checkpointing, without_checkpointing
 from visionblocks._core.checks import check_choice, check_int, check_positive_int, check_type
 from visionblocks._core.namespace import public_dir
 from visionblocks._core.registries import LAYERS
@@ -31,7 +32,6 @@ from visionblocks._core.tensor_checks import (
 )
 from visionblocks.nn._export_paths import local_filter_plain
 from visionblocks.nn._limits import MAX_CHANNELS, MAX_KERNEL_SIZE, MAX_WINDOW
-from visionblocks.nn._script import without_checkpointing
 from visionblocks.ops.local import check_window, local_filter2d
 
 __all__ = ["Involution2d", "LocalFilter2d"]
@@ -39,7 +39,7 @@ __dir__ = public_dir(__name__, __all__)
 
 
 def _check_sizes(kernel_size: int, dilation: int, stride: int = 1) -> None:
-    """Bounded window sizes (`visionblocks.nn._limits`), then `check_window`'s rules."""
+    """Bounded window sizes, then `check_window`'s rules."""
     check_int("kernel_size", kernel_size, 1, MAX_WINDOW)
     check_int("dilation", dilation, 1, MAX_KERNEL_SIZE)
     check_int("stride", stride, 1, MAX_KERNEL_SIZE)
@@ -70,12 +70,10 @@ class Involution2d(nn.Module):
     """Involution: a ``k x k`` kernel per pixel and channel group, generated from the input.
 
     Kernel generation as in the paper's reference code: ``AvgPool2d(stride)`` (when
-    ``stride > 1``) -> 1x1 conv to ``channels // reduction`` -> BatchNorm -> ReLU -> 1x1 conv
-    (with bias) to ``groups * k * k`` channels; the kernels then filter the input with
-    `local_filter2d` at that stride (channel ``c`` uses group ``c // (channels // groups)``).
-    Channels are kept: ``(B, C, H, W) -> (B, C, ceil(H / s), ceil(W / s))``. The pooling uses
-    ``ceil_mode=True`` so that sizes not divisible by the stride work (the reference code
-    fails on them) and match the filter's centred windows.
+    ``stride > 1``, with ``ceil_mode=True``: any size works) -> 1x1 conv to
+    ``channels // reduction`` -> BatchNorm -> ReLU -> 1x1 conv (with bias) to
+    ``groups * k * k`` channels; the kernels then filter the input with `local_filter2d` at
+    that stride (channel ``c`` uses group ``c // (channels // groups)``).
 
     Args:
         channels: Input and output channels ``C``.
@@ -83,24 +81,18 @@ class Involution2d(nn.Module):
         stride: Output stride ``s``.
         groups: Kernel groups ``G`` (must divide ``channels``).
         reduction: Channel reduction of the kernel generator (``channels // reduction >= 1``).
-        grad_checkpointing: Recompute the layer's activations (the generated kernels) in the
-            backward instead of keeping them (`visionblocks.training.set_grad_checkpointing`):
-            less memory in training, one more forward of the layer; the BatchNorm's running
-            statistics are updated once, as without.
+        grad_checkpointing: Recompute the generated kernels in the backward instead of
+            keeping them (`visionblocks.training.set_grad_checkpointing`); the BatchNorm's
+            running statistics are still updated once.
 
     Shape:
         - Input: ``(B, C, H, W)``.
-        - Output: ``(B, C, ceil(H / s), ceil(W / s))``. Under ``torch.autocast`` the kernel
-          generator's convs run in the autocast dtype and `local_filter2d` promotes them
-          with ``x``: float32 ``x`` gives float32. Contiguous NCHW, also for channels_last.
+        - Output: ``(B, C, ceil(H / s), ceil(W / s))`` (dtype: the module notes).
 
     Raises:
-        TypeError: Non-int arguments; in ``forward``, an input that is not a floating-point
-            tensor of the weights' dtype.
-        ValueError: An even ``kernel_size``, values below 1 or too large (``kernel_size``
-            above 63, ``stride`` above 1,024, ``channels`` above 65,536), ``groups`` not
-            dividing ``channels`` or ``reduction`` larger than ``channels``; in ``forward``,
-            an input that is not ``(B, C, H, W)`` or not on the weights' device.
+        TypeError: Non-int arguments; in ``forward``, a wrong input type or dtype.
+        ValueError: Sizes out of the module's bounds, ``reduction`` larger than
+            ``channels``; in ``forward``, a wrong input shape or device.
 
     Examples:
         >>> import torch
@@ -178,11 +170,9 @@ class LocalFilter2d(nn.Module):
     """A dynamic per-pixel ``k x k`` filter (`local_filter2d`), its kernels predicted or given.
 
     With ``predict=True`` a ``3 x 3`` convolution predicts ``groups * k * k`` kernel values
-    per pixel from the input; ``normalize="softmax"`` turns each pixel's ``k*k`` taps into
-    weights summing to 1 (a content-aware blur, as CARAFE's reassembly kernels), ``"none"``
-    keeps them raw (dynamic filter networks). Kernels passed to ``forward`` are used as
-    given: no prediction and no normalisation. ``predict=False`` builds a parameter-free
-    layer that needs them.
+    per pixel; ``normalize="softmax"`` makes each pixel's taps sum to 1 (as CARAFE's
+    reassembly kernels), ``"none"`` keeps them raw. Kernels passed to ``forward`` are used
+    as given; ``predict=False`` builds a parameter-free layer that needs them.
 
     Args:
         channels: Input and output channels ``C``.
@@ -191,24 +181,18 @@ class LocalFilter2d(nn.Module):
         groups: Kernel groups ``G`` (must divide ``channels``; ``G = C``: a depthwise filter).
         normalize: ``"softmax"`` | ``"none"``, applied to predicted kernels.
         predict: Build the kernel predictor.
-        grad_checkpointing: Recompute the layer's activations (the predicted kernels) in the
-            backward instead of keeping them (`visionblocks.training.set_grad_checkpointing`):
-            less memory in training, one more forward of the layer.
+        grad_checkpointing: Recompute the predicted kernels in the backward instead of
+            keeping them (`visionblocks.training.set_grad_checkpointing`).
 
     Shape:
         - Input: ``x (B, C, H, W)``, optional ``kernels (B, G*k*k, H, W)``.
-        - Output: ``(B, C, H, W)``. Under ``torch.autocast`` the predictor runs in the
-          autocast dtype and `local_filter2d` promotes its kernels with ``x``: float32 ``x``
-          gives float32. Contiguous NCHW, also for channels_last.
+        - Output: ``(B, C, H, W)`` (dtype: the module notes).
 
     Raises:
-        TypeError: Non-int sizes, a non-bool ``predict``; in ``forward``, an input that is
-            not a floating-point tensor (of the predictor's dtype).
-        ValueError: An even ``kernel_size``, values below 1 or too large (``kernel_size``
-            above 63, ``dilation`` above 1,024, ``channels`` above 65,536), ``groups`` not
-            dividing ``channels``, an unknown ``normalize``; in ``forward``, an input that is
-            not ``(B, C, H, W)`` or not on the predictor's device, no kernels without a
-            predictor (and `local_filter2d`'s shape checks).
+        TypeError: Non-int sizes, a non-bool ``predict``; in ``forward``, a wrong input
+            type or dtype.
+        ValueError: Sizes out of the module's bounds, an unknown ``normalize``; in
+            ``forward``, a wrong input shape or device, or no kernels without a predictor.
 
     Examples:
         >>> import torch

@@ -1,9 +1,8 @@
 """Activation and normalisation factories: names (``"relu"``, ``"bn"``, ...) to fresh modules.
 
-Blocks such as `ConvNormAct` take ``act=`` and ``norm=`` as a name, ``None`` (no layer, an
-``nn.Identity``) or a factory, and build their layers with `make_activation` and
-`make_norm`. The name tables `ACTIVATIONS` and `NORMS` are plain dicts; adding an entry makes
-the new name usable everywhere:
+Blocks such as `ConvNormAct` take ``act=`` and ``norm=`` as a name, ``None`` (an
+``nn.Identity``) or a factory, built by `make_activation` and `make_norm`. An entry added to
+the plain dicts `ACTIVATIONS` and `NORMS` is usable everywhere:
 
     ACTIVATIONS["mish"] = lambda inplace=False: nn.Mish(inplace=inplace)
 """
@@ -45,8 +44,7 @@ class LayerNorm2d(nn.LayerNorm):
     """LayerNorm over the channel dimension of a ``(B, C, H, W)`` tensor (the ``"ln2d"`` norm).
 
     Every pixel is normalised over its ``C`` channels, with a per-channel affine, as the
-    LayerNorm of ConvNeXt. Runs ``F.layer_norm`` on a channels-last view, so the state dict
-    (``weight``, ``bias``) is that of ``nn.LayerNorm(C)``.
+    LayerNorm of ConvNeXt; the state dict is that of ``nn.LayerNorm(C)``.
 
     Args:
         num_channels: Number of channels ``C`` (at most 65,536).
@@ -55,19 +53,16 @@ class LayerNorm2d(nn.LayerNorm):
 
     Shape:
         - Input: ``(B, C, H, W)``.
-        - Output: ``(B, C, H, W)``, same dtype (also under ``torch.autocast``, which lowers
-          nothing here: float32 in, float32 out), and always ``channels_last`` in memory:
-          the norm runs on a channels-last view, so an NCHW input is transposed once.
+        - Output: ``(B, C, H, W)``, same dtype (also under ``torch.autocast``), always
+          ``channels_last`` in memory (the norm runs on a channels-last view).
 
     Raises:
         TypeError: Non-int ``num_channels``, non-number ``eps``, non-bool
             ``elementwise_affine``; in ``forward``, an input that is not a floating-point
             tensor.
-        ValueError: ``num_channels`` outside ``[1, 65536]``, ``eps`` not positive and finite
-            (``eps <= 0`` divides by zero: NaN); in ``forward``, an input that is not
-            ``(B, C, H, W)`` or not on the parameters' device. The checks are skipped under
-            ``torch.fx`` and ``torch.jit`` tracing, so the layer still traces, and under
-            ``torch.jit.script``, which compiles the layer without them.
+        ValueError: ``num_channels`` outside ``[1, 65536]``, ``eps`` not positive and finite;
+            in ``forward``, an input that is not ``(B, C, H, W)`` or not on the parameters'
+            device (checks skipped while tracing or scripted).
 
     Examples:
         >>> import torch
@@ -108,11 +103,8 @@ class LayerNorm2d(nn.LayerNorm):
 
 
 def group_norm_groups(num_channels: int, max_groups: int = 32) -> int:
-    """Number of GroupNorm groups used by the ``"gn"`` norm: the largest divisor of
-    ``num_channels`` that is at most ``max_groups``.
-
-    32 groups (Wu & He, 2018) when ``num_channels`` is a multiple of 32; otherwise fewer,
-    never failing (``48 -> 24``, ``3 -> 3``; a prime above 32 gives 1, i.e. LayerNorm-like).
+    """GroupNorm groups of the ``"gn"`` norm: the largest divisor of ``num_channels`` that is
+    at most ``max_groups`` (32 as in Wu & He, 2018, when it divides; never failing).
 
     Args:
         num_channels: Channels to normalise (in ``[1, 65536]``).
@@ -137,43 +129,17 @@ def group_norm_groups(num_channels: int, max_groups: int = 32) -> int:
     return 1  # unreachable: 1 divides everything
 
 
-def _relu(inplace: bool = False) -> nn.Module:
-    return nn.ReLU(inplace=inplace)
-
-
-def _relu6(inplace: bool = False) -> nn.Module:
-    return nn.ReLU6(inplace=inplace)
-
-
-def _silu(inplace: bool = False) -> nn.Module:
-    return nn.SiLU(inplace=inplace)
-
-
-def _gelu(inplace: bool = False) -> nn.Module:
-    return nn.GELU()  # no in-place variant
-
-
-def _hardswish(inplace: bool = False) -> nn.Module:
-    return nn.Hardswish(inplace=inplace)
-
-
-def _leaky_relu(inplace: bool = False) -> nn.Module:
-    return nn.LeakyReLU(negative_slope=0.01, inplace=inplace)
-
-
 ACTIVATIONS: dict[str, Callable[..., nn.Module]] = {
-    "relu": _relu,
-    "relu6": _relu6,
-    "silu": _silu,
-    "gelu": _gelu,
-    "hardswish": _hardswish,
-    "leaky_relu": _leaky_relu,
+    "relu": nn.ReLU,
+    "relu6": nn.ReLU6,
+    "silu": nn.SiLU,
+    "gelu": lambda inplace=False: nn.GELU(),  # no in-place variant
+    "hardswish": nn.Hardswish,
+    "leaky_relu": lambda inplace=False: nn.LeakyReLU(negative_slope=0.01, inplace=inplace),
 }
-"""Activation names to factories ``f(inplace=False) -> nn.Module``.
-
-``gelu`` is the exact (erf) GELU and ignores ``inplace``; ``leaky_relu`` has slope 0.01
-(pass ``functools.partial(nn.LeakyReLU, 0.1)`` as ``act`` for another slope).
-"""
+"""Activation names to factories ``f(inplace=False) -> nn.Module``. ``gelu`` is the exact
+(erf) GELU and ignores ``inplace``; ``leaky_relu`` has slope 0.01 (pass
+``functools.partial(nn.LeakyReLU, 0.1)`` as ``act`` for another)."""
 
 NORMS: dict[str, Callable[[int], nn.Module]] = {
     "bn": nn.BatchNorm2d,
@@ -181,12 +147,10 @@ NORMS: dict[str, Callable[[int], nn.Module]] = {
     "gn": lambda num_channels: nn.GroupNorm(group_norm_groups(num_channels), num_channels),
     "ln2d": LayerNorm2d,
 }
-"""Norm names to factories ``f(num_channels) -> nn.Module``.
+"""Norm names to factories ``f(num_channels) -> nn.Module``, with torch's defaults.
 
-``bn`` is ``nn.BatchNorm2d``; ``syncbn`` is ``nn.SyncBatchNorm`` (plain BatchNorm when no
-process group is initialised); ``gn`` is ``nn.GroupNorm`` with `group_norm_groups` groups;
-``ln2d`` is `LayerNorm2d`. Default hyper-parameters (``eps``, ``momentum``) are torch's.
-"""
+``syncbn`` is plain BatchNorm when no process group is initialised; ``gn`` uses
+`group_norm_groups` groups."""
 
 
 def _lookup(arg: str, kind: str, table: dict[str, Callable[..., nn.Module]], name: str) -> Callable:
@@ -222,16 +186,15 @@ def make_activation(act: ActSpec, *, inplace: bool = False) -> nn.Module:
     """Build a fresh activation module from a name, a factory or ``None``.
 
     Args:
-        act: A name in `ACTIVATIONS` (case-insensitive: ``"relu"``, ``"relu6"``,
-            ``"silu"``, ``"gelu"``, ``"hardswish"``, ``"leaky_relu"``), a zero-argument
-            callable returning a module (an ``nn.Module`` class such as ``nn.Tanh``, or a
-            ``functools.partial``), or ``None`` for ``nn.Identity``.
+        act: A name in `ACTIVATIONS` (case-insensitive), a zero-argument callable returning
+            a module (a class such as ``nn.Tanh``, or a ``functools.partial``), or ``None``
+            for ``nn.Identity``.
         inplace: Ask for the in-place variant. Only used for names (and ignored by
             ``"gelu"``); factories are called without arguments.
 
     Returns:
-        nn.Module: A new module (never shared between calls). The named activations keep
-        the input's dtype, also under ``torch.autocast`` (which does not lower them).
+        nn.Module: A new module. Named activations keep the input's dtype (also under
+        ``torch.autocast``).
 
     Raises:
         ValueError: An unknown name (the message lists the choices).
@@ -258,9 +221,8 @@ def make_activation(act: ActSpec, *, inplace: bool = False) -> nn.Module:
     if act is None:
         return nn.Identity()
     if isinstance(act, str):
-        return _check_built(
-            "activation", act, _lookup("act", "activation", ACTIVATIONS, act)(inplace)
-        )
+        factory = _lookup("act", "activation", ACTIVATIONS, act)
+        return _check_built("activation", act, factory(inplace=inplace))
     return _check_built("activation", act, act())
 
 
@@ -268,18 +230,15 @@ def make_norm(norm: NormSpec, num_channels: int) -> nn.Module:
     """Build a fresh normalisation module for ``num_channels`` channels.
 
     Args:
-        norm: A name in `NORMS` (case-insensitive): ``"bn"`` (``nn.BatchNorm2d``),
-            ``"syncbn"`` (``nn.SyncBatchNorm``), ``"gn"`` (``nn.GroupNorm`` with
-            `group_norm_groups` groups: 32, or the largest divisor of ``num_channels`` below
-            32), ``"ln2d"`` (`LayerNorm2d`); a callable ``f(num_channels)`` returning a
-            module (``nn.InstanceNorm2d``, ``functools.partial(nn.GroupNorm, 8)``); or
-            ``None`` for ``nn.Identity``.
+        norm: A name in `NORMS` (case-insensitive: ``"bn"``, ``"syncbn"``, ``"gn"``,
+            ``"ln2d"``); a callable ``f(num_channels)`` returning a module
+            (``nn.InstanceNorm2d``, ``functools.partial(nn.GroupNorm, 8)``); or ``None`` for
+            ``nn.Identity``.
         num_channels: Channels of the normalised tensor (in ``[1, 65536]``).
 
     Returns:
-        nn.Module: A new module. The named norms return the input's dtype (float32 stays
-        float32 under ``torch.autocast``; a bfloat16 conv output stays bfloat16) and keep
-        float32 parameters and statistics.
+        nn.Module: A new module. Named norms return the input's dtype (also under
+        ``torch.autocast``) and keep float32 parameters and statistics.
 
     Raises:
         ValueError: An unknown name (the message lists the choices), ``num_channels``

@@ -2,12 +2,10 @@
 
 `LocalAttention2d`: a ``1 x 1`` convolution projects the input to queries, keys and values;
 every pixel attends to its ``k x k`` neighbourhood (multi-head, masked at the image border);
-a ``1 x 1`` convolution projects the result back. It runs `local_attention2d`, so it never
-materialises the ``k*k``-times unfolded keys or values, except under ``torch.export`` and
-``torch.jit.script``: the threaded op neither traces nor compiles, so there it runs the same
-maths on the unfolded windows (``k*k`` times the memory, outputs equal up to rounding). It
-compiles with ``torch.jit.script`` (input checks in Python only; a scripted layer does not
-checkpoint its activations).
+a ``1 x 1`` convolution projects the result back. Like the layers of
+`visionblocks.nn.involution` (whose module notes hold the export, TorchScript and size
+rules), it runs its op without materialising the unfolded keys or values, except under
+``torch.export`` and ``torch.jit.script``.
 """
 
 from __future__ import annotations
@@ -15,14 +13,13 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from visionblocks._core.checkpointing import set_grad_checkpointing
+from visionblocks._core.checkpointing import set_grad_checkpointing, without_checkpointing
 from visionblocks._core.checks import check_int, check_type
 from visionblocks._core.namespace import public_dir
 from visionblocks._core.registries import LAYERS
 from visionblocks._core.tensor_checks import check_image_batch, is_tracing
 from visionblocks.nn._export_paths import local_attention_plain
 from visionblocks.nn._limits import MAX_CHANNELS, MAX_KERNEL_SIZE, MAX_WINDOW
-from visionblocks.nn._script import without_checkpointing
 from visionblocks.ops.local_attention import local_attention2d
 
 __all__ = ["LocalAttention2d"]
@@ -49,8 +46,7 @@ class LocalAttention2d(nn.Module):
         dilation: Spacing between window taps.
         qkv_bias: Bias in the query/key/value projection.
         grad_checkpointing: Recompute the layer's activations in the backward instead of
-            keeping them (`visionblocks.training.set_grad_checkpointing`): less memory in
-            training, one more forward of the layer.
+            keeping them (`visionblocks.training.set_grad_checkpointing`).
 
     Shape:
         - Input: ``(B, C, H, W)``.
@@ -59,12 +55,10 @@ class LocalAttention2d(nn.Module):
           format of ``proj``'s output: channels_last for a channels_last module.
 
     Raises:
-        TypeError: Non-int sizes or a non-bool ``qkv_bias``; in ``forward``, an input that is
-            not a floating-point tensor of the weights' dtype.
-        ValueError: An even ``kernel_size``, values below 1 or too large (``kernel_size``
-            above 63, ``dilation`` above 1,024, ``channels`` above 65,536), or ``num_heads``
-            not dividing ``channels``; in ``forward``, an input that is not ``(B, C, H, W)``
-            or not on the weights' device.
+        TypeError: Non-int sizes or a non-bool ``qkv_bias``; in ``forward``, a wrong input
+            type or dtype.
+        ValueError: Sizes out of bounds (as `visionblocks.nn.involution`), ``num_heads`` not
+            dividing ``channels``; in ``forward``, a wrong input shape or device.
 
     Examples:
         >>> import torch

@@ -1,13 +1,19 @@
-"""Functional tensor ops: boxes and IoUs, IoU losses, affine warping (with key points and
-their left/right pairs), key point similarity (OKS) and unfold-based local ops.
+"""Functional tensor ops: boxes and IoUs, affine warping (with key points and their
+left/right pairs), key point similarity (OKS) and unfold-based local ops.
+
+The box losses live in `visionblocks.losses`; ``generalized_box_iou_loss``,
+``distance_box_iou_loss``, ``complete_box_iou_loss`` and ``rotated_box_iou_loss`` are served
+here too, where torchvision users look for them (imported on first use).
 
 Ops know nothing of ``nn``: tensors in, tensors out. Box convention: ``"xyxy"`` corners unless
 a ``fmt`` says otherwise (see `visionblocks.ops.boxes`); rotated boxes (IoU, loss, NMS:
 `visionblocks.ops.rotated`) are torchvision's ``"cxcywhr"`` unless a ``fmt`` says otherwise.
 
-``local_filter`` is a deprecated alias of `local_filter2d` (removed in 0.3).
+``local_filter`` is a deprecated alias of `local_filter2d`, ``warp_sample`` of
+`visionblocks.transforms.warp_sample` (both removed in 0.3).
 """
 
+import importlib
 from typing import Any
 
 from visionblocks._core.deprecation import deprecated_attribute
@@ -29,21 +35,11 @@ from visionblocks.ops.boxes import (
     distance_box_iou,
     generalized_box_iou,
 )
-from visionblocks.ops.iou_loss import (
-    complete_box_iou_loss,
-    distance_box_iou_loss,
-    generalized_box_iou_loss,
-)
 from visionblocks.ops.keypoints import flip_permutation, keypoint_flip_pairs
 from visionblocks.ops.local import local_filter2d, sliding_windows
 from visionblocks.ops.local_attention import local_attention2d
 from visionblocks.ops.oks import COCO_PERSON_SIGMAS, keypoint_oks
-from visionblocks.ops.rotated import (
-    batched_nms_rotated,
-    nms_rotated,
-    rotated_box_iou,
-    rotated_box_iou_loss,
-)
+from visionblocks.ops.rotated import batched_nms_rotated, nms_rotated, rotated_box_iou
 from visionblocks.ops.warp import (
     affine_matrix,
     invert_affine,
@@ -56,7 +52,6 @@ from visionblocks.ops.warp_targets import (
     warp_keypoints,
     warp_masks,
     warp_points,
-    warp_sample,
 )
 
 __all__ = [
@@ -96,12 +91,26 @@ __all__ = [
     "warp_keypoints",
     "warp_masks",
     "warp_points",
-    "warp_sample",
 ]
 __dir__ = public_dir(__name__, __all__)
 
-_DEPRECATED = {"local_filter": ("local_filter2d", "0.3")}
+_DEPRECATED = {
+    "local_filter": ("local_filter2d", "0.3"),
+    "warp_sample": ("visionblocks.transforms.warp_sample", "0.3"),
+}
+_SERVED = {
+    "complete_box_iou_loss": "visionblocks.losses.iou",
+    "distance_box_iou_loss": "visionblocks.losses.iou",
+    "generalized_box_iou_loss": "visionblocks.losses.iou",
+    "rotated_box_iou_loss": "visionblocks.losses.rotated_iou",
+}
+"""Names of this module's API defined a layer above (where torchvision has them in
+``torchvision.ops``) → their module, imported by name on first use, as the registries do."""
 
 
 def __getattr__(name: str) -> Any:
+    if name in _SERVED:
+        value = getattr(importlib.import_module(_SERVED[name]), name)
+        globals()[name] = value
+        return value
     return deprecated_attribute(__name__, globals(), _DEPRECATED, name)

@@ -1,18 +1,10 @@
-"""Blocked best-match reductions: a score matrix reduced block of rows by block of rows.
+"""Blocked best-match reductions of a ``rows x columns`` score matrix that is never built.
 
-The assignment ops (`visionblocks.ops.assign`) and FCOS's target assignment
-(`visionblocks.models._fcos_targets`) need, for each row of a ``rows x columns`` score
-matrix (anchors or locations x objects), the best column and its score, and sometimes, for
-each column, the best score over all rows. Building the matrix costs ``rows x columns``
-memory (400 MB in float32 for 200,000 anchors x 500 objects, several times that for the
-temporaries of its formula); here ``score(start, stop)`` builds the rows ``start:stop``
-only, ``rows_per_block`` of them at a time, so the peak is that of one block plus the
-``O(rows + columns)`` results.
-
-The results do not depend on the block size, bit for bit: each row is reduced whole inside
-its block (``Tensor.max(dim=-1)``), and the per-column best is a maximum, which is exact
-whatever the order. Ties go to the first column (the lowest index), as ``torch.max`` and
-``torch.min`` document; NaN scores win, as there.
+Used by `visionblocks.ops.assign` and FCOS's targets (`visionblocks.models._fcos_targets`):
+``score(start, stop)`` builds rows ``start:stop`` only, so the peak memory is one block plus
+the ``O(rows + columns)`` results. Results do not depend on the block size, bit for bit
+(each row is reduced whole; a column's best is a maximum, exact in any order). Ties go to
+the first column and NaN scores win, as in ``torch.max`` / ``torch.min``.
 """
 
 from __future__ import annotations
@@ -25,20 +17,11 @@ from torch import Tensor
 __all__ = ["any_equal", "reduce_blocks", "rows_per_block"]
 
 Score = Callable[[int, int], Tensor]
-"""``score(start, stop)``: the scores of rows ``start:stop``, a ``(..., stop - start, C)``
-tensor (leading batch dims allowed)."""
+"""``score(start, stop)``: the ``(..., stop - start, C)`` scores of rows ``start:stop``."""
 
 
 def rows_per_block(columns: int, pair_bytes: int, block_bytes: int) -> int:
-    """How many rows fit ``block_bytes`` when a row of ``columns`` costs ``pair_bytes`` each.
-
-    Args:
-        columns: Scores per row (times any batch size).
-        pair_bytes: Bytes of temporaries one score costs while its block is computed.
-        block_bytes: The budget of one block.
-
-    Returns:
-        int: At least 1.
+    """Rows (at least 1) that fit ``block_bytes`` when each of ``columns`` costs ``pair_bytes``.
 
     Examples:
         >>> rows_per_block(500, 24, 16 * 2**20)
@@ -52,18 +35,8 @@ def rows_per_block(columns: int, pair_bytes: int, block_bytes: int) -> int:
 def reduce_blocks(
     score: Score, rows: int, block: int, *, largest: bool = True, columns: bool = False
 ) -> tuple[Tensor, Tensor, Tensor | None]:
-    """Best score and its column for every row, and optionally the best of every column.
-
-    Args:
-        score: ``score(start, stop) -> Tensor[..., stop - start, C]``.
-        rows: Number of rows (``>= 1``).
-        block: Rows per block (``>= 1``).
-        largest: Best is the largest score (else the smallest).
-        columns: Also reduce each column over all rows.
-
-    Returns:
-        tuple: ``values (..., rows)``, ``indices (..., rows)`` (int64, first best column on
-        ties) and the columns' best ``(..., C)`` (None without ``columns``).
+    """``values (..., rows)``, ``indices (..., rows)`` (int64) of every row's best score (the
+    largest, or the smallest), and with ``columns`` every column's best ``(..., C)`` (else None).
 
     Examples:
         >>> import torch
@@ -86,16 +59,7 @@ def reduce_blocks(
 
 
 def any_equal(score: Score, rows: int, block: int, targets: Tensor) -> Tensor:
-    """Whether each row holds, in some column ``j``, exactly ``targets[..., j]``.
-
-    Args:
-        score: ``score(start, stop) -> Tensor[..., stop - start, C]``.
-        rows: Number of rows (``>= 1``).
-        block: Rows per block (``>= 1``).
-        targets (Tensor[..., C]): One value per column (NaN never equals anything).
-
-    Returns:
-        Tensor[..., rows]: bool.
+    """Bool ``(..., rows)``: whether a row holds, in some column ``j``, exactly ``targets[..., j]``.
 
     Examples:
         >>> import torch

@@ -1,39 +1,24 @@
 """The torch path of `visionblocks.ops.local_attention.local_attention2d` (window views).
 
-The ``k*k``-times unfolded keys and values are never built for the whole input. The
-channels are viewed as ``(heads, D)`` and the ``B*heads`` *planes* ``(D, H, W)`` cut into
-parts (blocks of rows, or several whole planes). A part copies its key and value rows, with
-``h = d*(k//2)`` rows and columns of zero padding, into per-thread scratch buffers, and
-`visionblocks.ops._local_parts.windows` views them as ``(D, k, k, rows, W)`` without a copy:
-entry ``[c, i, j, y, x]`` is channel ``c`` of the key of tap ``t = i*k + j`` of query pixel
-``(y, x)``. Each step is one op per channel (over all taps) or one op per tap (over all
-channels), whichever moves less data:
+The ``B*heads`` planes ``(D, H, W)`` are cut into parts (`visionblocks.ops._local_parts.Grid`).
+A part copies its key and value rows, with ``h = d*(k//2)`` rows and columns of zero padding,
+into per-thread scratch buffers, viewed without a copy as ``(D, k, k, rows, W)`` windows
+(`visionblocks.ops._local_parts.windows`). Each step is one op per channel or per tap:
 
-    logits = sum_D (scale * q) * windows(k)     (one addcmul_ per channel; taps outside
-                                                 the image then set to -inf)
+    logits = sum_D (scale * q) * windows(k)     (taps outside the image then -inf)
     lse = logsumexp_t logits;   attn = exp(logits - lse)
-    out = sum_t attn[t] * windows(v)[:, t]       (one addcmul_ per tap)
+    out = sum_t attn[t] * windows(v)[:, t]
 
-Backward recomputes ``attn`` from the saved log-sum-exp ``(B*heads, H, W)`` (flash-attention
-style: nothing of size ``k*k`` is kept between forward and backward) and takes
-``delta = sum_D grad_out * out`` from the saved output:
+Backward recomputes ``attn`` from the saved log-sum-exp (nothing of size ``k*k`` is kept)
+with ``delta = sum_D grad_out * out``:
 
     dattn = sum_D grad_out * windows(v);   ds = attn * (dattn - delta)
     dq = scale * sum_t ds[t] * windows(k)[:, t]
     windows(dv)[:, t] += attn[t] * grad_out;   windows(dk)[:, t] += ds[t] * scale * q
 
-``dk`` and ``dv`` are scattered, one ``addcmul_`` per tap, into the window views of a
-zero-initialised padded scratch block: the part's contributions to key rows
-``[r0 - h, r1 + h)``, copied into the gradients at the end of the part when a part holds
-whole planes. Blocks of rows overlap their neighbours there, so they are added into
-zero-initialised gradients, the even row blocks first, then the odd ones (blocks are at
-least ``2h`` rows tall).
-
-Parts hold about ``_TILE`` logits and are spread over threads by
-`visionblocks.ops._local_parts.Grid`: one fork/join per call (two in backward), each part's
-ops serial with one thread. Half inputs are computed in float32 and cast back. Channels-last
-inputs are converted to NCHW planes once (`visionblocks.ops._local_parts.planar`); the
-results are contiguous NCHW.
+``dk`` and ``dv`` are scattered into a zero-initialised padded block, then copied (whole
+planes) or added (even row blocks, then odd ones) into the gradients. Half inputs are
+computed in float32.
 """
 
 from __future__ import annotations
@@ -45,15 +30,12 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-from visionblocks._core.reduce import compute_dtype
+from visionblocks._core.tensor_checks import compute_dtype
 from visionblocks.ops._local_parts import Grid, planar, scratch, windows
 
 __all__ = ["LocalAttentionFunction", "local_attention_backward", "local_attention_forward"]
 
-# Logits per part: large enough that each op's Python and dispatch overhead is small against
-# its work, with several parts per thread to balance. Tuned on the `local_attention_*`
-# benchmarks (docs/benchmarks.md): there, a part is one whole head (16 parts); blocks of
-# rows were slower, quiet and busy.
+# Logits per part: large against per-op overhead, with several parts per thread.
 _TILE = 1 << 19
 
 Buffers = Callable[[str], Tensor]
@@ -159,10 +141,7 @@ def _per_tap(x: Tensor, dim: int) -> list[Tensor]:
 
 
 def _weighted_sum(weights: Tensor, win: Tensor, out: Tensor) -> Tensor:
-    """``out (P, D, R, W) = sum_t weights[:, t] * win[:, :, t]``, one op per tap.
-
-    ``weights`` is ``(P, k, k, R, W)``, ``win`` ``(P, D, k, k, R, W)``.
-    """
+    """``out (P, D, R, W) = sum_t weights[:, t] * win[:, :, t]``, one op per tap."""
     pairs = list(zip(_per_tap(weights.unsqueeze(1), 2), _per_tap(win, 2), strict=True))
     centre = pairs.pop(len(pairs) // 2)  # first: it covers every pixel (no zeros needed)
     torch.mul(*centre, out=out)
@@ -174,10 +153,7 @@ def _weighted_sum(weights: Tensor, win: Tensor, out: Tensor) -> Tensor:
 def local_attention_forward(
     q: Tensor, k: Tensor, v: Tensor, kernel_size: int, dilation: int, num_heads: int
 ) -> tuple[Tensor, Tensor]:
-    """``(out (B, C, H, W) in the compute dtype, lse (B*heads, H, W))``.
-
-    Inputs are validated by the caller and share one dtype and shape.
-    """
+    """``(out (B, C, H, W) in the compute dtype, lse (B*heads, H, W))`` of checked inputs."""
     cdt = compute_dtype(q.dtype)
     qh, kh, vh = (_heads(x, num_heads, cdt) for x in (q, k, v))
     planes, _, height, width = qh.shape
@@ -210,10 +186,8 @@ def local_attention_backward(
     grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
     kernel_size: int, dilation: int, num_heads: int, need: tuple[bool, bool, bool],
 ) -> tuple[Tensor | None, Tensor | None, Tensor | None]:  # fmt: skip
-    """``(grad_q, grad_k, grad_v)`` in the inputs' dtype; ``None`` where ``need`` is False.
-
-    ``out`` is the forward's output in the compute dtype, ``lse`` its log-sum-exp.
-    """
+    """``(grad_q, grad_k, grad_v)`` in the inputs' dtype (``None`` where not ``need``ed),
+    from the forward's ``out`` (compute dtype) and ``lse``."""
     cdt = compute_dtype(q.dtype)
     qh, kh, vh, gh, oh = (_heads(x, num_heads, cdt) for x in (q, k, v, grad_out, out))
     planes, depth, height, width = qh.shape

@@ -1,30 +1,15 @@
 """The torch path of `visionblocks.ops.local.local_filter2d` (shift and accumulate, in parts).
 
-The ``k*k``-times unfolded tensor is never built. With ``x`` viewed as ``(B*G, Cg, H, W)``
-planes (one per batch item and kernel group) and the kernels as ``(B*G, k*k, Ho, Wo)``,
-tap ``t = i*k + j`` at output pixel ``(h, w)`` reads input pixel ``(h*s + oi, w*s + oj)``,
-``oi, oj = (i - k//2)*d, (j - k//2)*d``. For every tap, the output pixels whose input lies
-inside the image form one rectangle, so the forward is one ``addcmul_`` per tap on strided
-views of the unpadded tensors (the centre tap, which covers every pixel, writes first):
+With ``x`` viewed as ``(B*G, Cg, H, W)`` planes and the kernels as ``(B*G, k*k, Ho, Wo)``,
+the output pixels whose tap ``t = i*k + j`` reads inside the image form one rectangle, so
+the forward is one ``addcmul_`` per tap on strided views (the centre tap writes first):
 
-    out[p, :, h, w] (+)= kernels[p, t, h, w] * x[p, :, h*s + oi, w*s + oj]
+    out[p, :, h, w] (+)= kernels[p, t, h, w] * x[p, :, h*s + (i - k//2)*d, w*s + (j - k//2)*d]
 
-the tap's kernel broadcast over the ``Cg`` channels of its group. Backward:
-
-- ``grad_kernels[p, t] = sum_Cg grad_out * x shifted``: all ``k*k`` taps of one channel at
-  once, ``(k, k, rows, Wo) += windows(x) * grad_out`` on a strided window view of a
-  zero-padded copy of the part's input rows (``Cg`` ops per part, not ``2*k*k``);
-- ``grad_x`` is *gathered*: input pixel ``(y, x)`` collects ``kernels[t] * grad_out`` from
-  the output pixels whose tap ``t`` reads it, one ``addcmul_`` per tap written straight into
-  the part's own rows of ``grad_x`` (no padded buffer, no scatter, no zero fill at stride 1).
-
-Work is cut into parts of about ``_TILE`` output elements (blocks of rows of one plane, or
-several whole planes) spread over threads by `visionblocks.ops._local_parts.Grid`: one
-fork/join per call, each part's ops serial with one thread. Per-tap views are built with
-one ``as_strided`` each from geometry computed once per row block. Half inputs are computed
-in float32 (cast copies) and the results cast back. Channels-last inputs are converted to
-NCHW planes once per call (`visionblocks.ops._local_parts.planar`, blocked and threaded);
-the results are contiguous NCHW.
+Backward: ``grad_kernels`` takes all ``k*k`` taps of one channel at once on a window view of
+a zero-padded copy of the part's rows; ``grad_x`` is gathered, one ``addcmul_`` per tap into
+the part's own rows. Parts (`visionblocks.ops._local_parts.Grid`) write disjoint rows. Half
+inputs are computed in float32 and the results cast back.
 """
 
 from __future__ import annotations
@@ -36,15 +21,12 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-from visionblocks._core.reduce import compute_dtype
+from visionblocks._core.tensor_checks import compute_dtype
 from visionblocks.ops._local_parts import Grid, new_output, planar, scratch, windows
 
 __all__ = ["LocalFilterFunction", "local_filter_backward", "local_filter_forward"]
 
-# Output elements per part. Every op costs a few microseconds of Python and dispatch, so a
-# part is large (one op per tap covers all of it) while still leaving several parts per
-# thread to balance. Tuned on the `local_filter_*` benchmarks (docs/benchmarks.md): the
-# benchmark size (2M outputs) gets 8 parts; smaller parts were slower, quiet and busy.
+# Output elements per part: large against per-op overhead, with several parts per thread.
 _TILE = 1 << 18
 
 
@@ -72,10 +54,8 @@ def _at(base: Tensor, ps: slice, view: _View) -> Tensor:
 
 
 def _span(out0: int, out1: int, in0: int, in1: int, offset: int, stride: int) -> tuple | None:
-    """Outputs ``o`` in ``[out0, out1)`` whose input ``o*stride + offset`` is in ``[in0, in1)``.
-
-    Returns ``(o start, o stop, first input)``, or ``None`` if there are none.
-    """
+    """``(o start, o stop, first input)`` of the outputs ``o`` in ``[out0, out1)`` whose input
+    ``o*stride + offset`` is in ``[in0, in1)``, or ``None``."""
     lo = max(out0, -((offset - in0) // stride))  # ceil((in0 - offset) / stride)
     hi = min(out1, -((offset - in1) // stride))
     return (lo, hi, lo * stride + offset) if lo < hi else None
@@ -85,12 +65,8 @@ def _taps(
     k: int, d: int, s: int, out_rows: tuple[int, int], in_rows: tuple[int, int],
     out_size: tuple[int, int], in_size: tuple[int, int], channels: int,
 ) -> Iterator[tuple[int, _View, _View, _View]]:  # fmt: skip
-    """Per tap with a non-empty rectangle, centre tap first: ``(t, output, input, kernel)``.
-
-    The views (of ``(planes, C, Ho, Wo)``, ``(planes, C, H, W)`` and the kernels
-    ``(planes, k*k, Ho, Wo)``) cover the output rows in ``out_rows`` whose input row is in
-    ``in_rows`` and the output columns whose input column is in the image.
-    """
+    """Per tap with a non-empty rectangle, centre tap first: ``(t, output, input, kernel)``
+    views over the output rows of ``out_rows`` reading input rows in ``in_rows``."""
     (ho, wo), (h, w) = out_size, in_size
     half = k // 2
     centre = half * k + half

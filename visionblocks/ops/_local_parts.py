@@ -1,22 +1,12 @@
 """How the torch paths of the local ops cut their work into parts (shared by both ops).
 
-Both `visionblocks.ops._local_filter_torch` and `visionblocks.ops._local_attention_torch`
-work on *planes*: a ``(batch item, group)`` or ``(batch item, head)`` pair, whose channels
-are one contiguous ``(Cp, H, W)`` block of the input viewed as ``(planes, Cp, H, W)``. A
-*segment* (a part, in the ops' words) is a slice of planes and a range of rows; each step of
-an op is one torch op, per tap or per channel, on strided views of a segment. `Grid` cuts the ``(planes, rows)`` grid into segments of about
-``target`` elements of work:
-
-- a plane larger than ``target`` is cut into blocks of rows (at least ``min_rows`` each),
-  one segment per ``(plane, block)``;
-- smaller planes are grouped, consecutive planes forming one segment (one op covers them).
-
-`Grid.run` hands the segments to `visionblocks._core.parallel.parallel_for`: one fork and one
-join per call, each part's ops run serially with one intra-op thread, so a busy machine
-delays only the part a descheduled thread holds (see `visionblocks._core.parallel`). The
-segments depend only on the shapes, never on the thread count, so results are bitwise
-reproducible. On CUDA the segments run one after the other (their ops are kernels queued
-on one stream; there is nothing to spread over threads).
+`visionblocks.ops._local_filter_torch` and `visionblocks.ops._local_attention_torch` work on
+*planes* (a ``(batch item, group or head)`` pair: one contiguous ``(Cp, H, W)`` block of the
+input viewed as ``(planes, Cp, H, W)``). `Grid` cuts the ``(planes, rows)`` grid into parts
+of about ``target`` elements of work (blocks of rows of a large plane, or several whole
+planes) and `Grid.run` hands them to `visionblocks._core.parallel.parallel_for` (one
+fork/join per call; serially on CUDA). Parts depend only on the shapes, never on the thread
+count, so results are bitwise reproducible.
 """
 
 from __future__ import annotations
@@ -37,26 +27,19 @@ from visionblocks._core.parallel import parallel_for, parts, workspace
 
 __all__ = ["Grid", "new_output", "planar", "scratch", "windows"]
 
-# Outputs this large get transparent huge pages (see `new_output`). glibc maps every
-# allocation above 32 MiB afresh (its largest mmap threshold), so the advice never touches
-# memory that other allocations share.
+# Outputs this large get transparent huge pages (`new_output`): above glibc's largest mmap
+# threshold (32 MiB), so the advice never touches memory other allocations share.
 _HUGE_OUTPUT_BYTES = 64 << 20
 _HUGE_PAGE = 2 << 20
 _MADV_HUGEPAGE = 14
-# Elements per block of `planar`'s channels-last conversion: a block and its transpose
-# stay in L2, where torch's strided copy runs several times faster than on the whole tensor.
-_PLANAR_BLOCK = 1 << 16
+_PLANAR_BLOCK = 1 << 16  # elements per block of `planar`'s transpose: it stays in L2
 
 Work = Callable[[slice, int, int], None]
 
 
 def scratch(name: str, shape: Sequence[int], capacity: int, like: Tensor) -> Tensor:
-    """A contiguous ``shape`` tensor (contents undefined) of ``like``'s dtype and device.
-
-    On CPU it is the front of the calling thread's reusable buffer ``name`` of ``capacity``
-    elements (`visionblocks._core.parallel.workspace`; ``capacity`` is the largest ``shape`` of
-    the call, so the last, shorter part of a call does not reallocate); elsewhere a new
-    tensor.
+    """A contiguous ``shape`` tensor (contents undefined) of ``like``'s dtype and device: on
+    CPU the front of the calling thread's reusable buffer ``name`` of ``capacity`` elements.
 
     Examples:
         >>> like = torch.zeros(1)
@@ -73,12 +56,8 @@ def scratch(name: str, shape: Sequence[int], capacity: int, like: Tensor) -> Ten
 def planar(x: Tensor, dtype: torch.dtype) -> Tensor:
     """``x (B, C, H, W)`` as a contiguous (NCHW) tensor of ``dtype`` (``x`` itself if it is one).
 
-    The planes of the local ops need NCHW memory. A channels-last ``x`` (channel stride 1,
-    as a ``channels_last`` conv's output or a channel slice of one) is transposed on CPU in
-    L2-sized blocks of rows spread over the threads (`parallel_for`), several times faster
-    than ``x.contiguous()``, whose strided copy of a large tensor is memory bound; the cast
-    to ``dtype`` happens in the same pass. Other layouts, and CUDA tensors, use ``.to`` and
-    ``.contiguous()``.
+    A channels-last CPU ``x`` (channel stride 1) is transposed and cast in L2-sized blocks
+    of rows spread over the threads, faster than ``x.contiguous()``.
 
     Examples:
         >>> x = torch.randn(2, 8, 5, 6).contiguous(memory_format=torch.channels_last)
@@ -122,13 +101,9 @@ def _madvise() -> Callable[[int, int, int], int] | None:
 def new_output(shape: Sequence[int], like: Tensor) -> Tensor:
     """``like.new_empty(shape)``; a large CPU result asks for transparent huge pages first.
 
-    A fresh result is written through one page fault per 4 KiB page, and for a result of
-    ~100 MB (``local_filter2d``'s ``grad_kernels``) the faults cost more than the arithmetic.
-    For results of at least 64 MiB on Linux, ``madvise(MADV_HUGEPAGE)`` before the first
-    write lets the kernel back them with 2 MiB pages (where transparent huge pages are
-    enabled for ``madvise``, the common default): 512 times fewer faults. The advice only
-    concerns this allocation, which glibc maps afresh and unmaps when the tensor is freed.
-    Set ``VISIONBLOCKS_HUGE_PAGES=0`` to turn it off.
+    On Linux, results of at least 64 MiB get ``madvise(MADV_HUGEPAGE)`` before the first
+    write (fewer page faults, which otherwise cost more than the arithmetic of
+    ``local_filter2d``'s ``grad_kernels``). ``VISIONBLOCKS_HUGE_PAGES=0`` turns it off.
 
     Examples:
         >>> new_output((2, 3), torch.zeros(1)).shape
@@ -150,8 +125,7 @@ def new_output(shape: Sequence[int], like: Tensor) -> Tensor:
 def windows(xp: Tensor, k: int, d: int, s: int, rows: int, cols: int) -> Tensor:
     """Every ``k x k`` window of a zero-padded ``xp (..., Hp, Wp)``, as a view (no copy).
 
-    ``windows(xp, k, d, s, rows, cols)[..., i, j, r, c] = xp[..., r*s + i*d, c*s + j*d]``,
-    shape ``(..., k, k, rows, cols)``: the unfolded tensor of ``F.unfold``, as strides.
+    ``windows(xp, k, d, s, rows, cols)[..., i, j, r, c] = xp[..., r*s + i*d, c*s + j*d]``.
 
     Examples:
         >>> xp = torch.arange(16.0).view(4, 4)
@@ -172,17 +146,9 @@ def windows(xp: Tensor, k: int, d: int, s: int, rows: int, cols: int) -> Tensor:
 class Grid:
     """The segments ``(planes slice, row start, row stop)`` of a ``(planes, rows)`` grid.
 
-    Args:
-        planes: Number of planes.
-        rows: Rows per plane.
-        row_cost: Work per row of one plane (e.g. output elements, or logits).
-        target: Work per segment.
-        min_rows: Smallest row block (a block must be at least this tall).
-        device: On a non-CPU device `run` calls the segments one after the other.
-
-    A plane costing more than ``target`` is cut into blocks of at least
-    ``max(min_rows, target // row_cost)`` rows (as equal as possible); otherwise whole planes
-    are grouped, ``group = target // plane cost`` of them per segment.
+    A plane costing more than ``target`` (``rows * row_cost``) is cut into blocks of at least
+    ``max(min_rows, target // row_cost)`` rows; otherwise ``target // plane cost`` whole
+    planes form a segment. On a non-CPU ``device`` `run` calls the segments in order.
 
     Examples:
         >>> grid = Grid(planes=3, rows=10, row_cost=100, target=400)
@@ -220,9 +186,8 @@ class Grid:
     def run(self, work: Work, parity: int | None = None) -> None:
         """Call ``work(planes, r0, r1)`` on every segment, in parallel on CPU.
 
-        ``parity`` (0 or 1) restricts the run to the even or odd row blocks: two neighbouring
-        blocks' segments may then write to each other's rows (up to ``min_rows // 2`` rows
-        past their own) without racing.
+        ``parity`` (0 or 1) runs only the even or odd row blocks, so that neighbouring
+        blocks may write up to ``min_rows // 2`` rows into each other's without racing.
         """
         blocks = [b for i, b in enumerate(self.blocks) if parity is None or i % 2 == parity]
         if not blocks or not self.planes:

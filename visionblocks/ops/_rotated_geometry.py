@@ -1,16 +1,10 @@
 """Rotated-box formats: parsing a ``fmt``, conversion to ``"cxcywhr"`` and the canonical form.
 
-Private helpers of `visionblocks.ops.rotated` (the public docstrings hold the convention).
-Everything here is element-wise torch on ``(..., K)`` tensors: no host reads.
-
-The canonical form (`canonical`) is the one representation every IoU computation starts
-from: non-negative sides and an angle in ``[-45, 45)`` degrees, reached by whole turns of 90
-degrees with the sides swapped on odd ones (a rectangle turned by 90 degrees with its sides
-swapped is the same rectangle; turned by 180 degrees it is unchanged). Equal rectangles
-written differently (``r`` and ``r + 180``, or ``(w, h, r)`` and ``(h, w, r + 90)``) get
-equal canonical parameters (bitwise, when the angles differ by exact multiples of 90), which
-is what makes their IoU exactly 1. The Triton kernel (`visionblocks.kernels.rotated_iou`)
-computes the same formula.
+Private helpers of `visionblocks.ops.rotated` (whose module docstring holds the convention);
+element-wise torch, no host reads. The canonical form (`canonical`, also computed by the
+Triton kernel) has non-negative sides and an angle in ``[-45, 45)`` degrees, reached by whole
+quarter turns with the sides swapped on odd ones, so equal rectangles written differently get
+equal parameters (bitwise for angles differing by exact multiples of 90): their IoU is 1.
 """
 
 from __future__ import annotations
@@ -79,10 +73,7 @@ def parse_rotated_format(fmt: Any, name: str = "fmt") -> str:
 
 
 def plain(boxes: Tensor, fmt: str, name: str) -> Tensor:
-    """``boxes`` as a plain tensor; a torchvision ``BoundingBoxes`` must carry ``fmt``.
-
-    Reads only metadata (the ``format`` attribute), never values.
-    """
+    """``boxes`` as a plain tensor; a torchvision ``BoundingBoxes`` must carry ``fmt``."""
     own = getattr(boxes, "format", None)
     if own is not None and type(boxes) is not Tensor:
         own_name = getattr(own, "value", own)
@@ -96,8 +87,7 @@ def plain(boxes: Tensor, fmt: str, name: str) -> Tensor:
 
 
 def _nonneg(x: Tensor) -> Tensor:
-    """``|x|`` whose gradient at 0 is 1 (``abs`` gives 0 there, which would freeze a
-    zero-width predicted box)."""
+    """``|x|`` with gradient 1 at 0 (``abs``'s 0 would freeze a zero-width predicted box)."""
     return torch.where(x < 0, -x, x)
 
 
@@ -115,14 +105,8 @@ def _safe_atan2(y: Tensor, x: Tensor) -> Tensor:
 
 
 def to_cxcywhr(boxes: Tensor, fmt: str) -> Tensor:
-    """``(..., K)`` boxes in ``fmt`` as ``(..., 5)`` ``(cx, cy, w, h, r)``, differentiable.
-
-    ``"xywhr"``: torchvision's ``XYWHR -> CXCYWHR`` (``|w| / 2`` and ``|h| / 2`` along the
-    rotated axes from the first corner). ``"xyxyxyxy"``: the centre is the mean of the four
-    corners, ``w = |p2 - p1|``, ``h = |p3 - p2|`` and ``r = atan2(y1 - y2, x2 - x1)`` in
-    degrees: torchvision's conversion for corners in its order, and the same rectangle for
-    corners listed the other way round (torchvision's centre assumes its order).
-    """
+    """``(..., K)`` boxes in ``fmt`` as ``(..., 5)`` ``(cx, cy, w, h, r)``, differentiable
+    (the conversions of `visionblocks.ops.rotated`'s Convention)."""
     if fmt == "cxcywhr":
         return boxes
     if fmt == "xywhr":
@@ -142,8 +126,7 @@ def to_cxcywhr(boxes: Tensor, fmt: str) -> Tensor:
 
 
 def canonical(boxes: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-    """Canonical ``(cx, cy, w, h, r)`` columns of ``(..., 5)`` cxcywhr boxes (see the module
-    docstring): ``w, h >= 0`` and ``r`` in ``[-45, 45)`` (up to rounding) degrees.
+    """Canonical ``(cx, cy, w, h, r)`` columns of ``(..., 5)`` cxcywhr boxes (module notes).
 
     Examples:
         >>> import torch

@@ -1,22 +1,11 @@
-"""Greedy NMS of rotated boxes as the custom op ``visionblocks::nms_rotated``.
+"""Greedy NMS of rotated boxes as the custom op ``visionblocks::nms_rotated`` (private).
 
-Private helper of `visionblocks.ops.rotated` (`nms_rotated`, `batched_nms_rotated`, whose
-docstrings hold the semantics). A custom op, like torchvision's ``nms``: its output size
-depends on the values, so eager calls read them on the host, while ``torch.compile`` (with
-``torch._dynamo.config.capture_dynamic_output_shape_ops = True``) and fake tensors see one
-opaque node whose length is a new unbacked size, and read nothing.
-
-**Algorithm.** The boxes are sorted by score (descending, stable: ties keep index order, as
-torchvision's ``nms``) and processed in blocks of `BLOCK` boxes. A block's boxes are first
-suppressed by the boxes kept so far (IoU against them, in tiles of `BLOCK` columns); then the
-greedy pass inside the block is the fixed point of ``keep[i] = alive[i] and not any(keep[j]
-and iou[j, i] > threshold for j < i)``, iterated from ``keep = alive``: after ``t`` rounds the
-first ``t`` boxes of the block are final, every fixed point is the greedy answer, and it
-comes in as many rounds as the longest chain of suppressions (a handful in practice, each one
-``BLOCK x BLOCK`` comparisons on the device). Memory: ``O(BLOCK^2)`` besides the output.
-
-**Host reads** (eager): one per round (did ``keep`` change?), one per block (the kept boxes),
-and the output's length. Blocks of `BLOCK` boxes on CPU, `CUDA_BLOCK` on CUDA.
+Semantics: `visionblocks.ops.rotated.nms_rotated`. Boxes sorted by score (stable) are taken
+in blocks; a block is first suppressed by the boxes kept so far, then its greedy pass is the
+fixed point of ``keep[i] = alive[i] and not any(keep[j] and iou[j, i] > threshold, j < i)``
+iterated from ``keep = alive`` (after ``t`` rounds the first ``t`` boxes are final; as many
+rounds as the longest chain of suppressions). Memory ``O(block^2)``; eager host reads: one
+per round, one per block and the output's length.
 """
 
 from __future__ import annotations
@@ -24,29 +13,19 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from visionblocks.kernels._dispatch import resolve_impl
 from visionblocks.ops._rotated_overlap import rotated_iou
 
 __all__ = ["BLOCK", "nms_rotated_op"]
 
-BLOCK = 1024
-"""Boxes per block of the greedy pass (and columns per tile against the kept boxes); on
-CUDA, `CUDA_BLOCK` (fewer rounds, each a few more comparisons on the device)."""
+BLOCK = 1024  # boxes per block of the greedy pass on CPU
 CUDA_BLOCK = 4096
-
-
-def _pairwise(a: Tensor, b: Tensor) -> Tensor:
-    """``(n, m)`` IoU of cxcywhr boxes (the kernel on CUDA, as ``impl="auto"`` picks)."""
-    use_kernel = resolve_impl("auto", "rotated_box_iou", a, b) == "triton"
-    return rotated_iou(a, b, False, 1e-7, use_kernel, "auto")
 
 
 def _suppressing(
     a: Tensor, b: Tensor, threshold: float, ca: Tensor | None, cb: Tensor | None
 ) -> Tensor:
-    """``(n, m)``: whether box ``a[i]`` and box ``b[j]`` overlap by more than the threshold
-    (and, for batched NMS, share a category)."""
-    over = _pairwise(a, b) > threshold
+    """``(n, m)``: ``a[i]`` and ``b[j]`` overlap by more than the threshold (same category)."""
+    over = rotated_iou(a, b, False, 1e-7, "auto") > threshold  # the kernel on CUDA
     if ca is not None and cb is not None:
         over = over & (ca.unsqueeze(1) == cb.unsqueeze(0))
     return over
@@ -90,9 +69,8 @@ def _greedy(boxes: Tensor, scores: Tensor, idxs: Tensor | None, threshold: float
 def nms_rotated_op(
     boxes: Tensor, scores: Tensor, idxs: Tensor | None, iou_threshold: float
 ) -> Tensor:
-    """Kept indices (int64, by decreasing score) of checked ``(N, 5)`` cxcywhr ``boxes``
-    (float32 or float64, no gradient), ``(N,)`` ``scores`` and optional ``(N,)`` category
-    ``idxs`` (boxes of different categories never suppress each other)."""
+    """Kept indices (int64, by decreasing score) of checked float ``(N, 5)`` cxcywhr boxes,
+    their ``(N,)`` scores and optional ``(N,)`` categories ``idxs``."""
     if boxes.shape[0] == 0:
         return torch.zeros(0, dtype=torch.int64, device=boxes.device)
     with torch.no_grad():

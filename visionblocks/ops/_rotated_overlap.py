@@ -1,52 +1,30 @@
 """The IoU of rotated boxes: the intersection polygon, its area, and the area's gradient.
 
-Private helpers of `visionblocks.ops.rotated` (the public docstrings hold the convention).
+Private helpers of `visionblocks.ops.rotated` (whose module docstring holds the convention).
 
-**Intersection.** Everything for a pair happens in the frame of the second box (its centre
-at the origin, its sides along the axes), where its half-planes are ``|x| <= hw2`` and
-``|y| <= hh2`` exactly. Each edge of the first box is clipped to the second box
-(Liang–Barsky: the parameter interval ``[t0, t1]`` of the segment inside four half-planes),
-and each edge of the second box to the first (in the first box's frame, then mapped back).
-The 16 clipped end points (4 edges x 2 ends x 2 boxes, some empty) are exactly the vertices
-of the convex intersection polygon, each at least twice (a corner inside the other box ends
-two of its edges; a crossing ends one edge of each box). They are sorted by angle around
-their mean (a pseudo-angle, no ``atan2``: `_diamond`) and the shoelace formula gives the
-area. No step uses a point computed by an earlier one, so rounding cannot cascade: every
-candidate lies within rounding of the true boundary, and the area is within rounding of the
-exact one (the tests hold it to shapely's float64 area on thousands of pairs). End points are
-clamped into the box they were clipped to, and the end of an unclipped edge is the corner
-itself, so shared edges and corners of axis-aligned boxes come out exactly.
+**Intersection**, in the second box's frame: each edge of either box is clipped to the other
+box (Liang–Barsky); the 16 clipped end points are the vertices of the convex intersection
+polygon, sorted by a pseudo-angle around their mean, and the shoelace formula gives the
+area. No step uses a point computed by an earlier one, so rounding cannot cascade.
 
-**Gradient.** The area's derivative is written out (`pair_iou_grad`), not traced: moving a
-box moves its edges, and the area changes by the integral, over the parts of the polygon's
-boundary lying on that box, of the edges' outward normal speed. Per polygon edge (length
-``L``, outward unit normal ``n`` of the box edge it lies on, midpoint ``m``): the centre gets
-``L n``, the side that edge bounds ``L / 2``, the angle ``L (m - c) . dn/dr``. Each polygon
-edge is assigned to the box edge whose line its midpoint lies on, among the box edges facing
-the same way, so even a degenerate polygon (a zero-width box: a segment walked there and
-back) gets the one-sided derivative (a zero-width box grows by ``L`` per unit of width).
-Every term is a product of lengths and unit vectors: finite for any finite boxes, with no
-``1 / (nearly parallel)`` factor that autograd through the clipping would bring.
+**Gradient**, written out (`pair_iou_grad`): per polygon edge (length ``L``, outward unit
+normal ``n`` of the box edge it lies on, midpoint ``m``) the box's centre gets ``L n``, the
+side it bounds ``L / 2``, the angle ``L (m - c) . dn/dr``: products of lengths and unit
+vectors, finite for finite boxes (a degenerate polygon gets the one-sided derivative).
 
-**Tiles and ops.** Pairs are processed in tiles (`FORWARD_PAIRS`, `BACKWARD_PAIRS`; larger
-on CUDA), so an ``N x M`` problem's temporaries stay bounded; on CPU (eager, tensors with
-values) only the pairs whose axis-aligned bounds overlap are computed, the others being 0
-with a zero gradient. The forward and the backward are the custom ops
-``visionblocks::rotated_box_iou`` and ``visionblocks::rotated_box_iou_backward``
-(`rotated_iou`), so ``torch.compile`` and fake tensors see one node with its output shape,
-and the eager code above runs unchanged inside compiled graphs.
+Pairs run in tiles (eager CPU calls skip the pairs whose bounds are apart) inside the custom
+ops ``visionblocks::rotated_box_iou`` and ``visionblocks::rotated_box_iou_backward``.
 """
 
 from __future__ import annotations
 
-import math
 from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
 
-from visionblocks._core.tensor_checks import has_values
-from visionblocks.kernels._dispatch import run_fused
+from visionblocks._core.dispatch import forced_triton, has_values, use_triton
+from visionblocks._core.tensor_checks import compute_dtype
 from visionblocks.ops._rotated_geometry import DEG, canonical, canonical_backward
 
 __all__ = [
@@ -59,9 +37,7 @@ __all__ = [
     "rotated_iou_backward",
 ]
 
-# Pairs per tile: per-pair temporaries are ~2 KB in forward (16 candidates) and ~8 KB in
-# backward (16 polygon edges x 8 box edges), so a tile holds tens of MB at most; on CUDA,
-# `CUDA_TILE` times more (fewer, larger launches; a few hundred MB).
+# Pairs per tile (a tile's temporaries: tens of MB); `CUDA_TILE` times more on CUDA.
 FORWARD_PAIRS = 1 << 15
 BACKWARD_PAIRS = 1 << 12
 CUDA_TILE = 8
@@ -72,12 +48,9 @@ def _budget(pairs: int, *tensors: Tensor) -> int:
 
 
 class PairFrame(NamedTuple):
-    """A pair of canonical boxes seen from the second box (all tensors broadcast together).
-
-    ``dx, dy``: the first box's centre; ``ca, sa``: cos and sin of its angle; ``ex, ey``:
-    the second box's centre in the first box's frame; ``hw1, hh1, hw2, hh2``: half sides;
-    ``c2, s2``: cos and sin of the second box's angle (frame to image).
-    """
+    """A pair of canonical boxes in the second box's frame: the first box's centre
+    ``dx, dy`` and angle ``ca, sa``; the second's centre ``ex, ey`` in the first's frame;
+    half sides; ``c2, s2``: the second box's angle (frame to image)."""
 
     dx: Tensor
     dy: Tensor
@@ -111,8 +84,7 @@ def _corners(
     px: Tensor, py: Tensor, hw: Tensor, hh: Tensor, c: Tensor, s: Tensor
 ) -> tuple[Tensor, Tensor]:
     """The 4 corners ``(..., 4)`` of a box centred at ``(px, py)`` with ``u = (c, -s)``,
-    ``v = (s, c)``, in positive (shoelace) order: ``centre + sigma_k hw u + tau_k hh v`` with
-    ``(sigma, tau)`` = ``(-1, -1), (1, -1), (1, 1), (-1, 1)``."""
+    ``v = (s, c)``, in positive (shoelace) order."""
     hc, hs, kc, ks = hw * c, hw * s, hh * c, hh * s
     xs = torch.stack((px - hc - ks, px + hc - ks, px + hc + ks, px - hc + ks), -1)
     ys = torch.stack((py + hs - kc, py - hs - kc, py - hs + kc, py + hs + kc), -1)
@@ -151,8 +123,7 @@ def _interleave(s: Tensor, e: Tensor) -> Tensor:
 
 
 def _diamond(x: Tensor, y: Tensor) -> Tensor:
-    """A pseudo-angle of ``(x, y)`` in ``[0, 4)``, increasing with the angle (0 at the
-    origin): cheaper than ``atan2`` and exact at the axes."""
+    """A pseudo-angle of ``(x, y)`` in ``[0, 4)``, monotonic in the angle, exact at the axes."""
     ax, ay = x.abs(), y.abs()
     s = ax + ay
     s = torch.where(s > 0, s, 1.0)
@@ -213,9 +184,8 @@ def pair_iou(a: tuple[Tensor, ...], b: tuple[Tensor, ...], eps: float) -> Tensor
 def pair_iou_grad(
     a: tuple[Tensor, ...], b: tuple[Tensor, ...], eps: float
 ) -> tuple[Tensor, Tensor]:
-    """The gradients ``(..., 5)`` of `pair_iou` with respect to both boxes' canonical
-    parameters (see the module docstring; 0 for equal boxes, where the IoU is at its
-    maximum)."""
+    """Gradients ``(..., 5)`` of `pair_iou` for both boxes' canonical parameters (module
+    notes; 0 for equal boxes)."""
     f = _frame(a, b)
     px, py, mx, my = _polygon(f)
     _, inter, union, same = _finish(_area(px, py, mx, my), a, b, eps)
@@ -272,27 +242,23 @@ def _tiles(n: int, m: int, batch: int, budget: int) -> tuple[int, int]:
 
 
 def _pairwise_inputs(b1: Tensor, b2: Tensor) -> tuple[Tensor, Tensor, int]:
+    """Both sets expanded to their common batch dims, and the batch size."""
     batch = torch.broadcast_shapes(b1.shape[:-2], b2.shape[:-2])
-    b1 = b1.expand(*batch, *b1.shape[-2:])
-    b2 = b2.expand(*batch, *b2.shape[-2:])
     size = 1
     for s in batch:
         size *= s
-    return b1, b2, size
+    return b1.expand(*batch, *b1.shape[-2:]), b2.expand(*batch, *b2.shape[-2:]), size
 
 
 def _sparse(*tensors: Tensor) -> bool:
-    """Whether to skip the pairs whose bounding boxes are apart (CPU tensors with values,
-    eager): reading CPU values costs no synchronisation, and most pairs of a real image's
-    boxes do not overlap. CUDA, fake tensors and ``torch.compile`` compute every pair."""
+    """Whether to skip the pairs whose bounds are apart: eager CPU tensors with values."""
     return not torch.compiler.is_compiling() and all(
         t.device.type == "cpu" and has_values(t) for t in tensors
     )
 
 
 def _bounds(boxes: Tensor) -> tuple[Tensor, ...]:
-    """Axis-aligned bounds ``x1, y1, x2, y2`` of ``(..., 5)`` cxcywhr boxes, padded by a
-    relative 2**-20 so that rounding never drops an overlapping pair."""
+    """Axis-aligned bounds of cxcywhr boxes, padded so rounding never drops a pair."""
     cx, cy, w, h, r = canonical(boxes)
     rad = r * DEG
     c, s = torch.cos(rad).abs(), torch.sin(rad).abs()
@@ -303,7 +269,7 @@ def _bounds(boxes: Tensor) -> tuple[Tensor, ...]:
 
 def _overlapping(e1: Tensor, e2: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """Batch, row and column indices of the pairs of ``(B, N, 5)`` and ``(B, M, 5)`` boxes
-    whose bounds overlap (the others have an empty intersection: IoU 0, gradient 0)."""
+    whose bounds overlap."""
     x1, y1, x2, y2 = (t.unsqueeze(-1) for t in _bounds(e1))
     u1, v1, u2, v2 = (t.unsqueeze(-2) for t in _bounds(e2))
     near = (x1 <= u2) & (u1 <= x2) & (y1 <= v2) & (v1 <= y2)
@@ -312,11 +278,9 @@ def _overlapping(e1: Tensor, e2: Tensor) -> tuple[Tensor, Tensor, Tensor]:
 
 
 def _flat_pairs(b1: Tensor, b2: Tensor) -> tuple[Tensor, Tensor, tuple[int, ...]]:
-    batch = torch.broadcast_shapes(b1.shape[:-2], b2.shape[:-2])
-    size = math.prod(batch)
-    e1 = b1.expand(*batch, *b1.shape[-2:]).reshape(size, *b1.shape[-2:])
-    e2 = b2.expand(*batch, *b2.shape[-2:]).reshape(size, *b2.shape[-2:])
-    return e1, e2, tuple(batch)
+    e1, e2, size = _pairwise_inputs(b1, b2)
+    flat = (e.reshape(size, *e.shape[-2:]) for e in (e1, e2))
+    return *flat, tuple(e1.shape[:-2])
 
 
 def _columns(boxes: Tensor) -> Tensor:
@@ -366,8 +330,7 @@ def iou_torch(b1: Tensor, b2: Tensor, aligned: bool, eps: float) -> Tensor:
 def iou_backward(
     b1: Tensor, b2: Tensor, grad: Tensor, aligned: bool, eps: float
 ) -> tuple[Tensor, Tensor]:
-    """Gradients of `iou_torch` (same arguments) for the output gradient ``grad``, with
-    respect to ``b1`` and ``b2`` (their shapes; computed in their dtype)."""
+    """Gradients of `iou_torch` (same arguments) for ``grad``, shaped as ``b1`` and ``b2``."""
     if aligned:
         shape = torch.broadcast_shapes(b1.shape[:-1], b2.shape[:-1])
         x1 = b1.expand(*shape, 5).reshape(-1, 5)
@@ -429,8 +392,8 @@ def iou_backward(
 
 
 def _kernel_reference(b1: Tensor, b2: Tensor, eps: float) -> Tensor:
-    """The torch path of the pairwise kernel (its fallback), same arguments."""
-    dtype = torch.float64 if b1.dtype == torch.float64 else torch.float32
+    """The kernel's torch fallback."""
+    dtype = compute_dtype(b1.dtype)
     return iou_torch(b1.to(dtype), b2.to(dtype), False, eps)
 
 
@@ -442,44 +405,37 @@ def _to_input_dtype(grad: Tensor, dtype: torch.dtype) -> Tensor:
     return grad.clamp(-big, big).to(dtype)
 
 
-def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
-    return torch.float64 if dtype == torch.float64 else torch.float32
-
-
 @torch.library.custom_op("visionblocks::rotated_box_iou", mutates_args=())
-def rotated_iou(
-    b1: Tensor, b2: Tensor, aligned: bool, eps: float, use_kernel: bool, impl: str
-) -> Tensor:
-    """IoU of raw cxcywhr boxes (one floating dtype, half included), pairwise or aligned:
-    the Triton kernel (``use_kernel``, pairwise ``(N, 5)`` x ``(M, 5)``) or `iou_torch`, in
-    the compute dtype (float32, float64 for float64 boxes); differentiable through the
-    written-out gradient (`iou_backward`).
+def rotated_iou(b1: Tensor, b2: Tensor, aligned: bool, eps: float, impl: str) -> Tensor:
+    """IoU of raw cxcywhr boxes of one floating dtype, pairwise or aligned, in float32
+    (float64): the Triton kernel where `use_triton` picks it, else `iou_torch`;
+    differentiable through `iou_backward`."""
+    pairwise = not aligned and b1.dim() == 2 and b2.dim() == 2
+    if pairwise and use_triton("rotated_box_iou", impl, b1, b2):
+        from visionblocks.kernels.rotated_iou import rotated_box_iou_triton
 
-    A custom op, so that ``torch.compile`` and fake tensors see one node (its output shape)
-    and the eager code (tiles, the CPU skip of far-apart pairs, the kernel) runs as is."""
-    if use_kernel:
-        return run_fused("rotated_box_iou", impl, _kernel_reference, b1, b2, eps)
-    dtype = _compute_dtype(b1.dtype)
+        fallback = None if forced_triton(impl) else _kernel_reference
+        return rotated_box_iou_triton(b1, b2, eps, reference=fallback)
+    dtype = compute_dtype(b1.dtype)
     return iou_torch(b1.to(dtype), b2.to(dtype), aligned, eps)
 
 
 @rotated_iou.register_fake
-def _(b1: Tensor, b2: Tensor, aligned: bool, eps: float, use_kernel: bool, impl: str) -> Tensor:
+def _(b1: Tensor, b2: Tensor, aligned: bool, eps: float, impl: str) -> Tensor:
     if aligned:
         shape = tuple(torch.broadcast_shapes(b1.shape[:-1], b2.shape[:-1]))
     else:
         batch = torch.broadcast_shapes(b1.shape[:-2], b2.shape[:-2])
         shape = (*batch, b1.shape[-2], b2.shape[-2])
-    return b1.new_empty(shape, dtype=_compute_dtype(b1.dtype))
+    return b1.new_empty(shape, dtype=compute_dtype(b1.dtype))
 
 
 @torch.library.custom_op("visionblocks::rotated_box_iou_backward", mutates_args=())
 def rotated_iou_backward(
     grad: Tensor, b1: Tensor, b2: Tensor, aligned: bool, eps: float
 ) -> tuple[Tensor, Tensor]:
-    """The gradients of `rotated_iou` with respect to ``b1`` and ``b2``, in their dtypes
-    (clamped to a half dtype's finite range)."""
-    dtype = _compute_dtype(b1.dtype)
+    """Gradients of `rotated_iou` for ``b1`` and ``b2``, in their dtypes (clamped)."""
+    dtype = compute_dtype(b1.dtype)
     g1, g2 = iou_backward(b1.to(dtype), b2.to(dtype), grad, aligned, eps)
     return _to_input_dtype(g1, b1.dtype), _to_input_dtype(g2, b2.dtype)
 
@@ -499,7 +455,7 @@ def _backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
     b1, b2 = ctx.saved_tensors
     g1, g2 = rotated_iou_backward(grad, b1, b2, ctx.aligned, ctx.eps)
     need1, need2 = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-    return (g1 if need1 else None, g2 if need2 else None, None, None, None, None)
+    return (g1 if need1 else None, g2 if need2 else None, None, None, None)
 
 
 rotated_iou.register_autograd(_backward, setup_context=_setup_context)

@@ -1,31 +1,23 @@
 """Anchor assignment without the anchors x objects IoU matrix: best IoUs, `Matcher`, ATSS.
 
-RetinaNet-, Faster R-CNN- and ATSS-style training matches every anchor to a ground-truth
-object through the ``N x M`` IoU matrix of ``N`` anchors and ``M`` objects, which
-torchvision's ``Matcher`` takes as its input. With 200,000 anchors and 500 objects that matrix
-alone is 400 MB per image in float32 (and its formula's temporaries several times that). The
-functions here compute what the assignment needs, in blocks of anchors, without it:
+RetinaNet-, Faster R-CNN- and ATSS-style training matches anchors to objects through the
+``N x M`` IoU matrix of ``N`` anchors and ``M`` objects (torchvision's ``Matcher`` input),
+gigabytes with its temporaries for hundreds of thousands of anchors. The functions here
+compute what the assignment needs, in blocks of anchors, without it:
 
-- `best_box_iou`: each anchor's best IoU and the object that gives it, and each object's best
-  IoU over all anchors;
-- `match_anchors`: torchvision's ``Matcher`` (high and low thresholds,
-  ``allow_low_quality_matches``) as a function of the boxes, equal to ``Matcher`` run on
-  `visionblocks.ops.box_iou`'s matrix;
-- `atss_assign`: ATSS's adaptive selection (per level the ``topk`` anchors closest to each
-  object, an IoU threshold of mean + standard deviation over them, centre inside the box), as
-  in mmdetection's ``ATSSAssigner``.
+- `best_box_iou`: each anchor's best IoU and object, and each object's best IoU;
+- `match_anchors`: torchvision's ``Matcher`` on `visionblocks.ops.box_iou`'s matrix;
+- `atss_assign`: ATSS's adaptive selection, as mmdetection's ``ATSSAssigner``.
 
 Peak extra memory is ``O(block x M + N + M)``: a block holds as many anchors as
-``block_bytes`` allows (8 MiB by default) and the IoU of its pairs is
+``block_bytes`` allows (`BLOCK_BYTES` by default) and the IoU of its pairs is
 `visionblocks.ops.box_iou`'s formula, so every IoU here is bitwise the matrix's entry, and no
 result depends on the block size. ``impl="triton"`` runs the reductions of `best_box_iou`
 and `match_anchors` as Triton kernels on CUDA (`visionblocks.kernels.assign`), which never
-hold a block of IoUs at all. ``impl="auto"`` keeps the torch path, also on CUDA: on an H200
-(2026-11-28, triton 3.6) the kernels differed from it in the last bit of some IoUs, and an
-assignment must equal ``Matcher``'s on the matrix. The cause was triton 3.6 compiling their
-float32 division to the approximate ``div.full.f32``; they now use ``div.rn`` on every triton
-version (checked in the compiled code, no GPU needed), and are not picked until a GPU run
-confirms them exact.
+hold a block of IoUs at all. ``impl="auto"`` keeps the torch path, also on CUDA, until a GPU
+run confirms the kernels bitwise equal to it (an assignment must equal ``Matcher``'s on the
+matrix; see the Assigning targets page). All three read no tensor values on the host and
+compile with ``torch.compile(fullgraph=True)`` (one graph per shape: the blocks are a loop).
 
 Convention:
     Boxes are ``"xyxy"`` corners ``(x1, y1, x2, y2)``, x right, y down, ``w = x2 - x1`` (no
@@ -35,16 +27,13 @@ Convention:
 
 Ties:
     An anchor whose best IoU is reached by several objects is given the first of them (the
-    lowest index), as ``torch.max(dim)`` documents ("the indices of the first maximal value")
-    and so as ``Matcher``'s ``match_quality_matrix.max(dim=0)`` gives. The Triton kernels
-    break ties the same way.
+    lowest index), as ``torch.max(dim)`` and so ``Matcher`` give; the kernels too.
 
 NaN:
-    Nothing reads tensor values on the host, so NaN boxes are not rejected; their IoUs are
-    NaN and follow ``torch.max``: an anchor with a NaN IoU gets NaN as its best value and the
-    first such object as its index, and an object with a NaN IoU gets NaN as its best value.
-    `match_anchors` then gives what ``Matcher`` gives on the same matrix (a NaN is neither
-    below nor between the thresholds, so the anchor keeps the index): drop NaN boxes first.
+    NaN boxes are not rejected (no host reads); their IoUs are NaN and follow ``torch.max``:
+    a NaN IoU is the best value, with the first such object as the index. `match_anchors`
+    then gives what ``Matcher`` gives on the same matrix (a NaN is neither below nor between
+    the thresholds, so the anchor keeps the index): drop NaN boxes first.
 
 Dtypes:
     IoUs are computed and returned in float32 for float16, bfloat16 and integer boxes, float64
@@ -62,10 +51,9 @@ import torch
 from torch import Tensor
 
 from visionblocks._core.checks import check_int, check_number, check_type
-from visionblocks._core.dispatch import get_impl, validate_impl
+from visionblocks._core.dispatch import forced_triton, use_triton, validate_impl
 from visionblocks._core.namespace import public_dir
-from visionblocks._core.tensor_checks import check_real, check_same_device
-from visionblocks.kernels._dispatch import resolve_impl, run_fused
+from visionblocks._core.tensor_checks import check_real, check_same_device, compute_dtype
 from visionblocks.ops._assign_blocks import any_equal, reduce_blocks, rows_per_block
 from visionblocks.ops.boxes import _overlap, check_eps
 
@@ -89,16 +77,11 @@ BETWEEN_THRESHOLDS: int = -2
 high_threshold)`` (ignored by the loss), torchvision's ``Matcher.BETWEEN_THRESHOLDS``."""
 
 BLOCK_BYTES: int = 8 * 2**20
-"""Default memory budget of one block of anchors (8 MiB of IoU temporaries): for 500
-objects in float32, 699 anchors a block. On 2 CPU cores, 200,000 x 500 runs fastest with
-blocks of 4 to 8 MiB (they stay in cache); smaller blocks pay per-op overhead, larger ones
-memory traffic and page faults."""
+"""Default memory budget of one block of anchors: 8 MiB of IoU temporaries (699 anchors
+a block for 500 objects in float32), small enough to stay in cache."""
 
-# Bytes of temporaries per anchor-object pair while a block is computed: box_iou's formula
-# holds about six pair-sized tensors at its peak (overlap sides, their clamp, the union).
-_IOU_TEMPS = 6
-# ATSS's distances, their indices (int64) and a stable sort's values and indices.
-_TOPK_BYTES = 40
+_IOU_TEMPS = 6  # pair-sized temporaries of box_iou's formula at its peak
+_TOPK_BYTES = 40  # per pair: ATSS's distances, indices and a stable sort's outputs
 
 
 class BestIoU(NamedTuple):
@@ -108,6 +91,11 @@ class BestIoU(NamedTuple):
         anchor_values (Tensor[N]): Each anchor's best IoU over the objects.
         anchor_indices (Tensor[N]): The object giving it (int64; the first on ties).
         box_values (Tensor[M]): Each object's best IoU over the anchors.
+
+    Examples:
+        >>> boxes = torch.tensor([[0.0, 0.0, 2.0, 2.0]])
+        >>> best_box_iou(boxes, boxes).anchor_indices
+        tensor([0])
     """
 
     anchor_values: Tensor
@@ -127,20 +115,11 @@ def _check_boxes(anchors: Tensor, boxes: Tensor) -> None:
 
 
 def _check_block_bytes(block_bytes: int | None) -> int:
-    if block_bytes is None:
-        return BLOCK_BYTES
-    return check_int("block_bytes", block_bytes, 1)
-
-
-def _compute_dtype(anchors: Tensor, boxes: Tensor) -> torch.dtype:
-    """float64 if either set is float64, else float32 (`box_iou`'s dtype)."""
-    dtype = torch.promote_types(anchors.dtype, boxes.dtype)
-    return torch.float64 if dtype == torch.float64 else torch.float32
+    return BLOCK_BYTES if block_bytes is None else check_int("block_bytes", block_bytes, 1)
 
 
 def _kernel_inputs(anchors: Tensor, boxes: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
-    """The kernels' inputs: floating boxes as they are (the kernels load every floating dtype
-    and cast, as ``_upcast`` does), integer boxes in the compute dtype."""
+    """Floating boxes as they are (the kernels cast on load), integer ones in ``dtype``."""
     return (
         anchors if anchors.is_floating_point() else anchors.to(dtype),
         boxes if boxes.is_floating_point() else boxes.to(dtype),
@@ -149,11 +128,7 @@ def _kernel_inputs(anchors: Tensor, boxes: Tensor, dtype: torch.dtype) -> tuple[
 
 def _iou_rows(anchors: Tensor, boxes: Tensor, eps: float):
     """``score(start, stop)``: `box_iou` of anchors ``start:stop`` with every box."""
-
-    def score(start: int, stop: int) -> Tensor:
-        return _overlap(anchors[start:stop], boxes, 0, False, eps)
-
-    return score
+    return lambda start, stop: _overlap(anchors[start:stop], boxes, 0, False, eps)
 
 
 def _block(boxes: Tensor, dtype: torch.dtype, pair_bytes: int, block_bytes: int) -> int:
@@ -170,18 +145,9 @@ def _best_torch(anchors: Tensor, boxes: Tensor, eps: float, block_bytes: int) ->
     return BestIoU(values, indices, best)
 
 
-def _kernel_impl(impl: str) -> str:
-    """``"auto"`` (the call's, or `visionblocks.set_impl`'s) is the torch path until the
-    kernels are bitwise exact on hardware (see the module docstring); ``"triton"``, given
-    here or set globally, runs them."""
-    if impl == "auto":
-        impl = get_impl()
-    return "torch" if impl == "auto" else impl
-
-
 def _best(anchors: Tensor, boxes: Tensor, eps: float, block_bytes: int, impl: str) -> BestIoU:
     """`best_box_iou` of checked, detached boxes."""
-    dtype = _compute_dtype(anchors, boxes)
+    dtype = compute_dtype(torch.promote_types(anchors.dtype, boxes.dtype))
     n, m = anchors.shape[0], boxes.shape[0]
     if n == 0 or m == 0:
         return BestIoU(
@@ -189,14 +155,16 @@ def _best(anchors: Tensor, boxes: Tensor, eps: float, block_bytes: int, impl: st
             torch.full((n,), -1, dtype=torch.long, device=anchors.device),
             torch.zeros(m, dtype=dtype, device=anchors.device),
         )
-    impl = _kernel_impl(impl)
-    if impl == "triton" and resolve_impl(impl, "best_box_iou", anchors, boxes) == "triton":
+    # auto=False: "auto" keeps the torch path (module notes); "triton" runs the kernels.
+    if use_triton("best_box_iou", impl, anchors, boxes, auto=False):
+        from visionblocks.kernels.assign import best_box_iou_triton
 
         def reference(a: Tensor, b: Tensor, eps: float) -> tuple[Tensor, Tensor, Tensor]:
             return tuple(_best_torch(a.to(dtype), b.to(dtype), eps, block_bytes))
 
-        args = _kernel_inputs(anchors, boxes, dtype)
-        return BestIoU(*run_fused("best_box_iou", impl, reference, *args, eps))
+        args = (*_kernel_inputs(anchors, boxes, dtype), eps)
+        fallback = None if forced_triton(impl) else reference
+        return BestIoU(*best_box_iou_triton(*args, reference=fallback))
     return _best_torch(anchors.to(dtype), boxes.to(dtype), eps, block_bytes)
 
 
@@ -211,36 +179,28 @@ def best_box_iou(
     """Each anchor's best IoU and object, and each object's best IoU, without the IoU matrix.
 
     The results are those of the matrix ``iou = box_iou(anchors, boxes)`` (``(N, M)``):
-    ``iou.max(dim=1)`` (values and indices) and ``iou.max(dim=0).values``, computed in blocks
-    of anchors (peak memory ``O(block x M + N + M)``), bitwise equal to them.
-
-    Reads no tensor values on the host; compiles with ``torch.compile(fullgraph=True)`` (one
-    graph per shape: the number of blocks is a Python loop over the anchors).
+    ``iou.max(dim=1)`` (values and indices) and ``iou.max(dim=0).values``, bitwise, computed
+    in blocks of anchors (see the module notes).
 
     Args:
         anchors (Tensor[N, 4]): Anchors (or proposals), ``(x1, y1, x2, y2)``; floating or
             integer.
         boxes (Tensor[M, 4]): Ground-truth boxes, same device.
         eps: `box_iou`'s ``eps`` (in place of a union that is exactly zero; ``>= 0``).
-        block_bytes: Memory budget of one block of anchors in bytes (default `BLOCK_BYTES`,
-            8 MiB); the results do not depend on it.
-        impl: ``"auto"`` (the torch path; see the module docstring), ``"torch"`` or
-            ``"triton"`` (the kernel on CUDA, `visionblocks.kernels.assign`).
+        block_bytes: Memory budget of one block of anchors in bytes (default `BLOCK_BYTES`);
+            the results do not depend on it.
+        impl: ``"auto"`` (the torch path; see the module notes), ``"torch"`` or ``"triton"``
+            (the kernel on CUDA, `visionblocks.kernels.assign`).
 
     Returns:
         BestIoU: ``anchor_values (N,)``, ``anchor_indices (N,)`` int64 (the first best object
-        on ties), ``box_values (M,)``; IoUs in float32 (float64 for float64 boxes). Without
-        objects (``M = 0``) every anchor gets IoU 0 and index -1; without anchors every
-        object gets IoU 0.
+        on ties), ``box_values (M,)``; IoUs in float32 (float64 for float64 boxes). No
+        objects: every anchor gets IoU 0 and index -1; no anchors: every object IoU 0.
 
     Raises:
         TypeError: Boxes not real tensors, ``eps`` or ``block_bytes`` of the wrong type.
-        ValueError: Boxes not ``(N, 4)`` / ``(M, 4)`` or on different devices, ``eps`` < 0,
-            ``block_bytes`` < 1, an unknown ``impl``.
+        ValueError: Bad shapes or devices, ``eps`` < 0, ``block_bytes`` < 1, unknown ``impl``.
         RuntimeError: ``impl="triton"`` where the kernel cannot run.
-
-    Convention:
-        ``"xyxy"``, as `box_iou`; ties and NaN as in the module docstring.
 
     Examples:
         >>> import torch
@@ -290,16 +250,11 @@ def match_anchors(
     that reaches some object's best IoU (over all anchors; ties included, so several anchors
     per object) gets its own best object back whatever its IoU, as ``Matcher`` does
     (Faster R-CNN's rule; an object whose best IoU is 0 thus gives back the anchors that do
-    not touch it at all, as there).
-
-    Two passes in blocks of anchors (peak memory ``O(block x M + N + M)``): the best IoUs
-    (`best_box_iou`), then, only with ``allow_low_quality_matches``, the anchors whose IoU
-    with some object equals that object's best. Reads no tensor values on the host;
-    compiles with ``torch.compile(fullgraph=True)``.
+    not touch it at all, as there). Two blocked passes: `best_box_iou`, then, only with
+    ``allow_low_quality_matches``, the anchors that reach an object's best.
 
     Unlike ``Matcher``, which raises for an empty matrix, no objects give every anchor -1
-    (what torchvision's detection models do before calling it), and no anchors an empty
-    result.
+    (as torchvision's detection models do), and no anchors an empty result.
 
     Args:
         anchors (Tensor[N, 4]): Anchors (or proposals), ``(x1, y1, x2, y2)``.
@@ -309,8 +264,7 @@ def match_anchors(
         allow_low_quality_matches: Also match each object's best anchors (see above).
         eps: `box_iou`'s ``eps`` (``>= 0``).
         block_bytes: Memory budget of one block of anchors (default `BLOCK_BYTES`).
-        impl: ``"auto"`` (the torch path; see the module docstring), ``"torch"`` or
-            ``"triton"`` (the kernels on CUDA).
+        impl: ``"auto"`` (the torch path; see the module notes), ``"torch"`` or ``"triton"``.
 
     Returns:
         Tensor[N]: int64, an object index in ``[0, M)``, -1 or -2.
@@ -318,13 +272,9 @@ def match_anchors(
     Raises:
         TypeError: Boxes not real tensors; a threshold not a number;
             ``allow_low_quality_matches`` not a bool; ``eps``, ``block_bytes`` wrong type.
-        ValueError: Boxes not ``(N, 4)`` / ``(M, 4)`` or on different devices; a threshold
-            negative or NaN, ``low_threshold > high_threshold``; ``eps`` < 0;
-            ``block_bytes`` < 1; an unknown ``impl``.
+        ValueError: Bad shapes or devices; a threshold negative or NaN,
+            ``low_threshold > high_threshold``; ``eps`` < 0; ``block_bytes`` < 1; unknown ``impl``.
         RuntimeError: ``impl="triton"`` where the kernels cannot run.
-
-    Convention:
-        ``"xyxy"``, as `box_iou`; ties and NaN as in the module docstring.
 
     Examples:
         >>> import torch
@@ -365,15 +315,16 @@ def match_anchors(
     )
     if not allow_low_quality_matches:
         return matches
-    dtype = _compute_dtype(anchors, boxes)
-    impl = _kernel_impl(impl)
-    if impl == "triton" and resolve_impl(impl, "match_anchors", anchors, boxes) == "triton":
+    dtype = compute_dtype(torch.promote_types(anchors.dtype, boxes.dtype))
+    if use_triton("match_anchors", impl, anchors, boxes, auto=False):
+        from visionblocks.kernels.assign import box_iou_reaches_triton
 
         def reference(a: Tensor, b: Tensor, eps: float, targets: Tensor) -> Tensor:
             return _reaches_torch(a.to(dtype), b.to(dtype), eps, targets, block_bytes)
 
-        args = _kernel_inputs(anchors, boxes, dtype)
-        reaches = run_fused("match_anchors", impl, reference, *args, eps, box_values)
+        args = (*_kernel_inputs(anchors, boxes, dtype), eps, box_values)
+        fallback = None if forced_triton(impl) else reference
+        reaches = box_iou_reaches_triton(*args, reference=fallback)
     else:
         reaches = _reaches_torch(anchors.to(dtype), boxes.to(dtype), eps, box_values, block_bytes)
     return torch.where(reaches, indices, matches)
@@ -411,8 +362,8 @@ def _centres(boxes: Tensor) -> tuple[Tensor, Tensor]:
 def _closest(
     cx: Tensor, cy: Tensor, gx: Tensor, gy: Tensor, start: int, stop: int, k: int, block: int
 ) -> Tensor:
-    """Indices ``(k, M)`` of the ``k`` anchors of ``start:stop`` whose centres are closest to
-    each object's, closest first, ties to the lower index (a stable sort, merged blockwise)."""
+    """Indices ``(k, M)`` of the ``k`` anchors of ``start:stop`` closest to each object's
+    centre, closest first, ties to the lower index (a stable sort, merged blockwise)."""
     best_d: Tensor | None = None
     best_i: Tensor | None = None
     for lo in range(start, stop, block):
@@ -421,8 +372,7 @@ def _closest(
         d = (dx * dx + dy * dy).sqrt()  # (rows, M)
         i = torch.arange(lo, hi, device=cx.device)[:, None].expand_as(d)
         if best_d is not None and best_i is not None:
-            # The kept candidates come first and have lower indices: a stable sort keeps
-            # equal distances in index order.
+            # Kept candidates first (lower indices): the stable sort keeps index order.
             d, i = torch.cat([best_d, d]), torch.cat([best_i, i])
         order = torch.sort(d, dim=0, stable=True).indices[:k]
         best_d, best_i = d.gather(0, order), i.gather(0, order)
@@ -448,11 +398,8 @@ def atss_assign(
     side. An anchor that is a positive of several objects goes to the one of highest IoU (the
     first on ties). This is mmdetection's ``ATSSAssigner.assign`` (Zhang et al., CVPR 2020),
     with `box_iou`'s IoU; distance ties (common on anchor grids) go to the lower anchor
-    index, where ``Tensor.topk`` leaves them unspecified.
-
-    Distances are computed in blocks of anchors (peak memory ``O(block x M + N +
-    topk x levels x M)``). Reads no tensor values on the host; compiles with
-    ``torch.compile(fullgraph=True)``.
+    index, where ``Tensor.topk`` leaves them unspecified. Peak memory
+    ``O(block x M + N + topk x levels x M)``.
 
     Args:
         anchors (Tensor[N, 4]): The anchors of all levels, level after level,
@@ -471,11 +418,8 @@ def atss_assign(
     Raises:
         TypeError: Boxes not real tensors; ``num_anchors_per_level`` not a list or tuple of
             ints; ``topk``, ``eps`` or ``block_bytes`` of the wrong type.
-        ValueError: Boxes not ``(N, 4)`` / ``(M, 4)`` or on different devices; level sizes
-            negative or not adding up to ``N``; ``topk`` < 1; ``eps`` < 0; ``block_bytes`` < 1.
-
-    Convention:
-        ``"xyxy"``, as `box_iou`; centres are ``((x1 + x2) / 2, (y1 + y2) / 2)``.
+        ValueError: Bad shapes or devices; level sizes negative or not adding up to ``N``;
+            ``topk`` < 1; ``eps`` < 0; ``block_bytes`` < 1.
 
     Examples:
         >>> import torch
@@ -494,7 +438,7 @@ def atss_assign(
     topk = check_int("topk", topk, 1)
     eps = check_eps(eps)
     block_bytes = _check_block_bytes(block_bytes)
-    dtype = _compute_dtype(anchors, boxes)
+    dtype = compute_dtype(torch.promote_types(anchors.dtype, boxes.dtype))
     a, b = anchors.detach().to(dtype), boxes.detach().to(dtype)
     n, m = a.shape[0], b.shape[0]
     negatives = torch.full((n,), BELOW_LOW_THRESHOLD, dtype=torch.long, device=a.device)

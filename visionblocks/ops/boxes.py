@@ -1,21 +1,20 @@
 """Axis-aligned boxes: format conversion, area, and the IoU family (IoU, GIoU, DIoU, CIoU).
 
 Every function takes boxes with any number of leading dims, ``(..., 4)``. The four overlap
-measures come in two shapes: **pairwise** (``aligned=False``, the default) compares every box
-of ``boxes1 (..., N, 4)`` with every box of ``boxes2 (..., M, 4)`` and returns ``(..., N, M)``;
-**aligned** (``aligned=True``) compares ``boxes1[..., i, :]`` with ``boxes2[..., i, :]`` and
-returns ``(..., N)`` — the diagonal of the pairwise matrix, without the ``N×M`` cost.
-Leading (batch) dims must be equal or broadcastable, as in ``torch.matmul`` (pairwise) or
-element-wise ops (aligned): one set of ground-truth boxes ``(M, 4)`` against a batch of
-predictions ``(B, N, 4)`` gives ``(B, N, M)``.
+measures are **pairwise** (``aligned=False``: ``boxes1 (..., N, 4)`` against
+``boxes2 (..., M, 4)`` gives ``(..., N, M)``) or **aligned** (``boxes1[..., i, :]`` with
+``boxes2[..., i, :]`` gives ``(..., N)``, without the ``N×M`` cost). Leading dims broadcast,
+as in ``torch.matmul`` (pairwise) or element-wise ops (aligned): ground truths ``(M, 4)``
+against predictions ``(B, N, 4)`` give ``(B, N, M)``.
 
-The pairwise results equal torchvision's `box_iou`, `generalized_box_iou`, `distance_box_iou`
-and `complete_box_iou` for valid boxes, up to torchvision's ``eps`` (see below). Unlike
+The pairwise results equal torchvision's for valid boxes, up to its ``eps`` (below); unlike
 torchvision, identical boxes give exactly 1 however small, and degenerate boxes give finite
 values and gradients. Each measure is one broadcast torch formula (`_measure`, plain
-autograd), the one that ``torch.jit.script``, ``torch.compile`` and the Triton kernels of
-the losses (`visionblocks.kernels.iou`) are tested against. Pairwise results materialise a
-few ``(..., N, M)`` temporaries, as torchvision's do.
+autograd, the reference of the loss kernels in `visionblocks.kernels.iou`). They script
+(without the input checks, and gradients to half boxes not clamped), compile with
+``torch.compile(fullgraph=True)`` and read no tensor values on the host. ``ValueError``:
+a last dim other than 4, fewer than 2 dims (pairwise), leading dims that do not broadcast,
+boxes on different devices, or an ``eps`` that is negative or not finite.
 
 Convention:
     Formats (``fmt`` strings of `box_convert`):
@@ -37,6 +36,7 @@ Convention:
     identical boxes give IoU = GIoU = DIoU = CIoU = 1 whether they are 2e-4 or 2e4 wide.
     Gradients at a zero denominator use ``eps`` (finite, up to about ``1 / eps``: e.g. GIoU
     of two collinear zero-width boxes). ``eps=0`` gives torchvision's 0 / 0 = NaN there.
+    With ``eps > 0`` every result and gradient is finite for finite boxes.
 
     A **zero-area** (degenerate) box has ``w == 0`` or ``h == 0`` (a line or a point). Its
     intersection with anything is 0, so its IoU is 0 — also against an identical box, which
@@ -53,14 +53,22 @@ Convention:
 
 Dtypes:
     The IoU family computes and returns float32 for float16, bfloat16 and integer boxes
-    (torchvision upcasts half boxes with ``_upcast`` and divides integer areas, giving
-    float32), float64 for float64 boxes; mixed inputs promote first. Gradients flowing back
-    to float16 or bfloat16 boxes are computed in float32 and clamped to the half dtype's
-    finite range, so they stay finite. `box_area` follows
-    torchvision's ``_upcast``: float16/bfloat16 → float32, integers narrower than 32 bits →
-    int32, otherwise the input dtype. `box_convert` keeps the input dtype (integer boxes
-    give floating centres for ``"cxcywh"``, as torchvision's do). ``torch.autocast``
-    changes none of this: no op here is one that autocast runs in lower precision.
+    (torchvision upcasts half boxes and divides integer areas, giving float32), float64 for
+    float64 boxes; mixed inputs promote first. Gradients flowing back to float16 or bfloat16
+    boxes are computed in float32 and clamped to the half dtype's finite range.
+
+    `box_area` gives float32 for float16/bfloat16 boxes (torchvision's ``_upcast``) and int64
+    for integer boxes, so no side or product overflows (torchvision's int32 overflows for an
+    int16 box ``[-30000, -30000, 30000, 30000]``); float32 and float64 keep their dtype.
+
+    `box_convert` keeps the input dtype, except that integer boxes give float32 where the
+    result involves centres (as torchvision with the default float dtype). No intermediate
+    sum overflows: half boxes are computed in float64 and rounded once, integer boxes in
+    int64 (float64 with centres); only a result outside the output dtype's range (a uint8
+    ``"xywh"`` box whose ``x + w`` exceeds 255) wraps on the final cast. float32 and float64
+    boxes give torchvision's values exactly.
+
+    ``torch.autocast`` changes none of this: no op here is one that autocast lowers.
 """
 
 from __future__ import annotations
@@ -72,7 +80,7 @@ from torch import Tensor
 
 from visionblocks._core.checks import check_choice, check_type
 from visionblocks._core.namespace import public_dir
-from visionblocks._core.tensor_checks import check_last_dim, check_real
+from visionblocks._core.tensor_checks import check_last_dim, check_real, check_same_device
 
 __all__ = [
     "BOX_FORMATS",
@@ -89,10 +97,6 @@ BOX_FORMATS: tuple[str, ...] = ("xyxy", "xywh", "cxcywh")
 """The box formats `box_convert` understands: ``"xyxy"`` corners ``(x1, y1, x2, y2)``,
 ``"xywh"`` top-left corner and size ``(x1, y1, w, h)`` (COCO's ``bbox``), ``"cxcywh"`` centre
 and size ``(cx, cy, w, h)``."""
-
-# The measures, as `_measure`'s ``kind`` (TorchScript reads no module globals: the public
-# functions pass the numbers).
-_IOU, _GIOU, _DIOU, _CIOU = 0, 1, 2, 3
 
 
 def _to_xyxy(boxes: Tensor, fmt: str) -> Tensor:
@@ -125,9 +129,8 @@ def box_convert(boxes: Tensor, in_fmt: str, out_fmt: str) -> Tensor:
     """Convert boxes between the ``"xyxy"``, ``"xywh"`` and ``"cxcywh"`` formats.
 
     Same values as ``torchvision.ops.box_convert`` for these formats (conversions between
-    ``"xywh"`` and ``"cxcywh"`` go through ``"xyxy"``, as there).
-
-    Scriptable with ``torch.jit.script`` (the same code, without the input checks).
+    ``"xywh"`` and ``"cxcywh"`` go through ``"xyxy"``, as there). Scriptable with
+    ``torch.jit.script`` (the same code, without the input checks).
 
     Args:
         boxes (Tensor[..., 4]): Boxes in ``in_fmt``; any leading dims.
@@ -136,23 +139,12 @@ def box_convert(boxes: Tensor, in_fmt: str, out_fmt: str) -> Tensor:
 
     Returns:
         Tensor[..., 4]: A new tensor (a copy when ``in_fmt == out_fmt``), in ``boxes``' dtype
-        — except that integer boxes give ``"cxcywh"`` (and ``"xyxy"`` from ``"cxcywh"``) in
-        float32, as torchvision does with the default float dtype. No intermediate sum overflows
-        or wraps: float16 and bfloat16 boxes are computed in float64 and rounded once
-        (``[[32768, 0, 49152, 32]]`` in float16 gives a centre of 40960, not ``inf``),
-        integer boxes in int64, or float64 where the result has centres (uint8
-        ``[[200, 10, 220, 30]]`` gives a centre x of 210, not 82). A result outside the
-        output dtype's range (a uint8 ``"xywh"`` box whose ``x + w`` exceeds 255) cannot be
-        represented and wraps on the final cast. float32 and float64 boxes give
-        torchvision's values exactly. Under ``torch.autocast``: the same.
+        except for integer boxes with centres (see the module's Dtypes: no sum overflows).
 
     Raises:
         TypeError: ``boxes`` is not a real tensor (complex and bool are refused), or a
             format is not a str.
         ValueError: Unknown format (the message lists the valid ones), or last dim not 4.
-
-    Convention:
-        See the module docstring: x right, y down, ``w = x2 - x1``, no ``+ 1``.
 
     Examples:
         >>> import torch
@@ -192,18 +184,13 @@ def box_area(boxes: Tensor) -> Tensor:
         boxes (Tensor[..., 4]): Boxes in ``(x1, y1, x2, y2)``; any leading dims.
 
     Returns:
-        Tensor[...]: Areas. float16/bfloat16 boxes give float32 (as torchvision), float32 and
-        float64 keep their dtype, integer boxes give int64, so no side or product overflows
-        (torchvision's int32 for narrow integers overflows for an int16 box
-        ``[-30000, -30000, 30000, 30000]``). Inverted boxes give negative areas (no check: it
-        would synchronise the GPU). Under ``torch.autocast``: the same.
+        Tensor[...]: Areas: float32 for half boxes, int64 for integer boxes, else the input
+        dtype (the module's Dtypes). Inverted boxes give negative areas (no check: it would
+        synchronise the GPU).
 
     Raises:
         TypeError: ``boxes`` is not a real tensor (complex and bool are refused).
         ValueError: Last dim not 4.
-
-    Convention:
-        See the module docstring: ``"xyxy"``, x right, y down, no ``+ 1``.
 
     Examples:
         >>> import torch
@@ -257,11 +244,13 @@ def _check_iou_inputs(boxes1: Tensor, boxes2: Tensor, aligned: bool, eps: float)
             )
         if boxes.is_complex():
             raise TypeError(f"boxes must be real (floating-point or integer), got {boxes.dtype}")
-    if boxes1.device != boxes2.device:
-        raise ValueError(
-            "boxes1 and boxes2 must be on the same device, "
-            f"got boxes1 on {boxes1.device}, boxes2 on {boxes2.device}"
-        )
+    check_pair(boxes1, boxes2, aligned)
+
+
+def check_pair(boxes1: Tensor, boxes2: Tensor, aligned: bool) -> None:
+    """Both sets on one device, their leading dims (all but the last one or two) broadcastable."""
+    check_same_device(boxes1=boxes1, boxes2=boxes2)
+    lead = 1 if aligned else 2
     batch1, batch2 = boxes1.shape[:-lead], boxes2.shape[:-lead]
     if batch1 != batch2:
         try:
@@ -277,8 +266,7 @@ def _check_iou_inputs(boxes1: Tensor, boxes2: Tensor, aligned: bool, eps: float)
 
 
 class _CastClamped(torch.autograd.Function):
-    """``x.to(dtype)``, whose gradient is clamped to ``x.dtype``'s finite range before the
-    cast back (a float32 gradient of 1e7 reaches float16 boxes as 65504, not ``inf``)."""
+    """``x.to(dtype)`` whose gradient is clamped to ``x.dtype``'s finite range."""
 
     @staticmethod
     def forward(ctx, x: Tensor, dtype: torch.dtype) -> Tensor:  # type: ignore[override]
@@ -302,10 +290,8 @@ def _upcast(boxes: Tensor, dtype: torch.dtype) -> Tensor:
 
 
 def _columns(boxes: Tensor, collapse: bool, contiguous: bool = False) -> list[Tensor]:
-    """``x1, y1, x2, y2`` of ``(..., 4)`` boxes as ``(...)`` columns (contiguous ones with
-    ``contiguous``: the inner loop of the pairwise ops runs along them); with ``collapse``,
-    inverted boxes as zero-width (zero-height) boxes at ``x1`` (``y1``), the gradient of a
-    collapsed corner going to ``x1`` (``y1``), of a zero-width box to ``x2`` (``y2``)."""
+    """``x1, y1, x2, y2`` columns of ``(..., 4)`` boxes (optionally contiguous); with
+    ``collapse``, inverted boxes become zero-width (zero-height) boxes at ``x1`` (``y1``)."""
     if contiguous:
         x1, y1, x2, y2 = boxes.movedim(-1, 0).contiguous().unbind(0)
     else:
@@ -321,8 +307,7 @@ def _nonzero(x: Tensor, eps: float) -> Tensor:
 
 
 def _angle(w: Tensor, h: Tensor) -> Tensor:
-    """``atan(w / h)`` of boxes with ``w, h >= 0``: ``pi / 2`` for ``h = 0`` (``atan2``, with
-    its finite gradient ``(h, -w) / (w² + h²)``), 0 with no gradient for a point box."""
+    """``atan(w / h)`` for ``w, h >= 0``: ``pi / 2`` at ``h = 0``, 0 (no gradient) for a point."""
     point = (w == 0) & (h == 0)
     return torch.atan2(w, h.masked_fill(point, 1.0)).masked_fill(point, 0.0)
 
@@ -380,32 +365,18 @@ def box_iou(boxes1: Tensor, boxes2: Tensor, aligned: bool = False, eps: float = 
     zero-area box gives 0 (torchvision: NaN). Otherwise equal to ``torchvision.ops.box_iou``;
     identical boxes give exactly 1.
 
-    Scriptable with ``torch.jit.script`` (the same formula, without the input checks, and
-    gradients to half boxes not clamped); compiles with ``torch.compile(fullgraph=True)``;
-    reads no tensor values on the host.
-
     Args:
         boxes1 (Tensor[..., N, 4]): First set, ``(x1, y1, x2, y2)``.
-        boxes2 (Tensor[..., M, 4]): Second set; leading dims equal to or broadcastable with
-            ``boxes1``'s (with ``aligned=True``: all dims but the last).
-        aligned: False: every pair, ``(..., N, M)``. True: ``boxes1[..., i, :]`` with
-            ``boxes2[..., i, :]``, ``(..., N)``.
-        eps: Used in place of a denominator that is exactly zero (the module's Convention);
-            ``>= 0``. It never changes a result whose denominators are positive.
+        boxes2 (Tensor[..., M, 4]): Second set; leading dims broadcastable with ``boxes1``'s.
+        aligned: Every pair, ``(..., N, M)`` (False), or index by index, ``(..., N)`` (True).
+        eps: Replaces a denominator that is exactly zero (the module's Convention); ``>= 0``.
 
     Returns:
-        Tensor[..., N, M] or Tensor[..., N]: ``(..., N, M)`` for every pair, ``(..., N)``
-        with ``aligned=True``. float32 for float16, bfloat16 and integer boxes, else the
-        (promoted) input dtype. Under ``torch.autocast``: the same, computed in float32 (or
-        float64). Finite, with finite gradients, for any finite boxes when ``eps > 0``.
+        Tensor[..., N, M] or Tensor[..., N]: float32 (float64 for float64 boxes; Dtypes).
 
     Raises:
-        TypeError: Boxes not tensors (or complex), ``aligned`` not a bool, ``eps`` not a number.
-        ValueError: Last dim not 4, fewer than 2 dims (pairwise), leading dims that do not
-            broadcast, boxes on different devices, ``eps`` negative or not finite.
-
-    Convention:
-        ``"xyxy"``, x right, y down; zero-area and inverted boxes as in the module docstring.
+        TypeError: Boxes not real tensors, ``aligned`` not a bool, ``eps`` not a number.
+        ValueError: Bad shapes, devices or ``eps`` (listed in the module notes).
 
     Examples:
         >>> import torch
@@ -434,32 +405,18 @@ def generalized_box_iou(
     enclosing box is the union). Otherwise equal to ``torchvision.ops.generalized_box_iou``
     up to its ``eps``.
 
-    Scriptable with ``torch.jit.script`` (the same formula, without the input checks, and
-    gradients to half boxes not clamped); compiles with ``torch.compile(fullgraph=True)``;
-    reads no tensor values on the host.
-
     Args:
         boxes1 (Tensor[..., N, 4]): First set, ``(x1, y1, x2, y2)``.
-        boxes2 (Tensor[..., M, 4]): Second set; leading dims equal to or broadcastable with
-            ``boxes1``'s (with ``aligned=True``: all dims but the last).
-        aligned: False: every pair, ``(..., N, M)``. True: ``boxes1[..., i, :]`` with
-            ``boxes2[..., i, :]``, ``(..., N)``.
-        eps: Used in place of a denominator that is exactly zero (the module's Convention);
-            ``>= 0``. It never changes a result whose denominators are positive.
+        boxes2 (Tensor[..., M, 4]): Second set; leading dims broadcastable with ``boxes1``'s.
+        aligned: Every pair, ``(..., N, M)`` (False), or index by index, ``(..., N)`` (True).
+        eps: Replaces a denominator that is exactly zero (the module's Convention); ``>= 0``.
 
     Returns:
-        Tensor[..., N, M] or Tensor[..., N]: ``(..., N, M)`` for every pair, ``(..., N)``
-        with ``aligned=True``. float32 for float16, bfloat16 and integer boxes, else the
-        (promoted) input dtype. Under ``torch.autocast``: the same, computed in float32 (or
-        float64). Finite, with finite gradients, for any finite boxes when ``eps > 0``.
+        Tensor[..., N, M] or Tensor[..., N]: float32 (float64 for float64 boxes; Dtypes).
 
     Raises:
-        TypeError: Boxes not tensors (or complex), ``aligned`` not a bool, ``eps`` not a number.
-        ValueError: Last dim not 4, fewer than 2 dims (pairwise), leading dims that do not
-            broadcast, boxes on different devices, ``eps`` negative or not finite.
-
-    Convention:
-        ``"xyxy"``, x right, y down; zero-area and inverted boxes as in the module docstring.
+        TypeError: Boxes not real tensors, ``aligned`` not a bool, ``eps`` not a number.
+        ValueError: Bad shapes, devices or ``eps`` (listed in the module notes).
 
     References:
         Rezatofighi et al., "Generalized Intersection over Union: A Metric and A Loss for
@@ -487,32 +444,18 @@ def distance_box_iou(
     points). Equal to ``torchvision.ops.distance_box_iou`` for valid boxes, up to
     torchvision's ``eps`` (``c² + eps``).
 
-    Scriptable with ``torch.jit.script`` (the same formula, without the input checks, and
-    gradients to half boxes not clamped); compiles with ``torch.compile(fullgraph=True)``;
-    reads no tensor values on the host.
-
     Args:
         boxes1 (Tensor[..., N, 4]): First set, ``(x1, y1, x2, y2)``.
-        boxes2 (Tensor[..., M, 4]): Second set; leading dims equal to or broadcastable with
-            ``boxes1``'s (with ``aligned=True``: all dims but the last).
-        aligned: False: every pair, ``(..., N, M)``. True: ``boxes1[..., i, :]`` with
-            ``boxes2[..., i, :]``, ``(..., N)``.
-        eps: Used in place of a denominator that is exactly zero (the module's Convention);
-            ``>= 0``. It never changes a result whose denominators are positive.
+        boxes2 (Tensor[..., M, 4]): Second set; leading dims broadcastable with ``boxes1``'s.
+        aligned: Every pair, ``(..., N, M)`` (False), or index by index, ``(..., N)`` (True).
+        eps: Replaces a denominator that is exactly zero (the module's Convention); ``>= 0``.
 
     Returns:
-        Tensor[..., N, M] or Tensor[..., N]: ``(..., N, M)`` for every pair, ``(..., N)``
-        with ``aligned=True``. float32 for float16, bfloat16 and integer boxes, else the
-        (promoted) input dtype. Under ``torch.autocast``: the same, computed in float32 (or
-        float64). Finite, with finite gradients, for any finite boxes when ``eps > 0``.
+        Tensor[..., N, M] or Tensor[..., N]: float32 (float64 for float64 boxes; Dtypes).
 
     Raises:
-        TypeError: Boxes not tensors (or complex), ``aligned`` not a bool, ``eps`` not a number.
-        ValueError: Last dim not 4, fewer than 2 dims (pairwise), leading dims that do not
-            broadcast, boxes on different devices, ``eps`` negative or not finite.
-
-    Convention:
-        ``"xyxy"``, x right, y down; zero-area and inverted boxes as in the module docstring.
+        TypeError: Boxes not real tensors, ``aligned`` not a bool, ``eps`` not a number.
+        ValueError: Bad shapes, devices or ``eps`` (listed in the module notes).
 
     References:
         Zheng et al., "Distance-IoU Loss: Faster and Better Learning for Bounding Box
@@ -541,32 +484,18 @@ def complete_box_iou(
     up to torchvision's ``eps``. A box with ``h == 0`` gets the angle π/2 and a finite
     gradient (torchvision divides by zero there), a point box gets 0.
 
-    Scriptable with ``torch.jit.script`` (the same formula, without the input checks, and
-    gradients to half boxes not clamped); compiles with ``torch.compile(fullgraph=True)``;
-    reads no tensor values on the host.
-
     Args:
         boxes1 (Tensor[..., N, 4]): First set, ``(x1, y1, x2, y2)``.
-        boxes2 (Tensor[..., M, 4]): Second set; leading dims equal to or broadcastable with
-            ``boxes1``'s (with ``aligned=True``: all dims but the last).
-        aligned: False: every pair, ``(..., N, M)``. True: ``boxes1[..., i, :]`` with
-            ``boxes2[..., i, :]``, ``(..., N)``.
-        eps: Used in place of a denominator that is exactly zero (the module's Convention);
-            ``>= 0``. It never changes a result whose denominators are positive.
+        boxes2 (Tensor[..., M, 4]): Second set; leading dims broadcastable with ``boxes1``'s.
+        aligned: Every pair, ``(..., N, M)`` (False), or index by index, ``(..., N)`` (True).
+        eps: Replaces a denominator that is exactly zero (the module's Convention); ``>= 0``.
 
     Returns:
-        Tensor[..., N, M] or Tensor[..., N]: ``(..., N, M)`` for every pair, ``(..., N)``
-        with ``aligned=True``. float32 for float16, bfloat16 and integer boxes, else the
-        (promoted) input dtype. Under ``torch.autocast``: the same, computed in float32 (or
-        float64). Finite, with finite gradients, for any finite boxes when ``eps > 0``.
+        Tensor[..., N, M] or Tensor[..., N]: float32 (float64 for float64 boxes; Dtypes).
 
     Raises:
-        TypeError: Boxes not tensors (or complex), ``aligned`` not a bool, ``eps`` not a number.
-        ValueError: Last dim not 4, fewer than 2 dims (pairwise), leading dims that do not
-            broadcast, boxes on different devices, ``eps`` negative or not finite.
-
-    Convention:
-        ``"xyxy"``, x right, y down; zero-area and inverted boxes as in the module docstring.
+        TypeError: Boxes not real tensors, ``aligned`` not a bool, ``eps`` not a number.
+        ValueError: Bad shapes, devices or ``eps`` (listed in the module notes).
 
     References:
         Zheng et al., "Distance-IoU Loss: Faster and Better Learning for Bounding Box

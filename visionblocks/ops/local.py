@@ -2,11 +2,11 @@
 
 `sliding_windows` materialises every pixel's ``k x k`` neighbourhood, ``k*k`` times the
 input's memory. `local_filter2d` computes the same weighted sum of neighbourhoods without
-building them: its torch formula (`_local_filter`) adds one shifted view of the input per
-tap, plain autograd (``impl="torch"``, ``torch.compile``, ``torch.export``); eager CPU calls
-with ``impl="auto"`` run the measured chunked rewrite (`visionblocks.ops._local_filter_torch`),
-and CUDA a fused Triton kernel (`visionblocks.kernels.local_filter`), both tested against
-the formula. Speed and memory: the benchmarks page (``local_filter_*`` cases).
+building them: its torch formula (`_local_filter`, one shifted view per tap, plain autograd)
+runs for ``impl="torch"``, ``torch.compile`` and ``torch.export``; eager CPU calls with
+``impl="auto"`` run a chunked rewrite (`visionblocks.ops._local_filter_torch`, no double
+backward) and CUDA a fused Triton kernel (`visionblocks.kernels.local_filter`), both tested
+against the formula. Results are contiguous NCHW, also for ``channels_last`` inputs.
 
 Convention:
     Windows are centred: tap ``t = i*k + j`` (row-major, ``0 <= i, j < k``) of the window at
@@ -26,10 +26,14 @@ from torch import Tensor
 
 from visionblocks._core.checks import check_type
 from visionblocks._core.deprecation import deprecated_attribute
+from visionblocks._core.dispatch import forced_triton, recording, use_triton
 from visionblocks._core.namespace import public_dir
-from visionblocks._core.reduce import compute_dtype
-from visionblocks._core.tensor_checks import check_allocation, check_floating, check_tensor
-from visionblocks.kernels._dispatch import resolve_impl, run_fused
+from visionblocks._core.tensor_checks import (
+    check_allocation,
+    check_floating,
+    check_tensor,
+    compute_dtype,
+)
 from visionblocks.ops._local_filter_torch import LocalFilterFunction
 
 __all__ = ["local_filter2d", "sliding_windows"]
@@ -38,10 +42,6 @@ __dir__ = public_dir(__name__, __all__)
 
 def check_window(kernel_size: int, dilation: int, stride: int = 1) -> None:
     """Validate a window: odd ``kernel_size >= 1``, ``dilation >= 1``, ``stride >= 1`` (ints).
-
-    Raises:
-        TypeError: A non-int (or bool) value.
-        ValueError: A value below 1, or an even ``kernel_size``.
 
     Examples:
         >>> check_window(3, 2)
@@ -63,10 +63,8 @@ def check_window(kernel_size: int, dilation: int, stride: int = 1) -> None:
 def effective_window(kernel_size: int, dilation: int, height: int, width: int) -> tuple[int, int]:
     """The smallest ``(kernel_size, dilation)`` that reads the same pixels of an image.
 
-    Off-centre taps farther than the image extent only read zeros (or are masked), so a
-    dilation beyond ``max(H, W)`` equals ``max(H, W)``, and windows reaching past the image
-    can drop their outer taps (when the output does not depend on ``k``). This keeps absurd
-    sizes (``dilation=10**9``) from allocating absurd padding.
+    Taps past the image read zeros (or are masked), so absurd sizes (``dilation=10**9``)
+    need no absurd padding.
 
     Examples:
         >>> effective_window(7, 10**9, 5, 4)
@@ -92,7 +90,7 @@ def sliding_windows(x: Tensor, kernel_size: int, dilation: int = 1) -> Tensor:
 
     ``windows[b, c, i*k + j, h, w] = x[b, c, h + (i - k//2)*d, w + (j - k//2)*d]``, zero
     outside the image: ``F.unfold(x, k, dilation=d, padding=d*(k//2))`` reshaped, for any
-    dtype. The result is a new tensor ``k*k`` times the size of ``x``; differentiable.
+    dtype; differentiable.
 
     Args:
         x (Tensor[B, C, H, W]): Input, any dtype.
@@ -100,8 +98,8 @@ def sliding_windows(x: Tensor, kernel_size: int, dilation: int = 1) -> Tensor:
         dilation: Spacing ``d`` between window taps.
 
     Returns:
-        Tensor[B, C, k*k, H, W]: The windows, in ``x``'s dtype and device (also under
-        ``torch.autocast``: a copy), contiguous NCHW for a ``channels_last`` ``x`` too.
+        Tensor[B, C, k*k, H, W]: A new tensor in ``x``'s dtype (also under
+        ``torch.autocast``).
 
     Raises:
         TypeError: ``x`` not a tensor, or non-int ``kernel_size``/``dilation``.
@@ -147,14 +145,10 @@ def local_filter2d(
     ``out[b, c, h, w] = sum_ij kernels[b, g*k*k + i*k + j, h, w] * x[b, c, h*s + (i - k//2)*d,
     w*s + (j - k//2)*d]`` with ``g = c // (C // G)``, zero outside the image: the dynamic
     filter of involution (``G`` groups), dynamic filter networks and CARAFE-style
-    reassembly (``G = 1``), or a per-pixel depthwise filter (``G = C``). At stride 1 it
-    equals ``(sliding_windows(x, k, d).view(B, G, C // G, k*k, H, W) * kernels.view(B, G, 1,
-    k*k, H, W)).sum(3).view(B, C, H, W)``, without ever building the ``k*k``-times unfolded
-    tensor.
-    Differentiable with respect to ``x`` and ``kernels`` (the chunked CPU path of
-    ``impl="auto"``: no double backward; the formula: plain autograd). The module form
-    is `visionblocks.nn.LocalFilter2d`; ``local_filter`` is a deprecated alias of this function
-    (removed in 0.3).
+    reassembly (``G = 1``), or a per-pixel depthwise filter (``G = C``); the windowed sum of
+    `sliding_windows` (see the example) without building it. Differentiable in ``x`` and
+    ``kernels`` (see the module notes). The module form is `visionblocks.nn.LocalFilter2d`;
+    ``local_filter`` is a deprecated alias (removed in 0.3).
 
     Args:
         x (Tensor[B, C, H, W]): Input, floating point.
@@ -167,20 +161,16 @@ def local_filter2d(
             `visionblocks.kernels.local_filter`).
 
     Returns:
-        Tensor[B, C, Ho, Wo]: In the promoted dtype of ``x`` and ``kernels``. Half inputs
-        accumulate in float32. Under ``torch.autocast``: the same (computed in float32 or
-        float64, nothing lowered). Contiguous NCHW, also for ``channels_last`` inputs (which
-        the torch formula converts once per call: about one copy of ``x`` and ``kernels``).
+        Tensor[B, C, Ho, Wo]: In the promoted dtype of ``x`` and ``kernels`` (half inputs
+        accumulate in float32; ``torch.autocast`` lowers nothing).
 
     Raises:
         TypeError: Non-tensor or non-floating (e.g. integer) inputs, or non-int
             ``kernel_size``/``dilation``/``stride``.
         ValueError: Inputs not 4-D, an even ``kernel_size``, ``dilation``/``stride < 1``,
-            ``kernels`` whose channels are not a multiple ``G*k*k`` with ``G`` dividing ``C``,
-            batch or spatial sizes that do not match, different devices, or an unknown
-            ``impl``.
-        RuntimeError: ``impl="triton"`` where triton cannot run (triton missing, or a CPU
-            tensor without ``TRITON_INTERPRET=1``).
+            ``kernels`` not ``G*k*k`` channels with ``G`` dividing ``C``, mismatched sizes or
+            devices, or an unknown ``impl``.
+        RuntimeError: ``impl="triton"`` where triton cannot run.
 
     Examples:
         >>> import torch
@@ -227,41 +217,31 @@ def local_filter2d(
         raise ValueError(
             f"x and kernels must be on the same device, got {x.device} and {kernels.device}"
         )
-    which = resolve_impl(impl, "local_filter", x, kernels)
+    triton = use_triton("local_filter", impl, x, kernels)
     dilation = effective_window(kernel_size, dilation, h, w)[1]
     dtype = torch.promote_types(x.dtype, kernels.dtype)
     x, kernels = x.to(dtype), kernels.to(dtype)
     args = (x, kernels, kernel_size, dilation, stride)
-    if which == "triton":
-        return run_fused("local_filter", impl, _local_filter, *args)
+    if triton:
+        from visionblocks.kernels.local_filter import local_filter_triton
+
+        return local_filter_triton(*args, reference=None if forced_triton(impl) else _local_filter)
     if cpu_fast_path(impl, x):
         return LocalFilterFunction.apply(*args)
     return _local_filter(*args)
 
 
 def cpu_fast_path(impl: str, x: Tensor) -> bool:
-    """Whether ``impl="auto"`` runs the chunked CPU path rather than the formula.
-
-    Only eager CPU calls with the argument ``impl="auto"`` (whatever the process default, which
-    only decides about triton): the chunked
-    rewrites (`visionblocks.ops._local_filter_torch`, `visionblocks.ops._local_attention_torch`)
-    measured 1.2-1.4x (filter) and 2x (attention) faster than the formula under
-    ``torch.compile`` (issue 29; ``benchmarks/cases/local_*.py``). ``impl="torch"``,
-    ``torch.compile`` and ``torch.export`` get the formula.
-    """
-    return not torch.compiler.is_compiling() and impl == "auto" and x.device.type == "cpu"
+    """Whether to run the chunked CPU rewrite: eager (not recorded) CPU calls given
+    ``impl="auto"``; the process default only decides about triton."""
+    return impl == "auto" and x.device.type == "cpu" and not recording()
 
 
 def _local_filter(
     x: Tensor, kernels: Tensor, kernel_size: int, dilation: int, stride: int
 ) -> Tensor:
-    """The formula of `local_filter2d` (inputs validated, one dtype): one shifted view per tap.
-
-    Tap ``t = i*k + j`` of every output pixel reads the zero-padded input at ``(h*s + i*d,
-    w*s + j*d)``: a strided view of the padded input, multiplied by the tap's kernel
-    (broadcast over the group's channels) and added up. Nothing ``k*k`` times the input is
-    built or saved for backward; half inputs are computed in float32.
-    """
+    """The formula of `local_filter2d` (inputs validated, one dtype): per tap, a strided
+    view of the zero-padded input times the tap's kernel, added up (half in float32)."""
     b, c, h, w = x.shape
     ho, wo = kernels.shape[2:]
     taps = kernel_size * kernel_size

@@ -1,24 +1,19 @@
 """Local (neighbourhood) attention over 2-D feature maps: every pixel attends to its window.
 
-One validated function over one torch formula (`_local_attention`: the logits of every tap
-from a shifted view of the zero-padded keys, a masked softmax over the taps, the values
-summed the same way; plain autograd, nothing ``k*k`` times the input built) and, on CUDA,
-the fused Triton kernels (`visionblocks.kernels.local_attention`); eager CPU calls with
-``impl="auto"`` run the measured chunked rewrite (`visionblocks.ops._local_attention_torch`),
-tested against the formula. Speed and memory: the benchmarks page (``local_attention_*``
-cases).
+Paths as for `visionblocks.ops.local.local_filter2d`: the torch formula (`_local_attention`,
+plain autograd, which keeps the ``(B, heads, k*k, H, W)`` weights), the fused Triton kernels
+on CUDA, and on CPU with ``impl="auto"`` a chunked rewrite (no double backward, nothing
+``k*k`` times the input kept). Results are contiguous NCHW.
 
 Convention:
     Windows are centred and clipped, never shifted: tap ``t = i*k + j`` (row-major,
     ``0 <= i, j < k``) of query pixel ``(h, w)`` is key/value pixel
     ``(h + (i - k//2)*d, w + (j - k//2)*d)`` for dilation ``d``. Taps outside the image are
-    **masked out of the softmax** (a pixel near the border attends to fewer keys); they are
-    not zero keys, which would take part with logit 0 and draw probability towards zero
-    values (so a window or dilation reaching past the image equals a smaller one, which is
-    what runs: ``kernel_size=10**9`` costs what the whole image costs). Only odd ``k``. The
-    centre tap always exists, so every softmax is well defined (a ``1 x 1`` image returns
-    ``v``). Unlike neighbourhood attention (NATTEN), windows at
-    the border are not shifted back inside the image.
+    **masked out of the softmax** (a pixel near the border attends to fewer keys), not zero
+    keys with logit 0; so a window past the image equals a smaller one, which is what runs.
+    Only odd ``k``. The centre tap always exists, so every softmax is well defined (a
+    ``1 x 1`` image returns ``v``). Unlike neighbourhood attention (NATTEN), windows at the
+    border are not shifted back inside the image.
 """
 
 from __future__ import annotations
@@ -31,12 +26,11 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from visionblocks._core.checks import check_type
+from visionblocks._core.dispatch import forced_triton, use_triton
 from visionblocks._core.namespace import public_dir
-from visionblocks._core.reduce import compute_dtype
-from visionblocks._core.tensor_checks import check_floating, check_same_shape
-from visionblocks.kernels._dispatch import resolve_impl, run_fused
+from visionblocks._core.tensor_checks import check_floating, check_same_shape, compute_dtype
 from visionblocks.ops._local_attention_torch import LocalAttentionFunction
-from visionblocks.ops.local import cpu_fast_path, effective_window
+from visionblocks.ops.local import check_window, cpu_fast_path, effective_window
 
 __all__ = ["local_attention2d"]
 __dir__ = public_dir(__name__, __all__)
@@ -53,7 +47,7 @@ def _check_int(name: str, value: int) -> None:
 def _check_args(
     q: Tensor, k: Tensor, v: Tensor, kernel_size: int, dilation: int, num_heads: int
 ) -> None:
-    """Validate the arguments of `local_attention2d` (see its ``Raises:``)."""
+    """Validate the arguments of `local_attention2d`."""
     for name, x in (("q", q), ("k", k), ("v", v)):
         check_floating(name, x)
         if x.dim() != 4:
@@ -64,10 +58,7 @@ def _check_args(
         raise ValueError(
             f"q, k and v must be on the same device, got {q.device}, {k.device} and {v.device}"
         )
-    for name, value in (("kernel_size", kernel_size), ("dilation", dilation)):
-        _check_int(name, value)
-    if kernel_size % 2 == 0:
-        raise ValueError(f"kernel_size must be odd (windows are centred), got {kernel_size}")
+    check_window(kernel_size, dilation)
     _check_int("num_heads", num_heads)
     if q.shape[1] % num_heads:
         raise ValueError(
@@ -95,11 +86,8 @@ def local_attention2d(
         out[n, :, p] = sum_t attn[n, t, p] * v[n, :, p + o_t]
 
     This equals unfolding ``k`` and ``v`` with ``F.unfold(x, k, dilation=d, padding=d*(k//2))``
-    and masking the padded taps with ``-inf`` before the softmax, without ever building the
-    ``k*k``-times unfolded tensors. Differentiable with respect to ``q``, ``k`` and ``v``
-    (the chunked CPU path of ``impl="auto"``: no double backward, nothing ``k*k`` times the
-    input kept; the formula: plain autograd, which keeps the ``(B, heads, k*k, H, W)``
-    attention weights, ``k*k / D`` times the input).
+    and masking the padded taps with ``-inf`` before the softmax, without building the
+    unfolded tensors. Differentiable in ``q``, ``k`` and ``v`` (see the module notes).
 
     Args:
         q (Tensor[B, C, H, W]): Queries, floating point.
@@ -112,9 +100,8 @@ def local_attention2d(
             `visionblocks.kernels.local_attention`).
 
     Returns:
-        Tensor[B, C, H, W]: In the promoted dtype of ``q``, ``k`` and ``v``. Half inputs are
-        computed in float32. Under ``torch.autocast``: the same (nothing lowered). Contiguous
-        NCHW, also for ``channels_last`` inputs (converted once per call by the formula).
+        Tensor[B, C, H, W]: In the promoted dtype of ``q``, ``k`` and ``v`` (half inputs are
+        computed in float32; ``torch.autocast`` lowers nothing).
 
     Raises:
         TypeError: Non-tensor or non-floating (e.g. integer) inputs, or non-int
@@ -122,8 +109,7 @@ def local_attention2d(
         ValueError: Inputs not 4-D or of different shapes or devices, an even
             ``kernel_size``, ``dilation``/``num_heads < 1``, ``num_heads`` not dividing ``C``,
             or an unknown ``impl``.
-        RuntimeError: ``impl="triton"`` where triton cannot run (triton missing, or a CPU
-            tensor without ``TRITON_INTERPRET=1``).
+        RuntimeError: ``impl="triton"`` where triton cannot run.
 
     Examples:
         >>> import torch
@@ -145,14 +131,17 @@ def local_attention2d(
         https://arxiv.org/abs/1906.05909
     """
     _check_args(q, k, v, kernel_size, dilation, num_heads)
-    which = resolve_impl(impl, "local_attention2d", q, k, v)
+    triton = use_triton("local_attention2d", impl, q, k, v)
     # Taps beyond the image are masked: a window past it equals a smaller one (no huge sizes).
     kernel_size, dilation = effective_window(kernel_size, dilation, *q.shape[-2:])
     dtype = torch.promote_types(torch.promote_types(q.dtype, k.dtype), v.dtype)
     q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
     args = (q, k, v, kernel_size, dilation, num_heads)
-    if which == "triton":
-        return run_fused("local_attention2d", impl, _local_attention, *args)
+    if triton:
+        from visionblocks.kernels.local_attention import local_attention2d_triton
+
+        fallback = None if forced_triton(impl) else _local_attention
+        return local_attention2d_triton(*args, reference=fallback)
     if cpu_fast_path(impl, q):
         return LocalAttentionFunction.apply(*args)
     return _local_attention(*args)
@@ -161,12 +150,8 @@ def local_attention2d(
 def _local_attention(
     q: Tensor, k: Tensor, v: Tensor, kernel_size: int, dilation: int, num_heads: int
 ) -> Tensor:
-    """The formula of `local_attention2d` (inputs validated, one dtype): one view per tap.
-
-    Tap ``t = i*k + j`` of every query pixel is the zero-padded key (value) at ``(h + i*d,
-    w + j*d)``: a shifted view of the padded tensor. Taps outside the image get logit
-    ``-inf`` (the centre tap never does). Half inputs are computed in float32.
-    """
+    """The formula of `local_attention2d` (inputs validated, one dtype): one shifted view
+    of the padded keys (values) per tap, taps outside the image at ``-inf`` (half in float32)."""
     b, c, h, w = q.shape
     depth, half, cdt = c // num_heads, kernel_size // 2, compute_dtype(q.dtype)
     pad = dilation * half

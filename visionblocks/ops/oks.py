@@ -1,10 +1,14 @@
 """Object keypoint similarity (OKS): COCO's IoU for key points, pairwise like `box_iou`.
 
-OKS scores a predicted pose against a ground-truth pose by the Gaussian of each key point's
-distance, scaled by the object's area and a per-key-point sigma (how far annotators disagree
-on that key point), averaged over the labelled key points. COCO's keypoint AP thresholds it at
-0.50:0.05:0.95 the way box AP thresholds IoU. `keypoint_oks` gives the values of pycocotools'
-``COCOeval.computeOks`` for every pair of predictions and ground truths at once.
+OKS averages, over the labelled key points, a Gaussian of each key point's distance scaled
+by the object's area and a per-key-point sigma; COCO's keypoint AP thresholds it as box AP
+thresholds IoU. `keypoint_oks` gives pycocotools' ``COCOeval.computeOks`` for all pairs.
+
+Convention:
+    Coordinates are in the annotation file's convention (pycocotools shifts nothing by half a
+    pixel), shared by ``pred``, ``gt`` and ``boxes``, in the units of the ``areas`` (pixels
+    and square pixels); x right, y down. OKS is translation invariant (any convention shared
+    by both sides gives the same values), not scale invariant (``areas`` carry the scale).
 """
 
 from __future__ import annotations
@@ -16,15 +20,9 @@ import torch
 from torch import Tensor
 
 from visionblocks._core.checks import check_choice, check_type
+from visionblocks._core.dispatch import assert_on_device, asserts_on_device, reads_values
 from visionblocks._core.namespace import public_dir
-from visionblocks._core.tensor_checks import (
-    assert_on_device,
-    asserts_on_device,
-    check_real,
-    check_same_device,
-    check_tensor,
-    reads_values,
-)
+from visionblocks._core.tensor_checks import check_real, check_same_device, check_tensor
 from visionblocks.ops.boxes import BOX_FORMATS
 
 __all__ = ["COCO_PERSON_SIGMAS", "keypoint_oks"]
@@ -49,7 +47,7 @@ def _shape_text(shape: Sequence[int]) -> str:
 def _check_shapes(
     pred: Tensor, gt: Tensor, visibility: Tensor, areas: Tensor, boxes: Tensor | None
 ) -> None:
-    """Types, ranks and sizes: ``pred (N, K, 2|3)``, ``gt (M, K, 2)`` and the rest agree."""
+    """Types and shapes: ``pred (N, K, 2|3)``, ``gt (M, K, 2)`` and the rest agree."""
     check_real("pred", pred)
     check_real("gt", gt)
     check_tensor("visibility", visibility)
@@ -131,8 +129,8 @@ def _sigma_tensor(
 
 
 def _check_values(areas: Tensor, sigmas: Tensor | None) -> None:
-    """``areas >= 0`` and ``sigmas > 0``, finite (a tensor given by the user; None: checked
-    already): raised on CPU, device-side asserts on CUDA."""
+    """``areas >= 0`` and finite ``sigmas > 0`` (None: checked already): raised on CPU,
+    device-side asserts on CUDA."""
     sigmas_ok = None if sigmas is None else (sigmas > 0) & torch.isfinite(sigmas)
     if reads_values(areas) and bool((areas < 0).any()):
         bad = areas[areas < 0]
@@ -158,10 +156,9 @@ def keypoint_oks(
 ) -> Tensor:
     """Object keypoint similarity of every prediction with every ground truth, in ``[0, 1]``.
 
-    The values of pycocotools' ``COCOeval.computeOks`` (what COCO keypoint AP thresholds),
-    for all ``N x M`` pairs in one batched computation. With ``d`` the distance between a
-    predicted and a ground-truth key point ``k``, ``σ_k`` its sigma and ``area`` the ground
-    truth's area (its segment area in COCO files, not the box's)::
+    pycocotools' ``COCOeval.computeOks`` for all ``N x M`` pairs at once. With ``d_k`` the
+    distance of key point ``k``, ``σ_k`` its sigma and ``area`` the ground truth's (segment)
+    area::
 
         e_k = d_k² / (2 · (area + ε) · (2 σ_k)²)        ε = 2⁻⁵² (NumPy's spacing(1))
         OKS = Σ_k [v_k > 0] · exp(-e_k) / Σ_k [v_k > 0]
@@ -171,58 +168,45 @@ def keypoint_oks(
     point (COCO's ``num_keypoints == 0``) follows pycocotools' rule: the mean runs over all K
     key points and ``d_k`` is the distance of the predicted point to the box grown by its own
     width and height on every side (``[x - w, x + 2w] x [y - h, y + 2h]``, 0 inside it). That
-    needs ``boxes``; without them such columns are NaN (undefined), never a made-up number.
-    COCOeval ignores these ground truths anyway (detections matched to them count for
-    nothing), so their OKS matters only for which detection they absorb.
+    needs ``boxes``; without them such columns are NaN (undefined). COCOeval ignores these
+    ground truths anyway; their OKS only decides which detection they absorb.
 
-    Compiles with ``torch.compile(fullgraph=True)``; reads no tensor values on the host
-    except for the value checks on CPU (on CUDA they are device-side asserts, see
-    `visionblocks.value_checks`). Differentiable in ``pred`` and ``gt``.
+    Differentiable in ``pred`` and ``gt``; compiles with ``torch.compile(fullgraph=True)``.
+    Only CPU value checks read tensor values (CUDA: device-side asserts,
+    `visionblocks.value_checks`).
 
     Args:
         pred (Tensor[N, K, 2] or Tensor[N, K, 3]): Predicted key points ``(x, y)``; a third
             column (a score or visibility, as keypoint R-CNN returns) is ignored, as
             pycocotools ignores the ``v`` of results. Floating or integer.
         gt (Tensor[M, K, 2]): Ground-truth key points ``(x, y)`` (``tv_tensors.KeyPoints``
-            works). Coordinates of unlabelled points are not used: any value, even NaN, is
-            fine there, gradients included.
+            works); unlabelled points are not used (even NaN is fine there).
         visibility (Tensor[M, K]): COCO's flags (0 not labelled, 1 labelled but not visible,
             2 visible), integer, or bool (True: labelled).
-        areas (Tensor[M]): Object areas of the ground truths (COCO's ``area``), ``>= 0``.
-            Zero is allowed (pycocotools' ``ε`` keeps the division finite: only an exact
-            match counts).
+        areas (Tensor[M]): Object areas of the ground truths (COCO's ``area``), ``>= 0``
+            (zero: only an exact match counts).
         sigmas (Tensor[K] or sequence of K floats): Per-key-point sigmas, finite and ``> 0``.
             Default `COCO_PERSON_SIGMAS` (K = 17); any other K needs its own.
         boxes (Tensor[M, 4], optional): Ground-truth boxes in ``box_fmt``, used only for
             ground truths without a labelled key point (see above).
-        box_fmt: Format of ``boxes``: ``"xyxy"`` (the library's; the default), ``"xywh"``
-            (COCO's ``bbox``, the exact arithmetic of pycocotools) or ``"cxcywh"``.
+        box_fmt: Format of ``boxes``: ``"xyxy"`` (default), ``"xywh"`` (COCO's ``bbox``,
+            pycocotools' exact arithmetic) or ``"cxcywh"``.
 
     Returns:
         Tensor[N, M]: OKS of prediction ``i`` with ground truth ``j``; NaN in the columns of
         ground truths without a labelled key point when ``boxes`` is None (and wherever an
-        input used is NaN). float32 for float32, half and integer inputs, float64 when any
-        input is float64; computed in that dtype (float64 gives pycocotools' values to about
-        1e-16; float32 is within about 1e-6 of them for the same float32 inputs, the
-        exponent's rounding, which no AP threshold resolves). ``N = 0`` or ``M = 0`` gives
-        an empty ``(N, M)``. Under ``torch.autocast``: the same (half inputs give float32).
+        input used is NaN). Computed and returned in float64 when any input is float64,
+        else float32 (half and integer inputs too, also under ``torch.autocast``); float32
+        differs from pycocotools by the exponent's rounding only. ``N = 0`` or ``M = 0``
+        gives an empty ``(N, M)``.
 
     Raises:
         TypeError: A non-tensor input (``sigmas`` may also be a sequence), complex or bool
             coordinates, areas or boxes, floating ``visibility``, integer ``sigmas``,
             ``box_fmt`` not a str.
-        ValueError: Shapes that disagree (the message names both arguments and shapes),
-            K = 0, ``sigmas`` not of length K, tensors on different devices, an unknown
-            ``box_fmt``; on CPU also negative ``areas`` or sigmas not finite and ``> 0``.
-
-    Convention:
-        Coordinates are in COCO's keypoint pixel convention, the one the annotation file
-        uses (pycocotools compares the numbers as they are: nothing is shifted by half a
-        pixel), and ``pred``, ``gt`` and ``boxes`` must share it, in the same units as the
-        ``areas`` (pixels and square pixels). x grows to the right, y downwards. OKS depends
-        only on differences of coordinates: it is translation invariant, so any convention
-        shared by both sides gives the same values; it is not scale invariant (``areas``
-        carry the scale).
+        ValueError: Shapes that disagree, K = 0, ``sigmas`` not of length K, tensors on
+            different devices, an unknown ``box_fmt``; on CPU also negative ``areas`` or
+            sigmas not finite and ``> 0``.
 
     Examples:
         >>> import torch
