@@ -1,12 +1,8 @@
 """``torch.distributed`` helpers that are safe when no process group is initialised.
 
-Every function works in a plain single-process run (it then behaves as world size 1), under
-DDP and under ``torchrun``, so losses and evaluation code need no ``if distributed:`` branches.
-
-Normalising a dense-detection loss by the number of positives across ranks (RetinaNet/FCOS
-style) keeps each rank's loss on the same scale whatever its share of positives.
-``reduce_mean`` averages the count over ranks; each rank divides its own sum by that average,
-and DDP's gradient averaging then yields the gradient of the global sum over the global count.
+Every function works in a plain single-process run (as world size 1), under DDP and under
+``torchrun``. Dividing each rank's loss sum by ``reduce_mean`` of its positives makes DDP's
+gradient averaging yield the gradient of the global sum over the global count.
 
 Examples:
     The same code runs in one process and under ``torchrun`` (here: one process, so the
@@ -95,13 +91,11 @@ def barrier() -> None:
 
 
 def reduce_mean(tensor: torch.Tensor) -> torch.Tensor:
-    """Average ``tensor`` over all ranks (a detached copy of it when not distributed).
-
-    The input is not modified. Integer tensors are averaged in float32.
+    """Average ``tensor`` over all ranks (a detached copy when not distributed; integers in
+    float32; the input is not modified).
 
     Args:
-        tensor (Tensor[...]): The same shape on every rank, on the device the backend uses
-            (CPU for gloo, CUDA for nccl).
+        tensor (Tensor[...]): The same shape on every rank, on the backend's device.
 
     Returns:
         Tensor[...]: The element-wise mean over ranks, detached from the graph.

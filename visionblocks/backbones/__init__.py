@@ -1,11 +1,8 @@
 """Backbones by name: torchvision classifiers, any timm model, and a tiny test network.
 
-`build_backbone` builds a registered backbone (`visionblocks.registry.BACKBONES`) or, for
-names starting with ``timm/``, any timm model (a namespace of ``BACKBONES``, so
-``BACKBONES.build`` and model configs take ``"timm/<model>"`` too). Every backbone is a `Backbone`: its forward
-returns ``OrderedDict[str, Tensor]`` (``stage0``, ``stage1``, ...) and ``feature_info`` lists
-each output's name, channels and stride, measured by a dry run when it is built. Nothing is
-ever downloaded: ``pretrained`` is a local file.
+Every backbone is a `Backbone`: its forward returns ``OrderedDict[str, Tensor]`` (``stage0``,
+``stage1``, ...) and ``feature_info`` lists each output's name, channels and stride, measured
+by a dry run when it is built. Nothing is ever downloaded: ``pretrained`` is a local file.
 """
 
 from __future__ import annotations
@@ -48,41 +45,29 @@ def build_backbone(
 ) -> Backbone:
     """Build a backbone by name; its forward returns ``OrderedDict[str, Tensor]``.
 
-    Names: the entries of `visionblocks.registry.BACKBONES` (``BACKBONES.list()``: the
-    torchvision ResNets, ResNeXt-50 32x4d, Wide ResNet-50-2, MobileNetV2/V3, EfficientNet-B0,
-    ConvNeXt-Tiny, and ``vb_tiny``), plus ``"timm/<model>"`` for any timm model
-    (``"timm/resnet50"``, ``"timm/convnext_nano"``). Every family has four stages at strides
-    4, 8, 16 and 32 (timm models: their levels of stride 4 or more); output ``stage{i}`` is
-    stage ``i``.
-
-    ``build_backbone(name, **kw)`` is ``BACKBONES.build(name, **kw)``: a config's
-    ``{"type": "timm/resnet18"}`` builds the same backbone.
+    Names: the entries of `visionblocks.registry.BACKBONES` (torchvision families and
+    ``vb_tiny``) and ``"timm/<model>"`` for any timm model; ``build_backbone(name, **kw)`` is
+    ``BACKBONES.build(name, **kw)``. Every family has four stages at strides 4, 8, 16 and 32
+    (timm models: their levels of stride 4 or more); output ``stage{i}`` is stage ``i``.
 
     Args:
         name: A registered name or ``"timm/<model>"``.
         pretrained: ``None``, or a local checkpoint file (``.pt``, ``.pth``, ``.bin``,
-            ``.safetensors``) or state dict of the original model (a torchvision or timm
-            checkpoint as published), loaded with `visionblocks.weights.load_partial`; the
-            report is kept as ``backbone.load_report`` (the classifier head shows as
-            unexpected). Every backbone tensor must load (only ``num_batches_tracked`` may
-            be missing), else `visionblocks.weights.LoadError` is raised and nothing is
-            copied: a checkpoint of another architecture never "loads" silently. For partial
-            loading, build without ``pretrained`` and call ``load_partial`` yourself. URLs,
-            hub names and ``True`` raise: nothing is ever downloaded.
+            ``.safetensors``) or state dict of the original model (as published), loaded
+            with `visionblocks.weights.load_partial` (report in ``backbone.load_report``).
+            Every backbone tensor must load (only ``num_batches_tracked`` may be missing),
+            else `visionblocks.weights.LoadError` is raised and nothing is copied; for
+            partial loading, call ``load_partial`` yourself. URLs, hub names and ``True``
+            raise.
         out_indices: Stages to return, Python-style indices into the stages (``-1`` is the
             last); returned in stage order. Default: the last four stages.
-        in_channels: Input channels. Other than 3, the first convolution gets that many
-            inputs, and pretrained RGB weights are adapted (summed for 1 channel, so a grey
-            image gives what its RGB copy gives; else repeated and scaled by 3 / channels).
-        frozen_stages: ``0`` (default) freezes nothing; ``n`` freezes the stem and the first
-            ``n`` stages (``requires_grad=False``, their BatchNorms kept in eval mode).
-        norm_eval: Keep every BatchNorm in eval mode during training (running statistics
-            frozen). Both options survive ``.train()``.
+        in_channels: Input channels; pretrained RGB weights of the first convolution are
+            adapted (summed for 1 channel, else repeated and scaled by 3 / channels).
+        frozen_stages: ``n`` freezes the stem and the first ``n`` stages (their BatchNorms
+            kept in eval mode, through ``.train()``); ``0`` (default) nothing.
+        norm_eval: Keep every BatchNorm in eval mode during training.
         grad_checkpointing: Activation checkpointing: ``True`` for every stage, or a list of
-            stage indices. Each block of those stages keeps only its input in the forward
-            and recomputes its activations in the backward: less memory, about one more
-            forward of time (see `Backbone.set_grad_checkpointing`; frozen stages are
-            skipped).
+            stage indices (see `Backbone.set_grad_checkpointing`).
         **kwargs: Passed to the model's builder (torchvision builder, ``timm.create_model``
             or `TinyNet`).
 
@@ -91,14 +76,11 @@ def build_backbone(
         and ``load_report`` (`visionblocks.weights.LoadReport` or ``None``).
 
     Raises:
-        KeyError: Unknown name; the message suggests close matches (``'timm/<model>'`` for
-            a timm model name given without ``timm/``).
+        KeyError: Unknown name; the message suggests close matches.
         LoadError: ``pretrained`` lacks a backbone tensor or has one of another shape (the
             exception's ``report`` says which).
-        ValueError: ``out_indices`` out of range or repeated, ``frozen_stages`` out of range,
-            ``in_channels`` outside ``[1, 65536]``, ``pretrained`` a URL, hub name or
-            ``True``. The backbone's ``forward`` raises ``ValueError``/``TypeError`` for an
-            input that is not a floating-point ``(B, in_channels, H, W)`` tensor on its device.
+        ValueError: ``out_indices``, ``frozen_stages`` or ``in_channels`` out of range,
+            ``pretrained`` a URL, hub name or ``True``.
         FileNotFoundError: ``pretrained`` is not an existing file.
         TypeError: An option of the wrong type.
 
@@ -112,10 +94,6 @@ def build_backbone(
         {'stage0': (2, 16, 32, 32), 'stage1': (2, 32, 16, 16), 'stage2': (2, 64, 8, 8), 'stage3': (2, 128, 4, 4)}
         >>> build_backbone("vb_tiny", in_channels=1, out_indices=(-1,)).feature_info
         [{'name': 'stage3', 'channels': 128, 'stride': 32}]
-        >>> build_backbone("vb_tiny", pretrained="https://example.com/tiny.pth")
-        Traceback (most recent call last):
-        ...
-        ValueError: pretrained='https://example.com/tiny.pth' is a URL or hub name. ...
         >>> build_backbone("resnet_50")
         Traceback (most recent call last):
         ...

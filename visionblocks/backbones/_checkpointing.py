@@ -1,13 +1,8 @@
 """Activation checkpointing of a backbone's stages (private; see `Backbone.set_grad_checkpointing`).
 
-The builders record, per stage, the *blocks* to checkpoint: the modules that run from the
-end of the previous stage (or feature level) to the module ending the stage, when both sit
-in one ordered container (an ``nn.Sequential``: MobileNet's and EfficientNet's
-``features.k``; timm's feature wrappers), else the stage's own module. A block that is an
-``nn.Sequential`` of composite modules (ResNet's ``layer1``, a timm ``blocks.k``) is split
-into them. Single layers (a stem's convolution, a max pool) are left out: the backward of
-one layer needs little besides its input, which a checkpoint keeps anyway. Each block is
-checkpointed on its own (`visionblocks._core.checkpointing`).
+A stage's *blocks* are the modules that run from the end of the previous stage to the module
+ending it, when both sit in one ordered container (else the stage's own module); an
+``nn.Sequential`` of composite modules is split into them, and single layers are left out.
 """
 
 from __future__ import annotations
@@ -27,11 +22,7 @@ Blocks = tuple[tuple[str, ...] | None, ...]
 
 
 def check_option(value: Any, arg: str = "grad_checkpointing") -> bool | tuple[int, ...]:
-    """``value`` as a bool or a tuple of ints (the range is checked against a backbone).
-
-    Raises:
-        TypeError: Neither a bool nor a list or tuple of ints.
-    """
+    """``value`` as a bool or a tuple of ints (``TypeError`` otherwise)."""
     if isinstance(value, bool):
         return value
     if not isinstance(value, (list, tuple)):
@@ -70,14 +61,9 @@ def stage_blocks(
     stages: Sequence[int],
     ordered: tuple[type[nn.Module], ...] = (nn.Sequential,),
 ) -> Blocks:
-    """The blocks of each stage (see the module docstring).
-
-    Args:
-        root: The model the names are relative to.
-        levels: Module names of every feature level in execution order (``None``: unknown).
-        stages: For each stage, its index into ``levels``.
-        ordered: Containers whose children run one after the other, in order.
-    """
+    """The blocks of each stage (its index into ``levels``, the module names of every feature
+    level of ``root`` in execution order; ``ordered``: containers that run their children in
+    order)."""
     modules = dict(root.named_modules())
     out: list[tuple[str, ...] | None] = []
     for level in stages:
@@ -166,13 +152,10 @@ class StageCheckpointing:
         stages through activation checkpointing (`visionblocks.training.set_grad_checkpointing`).
 
         Each block (a ResNet bottleneck, an inverted residual, a timm stage block) keeps only
-        its input in the forward and computes its activations again in the backward: less
-        activation memory for one more forward of the backbone. Gradients and BatchNorm
-        running statistics are those without checkpointing. In eval mode, without autograd
-        and when exported or compiled, the backbone runs as usual. Frozen stages
-        (``frozen_stages``) are skipped: nothing there needs a gradient, so nothing is kept
-        for the backward anyway. The selection replaces the previous one; ``repr`` and the
-        state dict do not change. ``grad_checkpointing`` holds the stages checkpointed.
+        its input in the forward and recomputes its activations in the backward; gradients
+        and BatchNorm statistics are unchanged. In eval mode, without autograd and when
+        exported or compiled, the backbone runs as usual. Frozen stages are skipped. The
+        selection replaces the previous one; ``grad_checkpointing`` holds it.
 
         Args:
             enable: ``True``, ``False``, or stage indices (Python-style: ``-1`` is the last

@@ -1,9 +1,5 @@
-"""Validation of the options every backbone builder takes (private).
-
-One place for the rules of ``pretrained`` (local files only), ``out_indices`` (Python-style
-indices over the stages), ``in_channels`` and ``frozen_stages``, so every family reports the
-same errors.
-"""
+"""Validation of the options every backbone builder takes (private), so every family reports
+the same errors."""
 
 from __future__ import annotations
 
@@ -41,13 +37,8 @@ _HOW = (
 
 
 def check_pretrained(pretrained: Any) -> str | Mapping[str, Any] | None:
-    """``None`` (no weights), a path of an existing file, or a state dict.
-
-    Raises:
-        ValueError: ``True``, a URL or a hub name (nothing is ever downloaded).
-        FileNotFoundError: A string or path that is not an existing file.
-        TypeError: Anything else (a torchvision ``WeightsEnum`` value, a number, ...).
-    """
+    """``None`` (no weights), a path of an existing file, or a state dict; ``True``, URLs and
+    hub names raise ``ValueError``."""
     if pretrained is None or pretrained is False:
         return None
     if pretrained is True:
@@ -70,12 +61,6 @@ def check_pretrained(pretrained: Any) -> str | Mapping[str, Any] | None:
         f"pretrained must be None, a local file path or a state dict, got "
         f"{type(pretrained).__name__}{hint}. {_HOW}"
     )
-
-
-def _check_int(name: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be int, got {type(value).__name__} ({value!r})")
-    return value
 
 
 def check_in_channels(in_channels: Any) -> int:
@@ -107,12 +92,7 @@ def check_parameters(name: str, values: object) -> list[torch.Tensor]:
 
 
 def normalize_out_indices(out_indices: Any, num_stages: int, what: str) -> tuple[int, ...]:
-    """Sorted non-negative stage indices; ``None`` means the last four (or all) stages.
-
-    Raises:
-        TypeError: Not a tuple or list of ints.
-        ValueError: Empty, an index outside ``[-num_stages, num_stages)``, or one stage twice.
-    """
+    """Sorted non-negative stage indices; ``None`` means the last four (or all) stages."""
     if out_indices is None:
         return tuple(range(max(0, num_stages - 4), num_stages))
     if not isinstance(out_indices, (tuple, list)):
@@ -123,18 +103,14 @@ def normalize_out_indices(out_indices: Any, num_stages: int, what: str) -> tuple
     if not out_indices:
         raise ValueError("out_indices is empty; name at least one stage")
     for index in out_indices:
-        _check_int("out_indices entries", index)
+        check_type("out_indices entries", index, int)
     return normalize_stage_indices("out_indices", out_indices, num_stages, what)
 
 
 def normalize_stage_indices(
     arg: str, indices: Sequence[int], num_stages: int, what: str
 ) -> tuple[int, ...]:
-    """Stage indices (ints; negative ones count from the end) as sorted non-negative ones.
-
-    Raises:
-        ValueError: An index outside ``[-num_stages, num_stages)``, or one stage twice.
-    """
+    """Stage indices (negative ones count from the end) as sorted non-negative ones."""
     normalized = []
     for index in indices:
         if not -num_stages <= index < num_stages:
@@ -151,7 +127,7 @@ def normalize_stage_indices(
 
 def normalize_frozen_stages(frozen_stages: Any, num_stages: int, what: str) -> int:
     """``frozen_stages`` checked against the number of stages."""
-    _check_int("frozen_stages", frozen_stages)
+    check_type("frozen_stages", frozen_stages, int)
     if not 0 <= frozen_stages <= num_stages:
         raise ValueError(
             f"frozen_stages must be in [0, {num_stages}] for {what} (0 freezes nothing, n "
@@ -170,16 +146,8 @@ def first_conv(model: nn.Module) -> tuple[str, nn.Conv2d] | None:
 
 
 def replace_first_conv(model: nn.Module, in_channels: int) -> None:
-    """Give ``model``'s first convolution ``in_channels`` inputs (in place).
-
-    The first convolution is the owner of the first 4-D weight in state-dict order (the rule
-    `visionblocks.weights.load_partial` uses to adapt pretrained stems). Its replacement keeps
-    every other setting, and its weight is the old one adapted as pretrained weights are
-    (summed for one channel, else repeated and rescaled).
-
-    Raises:
-        ValueError: The model has no ``nn.Conv2d`` first, or a grouped one.
-    """
+    """Give ``model``'s first convolution (`first_conv`) ``in_channels`` inputs, in place,
+    its weight adapted as pretrained weights are."""
     found = first_conv(model)
     if found is None:
         raise ValueError(

@@ -20,15 +20,8 @@ def load_pretrained(
     what: str,
     rename: Sequence[tuple[str, str]] | None = None,
 ) -> LoadReport:
-    """Load a checkpoint of the backbone's own model into it; every backbone key must load.
-
-    The guard runs on a dry run first, so a failed load changes nothing. Missing
-    ``num_batches_tracked`` buffers are allowed (many published checkpoints lack them);
-    checkpoint keys the backbone does not have (the classifier head) are fine.
-
-    Raises:
-        LoadError: A backbone tensor would be missing or have another shape.
-    """
+    """Load a checkpoint of the backbone's own model into it; every backbone key must load
+    (``num_batches_tracked`` may be missing), else ``LoadError`` and nothing changes."""
     report = load_partial(backbone, source, rename=rename, dry_run=True)
     failed = [
         f"{key} ({'mismatched' if key in report.mismatched else 'missing'})"

@@ -1,15 +1,5 @@
-"""Any timm model as a backbone: ``build_backbone("timm/<name>")`` (nothing is downloaded).
-
-``"timm/<name>"`` is a namespace of `visionblocks.registry.BACKBONES`: ``BACKBONES.get``,
-``build``, ``in`` and model configs (``{"type": "timm/resnet18"}``) take it too, and a name
-missing from the registry that is a timm model gets ``'timm/<name>'`` as its suggestion.
-
-The model is created with ``timm.create_model(name, features_only=True, pretrained=False,
-in_chans=in_channels)``. Its feature levels are measured by a dry run; the backbone's stages
-are the levels with stride 4 or more (a stride-2 stem level is left out, so stage 0 is at
-stride 4 as for the torchvision families). When the selected stages end before the model's
-last level, the model is created again with timm's ``out_indices`` so its tail is dropped.
-"""
+"""Any timm model as a backbone: ``build_backbone("timm/<name>")`` (nothing is downloaded;
+``"timm/<name>"`` is a namespace of `visionblocks.registry.BACKBONES`)."""
 
 from __future__ import annotations
 
@@ -50,11 +40,8 @@ _RESERVED = ("features_only", "pretrained", "out_indices", "in_chans")
 
 
 def check_model_name(model_name: Any, *, prefix: str = "") -> str:
-    """Return ``model_name`` if it is a timm model, else raise (close matches suggested).
-
-    ``prefix`` (``"timm/"``) is how the caller named the model: the message quotes the name
-    and its suggestions with it.
-    """
+    """Return ``model_name`` if it is a timm model, else raise (close matches suggested,
+    with the caller's ``prefix``)."""
     check_type("model_name", model_name, str)
     if not model_name:
         raise ValueError(
@@ -142,11 +129,8 @@ def _upstream_names(model: nn.Module, size: Sequence[int], positions: Sequence[i
 
 
 def _rename_rules(model_keys: Iterable[str], ckpt_keys: Iterable[str]) -> list[tuple[str, str]]:
-    """Rules mapping a timm checkpoint's keys to the keys of its ``features_only`` model.
-
-    timm's feature wrappers rename modules: a wrapped model's keys gain ``model.``, and
-    flattened ``nn.Sequential`` children turn ``stages.0.`` into ``stages_0.``.
-    """
+    """Rules mapping a timm checkpoint's keys to its ``features_only`` model's (``model.``
+    prefixes, ``stages.0.`` flattened to ``stages_0.``)."""
     model_keys = set(model_keys)
     ckpt_keys = [k[len("module.") :] if k.startswith("module.") else k for k in ckpt_keys]
     rules: dict[str, str] = {}
@@ -191,33 +175,23 @@ def timm_backbone(
 ) -> Backbone:
     """The timm model ``model_name`` (``features_only=True``, no download) as a backbone.
 
-    Registered as ``"timm"`` (``BACKBONES.build({"type": "timm", "model_name": ...})``);
-    ``"timm/<model_name>"`` (``build_backbone``, ``BACKBONES.build``, model configs) calls it
-    too.
-
-    Stages are the model's feature levels with a measured stride of at least 4 (all levels
-    if none has). Channels-last feature models (Swin) return ``(B, C, H, W)``
-    like every other backbone. Parameters the selected stages do not depend on (blocks that
-    timm's EfficientNet-family feature models still run after the last selected level) are
-    frozen, so ``DistributedDataParallel`` sees no unused parameters; they stay in the state
-    dict. State-dict keys are those of timm's ``features_only`` model; ``pretrained``
-    may be a checkpoint of the full timm model: its keys are mapped to the feature model's
-    (``model.`` prefixes and flattened ``stages_0``-style names), and the classifier's keys
-    are reported as unexpected.
+    Registered as ``"timm"``; ``"timm/<model_name>"`` calls it too. Stages are the model's
+    feature levels with a measured stride of at least 4 (all levels if none has);
+    channels-last models (Swin) return ``(B, C, H, W)`` too. Parameters the selected stages
+    do not depend on are frozen (no unused parameters for DDP). ``pretrained`` may be a
+    checkpoint of the full timm model: its keys are mapped to the ``features_only`` model's.
 
     Args:
         model_name: A timm architecture (``timm.list_models()``), optionally with a
             pretrained tag (``"resnet50.a1_in1k"``, only the config is used).
-        pretrained: Local checkpoint file or state dict.
-        out_indices: Stages to return, indices into the stages (negative allowed).
+        pretrained: As `visionblocks.backbones.build_backbone`.
+        out_indices: As `visionblocks.backbones.build_backbone`.
         in_channels: Input channels (timm's ``in_chans``).
-        frozen_stages: Freeze the stem and the first ``frozen_stages`` stages.
-        norm_eval: Keep BatchNorms in eval mode.
-        grad_checkpointing: Activation checkpointing of every stage (``True``) or of the
-            listed stages (see `Backbone.set_grad_checkpointing`); a stage's blocks are the
-            modules timm's feature info places between its level and the one before.
-        **kwargs: Passed to ``timm.create_model`` (``drop_path_rate``, ``output_stride``,
-            ...), except ``features_only``, ``pretrained``, ``out_indices``, ``in_chans``.
+        frozen_stages: As `visionblocks.backbones.build_backbone`.
+        norm_eval: As `visionblocks.backbones.build_backbone`.
+        grad_checkpointing: As `visionblocks.backbones.build_backbone`.
+        **kwargs: Passed to ``timm.create_model``, except ``features_only``,
+            ``pretrained``, ``out_indices``, ``in_chans``.
 
     Returns:
         Backbone: Outputs ``stage{i}`` for ``i`` in ``out_indices``.
@@ -241,8 +215,7 @@ def timm_backbone(
             f"timm_backbone sets {', '.join(reserved)} itself; use pretrained=, "
             "out_indices= and in_channels= instead"
         )
-    if isinstance(frozen_stages, bool) or not isinstance(frozen_stages, int):
-        raise TypeError(f"frozen_stages must be int, got {type(frozen_stages).__name__}")
+    check_type("frozen_stages", frozen_stages, int)
     import timm
 
     what = f"{TIMM_PREFIX}{model_name}"
@@ -264,8 +237,7 @@ def timm_backbone(
         model = timm.create_model(model_name, out_indices=timm_indices, **options)
         positions = list(range(len(selected)))
     # Some feature models (timm's EfficientNet family) still run blocks after the last
-    # selected level: their parameters get no gradient, so they are frozen (DDP needs no
-    # find_unused_parameters); they stay in the state dict.
+    # selected level: their parameters get no gradient, so they are frozen.
     used = _upstream_names(model, size, positions)
     unused = [p for n, p in model.named_parameters() if p.requires_grad and n not in used]
     backbone = Backbone(

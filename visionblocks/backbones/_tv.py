@@ -1,10 +1,8 @@
 """torchvision classifiers as backbones (built with ``weights=None``; nothing is downloaded).
 
-Each family names the modules that end its stages at strides 4, 8, 16 and 32: the last
-module of the model at each stride, in execution order (so the MobileNets' and
-EfficientNet's last stage includes their final 1x1 convolution, as torchvision's own
-detection and segmentation models use them). Channels and strides are measured when a
-backbone is built; the tests check that the strides are 4, 8, 16 and 32.
+Each family names the last module of the model at strides 4, 8, 16 and 32 (so the
+MobileNets' and EfficientNet's last stage includes their final 1x1 convolution, as
+torchvision's detection models use them).
 """
 
 from __future__ import annotations
@@ -58,21 +56,17 @@ def torchvision_backbone(
 ) -> Backbone:
     """Build the torchvision model ``arch`` with ``weights=None`` and make it a backbone.
 
-    The options are those of `visionblocks.backbones.build_backbone`. ``kwargs`` go to the
-    torchvision builder (``replace_stride_with_dilation``, ``norm_layer``, ``width_mult``,
-    ...); the measured ``feature_info`` follows whatever they change. ``pretrained`` is a
-    torchvision checkpoint of the same architecture (its classifier keys are reported as
-    unexpected).
+    The options are those of `visionblocks.backbones.build_backbone`; the measured
+    ``feature_info`` follows whatever ``kwargs`` change.
 
     Args:
         arch: A key of `TORCHVISION_STAGES` (``"resnet50"``, ``"mobilenet_v3_large"``, ...).
-        pretrained: Local checkpoint file or state dict.
-        out_indices: Stages to return (indices into the four stages, negative allowed).
-        in_channels: Input channels.
-        frozen_stages: Freeze the stem and the first ``frozen_stages`` stages.
-        norm_eval: Keep BatchNorms in eval mode.
-        grad_checkpointing: Activation checkpointing of every stage (``True``) or of the
-            listed stages (see `Backbone.set_grad_checkpointing`).
+        pretrained: As `visionblocks.backbones.build_backbone`.
+        out_indices: As `visionblocks.backbones.build_backbone`.
+        in_channels: As `visionblocks.backbones.build_backbone`.
+        frozen_stages: As `visionblocks.backbones.build_backbone`.
+        norm_eval: As `visionblocks.backbones.build_backbone`.
+        grad_checkpointing: As `visionblocks.backbones.build_backbone`.
         **kwargs: Passed to the torchvision builder (not ``weights``).
 
     Returns:

@@ -1,10 +1,8 @@
 """The `Backbone` module and `backbone_from_model`, which turns a classifier into one.
 
-A backbone's ``forward`` returns ``OrderedDict[str, Tensor]`` (``stage0``, ``stage1``, ...)
-and its ``feature_info`` lists each output's name, channels and stride, measured by a dry
-run when the backbone is built (never read from a table). Its parameters and state-dict keys
-are those of the model it was made from (``layer1.0.conv1.weight``), minus what the outputs
-do not need (a classifier head), so a checkpoint of the original model loads into it as is.
+A backbone's parameters and state-dict keys are those of the model it was made from
+(``layer1.0.conv1.weight``), minus what the outputs do not need (a classifier head), so a
+checkpoint of the original model loads into it as is.
 """
 
 from __future__ import annotations
@@ -54,44 +52,31 @@ def stage_name(index: int) -> str:
 class Backbone(ckpt.StageCheckpointing, MirrorChildren, nn.Module):
     """A feature extractor whose ``forward`` returns ``OrderedDict[str, Tensor]``.
 
-    Wraps a *body*: a module returning a dict of feature maps (an
-    `visionblocks.features.IntermediateLayerGetter`) or a list of them (a timm
-    ``features_only`` model). The body's children, parameters and buffers are registered
-    under their own names, so the backbone's ``state_dict()`` equals the body's.
+    Wraps a *body* returning a dict (`visionblocks.features.IntermediateLayerGetter`) or a
+    list (a timm ``features_only`` model) of feature maps; its ``state_dict()`` is the
+    body's.
 
     ``feature_info`` is measured at construction by one dry run on zeros of shape
-    ``(1, *input_size)`` (eval mode, no grad).
+    ``(1, *input_size)`` (eval mode, no grad). ``torch.export.export`` (dynamic batch and
+    image size where the model allows it), ``torch.onnx.export(..., dynamo=True)``,
+    ``torch.compile`` and ``torch.jit.trace`` give the eager outputs (see
+    `visionblocks.features.IntermediateLayerGetter`).
 
-    **Export.** ``torch.export.export`` (strict and non-strict, dynamic batch and image size
-    where the model allows it), ``torch.onnx.export(..., dynamo=True)``, ``torch.compile``
-    and ``torch.jit.trace`` work and give the eager outputs. A getter body captures its
-    outputs with forward hooks in eager calls and with a ``torch.fx`` trace of the model,
-    truncated at the outputs, when traced or exported (see
-    `visionblocks.features.IntermediateLayerGetter`); a timm body is called as it is in both.
-
-    Training options (they survive every ``.train()`` / ``.eval()`` call):
-
-    - ``frozen_parameters``: set to ``requires_grad=False``; every module whose own
-      parameters are all frozen (the BatchNorms of frozen stages) stays in eval mode.
-    - ``norm_eval=True``: every BatchNorm stays in eval mode, so its running statistics are
-      neither updated nor used in their batch form (its affine parameters still train).
-    - ``set_grad_checkpointing``: activation checkpointing of the stages' blocks.
+    ``frozen_parameters`` (``requires_grad=False``; modules whose own parameters are all
+    frozen stay in eval mode) and ``norm_eval`` survive every ``.train()`` / ``.eval()``.
 
     Args:
         body: The feature extractor.
         names: Output names, one per returned feature.
         input_size: ``(C, H, W)`` of the dry run measuring ``feature_info``.
-        positions: For a list (or dict) returning body, which of its outputs to return, in
-            order; ``None`` returns the dict body's outputs as they are, or all of a list.
+        positions: Which of the body's outputs to return, in order (``None``: all).
         frozen_parameters: Parameters to freeze.
         norm_eval: Keep BatchNorms in eval mode.
-        out_indices: The stage indices the outputs come from (for ``repr`` and users).
+        out_indices: The stage indices the outputs come from.
         num_stages: How many stages the model has in all.
-        model: The model a getter body calls, when there is one: a child of the backbone
-            replaced later (``nn.SyncBatchNorm.convert_sync_batchnorm`` swaps top-level
-            norms) is replaced there too, so its ``forward`` runs the new module.
-        channels_last_outputs: The body returns ``(B, H, W, C)`` features (timm's Swin):
-            they are permuted to ``(B, C, H, W)``.
+        model: The model a getter body calls, if any (a child replaced later, as by
+            ``nn.SyncBatchNorm.convert_sync_batchnorm``, is replaced there too).
+        channels_last_outputs: The body returns ``(B, H, W, C)`` features (timm's Swin).
 
     Attributes:
         in_channels (int): Channels of the input (``input_size[0]``).
@@ -109,10 +94,9 @@ class Backbone(ckpt.StageCheckpointing, MirrorChildren, nn.Module):
     Raises:
         TypeError: ``body`` is not an ``nn.Module``, options of the wrong type; in
             ``forward``, an input that is not a floating-point tensor of the parameters'
-            dtype (outside ``torch.autocast``).
-        ValueError: ``names`` and the body's outputs disagree, ``positions`` of another
-            length than ``names``; in ``forward``, an input that is not
-            ``(B, in_channels, H, W)`` or not on the parameters' device.
+            dtype (outside autocast).
+        ValueError: ``names`` and the body's outputs disagree; in ``forward``, an input that
+            is not ``(B, in_channels, H, W)`` on the parameters' device.
 
     Examples:
         >>> import torch
@@ -295,33 +279,24 @@ def backbone_from_model(
     """Make a `Backbone` from any model and the names of the modules that end its stages.
 
     Stage ``i`` is the output of module ``stages[i]`` (a name as in ``named_modules()``,
-    e.g. ``"layer1"`` or ``"features.3"``), returned under the key ``"stage{i}"``. The
-    outputs are extracted with `visionblocks.features.IntermediateLayerGetter`: forward hooks
-    while the model's own ``forward`` runs, which stops after the last requested stage, so the
-    backbone holds no parameter that gets no gradient (no classifier head).
+    e.g. ``"layer1"`` or ``"features.3"``), returned under the key ``"stage{i}"``, extracted
+    with `visionblocks.features.IntermediateLayerGetter` (the model's ``forward`` stops
+    after the last requested stage, so no parameter goes without a gradient).
 
     Args:
         model: The model. It is modified in place only by ``in_channels`` and
             ``frozen_stages``; the backbone shares its modules.
         stages: Module names ending each stage, in execution order.
         name: Name used in error messages (default: the model's class name).
-        pretrained: A local checkpoint file or a state dict, loaded with
-            `visionblocks.weights.load_partial` (keys as in ``model.state_dict()``; a
-            first convolution with other input channels is adapted). Every backbone tensor
-            must load (see `load_pretrained`). The report is kept as
-            ``backbone.load_report``. URLs, hub names and ``True`` raise: nothing is
-            downloaded.
-        out_indices: Stages to return, Python-style indices into ``stages`` (``-1`` is the
-            last); returned in stage order. Default: the last four stages.
-        in_channels: Input channels; when they differ from the model's first convolution's,
-            that convolution is replaced (its weight adapted: summed over RGB for one
-            channel, else repeated and rescaled). ``None`` keeps the model's.
-        frozen_stages: ``0`` freezes nothing; ``n`` freezes the stem and the first ``n``
-            stages: every parameter the output of ``stages[n - 1]`` depends on gets
-            ``requires_grad=False`` and the modules holding them stay in eval mode.
+        pretrained: As `visionblocks.backbones.build_backbone` (keys as in
+            ``model.state_dict()``).
+        out_indices: As `visionblocks.backbones.build_backbone`, into ``stages``.
+        in_channels: Input channels (as `visionblocks.backbones.build_backbone`); ``None``
+            keeps the model's.
+        frozen_stages: ``n`` freezes every parameter the output of ``stages[n - 1]``
+            depends on (their modules stay in eval mode); ``0`` nothing.
         norm_eval: Keep every BatchNorm in eval mode (frozen running statistics).
-        input_size: Height and width of the dry runs (a multiple of the total stride, at
-            most 16,384).
+        input_size: Height and width of the dry runs (a multiple of the total stride).
         grad_checkpointing: Activation checkpointing of every stage (``True``) or of the
             listed stage indices (see `Backbone.set_grad_checkpointing`).
 
@@ -330,8 +305,7 @@ def backbone_from_model(
 
     Raises:
         TypeError: An option has the wrong type.
-        ValueError: An unknown stage name, ``out_indices`` out of range or repeated,
-            ``frozen_stages`` outside ``[0, len(stages)]``, a URL or hub name as
+        ValueError: An unknown stage name, options out of range, a URL or hub name as
             ``pretrained``.
         FileNotFoundError: ``pretrained`` is not an existing file.
 

@@ -1,10 +1,4 @@
-"""``vb_tiny``: a small, fast CNN built only from visionblocks blocks, for tests and demos.
-
-A stride-2 `ConvNormAct` stem, then four stages of `DepthwiseSeparableConv2d` blocks (the
-first block of each stage has stride 2), so the stage outputs have strides 4, 8, 16 and 32.
-With the default widths ``(16, 32, 64, 128)`` it has about 37 thousand parameters and runs a
-256 x 256 image in under 10 ms on one CPU core.
-"""
+"""``vb_tiny``: a small, fast CNN built only from visionblocks blocks, for tests and demos."""
 
 from __future__ import annotations
 
@@ -32,10 +26,9 @@ TINY_STAGES = ("stage1", "stage2", "stage3", "stage4")
 class TinyNet(nn.Module):
     """A four-stage depthwise-separable CNN: ``stem`` (stride 2), ``stage1`` ... ``stage4``.
 
-    Stage ``i`` starts with a stride-2 `DepthwiseSeparableConv2d` from the previous width to
-    ``widths[i]`` and adds ``depths[i] - 1`` stride-1 blocks, so ``stage1`` ... ``stage4``
-    end at strides 4, 8, 16 and 32. ``forward`` returns the last stage's output; use
-    ``build_backbone("vb_tiny")`` for all four.
+    Each stage is a stride-2 `DepthwiseSeparableConv2d` and ``depths[i] - 1`` stride-1 ones,
+    so the stages end at strides 4, 8, 16 and 32. ``forward`` returns the last stage's
+    output; ``build_backbone("vb_tiny")`` returns all four.
 
     Args:
         in_channels: Input channels.
@@ -49,10 +42,9 @@ class TinyNet(nn.Module):
         - Output: ``(B, widths[3], ceil(H / 32), ceil(W / 32))``.
 
     Raises:
-        TypeError: ``widths`` or ``depths`` not a tuple or list; in ``forward``, an input
-            that is not a floating-point tensor.
+        TypeError: ``widths`` or ``depths`` not a tuple or list.
         ValueError: They are not four positive ints (widths at most 65,536, depths at most
-            64); in ``forward``, an input that is not ``(B, in_channels, H, W)``.
+            64).
 
     Examples:
         >>> import torch
@@ -105,9 +97,7 @@ def vb_tiny(
     """`TinyNet` as a backbone: stages ``stage1`` ... ``stage4`` at strides 4, 8, 16, 32.
 
     Registered as ``"vb_tiny"`` (alias ``"tiny"``). The options are those of
-    `visionblocks.backbones.build_backbone`; ``kwargs`` go to `TinyNet` (``widths``,
-    ``depths``, ``norm``, ``act``). With ``grad_checkpointing``, each
-    `DepthwiseSeparableConv2d` block of the chosen stages is checkpointed.
+    `visionblocks.backbones.build_backbone`; ``kwargs`` go to `TinyNet`.
 
     Returns:
         Backbone: Its forward returns ``OrderedDict[str, Tensor]`` (``stage0`` ... ``stage3``).

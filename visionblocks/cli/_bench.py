@@ -1,18 +1,8 @@
 """``visionblocks bench``: find the benchmark suite and run it.
 
-The suite (harness and cases) is the ``benchmarks`` package of the repository; it is not
-part of the wheel, and nothing in ``visionblocks`` imports it. The command looks for it, in
-this order:
-
-1. the checkout holding the imported ``visionblocks`` package (an editable install from a
-   clone): ``<checkout>/benchmarks/harness``;
-2. ``./benchmarks`` in the current directory;
-3. the folder named by the environment variable ``VISIONBLOCKS_BENCHMARKS`` (the
-   ``benchmarks`` folder of a checkout).
-
-The folder's parent goes first on ``sys.path`` and ``benchmarks.harness`` is imported, which
-adds the ``bench`` options. Without a suite, ``visionblocks bench`` says how to get one and
-exits with status 2.
+The suite is the repository's ``benchmarks`` package, not part of the wheel (see
+`find_suite`). Without a suite, ``visionblocks bench`` says how to get one and exits with
+status 2.
 """
 
 from __future__ import annotations
@@ -45,11 +35,8 @@ def _is_suite(folder: Path) -> bool:
 
 
 def find_suite() -> Path | None:
-    """The ``benchmarks`` folder of the suite, or ``None`` when there is none to find.
-
-    Looks next to the imported package (a clone), then in the current directory, then in
-    ``$VISIONBLOCKS_BENCHMARKS``.
-    """
+    """The suite's ``benchmarks`` folder, or ``None``: next to the imported package (a
+    clone), then in the current directory, then ``$VISIONBLOCKS_BENCHMARKS``."""
     candidates = [CLONE_SUITE, Path.cwd() / "benchmarks"]
     if os.environ.get(ENV_VAR):
         candidates.append(Path(os.environ[ENV_VAR]).expanduser().absolute())
@@ -60,11 +47,7 @@ def find_suite() -> Path | None:
 
 
 def load_harness(suite: Path) -> ModuleType:
-    """Put ``suite``'s parent first on ``sys.path`` and import ``benchmarks.harness`` from it.
-
-    Raises:
-        ImportError: The import failed, or another ``benchmarks`` package was imported first.
-    """
+    """Put ``suite``'s parent first on ``sys.path`` and import ``benchmarks.harness`` from it."""
     root = str(suite.parent)
     if sys.path[:1] != [root]:
         sys.path.insert(0, root)
@@ -88,12 +71,7 @@ def _not_found(reason: str) -> Callable[[argparse.Namespace], int]:
 
 
 def add_bench_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    """Add the ``bench`` subcommand to ``sub`` (the ``visionblocks`` subparsers).
-
-    With a suite, its options are the harness's (``benchmarks.harness.add_arguments``) and it
-    runs ``benchmarks.harness.run_from_cli``. Without one, ``bench --help`` says how to get
-    the suite and any other call prints that to stderr and exits with status 2.
-    """
+    """Add the ``bench`` subcommand to ``sub``: the harness's, or one saying how to get it."""
     suite = find_suite()
     reason = NOT_FOUND
     if suite is not None:

@@ -15,35 +15,17 @@ __all__ = ["OthersMeter", "ThreadTuner"]
 class ThreadTuner:
     """Picks, while training runs, the intra-op thread count that makes steps fastest.
 
-    On a quiet machine, all the cores are fastest. When other processes keep the cores busy,
-    each of the hundreds of parallel regions of a step waits for threads that the OS has
-    descheduled, and one thread can be several times faster than two (measured here: 0.3
-    steps/s with two threads against 3 with one). So the tuner times a few steps with each
-    candidate (one thread first, then ``threads``), keeps the faster, and tries the other
-    again from time to time: after ``period`` steps, twice as long each time it loses by
-    more than a quarter again (up to ``max_period``), and at once when the steps of the
-    current choice become 1.5 times as slow as when it was chosen. A candidate whose step takes
-    more than twice the best estimate is dropped at once, so a try on a busy machine costs
-    one slow step. That step can take seconds (measured: 5.4 s against 0.18 s with one
-    thread), so a try of more than one thread is skipped while other processes keep at least
-    ``busy_cores`` cores busy: ``others()`` says how many they kept busy since its previous
-    call (by default `OthersMeter`: ``/proc/stat`` on this process's cores minus this
-    process's CPU time; ``None`` where that cannot be read or the interval is too short for
-    the kernel's ticks, and then every try runs).
+    On a quiet machine all the cores are fastest; when other processes keep the cores busy,
+    one thread can be several times faster than two. The tuner times a few steps with each
+    candidate (one thread, then ``threads``), keeps the faster, and tries the other again
+    after ``period`` steps (doubling, up to ``max_period``, each time it loses again) or at
+    once when the current choice becomes 1.5 times as slow. A candidate twice as slow as
+    the best is dropped at once, and a try of more than one thread is skipped while other
+    processes keep ``busy_cores`` cores busy (``others()``, by default `OthersMeter`;
+    ``None``: unknown, try).
 
     Use: ``tuner.start_step()`` before each step and ``tuner.end_step(seconds)`` after it.
     With ``tune=False`` (or one thread) it leaves the thread count alone.
-
-    Examples:
-        >>> import torch
-        >>> before = torch.get_num_threads()
-        >>> tuner = ThreadTuner(threads=2, others=lambda: 0.0)  # a quiet machine
-        >>> for seconds in (9.0, 0.2, 0.2, 0.2, 0.1, 0.1, 0.1):  # a warm-up step, 1, then 2
-        ...     tuner.start_step()
-        ...     tuner.end_step(seconds)
-        >>> tuner.estimate, tuner.threads
-        ({1: 0.2, 2: 0.1}, 2)
-        >>> torch.set_num_threads(before)
     """
 
     def __init__(
@@ -134,20 +116,9 @@ class ThreadTuner:
 
 class OthersMeter:
     """How many of this process's cores other processes kept busy since the previous
-    reading (the first reading counts from construction): the busy CPU time that
-    ``/proc/stat`` counts on the cores this process may run on, minus this process's own,
-    over the wall time.
-
-    The kernel counts CPU time in ticks (``1 / SC_CLK_TCK`` seconds, one count per core),
-    so a reading over too short an interval would be mostly rounding: until at least
-    ``4 * cores`` ticks of wall time have passed (an error under a quarter of a core), a
-    call returns ``None`` and keeps counting from the previous reading. ``None`` also
-    without a readable ``/proc/stat`` or when it does not list this process's cores.
-
-    Examples:
-        >>> meter = OthersMeter()
-        >>> meter() is None  # no time has passed yet
-        True
+    reading: ``/proc/stat``'s busy time on those cores minus this process's own, over the
+    wall time. ``None`` until ``4 * cores`` clock ticks have passed (keeps counting), or
+    without a readable ``/proc/stat`` listing the cores.
     """
 
     def __init__(self) -> None:

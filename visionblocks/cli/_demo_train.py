@@ -1,10 +1,7 @@
 """The demo's training loop (private; see `visionblocks.cli.demo`).
 
-The loop reads no tensor value on the host between log steps: each step's losses stay on the
-device (detached, stacked), and every `LOG_EVERY` steps (and at the end) the steps since the
-last log are averaged over the ranks in one all-reduce and read in one transfer. So a CUDA
-step never waits for the GPU to finish the previous one, except where torch itself reads
-(the fp16 ``GradScaler``'s inf check, ``--detect-nonfinite``'s checks).
+The loop reads no tensor value on the host between log steps: every `LOG_EVERY` steps the
+losses since the last log are averaged over the ranks in one all-reduce and read at once.
 """
 
 from __future__ import annotations

@@ -139,12 +139,8 @@ def describe_state_dict(
 
 
 def check_model_name(name: str) -> None:
-    """Raise ``KeyError`` (with close matches) unless `build_backbone` knows ``name``.
-
-    ``name`` is a ``BACKBONES`` name, ``"timm/<model>"`` included; a malformed timm name
-    (a hub name, or ``"timm"``, which needs a ``model_name`` ``--model`` cannot give) is a
-    ``KeyError`` too.
-    """
+    """Raise ``KeyError`` (with close matches) unless `build_backbone` knows ``name`` (a
+    malformed timm name, or ``"timm"`` alone, too)."""
     from visionblocks.backbones._timm import check_model_name as check_timm_name
     from visionblocks.registry import BACKBONES
 
@@ -159,9 +155,6 @@ def check_model_name(name: str) -> None:
 def backbone_hint(argument: str) -> str | None:
     """What to say when the checkpoint ``argument`` is no file but names a backbone, or a
     name close to one; None when it looks like a file name or is nowhere near a backbone.
-
-    ``visionblocks inspect resnet18`` most likely meant ``--model resnet18``: a registered
-    name, an alias, ``timm/<model>`` or a timm model name without ``timm/`` count.
 
     Examples:
         >>> print(backbone_hint("resnet18"))
@@ -203,11 +196,7 @@ def backbone_hint(argument: str) -> str | None:
 
 def load_into_backbone(name: str, state: Mapping[str, torch.Tensor]) -> tuple[LoadReport, bool]:
     """The report of ``build_backbone(name, pretrained=state)`` (a throw-away backbone), and
-    whether that load passes build_backbone's guard (every backbone tensor loads).
-
-    The backbone's own loading is used, so its key renaming (timm backbones) is applied as
-    it would be for a user; a builder that keeps no report gets a dry-run `load_partial`.
-    """
+    whether that load passes build_backbone's guard (every backbone tensor loads)."""
     from visionblocks.backbones import build_backbone
     from visionblocks.weights import LoadError, load_partial
 
@@ -225,10 +214,8 @@ def structure_mapping(
     name: str, state: Mapping[str, torch.Tensor], info: ReadInfo, loaded_by_names: int = 0
 ) -> str:
     """What ``load_partial(backbone, state, match="structure", dry_run=True, min_loaded=0)``
-    proposes for a fresh backbone ``name``: its report with every pairing, or why matching by
-    structure refused (an ambiguity, or a ``.safetensors`` file, whose keys are sorted by
-    name and so say nothing about the module tree), or, when it loads no more than the
-    ``loaded_by_names`` keys that names load, one line saying so.
+    proposes for a fresh backbone ``name``: its report, or why it refused, or one line when
+    it loads no more than the ``loaded_by_names`` keys that names load.
 
     Examples:
         >>> import torchvision
@@ -271,15 +258,9 @@ def run_inspect(
 ) -> int:
     """Print the summary of ``checkpoint`` (and how it loads into a backbone); return the exit code.
 
-    When the names do not load the backbone (a tensor other than ``num_batches_tracked`` is
-    left missing or mismatched), the pairing that matching by structure proposes is printed
-    too (`structure_mapping`): a file of the same network under other
-    names (timm, detectron2) shows how it would load with ``match="structure"``.
-
-    ``key`` reads the weights under that top-level entry (``read_state_dict``'s ``key``).
-
-    Exit codes: 0 printed; 1 the file is missing, unsafe or unreadable, has no mapping
-    under ``key``, or building the backbone failed; 2 unknown backbone name.
+    When the names do not load the backbone, `structure_mapping` is printed too. ``key`` is
+    ``read_state_dict``'s. Exit codes: 0 printed; 1 the file is missing, unsafe or
+    unreadable, or building the backbone failed; 2 unknown backbone name.
     """
     out = sys.stdout if out is None else out
     prog = "visionblocks inspect"

@@ -1,22 +1,17 @@
 """``visionblocks demo``: train the reference detector on synthetic COCO and evaluate it.
 
-The demo shows the library doing its job end to end, offline, in a few minutes on a laptop
-CPU: `make_synthetic_coco` writes train and val splits (once), `CocoInstances` and
-`collate_detection` feed a `Detector` built from the registries (``vb_tiny`` backbone,
-`FPN` neck, `FCOSHead`), AdamW trains it with a linear warm-up and a cosine decay (AMP on
-CUDA, and on the CPU in bf16 with ``--amp``), and `coco_evaluate` scores the val split. Under ``torchrun`` with ``--distributed``
-it trains with ``DistributedDataParallel`` (gloo on CPU, nccl on CUDA) on a
-``DistributedSampler`` and evaluates the predictions gathered from every rank. On the CPU
-(one process, no ``--seed``), the number of threads follows what the machine offers: all
-cores when it is quiet, one when other processes keep the cores busy
-(`visionblocks.cli._demo_threads`). With ``--seed`` the run is repeatable
-(`visionblocks.training.seed_everything`, a fixed thread count). The progress bar and the summary show the training speed in steps/s.
+Offline, end to end: `make_synthetic_coco` writes train and val splits (once),
+`CocoInstances` and `collate_detection` feed a `Detector` built from the registries
+(``vb_tiny``, `FPN`, `FCOSHead`), AdamW trains it (linear warm-up, cosine decay, AMP on
+CUDA), and `coco_evaluate` scores the val split. Under ``torchrun`` with ``--distributed``
+it trains with ``DistributedDataParallel``. On the CPU without ``--seed`` the thread count
+follows what the machine offers (`visionblocks.cli._demo_threads`); with ``--seed`` the run
+is repeatable.
 
-Outputs in ``out``: ``metrics.json`` (``AP``, ``AP50``, ``AP75``, ``steps``, ``seconds``,
-``steps_per_second`` (training), ``world_size``, ``seed``, ``amp`` and the rest of the COCO
-numbers), ``losses.json`` (``{"loss": [one value per step], "loss_cls": ...}``, the mean over
-the ranks), ``model.pt`` (``{"config": DEMO_MODEL, "model": state dict}``: `visionblocks.deploy`
-rebuilds it), ``predictions.png`` and ``loss.png``.
+Outputs in ``out``: ``metrics.json`` (the COCO numbers, ``steps``, ``seconds``,
+``steps_per_second``, ``world_size``, ``seed``, ``amp``), ``losses.json`` (one value per
+step and loss), ``model.pt`` (``{"config": DEMO_MODEL, "model": state dict}``),
+``predictions.png`` and ``loss.png``.
 """
 
 from __future__ import annotations
@@ -44,8 +39,7 @@ __all__ = ["DEFAULT_STEPS", "DEMO_MODEL", "run_demo"]
 __dir__ = public_dir(__name__, __all__)
 
 DEFAULT_STEPS = 800
-"""Training steps of the default demo: AP50 about 0.9 (0.896 and 0.899 with seeds 0 and 1;
-600 steps gave 0.77 and 0.80)."""
+"""Training steps of the default demo."""
 
 DEMO_MODEL: dict[str, Any] = {
     "type": "detector",
@@ -155,22 +149,17 @@ def run_demo(
         out: Output folder; the synthetic data goes to ``out/data`` (reused when present).
         device: ``"auto"`` (CUDA when available), ``"cpu"`` or ``"cuda"``.
         distributed: Join the ``torchrun`` process group and train with DDP.
-        seed: ``None`` (default): seed 0 for the data and the weights, and on the CPU a
-            thread count tuned while training (`visionblocks.cli._demo_threads`), which is
-            fastest but changes the order of floating-point sums, so two runs differ in the
-            last bits. An int: a repeatable run: `visionblocks.training.seed_everything`
-            (``deterministic=True``, ``warn_only=True``; the settings are put back at the
-            end) and a fixed thread count, so two runs on the same machine give the same
-            losses.
+        seed: ``None`` (default): seed 0, and on the CPU a thread count tuned while training
+            (not bitwise repeatable). An int: a repeatable run
+            (`visionblocks.training.seed_everything` with ``deterministic=True``, settings
+            put back at the end; a fixed thread count).
         amp: Mixed precision: ``None`` (default) is on for CUDA (bf16 where the GPU has it,
             else fp16 with a gradient scaler) and off on the CPU; ``True`` also trains in
-            bf16 on the CPU (fast on CPUs with bf16 instructions, slow elsewhere).
-        detect_nonfinite: Train under `visionblocks.training.find_nonfinite`: stop at the
-            first NaN or inf, naming the module, tensor and step (slower: a check per module).
-        export: Also write ``model.onnx`` (`visionblocks.deploy.export_model`: the
-            detector's padded output form, dynamic batch and image size) and check it
-            against the eager model in onnxruntime; skipped, with a message, when ``onnx``,
-            ``onnxscript`` or ``onnxruntime`` is not installed.
+            bf16 on the CPU.
+        detect_nonfinite: Train under `visionblocks.training.find_nonfinite`.
+        export: Also write ``model.onnx`` (`visionblocks.deploy.export_model`) and check it
+            in onnxruntime; skipped, with a message, without ``onnx``, ``onnxscript`` and
+            ``onnxruntime``.
 
     Returns:
         dict[str, Any]: What ``metrics.json`` holds (the same on every rank).

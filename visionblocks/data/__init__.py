@@ -1,19 +1,13 @@
 """COCO data: dataset wrappers, batching, sampling, evaluation and a synthetic COCO generator.
 
 - `CocoInstances`, `CocoSegmentation`, `CocoKeypoints`: COCO annotations as ``tv_tensors``
-  (registered in ``DATASETS`` as ``coco_detection`` / ``coco`` / ``coco_instances``,
-  ``coco_segmentation`` and ``coco_keypoints``); `instance_fields` keeps their per-instance
-  rows aligned in ``SanitizeBoundingBoxes``.
-- `check_coco` / `CocoCheck`: every problem of an annotation file from the field (what
-  ``visionblocks check-coco`` prints), and a cleaned copy; `INVALID_REASONS` names them.
-- `collate_detection` / `DetectionBatch`: pad a batch into one tensor, keep sizes and targets.
-- `aspect_ratio_groups`, `GroupedBatchSampler`: batches of like-shaped images (with
-  ``DistributedSampler`` too).
-- `prefetch_to_device`, `move_to_device`: host-to-device copies, overlapped on CUDA.
-- `coco_evaluate`: the COCO numbers of model outputs (boxes, masks, key points by OKS), gathered
-  across ranks.
-- `make_synthetic_coco`: the built-in default data, written as a real COCO dataset (a
-  keypoint dataset with ``keypoints=True``).
+  (``DATASETS``: ``coco_detection`` / ``coco`` / ``coco_instances``, ``coco_segmentation``,
+  ``coco_keypoints``); `instance_fields` for ``SanitizeBoundingBoxes``.
+- `check_coco` / `CocoCheck`: every problem of an annotation file (``visionblocks check-coco``).
+- `collate_detection`, `aspect_ratio_groups`, `GroupedBatchSampler`, `prefetch_to_device`:
+  batching, sampling and host-to-device copies.
+- `coco_evaluate`: COCO numbers of model outputs, gathered across ranks.
+- `make_synthetic_coco`: the built-in default data, written as a real COCO dataset.
 
 ``CocoDetection`` is a deprecated alias of `CocoInstances` (removed in 0.3).
 """

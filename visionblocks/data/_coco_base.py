@@ -1,5 +1,4 @@
-"""The parts shared by the COCO dataset wrappers (private; see `visionblocks.data.coco`):
-reading and checking the file, the per-image index, label maps, image decoding, pickling."""
+"""The parts shared by the COCO dataset wrappers (private; see `visionblocks.data.coco`)."""
 
 from __future__ import annotations
 
@@ -33,11 +32,8 @@ __all__ = ["CocoBase"]
 
 
 class CocoBase(Dataset):
-    """The parts shared by `CocoInstances` and `visionblocks.data.CocoSegmentation`.
-
-    Reads and checks the annotation file, builds the per-image index, maps category ids to
-    labels and decodes images. Not meant to be used on its own.
-    """
+    """The parts shared by `CocoInstances` and `visionblocks.data.CocoSegmentation`: the
+    checked file, the per-image index, label maps, image decoding. Not used on its own."""
 
     def __init__(
         self,
@@ -140,17 +136,15 @@ class CocoBase(Dataset):
     # --------------------------------------------------------------------------- metadata
     @property
     def coco(self) -> Any:
-        """The ``pycocotools.coco.COCO`` of the annotations the dataset serves: the file with
-        the ``invalid`` policy applied and ``iscrowd``/``area`` filled in (rebuilt from the file
-        on first use after unpickling)."""
+        """The ``pycocotools.coco.COCO`` of the annotations the dataset serves (the
+        ``invalid`` policy applied, missing fields filled in)."""
         if self._coco is None:
             self._coco = load_coco(self._read()[0])
         return self._coco
 
     @property
     def num_degenerate(self) -> int:
-        """Annotations dropped for a box of zero size inside the image (``degenerate_box`` and
-        ``box_outside_image`` in ``dropped``)."""
+        """Annotations dropped for a box of zero size inside the image."""
         return sum(len(self.dropped.get(r, ())) for r in ("degenerate_box", "box_outside_image"))
 
     @property

@@ -1,12 +1,6 @@
-"""Checks of single COCO annotations, run once when a dataset is built (private).
-
-Each annotation gets at most one verdict, an `Invalid` naming the first thing wrong with it
-(a reason of `INVALID_REASONS` and a message naming the file and the annotation id), or
-``None``. What happens then is the dataset's ``invalid`` policy: drop the annotation
-(counted by reason), raise the message, or keep what can still be represented. Nothing here
-lets a malformed annotation reach pycocotools, where a NaN polygon coordinate can crash a
-``DataLoader`` worker and a garbage RLE decodes to garbage.
-"""
+"""Checks of single COCO annotations, run once when a dataset is built (private): each gets
+at most one verdict, an `Invalid` naming the first thing wrong with it, which the dataset's
+``invalid`` policy then handles. Nothing malformed reaches pycocotools."""
 
 from __future__ import annotations
 
@@ -14,6 +8,8 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
+
+from visionblocks.data._coco_rle import rle_runs
 
 __all__ = [
     "INVALID_REASONS",
@@ -53,30 +49,6 @@ INVALID_REASONS: dict[str, str] = {
 }
 """Why an annotation is invalid: reason -> description (the keys of ``dataset.dropped``)."""
 
-REPAIRABLE = frozenset(
-    {
-        "bad_area",
-        "empty_segmentation",
-        "short_polygon",
-        "odd_polygon",
-        "bad_polygon",
-        "polygon_outside_image",
-        "bad_segmentation",
-        "rle_size",
-        "bad_rle",
-        "bad_keypoints",
-        "keypoints_length",
-        "nonfinite_keypoints",
-        "bad_visibility",
-        "num_keypoints_mismatch",
-    }
-)
-"""Reasons under which ``invalid="keep"`` keeps the annotation: its box, label and crowd flag
-are sound, so it stays, without what is invalid (see `repair`): its segmentation (an empty
-mask), its area (the box's), or its key points (all unlabelled, ``v = 0``; a wrong
-``num_keypoints`` is recounted from the flags instead). Any other reason drops the annotation
-whatever the policy."""
-
 KEYPOINT_REASONS = (
     "bad_keypoints",
     "keypoints_length",
@@ -86,18 +58,21 @@ KEYPOINT_REASONS = (
 )
 """The reasons of `INVALID_REASONS` about key points (checked for keypoint categories only)."""
 
+REPAIRABLE = frozenset({
+    "bad_area", "empty_segmentation", "short_polygon", "odd_polygon", "bad_polygon",
+    "polygon_outside_image", "bad_segmentation", "rle_size", "bad_rle", *KEYPOINT_REASONS,
+})  # fmt: skip
+"""Reasons under which ``invalid="keep"`` keeps the annotation (its box, label and crowd flag
+are sound) without what is invalid (see `repair`); any other reason drops it."""
+
 _FLAGS = frozenset({0, 1, 2})  # COCO's key point visibility flags
 _COORD_MARGIN = 2.0  # polygon coordinates may reach this many image sizes outside the image
 
 
 @dataclass(frozen=True)
 class Invalid:
-    """The first thing wrong with one annotation.
-
-    Attributes:
-        reason: A key of `INVALID_REASONS`.
-        message: What ``invalid="raise"`` raises: names the file, the annotation and the value.
-    """
+    """The first thing wrong with one annotation: a key of `INVALID_REASONS`, and the
+    message ``invalid="raise"`` raises."""
 
     reason: str
     message: str
@@ -151,12 +126,10 @@ def annotation_problem(
 ) -> Invalid | None:
     """The first problem of ``ann`` on an image of ``height`` x ``width``, or None.
 
-    Problems that make the annotation unusable (its box, category or crowd flag) come before
-    those that only cost its segmentation, area or key points (`REPAIRABLE`), so
-    ``invalid="keep"`` never keeps an annotation whose box is wrong. ``where`` starts every
-    message (it names the file and the annotation). ``keypoint_counts`` (category id -> K)
-    turns on the key point checks for the annotations of those categories; an annotation
-    without ``keypoints`` (or ``num_keypoints``) is not invalid (filled in on load).
+    Problems of the box, category or crowd flag come before the `REPAIRABLE` ones, so
+    ``invalid="keep"`` never keeps a wrong box. ``where`` starts every message.
+    ``keypoint_counts`` (category id -> K) turns on the key point checks for those
+    categories (an annotation without ``keypoints`` is not invalid).
     """
     box = ann.get("bbox")
     if not (isinstance(box, (list, tuple)) and len(box) == 4 and _numbers(box)):
@@ -217,8 +190,7 @@ def annotation_problem(
 
 
 def _keypoint_problem(where: str, ann: Mapping[str, Any], k: int) -> Invalid | None:
-    """The first problem of ``ann["keypoints"]`` / ``ann["num_keypoints"]`` for ``k`` key
-    points, or None (also when the annotation has no ``keypoints``)."""
+    """The first problem of ``ann``'s key points (``k`` of them), or None."""
     if "keypoints" not in ann:
         return None
     points = ann["keypoints"]
@@ -259,13 +231,9 @@ def _keypoint_problem(where: str, ann: Mapping[str, Any], k: int) -> Invalid | N
 
 
 def repair(ann: dict[str, Any], reason: str, keypoint_counts: Mapping[Any, int] | None) -> None:
-    """Leave out, in place, what a `REPAIRABLE` ``reason`` says is invalid in ``ann``.
-
-    ``bad_area``: the area goes (the box's is filled in on load); ``num_keypoints_mismatch``:
-    ``num_keypoints`` is recounted from the flags (they are what a model sees); any other key
-    point reason: every key point becomes unlabelled (``[0, 0, 0] * K``, ``num_keypoints``
-    0); any other reason: the segmentation goes.
-    """
+    """Leave out, in place, what a `REPAIRABLE` ``reason`` says is invalid in ``ann``: the
+    area, the segmentation, or the key points (all unlabelled; ``num_keypoints_mismatch``:
+    ``num_keypoints`` recounted from the flags)."""
     if reason == "bad_area":
         ann.pop("area", None)
     elif reason == "num_keypoints_mismatch":
@@ -280,15 +248,8 @@ def repair(ann: dict[str, Any], reason: str, keypoint_counts: Mapping[Any, int] 
 
 @dataclass(frozen=True)
 class KeypointSchema:
-    """The key points of a file's keypoint categories (those with a ``keypoints`` list).
-
-    Attributes:
-        names: The key point names, in order (``K`` of them).
-        skeleton: ``(i, j)`` 0-based index pairs (the file's ``skeleton`` is 1-based).
-        sigmas: The categories' ``sigmas`` when the file gives them (K positive numbers),
-            else None.
-        category_ids: The ids of the keypoint categories, sorted.
-    """
+    """The key points of a file's keypoint categories: names, 0-based ``skeleton`` pairs,
+    ``sigmas`` (or None) and the categories' sorted ids."""
 
     names: tuple[str, ...]
     skeleton: tuple[tuple[int, int], ...]
@@ -302,13 +263,9 @@ class KeypointSchema:
 
 
 def keypoint_schema(where: str, categories: list[Any]) -> tuple[KeypointSchema | None, list[str]]:
-    """The `KeypointSchema` of ``categories`` (None when no category has ``keypoints``), and
-    the problems of their keypoint fields, each naming the category and the field.
-
-    A category with a non-empty ``keypoints`` list is a keypoint category; its ``skeleton``
-    may be absent (no bones). Several keypoint categories must have the same names and
-    skeleton (one ``K``, one flip rule); their ``sigmas``, when given, too.
-    """
+    """The `KeypointSchema` of ``categories`` (None when no category has a non-empty
+    ``keypoints`` list), and the problems of their keypoint fields; several keypoint
+    categories must agree on names, skeleton and sigmas."""
     found: list[tuple[Any, tuple[str, ...], tuple[tuple[int, int], ...], Any]] = []
     problems: list[str] = []
     for i, cat in enumerate(categories):
@@ -436,7 +393,8 @@ def _rle_problem(where: str, rle: Mapping[str, Any], height: int, width: int) ->
         return Invalid(
             "bad_rle", f"{where}: RLE counts must be a list of ints or a string, got {counts!r}"
         )
-    runs = _compressed_counts(counts)
+    parsed = rle_runs([counts])
+    runs = parsed[0] if parsed else None
     if runs is None or any(c < 0 for c in runs) or sum(runs) != height * width:
         return Invalid(
             "bad_rle",
@@ -444,29 +402,3 @@ def _rle_problem(where: str, rle: Mapping[str, Any], height: int, width: int) ->
             f"(pycocotools would decode garbage): {str(counts)[:40]}",
         )
     return None
-
-
-def _compressed_counts(counts: str | bytes) -> list[int] | None:
-    """The run lengths of COCO's compressed RLE string (LEB128-like, 5 bits a character,
-    runs from the third on stored as differences), or None if the string is malformed."""
-    data = counts.encode("latin-1") if isinstance(counts, str) else counts
-    runs: list[int] = []
-    p = 0
-    while p < len(data):
-        value, shift, more = 0, 0, True
-        while more:
-            if p >= len(data):
-                return None
-            c = data[p] - 48
-            if not 0 <= c < 64:
-                return None
-            value |= (c & 0x1F) << shift
-            more = bool(c & 0x20)
-            p += 1
-            shift += 5
-            if not more and c & 0x10:
-                value |= -1 << shift
-        if len(runs) > 2:
-            value += runs[-2]
-        runs.append(value)
-    return runs

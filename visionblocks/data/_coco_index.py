@@ -1,21 +1,10 @@
 """Reading a COCO annotation file, sorting out its invalid annotations, and the compact
 per-image index the dataset wrappers use (private; see `visionblocks.data.coco`).
 
-Two kinds of problems, told apart on purpose:
-
-- A malformed **file** (not JSON, no ``images``/``annotations``/``categories`` list,
-  duplicate or non-integer ids, annotations pointing at images that do not exist, image
-  sizes that are not positive integers, file names leading out of the image root) is never
-  guessed around: `file_problems` lists every one, naming the file and the field, and
-  `read_annotation_file` raises the first.
-- An invalid **annotation** (a 2-point polygon, a zero-height box, an unknown category...;
-  see `visionblocks.data._coco_checks`) is handled by the dataset's policy in
-  `clean_annotations`: dropped and counted by reason, raised, or kept when what is wrong
-  can be left out.
-
-Boxes, labels, crowd flags and areas are then held per image as small NumPy arrays, so
-``__getitem__`` does no dictionary work; segmentations stay in the annotation dicts and are
-decoded only when an item asks for masks.
+A malformed **file** is never guessed around: `file_problems` lists every problem and
+`read_annotation_file` raises the first. An invalid **annotation** follows the dataset's
+policy in `clean_annotations`. Boxes, labels, crowd flags and areas are then held per image
+as NumPy arrays; segmentations are decoded only when an item asks for masks.
 """
 
 from __future__ import annotations
@@ -69,12 +58,7 @@ def listing(values: Sequence[Any], show: int = _SHOW) -> str:
 
 
 def parse_annotation_file(path: Path) -> dict[str, Any]:
-    """The JSON object of ``path``.
-
-    Raises:
-        FileNotFoundError: ``path`` does not exist.
-        ValueError: Not JSON, or not a JSON object.
-    """
+    """The JSON object of ``path`` (``ValueError`` for anything else)."""
     if not path.is_file():
         raise FileNotFoundError(f"ann_file: COCO annotation file not found: '{path}'")
     try:
@@ -127,11 +111,8 @@ def _key(value: Any) -> Any:
 
 
 def file_problems(path: Path, data: Mapping[str, Any]) -> list[str]:
-    """Every structural problem of a parsed COCO file, each naming the file and the field.
-
-    Annotation-level problems (bad boxes, polygons, RLEs, unknown categories) are not
-    listed here: the dataset's ``invalid`` policy handles them.
-    """
+    """Every structural problem of a parsed COCO file, each naming the file and the field
+    (not the annotation-level ones: the ``invalid`` policy handles those)."""
     where = f"COCO annotation file '{path}'"
     missing = [key for key in ("images", "annotations", "categories") if key not in data]
     if missing:
@@ -254,21 +235,13 @@ def clean_annotations(
     need_segmentation: bool = False,
     keypoint_counts: Mapping[Any, int] | None = None,
 ) -> CleanStats:
-    """Apply the ``invalid`` policy to every annotation of ``data`` (in place).
+    """Apply the ``invalid`` policy to every annotation of ``data`` (in place; ``data`` has
+    passed `file_problems`).
 
-    ``data["annotations"]`` becomes the annotations the dataset serves: invalid ones are
-    dropped (or, for a `REPAIRABLE` reason with ``invalid="keep"``, kept without what is
-    invalid: see `visionblocks.data._coco_checks.repair`); boxes smaller than
-    ``min_box_size`` are always dropped. Every kept annotation gets ``iscrowd`` (0) and
-    ``area`` when the file has none (the segmentation's area, as COCO defines it, else the
-    box's), as pycocotools' evaluation expects. With ``keypoint_counts`` (category id -> K),
-    the annotations of those categories are checked for their key points too, and get
-    ``keypoints`` (``[0, 0, 0] * K``: none labelled) and ``num_keypoints`` (the count of
-    ``v > 0``) when the file has none, as pycocotools' keypoint evaluation expects. ``data``
-    must have passed `file_problems`.
-
-    Raises:
-        ValueError: With ``invalid="raise"``, the first invalid annotation's message.
+    ``data["annotations"]`` becomes what the dataset serves: invalid annotations dropped (or
+    repaired, `visionblocks.data._coco_checks.repair`), missing ``iscrowd`` (0), ``area``
+    (the segmentation's, else the clipped box's) and, for the ``keypoint_counts``
+    categories, ``keypoints`` (none labelled) and ``num_keypoints`` filled in.
     """
     sizes = {info["id"]: (info["height"], info["width"]) for info in data["images"]}
     category_ids = frozenset(c["id"] for c in data["categories"])
@@ -338,15 +311,9 @@ def _fill_areas(anns: list[dict[str, Any]], sizes: Mapping[Any, tuple[int, int]]
 
 @dataclass
 class ImageEntry:
-    """One image of the index: its metadata and its annotations as arrays.
-
-    ``boxes`` are XYXY clipped to the image (float32), ``category_ids`` int64, ``iscrowd``
-    bool, ``area`` float32; ``ann_ids`` and ``segmentations`` (the annotations' own objects,
-    not copies; ``None`` where absent) are lists in the same order. With key points
-    (`build_index`'s ``keypoint_counts``), ``keypoints`` are ``(n, K, 2)`` float32 ``(x, y)``
-    as in the file and ``visibility`` ``(n, K)`` int64 (COCO's 0 / 1 / 2; all 0 for the
-    annotations of other categories); None without.
-    """
+    """One image of the index: its metadata and its annotations as arrays (``boxes`` XYXY
+    clipped to the image; with key points, ``keypoints`` ``(n, K, 2)`` and ``visibility``
+    ``(n, K)``)."""
 
     image_id: int
     file_name: str
@@ -365,9 +332,8 @@ class ImageEntry:
 def build_index(
     data: Mapping[str, Any], keypoint_counts: Mapping[Any, int] | None = None
 ) -> list[ImageEntry]:
-    """Per-image entries in image-id order (as torchvision's ``CocoDetection``) of a file
-    that passed `file_problems` and `clean_annotations` (with the same ``keypoint_counts``,
-    whose categories must share one K; with them, the entries hold key points)."""
+    """Per-image entries in image-id order of a file that passed `file_problems` and
+    `clean_annotations` (with the same ``keypoint_counts``)."""
     k = next(iter(keypoint_counts.values()), 0) if keypoint_counts is not None else None
     by_image: dict[Any, list[Mapping[str, Any]]] = {}
     for ann in data["annotations"]:

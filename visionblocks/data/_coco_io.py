@@ -18,19 +18,8 @@ _TRANSPOSING = (5, 6, 7, 8)  # EXIF orientations that swap width and height when
 
 
 def decode_rgb(path: str | os.PathLike[str], image_id: Any) -> Tensor:
-    """``path`` as a ``uint8`` ``(3, H, W)`` RGB tensor.
-
-    ``torchvision.io`` decodes JPEG, PNG, GIF and WebP (grey, palette, RGBA and CMYK files
-    are converted to RGB; 16-bit PNGs are scaled to 8 bits). Other formats (BMP, TIFF, ...)
-    go through Pillow, and so does everything once torchvision drops the image decoders it
-    deprecated in 0.29 (in favour of TorchCodec). EXIF orientation is not applied: COCO
-    annotations refer to the pixels as stored (see `size_mismatch` for the error when a
-    tool annotated the rotated image).
-
-    Raises:
-        FileNotFoundError: The file is missing (the message names it and the image id).
-        ValueError: The file is not an image either decoder can read.
-    """
+    """``path`` as a ``uint8`` ``(3, H, W)`` RGB tensor (``torchvision.io``, else Pillow;
+    16-bit images keep their high byte; EXIF orientation is not applied)."""
     try:
         from torchvision.io import ImageReadMode, decode_image, read_file
 
@@ -93,15 +82,7 @@ def size_mismatch(path: Path, image_id: Any, size: tuple[int, int], height: int,
 
 
 def rles_of(segmentations: Sequence[Any], height: int, width: int) -> list[dict[str, Any] | None]:
-    """One RLE per segmentation, exactly as ``COCO.annToRLE`` builds it: polygons (merged
-    when several), uncompressed or compressed RLE. An empty or missing segmentation gives
-    ``None``.
-
-    The dataset checks segmentations when it is built (`visionblocks.data._coco_checks`).
-
-    Raises:
-        ValueError: A segmentation of another form, or an RLE of another image size.
-    """
+    """One RLE per segmentation (``None`` for an empty one), as ``COCO.annToRLE`` builds it."""
     from pycocotools import mask as mask_utils
 
     rles: list[dict[str, Any] | None] = []
@@ -133,13 +114,8 @@ def rles_of(segmentations: Sequence[Any], height: int, width: int) -> list[dict[
 
 
 def segmentation_masks(segmentations: Sequence[Any], height: int, width: int) -> Tensor:
-    """``uint8`` masks ``(N, H, W)``, the bytes ``pycocotools.mask.decode`` gives; empty ones
-    all zero.
-
-    The runs of all the masks are expanded together and only each object's bounding box is
-    copied (transposed) into ``(N, H, W)`` (`visionblocks.data._coco_rle`); RLEs that decoder
-    does not read are decoded with pycocotools instead.
-    """
+    """``uint8`` masks ``(N, H, W)``, the bytes ``pycocotools.mask.decode`` gives (empty
+    ones all zero), through `visionblocks.data._coco_rle`."""
     from visionblocks.data._coco_rle import decode_into
 
     rles = rles_of(segmentations, height, width)

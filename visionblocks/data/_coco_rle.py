@@ -1,15 +1,6 @@
-"""Decoding COCO run-length encodings straight into ``(N, H, W)`` masks (private; see
-`visionblocks.data._coco_io.segmentation_masks`).
-
-pycocotools decodes a whole ``H x W`` plane per mask in column-major order, a byte at a
-time, which then needs a transposing copy of every plane to become ``(H, W)``. Here the runs
-of all the masks of an image are parsed together with NumPy, expanded with one ``np.repeat``
-(column-major, at memory speed), and only each object's bounding box is copied (transposed)
-into a zeroed ``(N, H, W)`` array: objects usually cover a small part of the image. The
-bytes are those ``pycocotools.mask.decode`` gives (tested against it); an RLE this decoder
-does not read (malformed, or runs that do not add up to the image) makes it return False,
-and the caller decodes with pycocotools instead.
-"""
+"""Decoding COCO run-length encodings straight into ``(N, H, W)`` masks, the bytes
+``pycocotools.mask.decode`` gives (private; see `visionblocks.data._coco_io.
+segmentation_masks`)."""
 
 from __future__ import annotations
 
@@ -28,8 +19,6 @@ def rle_runs(counts: Sequence[str | bytes]) -> list[list[int]] | None:
     The format (``rleFrString`` in pycocotools' ``maskApi.c``): a run is 5 bits a character
     (``chr(48 + bits)``), 0x20 saying that more characters follow, 0x10 in the last one the
     sign; from the fourth run on, each is stored as the difference to the run two before.
-    The characters of all the strings are decoded together with NumPy; the differences are
-    summed per string with `itertools.accumulate`.
     """
     datas = [c.encode("latin-1") if isinstance(c, str) else c for c in counts]
     if not all(isinstance(d, bytes) and d for d in datas):
@@ -62,12 +51,8 @@ def rle_runs(counts: Sequence[str | bytes]) -> list[list[int]] | None:
 def decode_into(out: np.ndarray, rles: Sequence[dict[str, Any] | None]) -> bool:
     """Paint each compressed RLE's foreground into the zeroed ``out[i]`` (``uint8``
     ``(N, H, W)``, C order); ``None`` entries stay zero. False (``out`` untouched) when an
-    RLE is not one this decoder reads: then decode with pycocotools.
-
-    The masks are expanded column-major with one ``np.repeat`` over all their runs (a write
-    at memory speed), and each one's bounding box (``pycocotools.mask.toBbox``: the box of
-    its foreground, whole columns where a run wraps from one column to the next) is copied,
-    transposed, into ``out``: the transposing copy, the slow part, covers the object only.
+    RLE is not one this decoder reads: then decode with pycocotools. The masks are expanded
+    column-major with one ``np.repeat``; only each one's bounding box is copied, transposed.
     """
     from pycocotools import mask as mask_utils
 

@@ -126,11 +126,7 @@ def figure_category(category_id: int) -> dict[str, Any]:
 
 
 def _unit_shapes() -> dict[str, tuple[np.ndarray, float]]:
-    """``name -> (outline (K, 2) inside the unit disc, largest random rotation in degrees)``.
-
-    Square, cross and diamond turn only a little so that they stay distinguishable (a square
-    turned by 45 degrees is a diamond); the other shapes turn freely.
-    """
+    """``name -> (outline (K, 2) inside the unit disc, largest random rotation in degrees)``."""
     a, b = 0.3, 0.95
     cross = [(-a, -b), (a, -b), (a, -a), (b, -a), (b, a), (a, a)]
     cross += [(a, b), (-a, b), (-a, a), (-b, a), (-b, -a), (-a, -a)]
@@ -259,12 +255,7 @@ def _draw(
     rng: np.random.Generator, name: str, size: tuple[float, float], h: int, w: int, taken: list
 ) -> tuple[list[float], np.ndarray, float, tuple[slice, slice], np.ndarray | None] | None:
     """A placed polygon of shape ``name`` with its mask, area, a window around it and, for
-    the figure, its key points ``(K, 2)`` (pixel indices, 2 decimals; None for the others).
-
-    Draws are rejected until the mask is non-empty and its tight box is within 1 pixel of the
-    polygon's box (a sharp tip thinner than a pixel can miss every pixel centre), and every
-    key point lies on a pixel of the mask.
-    """
+    the figure, its key points ``(K, 2)`` (pixel indices, 2 decimals; None for the others)."""
     for _ in range(_SHAPE_TRIES):
         diameter = max(rng.uniform(*size) * min(h, w), min(_MIN_DIAMETER, min(h, w) - 2 * _EDGE))
         if name == FIGURE:

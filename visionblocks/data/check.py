@@ -1,11 +1,5 @@
-"""A linter for COCO annotation files from the field: `check_coco` and `CocoCheck`.
-
-``visionblocks check-coco ANN_FILE [--images DIR] [--fix OUT.json]`` is the command-line
-face of it. It applies exactly the checks `visionblocks.data.CocoInstances` applies at
-construction (`visionblocks.data.CocoKeypoints`' for a keypoint file), but lists every
-problem instead of stopping at the first, and can write a cleaned copy that the dataset
-then loads without a warning.
-"""
+"""A linter for COCO annotation files from the field: `check_coco` and `CocoCheck` (what
+``visionblocks check-coco ANN_FILE [--images DIR] [--fix OUT.json]`` prints)."""
 
 from __future__ import annotations
 
@@ -67,15 +61,12 @@ class CocoCheck:
     Attributes:
         ann_file: The file checked.
         counts: ``{"images", "annotations", "categories"}`` as found in the file.
-        file_problems: Problems of the file itself (each names the field); the dataset
-            refuses such a file.
-        invalid: ``{reason: [annotation ids]}`` (reasons of
-            `visionblocks.data.INVALID_REASONS`): what the dataset drops.
+        file_problems: Problems of the file itself; the dataset refuses such a file.
+        invalid: ``{reason: [annotation ids]}`` (`visionblocks.data.INVALID_REASONS`).
         image_problems: ``{problem: [image ids]}`` (`IMAGE_PROBLEMS`), with ``images=``.
         notes: ``{note: [ids]}`` (`NOTES`): what the dataset repairs on load.
         examples: Up to three full messages per reason or problem.
-        keypoint_counts: Category id -> K of the keypoint categories whose key points were
-            checked (as `visionblocks.data.CocoKeypoints` does); empty when they were not.
+        keypoint_counts: Category id -> K of the keypoint categories checked.
         data: The parsed file (None when it is not a JSON object).
     """
 
@@ -116,15 +107,9 @@ class CocoCheck:
     def fixed(self) -> dict[str, Any]:
         """A cleaned copy of the file (the file itself is never modified).
 
-        Annotations the dataset would drop are left out (with ``keep_repairable``, those
-        with only a bad segmentation, area or key points keep their box, as
-        ``invalid="keep"``: without the segmentation, with the box's area, with every key
-        point unlabelled or ``num_keypoints`` recounted), so are
-        annotations of images that do not exist and, when images were checked, images whose
-        file is missing, unreadable or of another size, with their annotations. Boxes are
-        clipped to their image; ``area`` and ``iscrowd`` are filled in (and, for keypoint
-        categories whose key points were checked, ``keypoints`` and ``num_keypoints``). Every
-        other field, known or not, is kept as it was.
+        Left out: what the dataset would drop (repaired instead with ``keep_repairable``),
+        annotations of images that do not exist and, when images were checked, the images
+        with a bad file. Boxes are clipped; missing fields are filled in.
 
         Raises:
             ValueError: The file has problems no cleaning can settle (see ``file_problems``).
@@ -162,8 +147,7 @@ class CocoCheck:
         """Write `fixed` to ``out`` as JSON (what ``check-coco --fix`` does); returns the path.
 
         Raises:
-            ValueError: ``out`` is the checked file (it is never overwritten), or the file
-                cannot be fixed (see `fixed`).
+            ValueError: ``out`` is the checked file, or the file cannot be fixed.
         """
         target = Path(out)
         if target.resolve() == self.ann_file.resolve():
@@ -233,26 +217,19 @@ def check_coco(
     """Every problem of a COCO annotation file, as `visionblocks.data.CocoInstances` sees them
     (as `visionblocks.data.CocoKeypoints` for a keypoint file).
 
-    Nothing is raised for a bad file: file problems, invalid annotations (by reason, with
-    ids and example messages), image-file problems (with ``images``) and what the dataset
-    repairs on load all go into the returned `CocoCheck`; ``str()`` of it is the report that
-    ``visionblocks check-coco`` prints, and ``fixed()`` a cleaned copy.
+    Nothing is raised for a bad file: everything goes into the returned `CocoCheck`, whose
+    ``str()`` is the report ``visionblocks check-coco`` prints and ``fixed()`` a cleaned copy.
 
     Args:
         ann_file: The COCO annotation JSON.
-        images: The images folder (the dataset's ``root``): check that each image exists,
-            can be read and has the file's size (only the headers are read).
-        masks: Check as ``CocoInstances(with_masks=True)``: an annotation without a
-            segmentation is invalid.
+        images: The images folder: check that each image exists, can be read and has the
+            file's size.
+        masks: Check as ``CocoInstances(with_masks=True)``.
         min_box_size: As the dataset's ``min_box_size``.
-        keep_repairable: ``fixed()`` keeps annotations with only a bad segmentation, area or
-            key points (as ``invalid="keep"``) instead of dropping them.
-        keypoints: Check the key points as `visionblocks.data.CocoKeypoints` does (the
-            annotations of keypoint categories; malformed keypoint categories are file
-            problems): None (default) when the file has a category with ``keypoints``, True
-            always (a file without such a category is then a file problem), False never (as
-            `visionblocks.data.CocoInstances`, which ignores key points). The annotations of
-            other categories are checked as `visionblocks.data.CocoInstances` does.
+        keep_repairable: ``fixed()`` repairs what ``invalid="keep"`` would keep.
+        keypoints: Check the key points as `visionblocks.data.CocoKeypoints` does: None
+            (default) when the file has a category with ``keypoints``, True always (a file
+            without one is then a file problem), False never.
         progress: Show progress bars (default: when writing to a terminal).
 
     Returns:
@@ -366,9 +343,7 @@ def _check_annotations(report: CocoCheck, data: Mapping[str, Any], progress: boo
         )  # fmt: skip
         if problem is not None:
             _add(report.invalid, problem.reason, ann["id"])
-            shown = report.examples.setdefault(problem.reason, [])
-            if len(shown) < _EXAMPLES:
-                shown.append(problem.message)
+            _example(report, problem.reason, problem.message)
             if problem.reason not in REPAIRABLE or not options["keep_repairable"]:
                 continue  # dropped: nothing to repair
         x, y, w, h = ann["bbox"]
@@ -398,20 +373,24 @@ def _check_images(
             continue  # a file problem already
         path = root / name
         if not path.is_file():
-            _add(report.image_problems, "missing_file", info["id"])
-            _example(report, "missing_file", f"image {info['id']!r}: '{path}' not found")
+            _image_problem(report, "missing_file", info, f"'{path}' not found")
             continue
         try:
             with Image.open(path) as pil:
                 size = (pil.height, pil.width)
         except Exception as exc:  # any decoder error: Pillow raises many kinds
-            _add(report.image_problems, "unreadable_file", info["id"])
-            _example(report, "unreadable_file", f"image {info['id']!r}: '{path}': {exc}")
+            _image_problem(report, "unreadable_file", info, f"'{path}': {exc}")
             continue
         if size != (info.get("height"), info.get("width")):
-            _add(report.image_problems, "size_mismatch", info["id"])
             message = size_mismatch(path, info["id"], size, info.get("height"), info.get("width"))
-            _example(report, "size_mismatch", message)
+            _image_problem(report, "size_mismatch", info, message, prefix=False)
+
+
+def _image_problem(
+    report: CocoCheck, key: str, info: Mapping[str, Any], message: str, prefix: bool = True
+) -> None:
+    _add(report.image_problems, key, info["id"])
+    _example(report, key, f"image {info['id']!r}: {message}" if prefix else message)
 
 
 def _example(report: CocoCheck, key: str, message: str) -> None:

@@ -6,8 +6,11 @@ Built on pycocotools and torchvision. An item is ``(image, target)``: a
 image without annotations still gives correctly shaped empty tensors.
 
 ``CocoDetection`` is a deprecated alias of `CocoInstances` (removed in 0.3): torchvision's
-``torchvision.datasets.CocoDetection`` returns a PIL image and the raw annotation dicts, so
-the same name here would promise that behaviour.
+class of that name returns a PIL image and the raw annotation dicts.
+
+Convention:
+    Boxes and polygon vertices are in COCO's continuous coordinates: pixel ``(row i, column
+    j)`` covers ``[j, j + 1) x [i, i + 1)``, so ``(0, 0, 2, 2)`` covers 2 x 2 pixels.
 """
 
 from __future__ import annotations
@@ -48,88 +51,44 @@ class CocoInstances(CocoBase):
     """COCO instance annotations as ``(tv_tensors.Image, target)`` pairs.
 
     Registered in ``DATASETS`` as ``"coco_detection"`` (aliases ``"coco"``,
-    ``"coco_instances"``). Unlike torchvision's ``CocoDetection`` (a PIL image and the list of
-    raw annotation dicts), items are model-ready ``tv_tensors``; ``CocoDetection`` is a
-    deprecated alias of this class (removed in 0.3).
-
-    ``target`` holds:
+    ``"coco_instances"``). ``target`` holds:
 
     - ``boxes``: ``tv_tensors.BoundingBoxes`` ``(N, 4)`` float32, XYXY, clipped to the image
       (``canvas_size=(H, W)``);
     - ``labels``: int64 ``(N,)``: contiguous ``0..K-1`` in category-id order (see
       ``classes``, ``category_id_to_label``, ``label_to_category_id``), or the category ids
       themselves with ``contiguous_labels=False``;
-    - ``masks``: ``tv_tensors.Mask`` ``(N, H, W)`` uint8, when ``with_masks=True``, decoded
-      per item from polygons, multi-polygons, or compressed or uncompressed RLE;
-    - ``polygons``: when ``with_polygons=True``, a list of ``N`` lists (one per box, in box
-      order) of float32 ``(P, 2)`` tensors: the instance's polygons as ``(x, y)`` vertices
-      in COCO's continuous coordinates (those of the boxes, see Convention); an empty list
-      for an RLE instance or one without a segmentation;
-    - ``iscrowd``: int64 ``(N,)``; ``area``: float32 ``(N,)`` (the file's ``area``; where the
-      file has none, the segmentation's area, else the box's); ``image_id``: int;
+    - ``masks``: ``tv_tensors.Mask`` ``(N, H, W)`` uint8, with ``with_masks=True``, decoded
+      per item from polygons or RLE;
+    - ``polygons``: with ``with_polygons=True``, per box a list of float32 ``(P, 2)`` vertex
+      tensors;
+    - ``iscrowd``: int64 ``(N,)``; ``area``: float32 ``(N,)`` (the file's, else the
+      segmentation's, else the box's); ``image_id``: int;
     - ``ignore_boxes``: ``tv_tensors.BoundingBoxes`` ``(M, 4)``, with ``crowd="ignore"``.
 
     An image without annotations gives ``boxes (0, 4)``, ``labels (0,)``, ``masks
     (0, H, W)`` and ``polygons []``.
 
-    Files from the field: every annotation is checked once, at construction, and an invalid
-    one (a polygon of fewer than 3 points or an odd number of coordinates, NaN/inf
-    coordinates, a box of zero or negative width or height, a box entirely outside the image,
-    an unknown ``category_id``, an RLE of another size than the image, no segmentation when
-    ``with_masks=True``...; the reasons are the keys of
-    ``visionblocks.data.INVALID_REASONS``) is handled by ``invalid``:
+    Every annotation is checked once, at construction; an invalid one (reasons:
+    ``visionblocks.data.INVALID_REASONS``) follows ``invalid``: ``"drop"`` (default; one
+    warning, ids in ``dropped``), ``"raise"``, or ``"keep"`` (a sound box stays without its
+    invalid segmentation or area, ids in ``kept_invalid``). Boxes are clipped to the image;
+    ``min_box_size`` drops smaller ones. ``visionblocks check-coco`` lists every problem of
+    a file and writes a cleaned copy.
 
-    - ``"drop"`` (default): the annotation is left out, as detectron2 and mmdet do. One
-      warning per dataset counts the drops by reason and names the first ids;
-      ``dropped`` holds ``{reason: [annotation ids]}``.
-    - ``"raise"``: the first invalid annotation raises a ``ValueError`` naming the file, the
-      annotation and the value.
-    - ``"keep"``: an annotation whose box, category and crowd flag are sound stays, without
-      its invalid segmentation (an empty mask) and with its box's area when its own is
-      invalid (listed in ``kept_invalid``); any other invalid annotation is dropped.
+    Crowd annotations: ``crowd="keep"``, ``"drop"``, or ``"ignore"`` (their boxes move to
+    ``ignore_boxes`` after the transforms).
 
-    Boxes partly outside the image are clipped to it; ``min_box_size`` drops boxes narrower
-    or lower than it inside the image (``small_box`` in ``dropped``; default 0: every box of
-    positive width and height stays). Annotations without ``iscrowd`` get 0. A malformed
-    *file* is never guessed around: see Raises. ``visionblocks check-coco`` lists every
-    problem of a file and writes a cleaned copy.
+    Transforms: one that removes boxes must remove the same rows of ``labels``, ``iscrowd``
+    and ``area``: use ``v2.SanitizeBoundingBoxes(labels_getter=instance_fields)``.
+    ``polygons`` are plain tensors, which v2 transforms leave as they are: they are for
+    `visionblocks.transforms` (``RandomAffine``, ``warp_sample``), which moves and filters
+    them with the boxes. Misaligned rows, or polygons left behind by moved boxes, raise a
+    ``ValueError``.
 
-    Crowd annotations (``iscrowd=1``): ``crowd="keep"`` keeps them with ``iscrowd`` 1,
-    ``"drop"`` removes them, ``"ignore"`` moves their boxes to ``ignore_boxes`` (regions a
-    detector should neither reward nor punish).
-
-    Transforms: ``transforms(image, target)`` sees one ``BoundingBoxes`` per sample, as
-    torchvision's v2 transforms expect: with ``crowd="ignore"`` the crowd rows are still in
-    ``boxes`` (``iscrowd`` 1) and are moved to ``ignore_boxes`` after the transforms. A
-    transform that removes boxes must remove the same rows of ``labels``, ``iscrowd`` and
-    ``area``: use ``v2.SanitizeBoundingBoxes(labels_getter=instance_fields)`` (its default
-    getter filters ``labels`` only); misaligned rows raise a ``ValueError`` saying so.
-    ``polygons`` are plain tensors, which torchvision's v2 transforms leave as they are and
-    ``SanitizeBoundingBoxes`` cannot filter: they are for `visionblocks.ops.warp_sample`,
-    which moves and filters them with the boxes (and fits tight boxes to them). A transform
-    that moves the boxes but not the polygons, or drops boxes but not their polygons,
-    raises a ``ValueError`` saying so instead of serving polygons of another image.
-    ``remove_empty`` drops images left without annotations (after the crowd policy);
-    ``remove_crowd_only`` drops images whose only annotations are crowd.
-
-    Images are decoded with ``torchvision.io`` (grey, palette, RGBA and CMYK files become
-    RGB, alpha is dropped, 16-bit PNGs keep their high byte) or, for other formats, Pillow:
-    every item is a 3-channel ``uint8`` image. EXIF orientation is not applied: COCO and
-    pycocotools refer to the pixels as stored, and an image whose stored size differs from
-    the file's ``height``/``width`` raises (saying so when its EXIF orientation explains
-    it). LVIS files load too: their extra fields are ignored, and an image without
-    ``file_name`` is found from its ``coco_url`` (``train2017/000000391895.jpg`` under
-    ``root``). File names are relative to ``root``: an absolute one,
-    or one that leads out of ``root`` with ``..``, is refused at construction (the check is on
-    the name; symbolic links inside ``root`` are followed, as dataset folders often link to
-    where the images really are). The dataset
-    pickles (for ``DataLoader`` workers) without its ``coco`` object, which is reloaded on
-    first use.
-
-    Convention:
-        Boxes and polygon vertices are in COCO's continuous coordinates: pixel ``(row i,
-        column j)`` covers ``[j, j + 1) x [i, i + 1)``, so ``(0, 0, 2, 2)`` covers 2 x 2
-        pixels.
+    Images are decoded to 3-channel ``uint8`` RGB (EXIF orientation not applied: COCO
+    refers to the pixels as stored). LVIS files load too. The dataset pickles (for
+    ``DataLoader`` workers) without its ``coco`` object, reloaded on first use.
 
     Args:
         root: Folder the ``file_name`` entries are relative to.
@@ -146,8 +105,7 @@ class CocoInstances(CocoBase):
         min_box_size: Smallest width and height, in pixels inside the image, of a kept box.
 
     Attributes:
-        coco: ``pycocotools.coco.COCO`` of the annotations the dataset serves (invalid ones
-            dropped, ``iscrowd``/``area`` filled in), for `visionblocks.data.coco_evaluate`.
+        coco: ``pycocotools.coco.COCO`` of the annotations the dataset serves.
         dropped (dict[str, list[int]]): Reason -> ids of the annotations left out.
         kept_invalid (dict[str, list[int]]): With ``invalid="keep"``, reason -> ids of the
             invalid annotations kept without their segmentation.
@@ -160,14 +118,12 @@ class CocoInstances(CocoBase):
     Raises:
         FileNotFoundError: ``root`` or ``ann_file`` does not exist; at item time, a missing
             image (the message names the file and the image id).
-        ValueError: A malformed annotation file, naming it and the field: not JSON, no
-            ``images``/``annotations``/``categories`` list, entries lacking required fields,
-            ids that are not integers, duplicate ids, annotations pointing at image ids that
-            do not exist, image sizes that are not positive integers, a ``file_name`` that
-            is absolute or leads out of ``root``. With ``invalid="raise"``, the first invalid
-            annotation. A bad ``crowd``/``invalid``/``min_box_size``. At item time, an image
-            whose size differs from the file's, or transforms that left per-instance rows
-            misaligned.
+        ValueError: A malformed annotation file, naming it and the field (not JSON, missing
+            lists or fields, non-integer or duplicate ids, annotations of unknown images,
+            image sizes that are not positive integers, a ``file_name`` out of ``root``);
+            with ``invalid="raise"``, the first invalid annotation; a bad ``crowd``,
+            ``invalid`` or ``min_box_size``. At item time, an image of another size than the
+            file's, or transforms that left per-instance rows misaligned.
         TypeError: Arguments of the wrong type.
 
     Examples:
@@ -294,8 +250,8 @@ class CocoInstances(CocoBase):
 
 
 def _polygons(segmentation: Any) -> list[torch.Tensor]:
-    """The polygons of one segmentation as float32 ``(P, 2)`` tensors; ``[]`` for an RLE or
-    a missing one (the dataset checked them: each is a flat list of at least 6 numbers)."""
+    """The polygons of one (checked) segmentation as float32 ``(P, 2)`` tensors; ``[]`` for
+    an RLE or none."""
     if not isinstance(segmentation, list):
         return []
     return [torch.from_numpy(np.asarray(p, dtype=np.float32).reshape(-1, 2)) for p in segmentation]

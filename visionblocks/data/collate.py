@@ -33,8 +33,7 @@ class DetectionBatch(NamedTuple):
     """A padded batch of detection samples, as made by `collate_detection`.
 
     Attributes:
-        images (Tensor[B, C, H, W]): The images, padded at the bottom and right; a plain
-            ``torch.Tensor`` (not a ``tv_tensors.Image``), the input models expect.
+        images (Tensor[B, C, H, W]): The images, padded, as a plain ``torch.Tensor``.
         targets (list[dict]): The samples' targets, the same objects the dataset returned.
         image_sizes (list[tuple[int, int]]): Each image's ``(H, W)`` before padding.
     """
@@ -46,9 +45,8 @@ class DetectionBatch(NamedTuple):
     def to(self, device: str | torch.device, non_blocking: bool = False) -> DetectionBatch:
         """Move the images and every tensor in the targets to ``device``.
 
-        tv_tensors in the targets keep their subclass and metadata (``canvas_size``...); see
-        `visionblocks.data.prefetch.move_to_device`. A batch already on ``device`` is
-        returned as it is.
+        As `visionblocks.data.prefetch.move_to_device`: tv_tensors keep their subclass and
+        metadata, a batch already on ``device`` is returned as it is.
 
         Examples:
             >>> import torch
@@ -123,11 +121,8 @@ def _check_pad_value(pad_value: Any, dtype: torch.dtype) -> None:
 
 
 def _empty(shape: tuple[int, ...], like: Tensor) -> Tensor:
-    """An uninitialised plain tensor; in a DataLoader worker, in shared memory from the start.
-
-    A worker sends its batch to the main process through shared memory: allocating it there
-    directly saves one copy of the whole batch (what ``default_collate`` does too).
-    """
+    """An uninitialised plain tensor; in a DataLoader worker, in shared memory from the start
+    (saves one copy of the batch, as ``default_collate`` does)."""
     if get_worker_info() is not None and like.device.type == "cpu":
         nbytes = math.prod(shape) * like.element_size()
         storage = torch.UntypedStorage._new_shared(nbytes)
@@ -140,32 +135,26 @@ def collate_detection(
 ) -> DetectionBatch:
     """Pad a list of ``(image, target)`` samples into a `DetectionBatch`.
 
-    Each image is copied once into a preallocated ``(B, C, H_pad, W_pad)`` tensor whose padding
-    (bottom rows, right columns) is set to ``pad_value``; the targets are passed through
-    untouched. A top-level function: use it as ``DataLoader(collate_fn=collate_detection)``,
-    with ``functools.partial`` for other arguments, in worker processes too.
+    Each image is copied once into a ``(B, C, H_pad, W_pad)`` tensor padded with
+    ``pad_value``; the targets are passed through. Use it as
+    ``DataLoader(collate_fn=collate_detection)`` (``functools.partial`` for other arguments).
 
     Args:
-        batch: The samples, as a ``DataLoader`` hands them over: a list of ``(image, target)``
-            with ``image (Tensor[C, H, W])`` (plain or ``tv_tensors.Image``; any dtype; all
-            with the same ``C``, dtype and device; ``H`` and ``W`` may differ) and ``target``
-            anything (typically the dataset's dict).
+        batch: A list of ``(image, target)``: ``image (Tensor[C, H, W])`` (plain or
+            ``tv_tensors.Image``, one ``C``, dtype and device for all) and any ``target``.
         size_divisible: ``H_pad`` and ``W_pad`` are rounded up to a multiple of this (the
-            largest stride of the backbone, e.g. 32); ``0`` or ``1`` means no rounding.
-        pad_value: The value of the padded pixels; it must be representable in the images'
-            dtype (an integer in range for integer images).
+            backbone's largest stride); ``0`` or ``1`` means no rounding.
+        pad_value: The value of the padded pixels, representable in the images' dtype.
 
     Returns:
-        DetectionBatch: ``images (Tensor[B, C, H_pad, W_pad])`` (a plain tensor, the
-        images' dtype and device), ``targets`` (the same objects, in order) and
-        ``image_sizes`` (each image's ``(H, W)`` as Python ints).
+        DetectionBatch: ``images (Tensor[B, C, H_pad, W_pad])`` (plain), ``targets`` (the
+        same objects) and ``image_sizes`` (Python ints).
 
     Raises:
-        TypeError: If ``batch`` is not a sequence of pairs, an image is not a tensor, or
-            ``size_divisible`` / ``pad_value`` has the wrong type.
+        TypeError: If ``batch`` is not a sequence of pairs, an image is not a tensor, or an
+            option has the wrong type.
         ValueError: If ``batch`` is empty, an image is not 3-D, the images differ in
-            channels, dtype or device, ``size_divisible`` is negative, or ``pad_value`` does
-            not fit the dtype.
+            channels, dtype or device, or an option is out of range.
 
     Examples:
         >>> import torch

@@ -1,11 +1,5 @@
 """COCO box, mask and keypoint evaluation (AP/AR) of model outputs, single-process or
-distributed.
-
-`coco_evaluate` turns per-image model outputs (or ready COCO result dicts) into COCO results,
-gathers them from every rank, runs ``COCOeval`` (pycocotools or faster_coco_eval) once on rank
-0 and hands the standard numbers to every rank: the twelve of `COCO_STAT_NAMES` for boxes and
-masks, the ten of `COCO_KEYPOINT_STAT_NAMES` for key points.
-"""
+distributed: `coco_evaluate`."""
 
 from __future__ import annotations
 
@@ -38,9 +32,8 @@ COCO_KEYPOINT_STAT_NAMES: tuple[str, ...] = (
     *("AP", "AP50", "AP75", "APm", "APl"),
     *("AR", "AR50", "AR75", "ARm", "ARl"),
 )
-"""The keys of `coco_evaluate`'s result for ``"keypoints"``, in COCOeval's ``stats`` order (its
-keypoint summary: OKS thresholds instead of IoU ones, up to 20 detections per image, no small
-objects)."""
+"""The keys of `coco_evaluate`'s result for ``"keypoints"``, in COCOeval's ``stats`` order (OKS
+thresholds, up to 20 detections per image, no small objects)."""
 _IOU_TYPES = ("bbox", "segm", "keypoints")
 _BACKENDS = ("pycocotools", "faster_coco_eval")
 _ACCEPTED_GT = "a COCO object, a path to an annotation JSON, a COCO-format dict or a dataset"
@@ -128,12 +121,8 @@ def _read_results(path: str | os.PathLike[str]) -> list[Any]:
 
 
 def _complete_ground_truth(coco: Any, iou_type: str, image_ids: set[int]) -> None:
-    """Give ground-truth annotations the fields COCOeval reads (in place, as COCOeval does).
-
-    ``iscrowd`` defaults to 0 and ``area`` to the box area (pycocotools raises a bare
-    ``KeyError`` without them, faster-coco-eval assumes these defaults). For ``"segm"``
-    every annotation of the evaluated images needs a segmentation.
-    """
+    """Default ``iscrowd`` (0) and ``area`` (the box's) of the ground truth, in place; for
+    ``"segm"``, every annotation of the evaluated images needs a segmentation."""
     missing_segm = []
     for ann in coco.dataset.get("annotations", []):
         ann.setdefault("iscrowd", 0)
@@ -149,14 +138,8 @@ def _complete_ground_truth(coco: Any, iou_type: str, image_ids: set[int]) -> Non
 
 
 def _complete_keypoints(coco: Any) -> int:
-    """K of a keypoint ground truth; its annotations completed in place for COCOeval.
-
-    K comes from the annotations' ``keypoints`` ``[x1, y1, v1, ...]`` and the categories'
-    key point names, which must agree. An annotation without ``keypoints`` gets ``K``
-    unlabelled ones (as `visionblocks.data.CocoKeypoints` reads it; COCOeval then ignores
-    it, where pycocotools would raise a bare ``KeyError``), ``num_keypoints`` defaults to the
-    number of labelled points (``v > 0``).
-    """
+    """K of a keypoint ground truth (annotations and category names must agree); missing
+    ``keypoints`` (none labelled) and ``num_keypoints`` filled in for COCOeval."""
     annotations = coco.dataset.get("annotations", [])
     found: dict[int, list[int]] = {}
     malformed = []
@@ -206,8 +189,7 @@ def _complete_keypoints(coco: Any) -> int:
 
 
 def _keypoint_sigmas(coco: Any, k: int, sigmas: Any) -> np.ndarray:
-    """The K OKS sigmas, float64: ``sigmas``, else the keypoint categories' ``sigmas`` (one
-    set; the field `visionblocks.data.CocoKeypoints` reads), else COCO's 17 when K = 17."""
+    """The K OKS sigmas, float64 (see `coco_evaluate`'s ``sigmas``)."""
     source = "sigmas"
     if sigmas is None:
         given = {
@@ -355,109 +337,63 @@ def coco_evaluate(
 ) -> dict[str, float]:
     """COCO AP/AR of detections, instance masks or poses: the numbers of ``COCOeval.summarize``.
 
-    Standard COCO protocol and defaults throughout: IoU thresholds 0.50:0.05:0.95, 101 recall
-    points, ``maxDets`` (1, 10, 100), area ranges small < 32² ≤ medium < 96² ≤ large, crowd
-    ground truth matched but ignored, every category of ``coco_gt`` evaluated.
+    Standard COCO protocol and defaults: IoU thresholds 0.50:0.05:0.95, 101 recall points,
+    ``maxDets`` (1, 10, 100), area ranges small < 32² ≤ medium < 96² ≤ large, crowds matched
+    but ignored, every category of ``coco_gt`` evaluated. ``iou_type="keypoints"`` is
+    COCO's keypoint protocol: OKS (`visionblocks.ops.oks.keypoint_oks`) in place of IoU,
+    ``maxDets`` 20, medium and large areas only; ground truths without a labelled key point
+    are ignored.
 
-    ``iou_type="keypoints"`` is COCO's keypoint protocol (pycocotools' ``iouType=
-    "keypoints"``): OKS (`visionblocks.ops.oks.keypoint_oks`) in place of IoU, the same
-    thresholds, ``maxDets`` 20, area ranges medium and large only; ground truths without a
-    labelled key point (``num_keypoints == 0``) and crowds are ignored.
-
-    Distributed:
-        With ``torch.distributed`` initialised, **call it on every rank** (it is a collective).
-        Each rank converts its own ``predictions`` (each rank's share, e.g. from a
-        ``DistributedSampler``), they are gathered with ``all_gather_object``, rank 0 runs
-        ``COCOeval`` and the stats are sent back: every rank returns the same dict, so logging
-        and early stopping can happen anywhere. An image predicted on several ranks (the
-        padding of ``DistributedSampler``) counts once, from the lowest rank. An error on any
-        rank is raised on every rank instead of leaving the others waiting. ``coco_gt``,
-        ``image_ids`` and the options must be the same on all ranks. With nccl, set the CUDA
-        device of each rank first (``all_gather_object`` needs it).
+    Distributed: with ``torch.distributed`` initialised, **call it on every rank** (a
+    collective, the same ``coco_gt`` and options everywhere): rank 0 evaluates every rank's
+    predictions (an image predicted twice counts once) and every rank returns the same dict;
+    an error on any rank is raised on every rank.
 
     Args:
-        predictions: Either per-image model outputs, as a dict ``{image_id: output}`` or a list
-            of outputs each with an ``"image_id"``, where ``output`` holds
-            ``boxes (Tensor[N, 4])`` XYXY in pixels of the original image, ``scores
-            (Tensor[N])``, ``labels (Tensor[N])`` integer and, for ``"segm"``, ``masks
-            (Tensor[N, H, W] or Tensor[N, 1, H, W])`` at the image's size: bool/integer
-            (non-zero is foreground) or float probabilities (``> mask_threshold``). Any device
-            and floating dtype; gradients are ignored; other keys are ignored. An image may have
-            N = 0 (then ``masks`` may be absent). For ``"keypoints"``, ``output`` holds
-            ``keypoints (Tensor[N, K, 2] or Tensor[N, K, 3])`` ``(x, y[, v])`` in pixels of the
-            original image, in the ground truth's coordinates (no half-pixel shift is applied),
-            K as in ``coco_gt``, ``scores (Tensor[N])``, ``labels (Tensor[N])`` and optionally
-            ``keypoints_scores (Tensor[N, K])``; boxes are not needed (keypoint R-CNN's output
-            works as it is). The third value written per point is ``keypoints_scores``, else the
-            third column, else 1: COCOeval does not use it. Or a list of COCO result dicts
-            ``{"image_id", "category_id", "score", "bbox": [x, y, w, h]}`` (``"bbox"``),
-            ``... "segmentation": {"size": [H, W], "counts": str}`` (``"segm"``) or ``...
-            "keypoints": [x1, y1, v1, ..., xK, yK, vK]`` (``"keypoints"``), which are validated
-            and copied, never modified (only the key of ``iou_type`` is kept: a ``"bbox"``
-            next to ``"keypoints"`` is dropped, so a detection's area is its key points'
-            extent, as pycocotools gives keypoint results); or the path of a COCO results JSON
-            file holding such a list (what ``COCO.loadRes`` reads and detectron2/mmdet write).
-            An empty dict/list is allowed.
+        predictions: Per-image model outputs, ``{image_id: output}`` or a list of outputs
+            each with an ``"image_id"``: ``boxes (Tensor[N, 4])`` XYXY in pixels of the
+            original image, ``scores (Tensor[N])``, integer ``labels (Tensor[N])`` and, for
+            ``"segm"``, ``masks (Tensor[N, H, W] or Tensor[N, 1, H, W])`` at the image's
+            size (non-zero, or ``> mask_threshold`` for floats, is foreground); for
+            ``"keypoints"``, ``keypoints (Tensor[N, K, 2 or 3])`` in the ground truth's
+            pixel coordinates, ``scores``, ``labels`` and optional ``keypoints_scores
+            (Tensor[N, K])`` (boxes not needed). Any device and floating dtype; other keys
+            are ignored; N may be 0. Or a list of COCO result dicts (validated and copied),
+            or the path of a results JSON file holding one. Empty is allowed.
         coco_gt: The ground truth: a ``pycocotools.coco.COCO`` (or ``faster_coco_eval.COCO``),
             a path to a COCO annotation JSON, a COCO-format dict, or a dataset with ``.coco``
-            and ``.label_to_category_id`` (``.ids`` gives its images) such as
-            `visionblocks.data.CocoInstances`, or a ``torch.utils.data.Subset`` of one. A dataset is evaluated
-            on the images it keeps (after ``remove_empty`` and the like), a Subset on its
-            indices' images; pass ``dataset.coco`` for every image of the annotation file. For
-            ``"keypoints"``, a keypoint ground truth (a ``person_keypoints_*.json`` file,
-            `visionblocks.data.CocoKeypoints`): annotations with ``keypoints [x1, y1, v1,
-            ...]`` and categories naming their key points, all of one K. An annotation
-            without ``keypoints`` counts as one with none labelled (COCOeval ignores it, as
-            it ignores crowds); ``num_keypoints`` defaults to the number of points with
-            ``v > 0``.
+            and ``.label_to_category_id`` such as `visionblocks.data.CocoInstances` (its
+            ``.ids`` are the images evaluated) or a ``Subset`` of one. For ``"keypoints"``,
+            a keypoint ground truth of one K.
         iou_type: ``"bbox"`` (boxes), ``"segm"`` (masks) or ``"keypoints"`` (poses, by OKS).
-        backend: ``"pycocotools"`` or ``"faster_coco_eval"`` (C++, same numbers, faster).
+        backend: ``"pycocotools"`` or ``"faster_coco_eval"`` (C++, same numbers).
         label_to_category_id: Maps ``labels`` of per-image outputs to COCO category ids
             (dict, or list indexed by label). Default: the dataset's map when ``coco_gt`` is a
-            dataset or Subset, else labels are taken as category ids. Result dicts are never
-            mapped.
-        image_ids: Evaluate only these images (they must belong to ``coco_gt``); predictions
-            for the other images are dropped. Default: every image of ``coco_gt`` (of the
-            dataset's ``ids`` or the Subset's indices), so images without predictions count as
-            misses, as in the standard protocol.
+            dataset or Subset, else labels are category ids. Result dicts are never mapped.
+        image_ids: Evaluate only these images of ``coco_gt`` (predictions for others are
+            dropped). Default: every image of ``coco_gt``, so images without predictions
+            count as misses.
         mask_threshold: Threshold for float ``masks``, in [0, 1].
-        sigmas: ``"keypoints"`` only: the K per-key-point OKS sigmas (finite, > 0; a
-            sequence, array or 1-D tensor) given to COCOeval as ``params.kpt_oks_sigmas``.
-            Default: the ``sigmas`` of the keypoint categories of ``coco_gt`` when they give
-            them (not a COCO field: the one `visionblocks.data.CocoKeypoints` and the
-            synthetic keypoint files use), else COCO's 17 person sigmas
-            (`visionblocks.ops.oks.COCO_PERSON_SIGMAS`, pycocotools' own, whatever the
-            names), so a ground truth with another K and no sigmas needs them here.
-        verbose: Print the pycocotools/faster_coco_eval log and summary table (rank 0 only).
-            Quiet by default.
+        sigmas: ``"keypoints"`` only: the K OKS sigmas (finite, > 0; a sequence, array or
+            1-D tensor). Default: the keypoint categories' ``sigmas`` (the field
+            `visionblocks.data.CocoKeypoints` reads), else COCO's 17 person sigmas
+            (`visionblocks.ops.oks.COCO_PERSON_SIGMAS`), which need K = 17.
+        verbose: Print the evaluator's log and summary table (rank 0 only).
 
     Returns:
-        dict[str, float]: ``AP, AP50, AP75, APs, APm, APl, AR1, AR10, AR100, ARs, ARm, ARl``
-        (in this order, `COCO_STAT_NAMES`) for ``"bbox"`` and ``"segm"``; ``AP, AP50, AP75,
-        APm, APl, AR, AR50, AR75, ARm, ARl`` (`COCO_KEYPOINT_STAT_NAMES`, ``AR`` with 20
-        detections per image) for ``"keypoints"``. Plain floats in [0, 1], or ``-1.0`` where
-        that number has no ground truth (e.g. ``APs`` without small objects, everything for
-        images without annotations), exactly as ``COCOeval`` reports it. No predictions at all
-        is not an error and gives what ``COCOeval`` gives for an empty result set: 0.0
-        wherever there is ground truth, -1.0 where there is none, so the numbers do not jump
-        when the first detection appears.
+        dict[str, float]: `COCO_STAT_NAMES` for ``"bbox"`` and ``"segm"``,
+        `COCO_KEYPOINT_STAT_NAMES` for ``"keypoints"``, in that order: floats in [0, 1], or
+        ``-1.0`` where that number has no ground truth, as ``COCOeval`` reports it. No
+        predictions at all gives 0.0 wherever there is ground truth.
 
     Raises:
-        ValueError: Unknown ``iou_type``/``backend``; image ids or labels/category ids that
-            ``coco_gt`` does not know (they are named); wrong shapes; masks missing or of the
-            wrong size for ``"segm"``; NaN/inf boxes, key points or scores; an image with two
-            outputs; ``image_ids`` empty or outside ``coco_gt``; for ``"keypoints"``, ground
-            truth without key points or with several K, key points not of the ground truth's
-            K, ``sigmas`` not K finite positive numbers (or given for another ``iou_type``).
+        ValueError: Unknown ``iou_type``/``backend``, image or category ids ``coco_gt`` does
+            not know (named), wrong shapes or sizes, NaN/inf values, an image with two
+            outputs, empty ``image_ids``, a ground truth without key points or of several K,
+            bad ``sigmas``.
         TypeError: Inputs of the wrong type (non-tensor boxes, float labels, ...).
         FileNotFoundError: ``coco_gt`` or a ``predictions`` path names no file.
         ImportError: ``backend="faster_coco_eval"`` without the package.
-
-    Note:
-        As with ``COCOeval`` itself, evaluation adds an ``ignore`` flag to the ground-truth
-        annotation dicts and, for ``"segm"``, may replace their polygons by the equivalent RLE;
-        for ``"keypoints"`` it fills in ``num_keypoints`` and the unlabelled ``keypoints`` of
-        annotations without them; the numbers of later evaluations are unaffected.
 
     Examples:
         >>> import torch
@@ -474,24 +410,6 @@ def coco_evaluate(
         (1.0, 1.0, -1.0)
         >>> coco_evaluate([], gt)["AP"]
         0.0
-
-        Key points, with three per object and their own sigmas:
-
-        >>> gt = {
-        ...     "images": [{"id": 1, "height": 100, "width": 100}],
-        ...     "categories": [{"id": 1, "name": "arm", "keypoints": ["a", "b", "c"]}],
-        ...     "annotations": [{"id": 1, "image_id": 1, "category_id": 1, "iscrowd": 0,
-        ...                      "bbox": [10, 10, 40, 60], "area": 2000.0,
-        ...                      "keypoints": [20, 15, 2, 30, 40, 2, 45, 65, 1]}],
-        ... }
-        >>> points = torch.tensor([[[20.0, 15.0], [30.0, 40.0], [45.0, 65.0]]])
-        >>> outputs = {1: {"keypoints": points, "scores": torch.tensor([0.9]),
-        ...                "labels": torch.tensor([1])}}
-        >>> stats = coco_evaluate(outputs, gt, "keypoints", sigmas=[0.05, 0.05, 0.05])
-        >>> list(stats) == list(COCO_KEYPOINT_STAT_NAMES)
-        True
-        >>> round(stats["AP"], 6), round(stats["APm"], 6), stats["APl"]  # area 2000: medium
-        (1.0, 1.0, -1.0)
     """
     check_choice("iou_type", iou_type, _IOU_TYPES)
     check_choice("backend", backend, _BACKENDS)

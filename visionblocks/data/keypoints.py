@@ -1,12 +1,14 @@
 """COCO person-keypoint annotations as model-ready ``tv_tensors``: `CocoKeypoints`.
 
 A COCO keypoint file (``person_keypoints_*.json``) is an instances file whose category
-carries the names of its ``K`` key points (``keypoints``) and the bones between them
-(``skeleton``), and whose annotations carry ``keypoints: [x1, y1, v1, ..., xK, yK, vK]``
-and ``num_keypoints``. `CocoKeypoints` serves everything `visionblocks.data.CocoInstances`
-serves plus the key points as a ``tv_tensors.KeyPoints`` and their visibility flags, and
-exposes what augmentations and evaluation need: the names, the skeleton, the left/right
-pairs a horizontal flip swaps, and the OKS sigmas.
+names its ``K`` key points (``keypoints``) and bones (``skeleton``), and whose annotations
+carry ``keypoints: [x1, y1, v1, ..., xK, yK, vK]`` and ``num_keypoints``.
+
+Convention:
+    Key points are pixel indices, as COCO's and torchvision's ``KeyPoints`` (whose horizontal
+    flip maps ``x`` to ``W - 1 - x``): the point ``(j, i)`` is the centre of pixel ``(row i,
+    column j)``. Boxes and polygons use COCO's continuous coordinates, where that centre is
+    ``(j + 0.5, i + 0.5)``.
 """
 
 from __future__ import annotations
@@ -61,67 +63,34 @@ class CocoKeypoints(CocoInstances):
     For COCO person-keypoint files (``person_keypoints_*.json``) and any file with a category
     that has ``keypoints`` (its key point names) and, optionally, ``skeleton``. Registered in
     ``DATASETS`` as ``"coco_keypoints"``. ``target`` holds everything
-    `visionblocks.data.CocoInstances` gives (``boxes``, ``labels``, ``masks`` with
-    ``with_masks``, ``polygons`` with ``with_polygons``, ``iscrowd``, ``area``, ``image_id``,
-    ``ignore_boxes`` with ``crowd="ignore"``) plus:
+    `visionblocks.data.CocoInstances` gives, plus:
 
     - ``keypoints``: ``tv_tensors.KeyPoints`` ``(N, K, 2)`` float32, ``(x, y)`` as in the
       file, ``canvas_size=(H, W)``;
     - ``keypoints_visibility``: int64 ``(N, K)``, COCO's flags: 0 not labelled, 1 labelled
       but not visible, 2 labelled and visible. A point with ``v = 0`` has the coordinates
-      the file gives it (COCO writes ``0, 0``): mask with the visibility, never with the
-      coordinates.
+      the file gives it (COCO writes ``0, 0``): mask with the visibility.
 
-    An image without annotations gives ``keypoints (0, K, 2)`` and ``keypoints_visibility
-    (0, K)``. torchvision's Keypoint R-CNN takes ``keypoints (N, K, 3)`` with the flag as
-    third column: ``torch.cat([kp, vis[..., None]], -1)`` with ``kp = target["keypoints"]``
-    and ``vis = target["keypoints_visibility"]`` (float32; its loss uses the points with
-    ``v > 0``).
+    torchvision's Keypoint R-CNN takes ``(N, K, 3)`` with the flag as third column (see the
+    example).
 
-    Categories: a category with a non-empty ``keypoints`` list is a keypoint category. A
-    file needs at least one; several must have the same key point names, skeleton and
-    sigmas (one ``K``, one left/right rule), else construction raises a ``ValueError``.
-    Annotations of the other categories (a file may mix persons with other objects) are
-    left out with ``other_categories="drop"`` (default; as pycocotools' keypoint
-    evaluation, which needs key points on every ground truth): the dataset then serves, and
-    labels, only the keypoint categories (``classes``, ``coco``). With ``"keep"`` they stay,
-    with every key point unlabelled (visibility 0, coordinates 0), and ``classes`` lists
-    every category; their own ``keypoints`` fields, if any, are ignored.
+    A category with a non-empty ``keypoints`` list is a keypoint category; a file needs at
+    least one, and several must agree on names, skeleton and sigmas. Annotations of other
+    categories are left out with ``other_categories="drop"`` (default, as pycocotools'
+    keypoint evaluation; ``classes`` then lists only the keypoint categories) or kept with
+    every key point unlabelled (``"keep"``).
 
     Invalid annotations follow ``invalid`` as in `visionblocks.data.CocoInstances`, with five
-    key point reasons (keys of ``visionblocks.data.INVALID_REASONS``): ``bad_keypoints`` (not
-    a flat list of numbers), ``keypoints_length`` (not ``3 * K`` values),
-    ``nonfinite_keypoints`` (a NaN or infinite coordinate), ``bad_visibility`` (a flag
-    other than 0, 1 or 2; ``2.0`` counts as 2) and ``num_keypoints_mismatch``
-    (``num_keypoints`` is not the count of flags ``> 0``). The box of such an annotation is
-    sound, so ``invalid="keep"`` keeps it: without its key points (all unlabelled) for the
-    first four, with ``num_keypoints`` recounted from the flags for the last (listed in
-    ``kept_invalid``). An annotation without ``keypoints`` is not invalid: its key points are
-    unlabelled (and ``num_keypoints`` is filled in, as pycocotools' evaluation needs, in
-    ``coco`` too). ``visionblocks check-coco`` reports the same problems.
+    key point reasons; ``invalid="keep"`` keeps such an annotation with its key points
+    unlabelled. An annotation without ``keypoints`` is not invalid (none labelled).
 
-    Crowd annotations (COCO's have ``num_keypoints`` 0), ``remove_empty``,
-    ``remove_crowd_only``, image decoding and pickling for ``DataLoader`` workers are those
-    of `visionblocks.data.CocoInstances`.
-
-    Transforms: ``transforms(image, target)`` sees the ``KeyPoints``, so torchvision's v2
-    transforms move them with the image and the boxes. They do not touch the visibility (a
-    point moved outside the image keeps its flag) and a flip does not swap left and right
-    points: the point named ``left_wrist`` then sits on what the flipped image shows as the
-    right wrist, and a model trained so learns a mirrored skeleton. `visionblocks.ops.warp_sample` does both
-    (``flip_pairs=dataset.flip_pairs``). A transform that removes boxes must remove the same
-    rows of every per-instance field: ``v2.SanitizeBoundingBoxes(labels_getter=
-    visionblocks.data.instance_fields)`` filters ``keypoints`` and ``keypoints_visibility``
-    too (misaligned rows raise a ``ValueError``). torchvision hands the ``KeyPoints`` back
-    from it as a plain tensor; the dataset wraps it again (``canvas_size`` of the boxes), so
-    put ``SanitizeBoundingBoxes`` last, as torchvision advises.
-
-    Convention:
-        Key points are pixel indices, as COCO's and ``visionblocks.ops.warp_points``': the
-        point ``(j, i)`` is the centre of pixel ``(row i, column j)`` (torchvision's
-        ``KeyPoints`` too: its horizontal flip maps ``x`` to ``W - 1 - x``). Boxes and
-        polygons use COCO's continuous coordinates, where that centre is ``(j + 0.5,
-        i + 0.5)``.
+    Transforms: torchvision's v2 transforms move the ``KeyPoints`` with the image but leave
+    the visibility alone and do not swap left and right points on a flip (a model trained so
+    learns a mirrored skeleton). `visionblocks.transforms.RandomAffine` and
+    `visionblocks.transforms.warp_sample` do both (``flip_pairs=dataset.flip_pairs``).
+    ``v2.SanitizeBoundingBoxes(labels_getter=visionblocks.data.instance_fields)`` filters
+    ``keypoints`` and ``keypoints_visibility`` too; the dataset wraps the plain tensor it
+    hands back as ``KeyPoints`` again, so put it last.
 
     Args:
         root: Folder the ``file_name`` entries are relative to.
@@ -134,11 +103,9 @@ class CocoKeypoints(CocoInstances):
         contiguous_labels: Labels ``0..C-1`` (True) or raw category ids (False).
         crowd: ``"keep"``, ``"drop"`` or ``"ignore"``.
         remove_crowd_only: Drop images whose only annotations are crowd.
-        other_categories: ``"drop"`` or ``"keep"`` the annotations of categories without key
-            points.
+        other_categories: ``"drop"`` or ``"keep"`` other categories' annotations.
         flip_pairs: ``(left, right)`` key point index pairs a horizontal flip swaps; default
-            (None) from the names (``left_*`` / ``right_*``, see
-            `visionblocks.ops.keypoints.keypoint_flip_pairs`); ``[]`` for none.
+            from the names (`visionblocks.ops.keypoints.keypoint_flip_pairs`); ``[]``: none.
         invalid: ``"drop"``, ``"raise"`` or ``"keep"``: what to do with invalid annotations.
         min_box_size: Smallest width and height, in pixels inside the image, of a kept box.
 
@@ -148,23 +115,18 @@ class CocoKeypoints(CocoInstances):
         skeleton (list[tuple[int, int]]): Bones as 0-based index pairs (COCO's ``skeleton``
             is 1-based).
         flip_pairs (list[tuple[int, int]]): ``(left, right)`` index pairs.
-        sigmas (Tensor | None): float32 ``(K,)`` OKS sigmas: the category's ``sigmas`` when
-            the file gives them (a list of ``K`` positive numbers, not a COCO field), else
-            COCO's 17 person sigmas (pycocotools') when the names are
-            `COCO_KEYPOINT_NAMES`, else None (pass your own to the evaluation).
+        sigmas (Tensor | None): float32 ``(K,)`` OKS sigmas: the category's ``sigmas`` (not
+            a COCO field) when given, else COCO's 17 person sigmas when the names are
+            `COCO_KEYPOINT_NAMES`, else None.
         num_other (int): Annotations of other categories left out
             (``other_categories="drop"``).
-        coco: As `visionblocks.data.CocoInstances` (and ``dropped``, ``kept_invalid``,
-            ``ids``, ``classes``, ``category_id_to_label``, ``label_to_category_id``,
-            ``num_degenerate``); its annotations have ``keypoints`` and ``num_keypoints``.
+        coco: As `visionblocks.data.CocoInstances` (so are its other attributes).
 
     Raises:
         FileNotFoundError: As `visionblocks.data.CocoInstances`.
-        ValueError: As `visionblocks.data.CocoInstances`; also a file without a keypoint
-            category, keypoint categories that differ, a malformed ``keypoints``,
-            ``skeleton`` or ``sigmas`` of a category, ``flip_pairs`` out of range or with
-            an index twice, or names with a ``left_`` but no ``right_`` partner (pass
-            ``flip_pairs``).
+        ValueError: As `visionblocks.data.CocoInstances`; also no keypoint category, keypoint
+            categories that differ or are malformed, bad ``flip_pairs``, or names with a
+            ``left_`` but no ``right_`` partner (pass ``flip_pairs``).
         TypeError: Arguments of the wrong type.
 
     Examples:
@@ -280,8 +242,7 @@ class CocoKeypoints(CocoInstances):
         target["keypoints_visibility"] = torch.from_numpy(entry.visibility[rows]).reshape(-1, k)
 
     def _after_transforms(self, target: dict[str, Any]) -> dict[str, Any]:
-        """Wrap key points that came back as a plain tensor (``SanitizeBoundingBoxes``
-        returns what a labels getter gives unwrapped) as ``KeyPoints`` again."""
+        """Wrap key points that ``SanitizeBoundingBoxes`` gave back as a plain tensor."""
         from torchvision import tv_tensors
 
         points, boxes = target.get("keypoints"), target.get("boxes")

@@ -1,18 +1,11 @@
 """Move batches to a device, and overlap the host-to-device copies with compute on CUDA.
 
-`move_to_device` moves every tensor of a nested batch (tuples, lists, dicts, NamedTuples such
-as `visionblocks.data.collate.DetectionBatch`) and keeps ``torchvision.tv_tensors`` with their
-subclass and metadata (``canvas_size``, ``format``). `prefetch_to_device` wraps a loader so
-that, on a CUDA device, batch ``i + 1`` is copied on a side stream while the caller computes on
-batch ``i``.
-
 Convention:
-    - Containers are rebuilt only where a tensor inside them moved: a batch whose tensors are all
-      on ``device`` already comes back as the **same object**. Tuples, lists, mappings
-      (``dict`` subclasses keep their type) and NamedTuples are walked; strings, numbers and
-      every other object are returned as they are (tensors inside them are not moved).
-    - ``"cuda"`` without an index means the current CUDA device
-      (``torch.cuda.current_device()``, read when the copy is made).
+    - Tuples, lists, mappings (``dict`` subclasses keep their type) and NamedTuples are
+      walked, and rebuilt only where a tensor inside moved: a batch already on ``device``
+      comes back as the **same object**. Other objects are returned as they are.
+    - ``torchvision.tv_tensors`` keep their subclass and metadata.
+    - ``"cuda"`` without an index means the current CUDA device when the copy is made.
 """
 
 from __future__ import annotations
@@ -71,8 +64,7 @@ def _is_on(tensor: Tensor, device: torch.device) -> bool:
 
 
 def _tv_tensors() -> Any:
-    """``torchvision.tv_tensors`` if something imported it, else None (then no tensor can be
-    a tv_tensor, and importing torchvision, which takes seconds, is not needed)."""
+    """``torchvision.tv_tensors`` if something imported it (else no tensor is a tv_tensor)."""
     return sys.modules.get("torchvision.tv_tensors")
 
 
@@ -117,15 +109,11 @@ def move_to_device(data: Any, device: str | torch.device, *, non_blocking: bool 
 
     Args:
         data: A tensor, or tuples / lists / mappings / NamedTuples of them, nested at will.
-            Other objects are kept as they are.
         device: Target device (``"cpu"``, ``"cuda"``, ``"cuda:1"``, a ``torch.device``).
-        non_blocking: Passed to ``Tensor.to``: asynchronous host-to-device copies when the
-            source is pinned memory (the caller then owns the stream synchronisation).
+        non_blocking: Passed to ``Tensor.to`` (asynchronous copies from pinned memory).
 
     Returns:
-        The same structure with every tensor on ``device``. Tensors already there, and
-        containers holding nothing that moved, are returned as the same objects; tv_tensors
-        keep their subclass and metadata.
+        The same structure with every tensor on ``device`` (see the Convention).
 
     Raises:
         TypeError: If ``device`` is neither a ``str`` nor a ``torch.device``.
@@ -244,43 +232,25 @@ def prefetch_to_device(
 ) -> DevicePrefetcher:
     """Wrap a loader so that its batches arrive on ``device``, copied ahead of time on CUDA.
 
-    On a CUDA device, iteration works one batch ahead on a dedicated side stream:
-
-    1. The first batch is fetched from ``loader``; its CPU tensors are pinned (``pin_memory()``,
-       skipped for memory that is pinned already, e.g. by ``DataLoader(pin_memory=True)``) and
-       copied with ``non_blocking=True`` on the side stream. Tensors already on ``device`` are
-       not touched.
-    2. When the caller asks for batch ``i``, the stream that is **current at that moment**
-       (``torch.cuda.current_stream(device)``) is made to wait for the side stream
-       (``wait_stream``: a GPU-side dependency, the host does not block), and every copied
-       tensor gets ``record_stream(current)`` so the caching allocator does not hand its
-       memory out again before the caller's queued work on it is done.
-    3. Batch ``i + 1`` is then fetched and its copies enqueued on the side stream, and batch
-       ``i`` is returned: the copy of ``i + 1`` overlaps the kernels the caller launches on
-       batch ``i``.
-
-    So the caller can use each batch on the current stream without synchronising. A caller
-    that uses a batch on another stream must order that stream itself. Pinning happens in the
-    calling thread; ``DataLoader(pin_memory=True)`` moves it to a background thread, which is
-    faster. On any other device (CPU included) this is a plain pass-through: each batch is
-    `move_to_device`'d synchronously, so batches already there are yielded as the loader's own
-    objects.
+    On a CUDA device, iteration works one batch ahead on a side stream: CPU tensors are
+    pinned (unless they are already, e.g. by ``DataLoader(pin_memory=True)``, which pins in
+    a background thread) and copied there; when batch ``i`` is handed out, the stream
+    current at that moment waits for the side stream (a GPU-side dependency) and the copies
+    get ``record_stream``, then the copies of batch ``i + 1`` are enqueued. The caller can
+    use each batch on the current stream without synchronising (another stream it must
+    order itself). On any other device each batch is `move_to_device`'d synchronously.
 
     Args:
-        loader: A re-iterable of batches (``DataLoader``, list, ...): tensors in tuples, lists,
-            dicts and NamedTuples such as ``DetectionBatch`` (see `move_to_device`).
-        device: Target device; ``str`` or ``torch.device``. ``"cuda"`` means the current CUDA
-            device when iteration starts.
-        non_blocking: Pin CPU tensors and copy asynchronously (CUDA only). ``False`` copies
-            synchronously, on the side stream still.
+        loader: A re-iterable of batches (``DataLoader``, list, ...), as `move_to_device`
+            takes them.
+        device: Target device; ``str`` or ``torch.device``.
+        non_blocking: Pin CPU tensors and copy asynchronously (CUDA only).
 
     Returns:
-        DevicePrefetcher: Iterable any number of times (each pass iterates ``loader`` once)
-        and with ``len()`` equal to ``len(loader)`` when the loader has a length.
+        DevicePrefetcher: Re-iterable, with ``len(loader)`` when the loader has one.
 
     Raises:
-        TypeError: If ``loader`` is not iterable, or ``device`` / ``non_blocking`` has the
-            wrong type.
+        TypeError: If ``loader`` is not iterable, or an argument has the wrong type.
         ValueError: If ``device`` names no device.
         RuntimeError: If a CUDA device is asked for but not available.
 

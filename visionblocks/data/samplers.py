@@ -1,9 +1,5 @@
 """Batch images of similar aspect ratio together, so that padding wastes little.
 
-`aspect_ratio_groups` bins every image of a dataset by its width / height, from the annotation
-metadata; `GroupedBatchSampler` turns any index sampler (``RandomSampler``,
-``SequentialSampler``, ``DistributedSampler``, ...) into batches whose images share a group.
-
 Convention:
     - The aspect ratio is ``W / H`` of the image as stored (before any transform).
     - Bin edges are ``2 ** (i / bins_per_octave)`` for ``i = -bins_per_octave ...
@@ -72,12 +68,10 @@ def aspect_ratio_groups(dataset: Any, bins_per_octave: int = 0) -> list[int]:
     """Group id of every image of ``dataset`` by aspect ratio, read from the metadata.
 
     The size of image ``i`` comes from ``dataset.get_height_and_width(i)`` (as
-    `visionblocks.data.coco.CocoInstances` and torchvision's detection references provide),
-    or from ``dataset.coco`` / ``dataset.ids`` (torchvision's ``CocoDetection``); nothing is
-    decoded. ``Subset`` and ``ConcatDataset`` are looked through, nested at will. For a
-    dataset without such metadata the sizes are read from ``dataset[i][0]`` with a warning:
-    that **loads and decodes every image** once (and sees them after the dataset's
-    transforms).
+    `visionblocks.data.coco.CocoInstances` provides) or ``dataset.coco`` / ``dataset.ids``
+    (torchvision's ``CocoDetection``), through ``Subset`` and ``ConcatDataset``. Without such
+    metadata, a warning, and every image is **loaded and decoded** once (after the
+    dataset's transforms).
 
     Args:
         dataset: A map-style dataset with ``len()``.
@@ -172,37 +166,23 @@ def _dataset_length(sampler: Any) -> int | None:
 class GroupedBatchSampler(Sampler[list[int]]):
     """Batches of indices whose images share an aspect-ratio group, in ``sampler``'s order.
 
-    Indices are taken from ``sampler`` one by one and put in their group's buffer; a buffer
-    that reaches ``batch_size`` is yielded as a batch at once. At the end of the pass, the
-    leftovers (fewer than ``batch_size`` per group) are concatenated in group-id order and
-    cut into batches of ``batch_size``; the last of these is shorter, or dropped when
-    ``drop_last``.
-
-    So an epoch holds the same indices, and as many batches, as
-    ``torch.utils.data.BatchSampler(sampler, batch_size, drop_last)``, regrouped: every index
-    of the sampler appears exactly once (``drop_last=False``; with ``drop_last=True`` fewer
-    than ``batch_size`` are dropped), every batch but the last is full, nothing is repeated,
-    and ``len()`` is ``ceil(len(sampler) / batch_size)`` (``floor`` with ``drop_last``),
-    exactly the number of batches yielded. Under ``DistributedSampler`` every rank therefore
-    yields the same number of batches, which DDP needs. The price: the batches made of
-    leftovers come last (at most one per group) and may mix groups (at most
-    ``number of groups - 1`` of them: one at most with the two default groups).
-    torchvision's reference sampler instead fills leftovers up with repeated indices of the
-    same group and drops the other leftovers, so that no batch mixes groups.
+    A group's buffer is yielded as soon as it holds ``batch_size`` indices; the leftovers
+    are concatenated in group-id order at the end of the pass (so they may mix groups). An
+    epoch holds the same indices, and as many batches, as ``torch.utils.data.BatchSampler(
+    sampler, batch_size, drop_last)``: every rank of a ``DistributedSampler`` yields the same
+    number, as DDP needs.
 
     Args:
-        sampler: Yields dataset indices (any ``Sampler`` or iterable with ``len()``), e.g.
-            ``RandomSampler(dataset)`` or ``DistributedSampler(dataset, shuffle=True)``.
-        group_ids: The group of every dataset index (`aspect_ratio_groups`); a sequence of
-            ints or a 1-D integer tensor of length ``len(dataset)``.
+        sampler: Yields dataset indices (any ``Sampler`` or iterable with ``len()``).
+        group_ids: The group of every dataset index (`aspect_ratio_groups`): ints or a 1-D
+            integer tensor.
         batch_size: Indices per batch, ``>= 1``.
         drop_last: Drop the last, incomplete batch.
 
     Raises:
         TypeError: If an argument has the wrong type.
         ValueError: If ``batch_size < 1``, or ``len(group_ids)`` differs from the length of
-            the sampler's dataset (checked when the sampler tells it, e.g. ``data_source``,
-            ``dataset``); during iteration if the sampler yields an index outside
+            the sampler's dataset (when it tells); during iteration, an index outside
             ``group_ids``.
 
     Examples:

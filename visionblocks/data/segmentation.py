@@ -27,27 +27,18 @@ class CocoSegmentation(CocoBase):
 
     The mask is a ``tv_tensors.Mask`` ``(H, W)`` int64 (what ``F.cross_entropy`` takes):
 
-    - ``0`` is background, and the object categories are ``1..K`` in category-id order
-      (``classes[0] == "background"``; ``category_id_to_label`` maps ids to ``1..K``);
-    - instances are painted from the largest to the smallest, so a small object on a large
-      one stays visible;
-    - ``ignore_index`` (255) marks crowd regions and the pixels of instances without a
-      segmentation's box (their extent is known, their pixels are not), painted last: a
-      loss with ``ignore_index=255`` skips them.
+    - ``0`` is background, the categories are ``1..K`` in category-id order;
+    - instances are painted from the largest to the smallest;
+    - ``ignore_index`` (255) marks crowd regions and the boxes of instances without a
+      (valid) segmentation, painted last.
 
-    Segmentations may be polygons, multi-polygons, or compressed or uncompressed RLE. Images
-    without annotations are all background (``remove_empty`` drops them). Invalid
-    annotations (``invalid``, ``dropped``, ``kept_invalid``, ``min_box_size``), image
-    decoding, file-name checks and pickling are those of `visionblocks.data.CocoInstances`;
-    an annotation without a segmentation is not invalid here (its box is painted
-    ``ignore_index``), and ``invalid="keep"`` treats an invalid segmentation the same way.
+    Invalid annotations, decoding and pickling are as in `visionblocks.data.CocoInstances`.
 
     Args:
         root: Folder the ``file_name`` entries are relative to.
         ann_file: COCO annotation JSON.
         transforms: ``transforms(image, mask) -> (image, mask)``, e.g. a
-            ``torchvision.transforms.v2.Compose`` (a ``Mask`` is resized with nearest
-            neighbours).
+            ``torchvision.transforms.v2.Compose``.
         remove_empty: Drop images without (non-crowd) annotations.
         ignore_index: Label of crowd and unknown pixels; must not be in ``0..K``.
         invalid: ``"drop"``, ``"raise"`` or ``"keep"``: what to do with invalid annotations.

@@ -1,21 +1,16 @@
 """A synthetic COCO dataset: coloured shapes (one shape per category) on textured backgrounds.
 
-`make_synthetic_coco` writes real COCO files (images and one annotation file). It is the
-library's built-in default data: the demo trains a small detector on it, and tests and
-benchmarks load it. Nothing is downloaded.
+`make_synthetic_coco` writes real COCO files: the library's built-in default data (the demo,
+tests and benchmarks use it). Nothing is downloaded.
 
 Convention:
     - Sizes are ``(H, W)``. Annotations use COCO pixel coordinates: pixel ``(row i, column j)``
-      covers ``[j, j + 1) × [i, i + 1)``, polygon vertices live on that continuous plane, and
-      ``bbox`` is ``[x, y, w, h]``.
-    - Every object is painted by rasterising the very polygon stored in its ``segmentation``
-      with pycocotools (``frPyObjects`` and ``decode``), so its painted pixels are exactly
-      ``COCO.annToMask(ann)`` (a pixel belongs to a polygon when its centre
-      ``(j + 0.5, i + 0.5)`` lies inside, as pycocotools decides). Objects never overlap and
-      stay inside the image, so every object's visible pixels equal its mask.
-    - Key points (``keypoints=True``) are pixel indices, as COCO's: ``(x, y)`` is the centre
-      of pixel ``(row y, column x)``, i.e. the point ``(x + 0.5, y + 0.5)`` of the polygons'
-      plane; every key point lies on a pixel of its figure's mask.
+      covers ``[j, j + 1) × [i, i + 1)``, and ``bbox`` is ``[x, y, w, h]``.
+    - Every object is painted by rasterising the polygon stored in its ``segmentation`` with
+      pycocotools, so its painted (and visible: objects never overlap) pixels are exactly
+      ``COCO.annToMask(ann)``.
+    - Key points are pixel indices, as COCO's: ``(x, y)`` is the centre of pixel ``(row y,
+      column x)``; every key point lies on a pixel of its figure's mask.
 """
 
 from __future__ import annotations
@@ -101,52 +96,25 @@ def make_synthetic_coco(
     """Write a synthetic COCO dataset of shapes to ``root`` and return its annotation file.
 
     Writes ``root/images/000001.jpg`` ... (``.png`` with ``image_format="png"``) and
-    ``root/annotations.json`` in the full COCO format: ``images`` (``id`` 1..N, ``file_name``
-    relative to ``root/images``, ``height``, ``width``), ``annotations`` (``id`` 1..M,
-    ``image_id``, ``category_id``, ``segmentation``, ``bbox``, ``area``, ``iscrowd``),
-    ``categories`` (``id``, ``name``, ``supercategory="shape"``), ``info`` (with every
-    generation argument under ``info["parameters"]``) and ``licenses`` (empty).
+    ``root/annotations.json`` in the full COCO format (``images``, ``annotations``,
+    ``categories`` with ``supercategory="shape"``, ``info`` with every argument under
+    ``info["parameters"]``, empty ``licenses``).
 
-    Category ``k`` is the shape ``SYNTHETIC_CLASSES[k]``: circle, square, triangle, star,
-    cross, diamond, hexagon, crescent, arrow, heart (curves are polygons of 40 to 48
-    vertices), so at most 10 classes. Each object has a random size, stretch (up to 15%),
-    rotation (square, cross and diamond turn at most 15 degrees, heart 25, the rest freely) and
-    flat colour, chosen at least 120 away (RGB Euclidean distance) from the mean background
-    under it. Backgrounds are gradients, soft stripes, checkers or smooth noise of two close
-    colours with grey uniform noise (standard deviation 4).
+    Category ``k`` is the shape ``SYNTHETIC_CLASSES[k]``, drawn at random size, stretch,
+    rotation and colour on a textured background; an object's ``segmentation`` is one
+    polygon (see the Convention), ``area`` its mask's pixel count, ``bbox`` its tight box.
+    Objects do not overlap (one that finds no room is dropped). A crowd annotation covers 3
+    to 8 small shapes of one class, as an uncompressed RLE.
 
-    With ``keypoints=True`` the file is a COCO keypoint file (as ``person_keypoints_*.json``)
-    with one more category, ``"figure"``: a gingerbread figure facing the viewer, with 9 key
-    points inside it (``head``, ``left_shoulder``, ``right_shoulder``, ``left_hand``,
-    ``right_hand``, ``left_hip``, ``right_hip``, ``left_foot``, ``right_foot``; its left on
-    the image's right, as COCO's persons), the category's ``keypoints`` names, its 1-based
-    ``skeleton`` and per-point OKS ``sigmas`` (not a COCO field;
-    `visionblocks.data.CocoKeypoints` reads it). Half the objects are figures (all of them
-    with ``num_classes=0``), at least 24 pixels across and turned at most 20 degrees; a
-    figure's annotation has ``keypoints`` ``[x1, y1, v1, ...]`` (2 decimals) and
-    ``num_keypoints``: each point is visible (``v = 2``, 75%), labelled but flagged not
-    visible (``v = 1``, 15%; it is drawn all the same) or not labelled (``v = 0``, 10%,
-    written ``0, 0, 0`` as COCO does). Crowds are of small figures, with no key point
-    labelled (as COCO's crowds of persons). The shapes' annotations have no key points.
+    With ``keypoints=True`` the file is a COCO keypoint file with one more category,
+    ``"figure"``: a gingerbread figure facing the viewer with 9 key points (``head``, then
+    ``left_``/``right_`` ``shoulder``, ``hand``, ``hip``, ``foot``; its left on the image's
+    right, as COCO's persons), a 1-based ``skeleton`` and OKS ``sigmas``. Half the objects
+    are figures (all with ``num_classes=0``); points are visible (``v = 2``), labelled but
+    not visible (1) or not labelled (0, written ``0, 0, 0``).
 
-    An object's ``segmentation`` is one polygon ``[[x1, y1, x2, y2, ...]]`` (2 decimals), its
-    painted pixels are exactly ``COCO.annToMask(ann)``, ``area`` is that mask's pixel count
-    (``pycocotools.mask.area``), and ``bbox`` is the tight box of the polygon; the mask's tight
-    box is within 1 pixel of it on every side (draws where a tip thinner than a pixel misses
-    every pixel centre are redrawn). Boxes of objects (and of the crowd region) are at least 2
-    pixels apart and 1 pixel inside the image; an object that finds no room is dropped, so
-    crowded settings give fewer objects than asked. A crowd
-    annotation (``iscrowd=1``) covers 3 to 8 small shapes of one class in a square region;
-    its segmentation is an *uncompressed* RLE ``{"counts": [int, ...], "size": [H, W]}`` as in
-    COCO's own crowd annotations, its ``bbox`` the mask's tight box and ``area`` its pixel
-    count. An empty image (``empty_prob``) has no annotation at all, crowd included.
-
-    The output depends only on the arguments: the same arguments give byte-identical files
-    (with the same numpy and Pillow), and image ``k`` does not depend on ``num_images`` (each
-    image draws from its own generator, ``SeedSequence(seed, spawn_key=(k,))``). JPEG images
-    are written at quality 95 without chroma subsampling, so the painted colours survive up to
-    small ringing at edges; use ``"png"`` for exact pixels. Directories are created as needed;
-    existing files with the names written are overwritten, other files are left alone.
+    The same arguments give byte-identical files, and image ``k`` does not depend on
+    ``num_images``. JPEGs are written at quality 95; use ``"png"`` for exact pixels.
 
     Args:
         root: Output directory.
@@ -156,18 +124,14 @@ def make_synthetic_coco(
             too with ``keypoints=True`` (figures only).
         seed: Non-negative seed; different seeds give different data.
         min_objects: Fewest objects per non-empty image (at least 0).
-        max_objects: Most objects per image; the count is uniform in
-            ``[min_objects, max_objects]``.
+        max_objects: Most objects per image (the count is uniform in between).
         object_size: ``(low, high)`` range of an object's size as a fraction of
-            ``min(H, W)`` (the diameter of the shape's outline before stretching),
-            ``0 < low <= high <= 1``; never below 10 pixels (or the image), so that the
-            shapes of small images stay recognisable.
+            ``min(H, W)``, ``0 < low <= high <= 1``; never below 10 pixels (or the image).
         image_format: ``"jpg"`` (fast to decode) or ``"png"`` (lossless).
         crowd_prob: Probability that a non-empty image also gets one crowd annotation.
         empty_prob: Probability that an image has no objects (and no crowd).
-        category_ids: K distinct positive category ids, in class order (``SYNTHETIC_CLASSES``
-            order); non-contiguous or unsorted ids are fine. Default ``1..K``. With
-            ``keypoints=True``, K + 1 ids, the figure's last (default ``K + 1``).
+        category_ids: K distinct positive category ids, in class order (default ``1..K``);
+            with ``keypoints=True``, K + 1, the figure's last.
         keypoints: Draw figures with key points and write a keypoint file (see above).
         progress: Show a tqdm progress bar (on stderr); None shows it from 200 images on.
 
@@ -176,8 +140,7 @@ def make_synthetic_coco(
 
     Raises:
         TypeError: When an argument has the wrong type.
-        ValueError: When an argument is out of range (too many classes, sizes below 16,
-            probabilities outside [0, 1], ``max_objects < min_objects``, bad category ids...).
+        ValueError: When an argument is out of range.
 
     Examples:
         >>> import json, tempfile

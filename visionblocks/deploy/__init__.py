@@ -1,13 +1,5 @@
 """Export a model to a deployable file and check the file against the eager model.
 
-`export_model` writes a ``torch.export`` program (``.pt2``, `torch.export.save`) or an ONNX
-file (``torch.onnx.export(..., dynamo=True)``), with a dynamic batch size and, optionally,
-dynamic image height and width (multiples of the model's largest stride). It then runs the
-written file once on the example input (`torch.export.load` for ``.pt2``, onnxruntime on the
-CPU for ONNX) and reports the largest absolute difference from the eager output, and the
-file's size. When the export fails, it finds the innermost submodule whose own export fails
-and names it (`ExportError`), so the message says which part of the model to change.
-
 ``visionblocks export CONFIG_OR_CHECKPOINT --format onnx|pt2 --out FILE`` is the command-line
 form (`load_for_export` builds the model and loads its weights).
 """
@@ -71,10 +63,8 @@ class ExportResult:
         format: ``"onnx"`` or ``"pt2"``.
         size_bytes: Its size.
         max_abs_diff: Largest absolute difference between the file's outputs and the eager
-            outputs on the example input (over every output tensor; integer outputs too).
-            Padded detections whose rows differ only in the order of equal-scored
-            detections (NMS may order exact ties either way) are compared row with matching
-            row.
+            outputs on the example input (every output tensor; padded detections that differ
+            only in the order of tied scores are compared row with matching row).
         outputs: Number of output tensors compared.
     """
 
@@ -123,15 +113,17 @@ def export_model(
 
     The batch size is dynamic; with ``dynamic_hw`` the height and width are too (multiples
     of ``stride``). Give an example of at least 2 images and, with ``dynamic_hw``, of a size
-    that is a multiple of ``stride``, at least twice it: ``torch.export`` would fix a size of
-    1 (or one stride) as a constant. The model is put in eval mode (and put back afterwards).
+    that is a multiple of ``stride``, at least twice it (``torch.export`` would fix a size
+    of 1 as a constant). The written file is run once on ``example`` (`torch.export.load`,
+    or onnxruntime on the CPU); a failed export names the innermost submodule whose own
+    export fails (`ExportError`).
 
     Args:
         model: The module; called as ``model(example)``.
         example (Tensor[B, C, H, W]): An input the model accepts.
         path: The file to write (parent folders are created).
-        format: ``"onnx"`` (``torch.onnx.export(dynamo=True)``, checked with onnxruntime on
-            the CPU) or ``"pt2"`` (`torch.export.save`, checked with `torch.export.load`).
+        format: ``"onnx"`` (``torch.onnx.export(dynamo=True)``) or ``"pt2"``
+            (`torch.export.save`).
         dynamic_hw: Make height and width dynamic as well as the batch size.
         stride: The largest stride of the model: dynamic sizes are multiples of it.
         kwargs: Keyword arguments of every call (exported as constants), e.g.
@@ -144,10 +136,9 @@ def export_model(
     Raises:
         TypeError: ``model`` not a module or ``example`` not a tensor.
         ValueError: An unknown ``format``, an example that is not a ``(B, C, H, W)`` uint8 or
-            floating-point batch, a batch of one image, a ``stride`` below 1, or (with
-            ``dynamic_hw``) a size that is not a multiple of ``stride`` or is below twice it.
-        ExportError: The export failed; the message names the innermost submodule whose
-            export fails and says what to do.
+            floating-point batch of 2 or more, a ``stride`` below 1, or a size that does not
+            fit ``stride`` (see above).
+        ExportError: The export failed (the message names the submodule).
         ImportError: ``format="onnx"`` without ``onnx``, ``onnxscript`` or ``onnxruntime``.
 
     Examples:
@@ -218,8 +209,7 @@ def export_model(
 
 def export_kwargs(model: nn.Module) -> dict[str, Any]:
     """The keyword arguments that select ``model``'s export form: ``{"padded": True}`` when
-    its ``forward`` takes ``padded`` (a `visionblocks.models.Detector`: fixed-size outputs
-    instead of a list of per-image dicts), else none.
+    its ``forward`` takes ``padded`` (a `visionblocks.models.Detector`), else none.
 
     Examples:
         >>> export_kwargs(torch.nn.Identity())
@@ -251,12 +241,11 @@ def load_for_export(
 ) -> nn.Module:
     """Build the model a config or checkpoint file describes, with its weights loaded.
 
-    ``source`` is either a JSON config (a ``MODELS.build`` config, or ``{"model": config,
-    "weights": path}`` with the weights' path relative to the config file), or a checkpoint
-    (a ``torch.save`` dict) holding the config under ``"config"`` and the state dict under
-    ``"model"`` or ``"state_dict"``. ``weights`` (a checkpoint path) overrides the weights the
-    source names. Weights load with `visionblocks.weights.load_partial` (every parameter of
-    the model must load).
+    ``source`` is a JSON config (a ``MODELS.build`` config, or ``{"model": config,
+    "weights": path}``, the path relative to the config file) or a ``torch.save`` checkpoint
+    with the config under ``"config"`` and the state dict under ``"model"`` or
+    ``"state_dict"``. ``weights`` overrides the weights the source names; every parameter
+    must load (`visionblocks.weights.load_partial`).
 
     Returns:
         nn.Module: The model, in eval mode.

@@ -33,11 +33,9 @@ DETECTIONS = ("boxes", "scores", "labels", "num_detections")
 
 
 def detections_diff(ours: Sequence[Tensor], expected: Sequence[Tensor]) -> float | None:
-    """Largest difference between two sets of padded detections (`visionblocks.models.
-    Detector` with ``padded=True``) that pairs rows regardless of their order among equal
-    scores: each row is compared with its closest row of the other side that has the same
-    label and a score within 1e-4 (NMS may order exactly tied detections either way).
-    ``None`` when the outputs are not padded detections of equal shapes."""
+    """Largest difference between two sets of padded detections, each row compared with its
+    closest row of the same label and a score within 1e-4 (NMS may order ties either way);
+    ``None`` when they are not padded detections of equal shapes."""
     if len(ours) != 4 or len(expected) != 4:
         return None
     ours = [torch.as_tensor(v) for v in ours]
@@ -143,9 +141,8 @@ def locate(
 
 @contextmanager
 def quiet_exporters() -> Iterator[None]:
-    """Silence the exporters' notes to their own developers (deprecations inside
-    torchvision's NMS registration, onnx_ir's attribute-type defaults, axis renaming); errors
-    and every other warning still show."""
+    """Silence the exporters' notes to their own developers; errors and other warnings
+    still show."""
     notes = logging.getLogger("onnx_ir")
     level = notes.level
     notes.setLevel(logging.ERROR)

@@ -1,8 +1,5 @@
 """Private machinery of `visionblocks.features`: hooks that capture module outputs and stop
-the forward early, the construction dry run, and the partial module tree of a getter.
-
-Nothing here is public; `visionblocks.features` documents the behaviour.
-"""
+the forward early, the construction dry run, and the partial module tree of a getter."""
 
 from __future__ import annotations
 
@@ -20,9 +17,7 @@ __all__: list[str] = []
 
 
 _ACTIVE = threading.local()
-"""``_ACTIVE.captures``: the captures running in this thread (innermost last). Hooks act only
-for a capture of their own thread, so the model can run elsewhere (other threads, other
-getters) while a getter's hooks are attached."""
+"""``_ACTIVE.captures``: the captures running in this thread (innermost last)."""
 
 
 def _active_captures() -> list[object]:
@@ -33,18 +28,12 @@ def _active_captures() -> list[object]:
 
 
 class _StopForward(BaseException):
-    """Raised from the hook of the last requested module to end the forward early.
-
-    Derives from ``BaseException`` so that a model's own ``except Exception`` cannot swallow it.
-    Each `capture` catches only its own instance, so getters nested in getters work.
-    """
+    """Raised from the hook of the last requested module to end the forward early (a
+    ``BaseException``, which a model's ``except Exception`` does not swallow)."""
 
 
 def resolve_modules(model: nn.Module, names: Iterable[str], arg: str) -> dict[str, nn.Module]:
-    """Map dotted module names to the submodules of ``model``; unknown names raise.
-
-    Shared modules are found under every name they are registered under.
-    """
+    """Map dotted module names to the submodules of ``model``; unknown names raise."""
     modules = dict(model.named_modules(remove_duplicate=False))
     found: dict[str, nn.Module] = {}
     problems = []
@@ -81,8 +70,7 @@ def capture(
     """Run ``model(*args, **kwargs)`` and keep the first output of every target module.
 
     With ``stop=True`` the forward ends as soon as every target has produced an output (the
-    model's return value is then ``None``). Hooks exist only during the call, and act only in
-    the calling thread: the same model running in another thread meanwhile is not affected.
+    return value is then ``None``). The hooks act only in the calling thread.
     """
     by_module: dict[int, tuple[nn.Module, list[str]]] = {}
     for name, module in targets.items():
@@ -156,10 +144,7 @@ def tensors_in(value: Any) -> list[torch.Tensor]:
 
 
 def graph_leaves(outputs: Iterable[Any]) -> set[int] | None:
-    """ids of the leaf tensors (parameters) the outputs' autograd graph reaches.
-
-    ``None`` when no output has a graph at all (the forward ran without autograd).
-    """
+    """ids of the leaf tensors the outputs' autograd graph reaches (None: no graph)."""
     tensors = [t for out in outputs for t in tensors_in(out)]
     if not any(t.requires_grad for t in tensors):
         return None
@@ -188,12 +173,8 @@ class DryRun:
 
 
 def dry_run(model: nn.Module, targets: Mapping[str, nn.Module], args: Sequence[Any]) -> DryRun:
-    """Run the model (eval mode, autograd on for every parameter) until every target ran.
-
-    Records the modules whose forward started before the stop (and whether autograd was on
-    when they did) and the parameters the captured outputs depend on. The model's modes and
-    ``requires_grad`` flags are restored.
-    """
+    """Run the model (eval mode, autograd on for every parameter, restored afterwards) until
+    every target ran: the modules that started and the parameters the outputs depend on."""
     executed: set[int] = set()
     without_grad: set[int] = set()  # modules that ran under torch.no_grad() in the forward
 
@@ -252,13 +233,8 @@ def dry_run(model: nn.Module, targets: Mapping[str, nn.Module], args: Sequence[A
 
 
 class MirrorChildren:
-    """Mixin for modules that hold children of other modules (``self._originals``).
-
-    Replacing a child (``setattr``, ``add_module``, as ``nn.SyncBatchNorm.
-    convert_sync_batchnorm`` does) replaces it in every original that holds the old child
-    under that name too, so a forward that runs an original runs the new module. Set the
-    originals with ``object.__setattr__(self, "_originals", (...))``.
-    """
+    """Mixin for modules that hold children of other modules (``self._originals``): a child
+    replaced here (``convert_sync_batchnorm``) is replaced in the originals too."""
 
     _originals: tuple[nn.Module, ...] = ()
 
@@ -286,12 +262,8 @@ class MirrorChildren:
 
 
 class _Partial(MirrorChildren, nn.Module):
-    """Stands in for a module of which only a part runs before the getter stops.
-
-    Holds the kept parameters, buffers and children of the original under the original
-    names, so that state-dict keys match the model's. It is never called; a child replaced
-    in it is replaced in the original too.
-    """
+    """Stands in (never called) for a module of which only a part runs before the getter
+    stops, holding the kept parts under the original names."""
 
     def __init__(self, like: nn.Module, original: nn.Module | None = None) -> None:
         super().__init__()

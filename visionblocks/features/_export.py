@@ -1,18 +1,6 @@
-"""Private machinery of `visionblocks.features`: the traced capture path of a getter.
-
-Under ``torch.export`` (strict and non-strict), ``torch.compile``, ``torch.jit.trace`` and
-``torch.fx`` symbolic tracing, `IntermediateLayerGetter` runs no hooks and raises no early
-stop. It calls a plain function instead: the model's ``forward`` traced by ``torch.fx`` once
-when the getter is built (the requested modules are leaves of the trace, so their first call
-is a node of the graph), with the graph's output replaced by the requested outputs and dead
-code eliminated (nothing after the last requested output runs). The function takes the live
-model as its first argument, so it always runs the model's current modules and tensors.
-
-A model ``torch.fx`` cannot trace (data-dependent Python control flow, say) has no such
-function: non-strict ``torch.export`` then runs the hooks without the early stop (the model's
-tail is left out of the exported graph as dead code), and the other tracers run the eager
-path. Nothing here is public; `visionblocks.features` documents the behaviour.
-"""
+"""Private machinery of `visionblocks.features`: the traced capture path of a getter (the
+model's ``forward`` traced by ``torch.fx`` with the requested modules as leaves, its output
+replaced by theirs; the function takes the live model as its first argument)."""
 
 from __future__ import annotations
 
@@ -24,7 +12,7 @@ from typing import Any
 import torch
 from torch import fx, nn
 
-from visionblocks._core.recording import recording
+from visionblocks._core.dispatch import recording
 
 __all__: list[str] = []
 
@@ -83,11 +71,8 @@ def _all_in_mode(model: nn.Module, mode: bool) -> Iterator[None]:
 def trace_outputs(
     model: nn.Module, targets: Mapping[str, nn.Module], names: Sequence[str]
 ) -> TracedForward | None:
-    """``forward(model, *args)`` returning the outputs of ``targets[name]`` for each name.
-
-    ``None`` when ``torch.fx`` cannot trace the model, a requested module is not called in the
-    trace, or the trace would have to store a tensor constant on the model.
-    """
+    """``forward(model, *args)`` returning the outputs of ``targets[name]`` for each name;
+    ``None`` when ``torch.fx`` cannot trace the model so."""
     modules = dict(model.named_modules(remove_duplicate=False))
     holders = set()
     for name in names:
@@ -131,11 +116,7 @@ def trace_outputs(
 def trace_modes(
     model: nn.Module, targets: Mapping[str, nn.Module], names: Sequence[str]
 ) -> dict[bool, TracedForward | None]:
-    """The traced forward for eval mode (``False``) and training mode (``True``).
-
-    Each is traced with every module in that mode (a ``forward`` may branch on
-    ``self.training``); the model's modes are restored.
-    """
+    """The traced forward for eval mode (``False``) and training mode (``True``)."""
     traced = {}
     for mode in (False, True):
         with _all_in_mode(model, mode):

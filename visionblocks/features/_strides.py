@@ -85,11 +85,8 @@ def check_run(
     size: tuple[int, ...],
     shapes: Mapping[Any, tuple[int, ...]],
 ) -> dict[Any, tuple[tuple[int, int], tuple[int, int]]]:
-    """A second dry run, when a size ratio is not a power of two, on sizes that divide well.
-
-    Returns ``{name: (check input (H, W), check output (H, W))}``; empty when no check was
-    needed or the model rejects the check size (a fixed-size model).
-    """
+    """``{name: (check input (H, W), check output (H, W))}`` of a second dry run when a
+    size ratio is not a power of two (empty when not needed or refused)."""
     ratios = [i / o for shape in shapes.values() for i, o in zip(size[1:], shape[2:])]
     if all(_is_power_of_two(r) or r < 1 for r in ratios):
         return {}

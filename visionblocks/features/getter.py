@@ -82,97 +82,45 @@ class IntermediateLayerGetter(MirrorChildren, nn.Module):
     """Return the outputs of named submodules of a model, as its ``forward`` computes them.
 
     Calling the getter runs ``model(*args, **kwargs)`` with forward hooks on the requested
-    modules and stops the forward as soon as every requested output has been captured, so
-    nothing after the last requested output (in execution order) is computed. The hooks exist
-    only during the call; ``model`` itself is never modified and stays usable.
+    modules (for the calling thread only) and stops the forward once every requested output
+    is captured; ``model`` itself is never modified. Under ``torch.export.export`` (strict
+    and non-strict, and so ``torch.onnx.export(..., dynamo=True)``), ``torch.compile``,
+    ``torch.jit.trace`` and ``torch.fx`` it instead runs ``model.forward`` traced by
+    ``torch.fx`` at construction (per mode) with the requested modules as leaves, truncated
+    at their outputs: the eager outputs, with dynamic batch and image size where the model
+    allows it (Python control flow is fixed at construction). For a model ``torch.fx``
+    cannot trace, non-strict export runs the hooks without the early stop, strict export
+    raises, and the other tracers use the eager path.
 
-    **Capture paths.** Eager calls use the hooks. Under ``torch.export.export`` (strict and
-    non-strict, and so ``torch.onnx.export(..., dynamo=True)``), ``torch.compile``,
-    ``torch.jit.trace`` and ``torch.fx`` tracing, the getter instead calls a plain function
-    made at construction: ``model.forward`` traced by ``torch.fx`` (once per mode, every
-    module in eval, then in training mode) with the requested modules as leaves, its output
-    replaced by their first calls' outputs and the rest dead-code eliminated. It runs the
-    model's current modules and tensors (nothing is copied: ``state_dict()``, ``.to()`` and
-    replaced children act on it too) and gives the eager outputs; an exported program holds
-    exactly the getter's parameters, and the batch size and image size can be dynamic where
-    the model allows it. Python control flow in ``forward`` is fixed at construction, as in
-    any ``torch.fx`` trace. For a model ``torch.fx`` cannot trace, non-strict export runs the
-    hooks without the early stop (the tail is dead code in the exported graph), strict export
-    raises (use ``strict=False``), and the other tracers use the eager path.
-
-    **Parameters, buffers and state dict.** At construction a dry run of ``model`` (in eval
-    mode, the modes and ``requires_grad`` flags restored afterwards) on ``example_input``, or on
-    zeros of shape ``(1, *input_size)``, finds the modules that run before the stop and the
-    parameters the requested outputs depend on. The getter registers exactly those, under their
-    original names: ``parameters()`` holds no parameter that gets no gradient from the
-    outputs (so ``DistributedDataParallel`` needs no ``find_unused_parameters``), and
-    ``state_dict()`` keys are the model's own keys (``layer1.0.conv1.weight``), a subset of
-    ``model.state_dict()``. For top-level names of a chain-like model this is exactly what
-    torchvision's getter holds: the children up to the last requested one. A module of which
-    only a part runs (the container of a nested name) is registered as a ``[partial]`` stand-in
-    holding the parts that run. Frozen parameters (``requires_grad=False``) of modules that run
-    are kept, and so are the parameters of modules that run under ``torch.no_grad()`` in the
-    model's forward. Trainable parameters of modules that run with autograd on but reach no
-    requested output (a side branch computed before the stop, or one whose result the model
-    ``.detach()``-es) are not registered, but still follow ``.to()`` / ``.half()``.
-
-    The getter shares these modules with ``model``: ``.to()``, ``.train()`` / ``.eval()``,
-    ``load_state_dict`` and optimiser steps on the getter act on them (modules that never run
-    before the stop are left alone), and a child replaced in the getter's tree (by
-    ``nn.SyncBatchNorm.convert_sync_batchnorm``, say) is replaced in ``model`` too, so the
-    forward runs it.
-
-    **Threads and parallelism.** The hooks act only for the thread that calls the getter:
-    the model (or another getter on it) can run in other threads at the same time.
-    ``DistributedDataParallel``, ``torch.compile`` (``fullgraph=True`` too), ``torch.export``
-    and ``torch.jit.trace`` work (see *Capture paths*); ``nn.DataParallel`` raises (its
-    replicas would all run the original model).
-
-    **Conventions.** A module that runs several times in one forward (a reused activation, a
-    shared block) gives the output of its *first* call, as ``torch.fx`` names the first call of
-    a module after the module (the stop comes once every requested module ran once). A module
-    registered under several names can be requested under any of them. The set of modules is
-    fixed by the dry run: a model whose forward takes other branches for other inputs or in
-    training mode may run modules the getter does not hold (build torchvision's Inception with
-    ``aux_logits=False``, say); if a requested module does not run at all, the call raises.
-    Outputs are the tensors the modules returned: a later in-place op of the model (a
-    ``ReLU(inplace=True)`` after a requested norm) changes them, as with torchvision's getter.
+    A dry run at construction finds the modules that run before the stop and the parameters
+    the outputs depend on; the getter registers exactly those (shared with ``model``), under
+    their original names, so no parameter goes without a gradient and ``state_dict()`` keys
+    are a subset of the model's. A module that runs several times gives the output of its
+    *first* call. ``nn.DataParallel`` raises.
 
     **Differences from torchvision's** ``torchvision.models._utils.IntermediateLayerGetter``.
-    On chain-like models (ResNets, ``nn.Sequential``) and top-level names, the outputs (values
-    and keys), ``named_children()``, ``named_parameters()``, ``state_dict()`` keys (a state
-    dict of either loads into the other), the ``return_layers`` attribute, the positional
-    ``(model, return_layers)`` constructor and the ``ValueError`` for a missing name (its
-    message starts with torchvision's "return_layers are not present in model") are
-    torchvision's. The differences:
+    On chain-like models and top-level names, outputs, children, parameters, ``state_dict()``
+    keys, the constructor and the ``ValueError`` for a missing name are torchvision's. The
+    differences:
 
-    - It is not an ``nn.ModuleDict`` (``isinstance(getter, nn.ModuleDict)`` is False; its
-      children are a selection of the model's, kept in sync with it, so ModuleDict's mutating
-      methods ``update``/``pop``/``clear``/``getter[name] = m`` are not offered). Read access
-      is the same: ``getter["layer1"]``, ``len(getter)``, iteration, ``in``, ``keys()``,
-      ``items()``, ``values()``.
+    - It is not an ``nn.ModuleDict``: read access is the same (``getter["layer1"]``,
+      ``len``, iteration, ``in``, ``keys()``, ``items()``, ``values()``), mutation is not.
     - Outputs come in ``return_layers`` order; torchvision's come in the model's child order.
-      The two agree whenever ``return_layers`` lists the layers in model order.
     - It runs ``model.forward``, so functional code between children (a ``torch.flatten``,
       a skip connection) takes part; torchvision chains the children and skips it. Children
-      that do not run before the last requested output are not held (torchvision holds every
-      child up to the last requested one, and runs it).
+      that do not run before the last requested output are not held.
     - A list of names, nested names (``"layer4.1.conv2"``) and any forward arguments are
       accepted; an empty ``return_layers`` raises ``ValueError`` (torchvision returns ``{}``).
-    - The getter's own ``training`` flag starts as the model's (torchvision's starts True; the
-      shared children keep their own flags in both).
+    - The getter's own ``training`` flag starts as the model's (torchvision's starts True).
 
     Args:
         model: Any ``nn.Module``; it is called with the getter's arguments.
-        return_layers: ``{module name: output name}`` or a list of module names (output name =
-            module name). Names are as in ``model.named_modules()``: top-level (``"layer1"``)
-            or dotted (``"layer4.1.conv2"``, ``"features.3"``).
-        example_input: Input for the construction dry run: one argument (a tensor, a list of
-            tensors, ...) or a tuple of positional arguments. Default: zeros of shape
-            ``(1, *input_size)`` on the model's device and dtype.
-        input_size: ``(C, H, W)`` of the default dry-run input, ``(3, 224, 224)`` if not given.
-            A small size (e.g. ``(3, 64, 64)``) makes construction cheaper where the model
-            allows it.
+        return_layers: ``{module name: output name}`` or a list of module names, as in
+            ``model.named_modules()`` (``"layer1"``, ``"layer4.1.conv2"``).
+        example_input: Input for the construction dry run: one argument or a tuple of
+            positional arguments. Default: zeros of shape ``(1, *input_size)``.
+        input_size: ``(C, H, W)`` of the default dry-run input, ``(3, 224, 224)`` if not given
+            (a smaller one makes construction cheaper).
 
     Shape:
         - Input: whatever ``model`` takes, e.g. ``(B, C, H, W)``.
@@ -182,11 +130,9 @@ class IntermediateLayerGetter(MirrorChildren, nn.Module):
     Raises:
         TypeError: ``model`` is not an ``nn.Module`` or ``return_layers`` is neither a dict nor
             a list of names.
-        ValueError: A name is not a submodule (the message lists close names), names or output
-            names repeat, both ``example_input`` and ``input_size`` are given, a requested
-            module does not run in the dry run, the dry run fails (the message says why;
-            pass an ``example_input`` or ``input_size`` the model accepts), or
-            ``input_size`` is too large (more than 65,536 channels or 16,384 pixels a side).
+        ValueError: A name is not a submodule (close names listed), names repeat, both
+            ``example_input`` and ``input_size`` are given, a requested module does not run
+            in the dry run, the dry run fails, or ``input_size`` is too large.
         RuntimeError: At call time, a requested module did not run.
 
     Examples:

@@ -10,16 +10,12 @@ from torch import nn
 
 from visionblocks._core.checks import check_type
 from visionblocks._core.namespace import public_dir
-from visionblocks.features._capture import (
-    resolve_modules,
-)
+from visionblocks.features._capture import resolve_modules
 from visionblocks.features._strides import check_run, measure, stride
-from visionblocks.features.getter import check_input_size
+from visionblocks.features.getter import _DEFAULT_INPUT_SIZE, check_input_size
 
 __all__ = ["feature_info"]
 __dir__ = public_dir(__name__, __all__)
-
-_DEFAULT_INPUT_SIZE = (3, 224, 224)
 
 
 def feature_info(
@@ -29,28 +25,20 @@ def feature_info(
 ) -> list[dict[str, Any]]:
     """Measure the channels and stride of a model's features with one dry run.
 
-    Runs ``model`` on zeros of shape ``(1, *input_size)`` (on the model's device and dtype)
-    under ``torch.no_grad()`` in eval mode; every module's mode is restored afterwards. Nothing
-    is read from hand-written tables. What ``layers`` refers to depends on what ``model``
+    Runs ``model`` on zeros of shape ``(1, *input_size)`` under ``torch.no_grad()`` in eval
+    mode (modes restored afterwards). What ``layers`` refers to depends on what ``model``
     returns:
 
-    - a dict (an `IntermediateLayerGetter`, a backbone): its keys;
-    - a list or tuple (timm ``features_only`` models): indices into it;
-    - anything else: module names as in ``model.named_modules()`` (nested names allowed),
-      whose outputs are captured by forward hooks (first call, as in the getter).
+    a dict (an `IntermediateLayerGetter`, a backbone): its keys; a list (timm
+    ``features_only`` models): indices; anything else: module names (their first call's
+    output). ``layers=None`` takes every 4-D entry of the output, or else every top-level
+    child with a 4-D output, in execution order.
 
-    ``layers=None`` takes every 4-D entry of a dict or list output, or else every top-level
-    child whose output is a 4-D tensor, in execution order (a global pooling layer shows up
-    with stride ``H``).
-
-    **Stride** is ``input H / output H`` and must equal ``input W / output W``. It is exact
-    when ``H`` and ``W`` are divisible by the model's total stride (224 = 7 * 32 suits
-    stride-32 networks; a smaller size such as 64 is cheaper). When a ratio is not a power of
-    two (resnet's ``layer4`` maps 100 pixels to 4: ratio 25, stride 32), a second dry run on
-    sizes rounded up to a multiple of 256 settles it: a power-of-two ratio there is the
-    stride, otherwise the first ratio stands (a stride-3 pool, a patch-14 ViT). A model that
-    rejects the second size (fixed input) gets the ratio snapped to the power of two whose
-    rounding gives the output size. The stride is an ``int`` when it is a whole number and a
+    **Stride** is ``input H / output H`` and must equal ``input W / output W`` (exact when
+    ``H`` and ``W`` are divisible by the model's total stride). A ratio that is not a power
+    of two is settled by a second dry run on sizes rounded up to a multiple of 256 (a
+    power-of-two ratio there is the stride, else the first ratio stands; a fixed-size model
+    gets the power of two whose rounding gives the output size). An ``int`` when whole, a
     ``float`` otherwise (``0.5`` for an upsampled output).
 
     Args:
@@ -64,10 +52,9 @@ def feature_info(
 
     Raises:
         TypeError: ``model`` is not an ``nn.Module``.
-        ValueError: ``input_size`` is not 3 positive ints (or too large: more than 65,536
-            channels or 16,384 pixels a side), a layer is unknown (the message lists close
-            names) or repeated, a requested feature is not a 4-D tensor, or its H and W
-            strides differ.
+        ValueError: ``input_size`` is not 3 positive ints (or too large), a layer is unknown
+            (close names listed) or repeated, a feature is not 4-D, or its H and W strides
+            differ.
 
     Examples:
         >>> import torchvision

@@ -1,8 +1,5 @@
 """Private helpers of `visionblocks.init`: reaching a module's weight, its group-aware fans,
-and the argument checks the initializers share.
-
-Kept apart so `visionblocks.init` holds only the public initializers.
-"""
+and the argument checks the initializers share."""
 
 from __future__ import annotations
 
@@ -60,11 +57,7 @@ def weight_of(module: nn.Module, caller: str) -> Tensor:
 
 
 def check_number(name: str, value: object) -> float:
-    """Return ``value`` as a float; raise unless it is a finite real number (bool excluded).
-
-    An infinite mean, bound, gain or fill value would fill the weight with ``inf``/NaN (or
-    make torch's samplers fail), so it is refused like NaN.
-    """
+    """Return ``value`` as a float; raise unless it is a finite real number (bool excluded)."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"{name} must be a real number, got {type(value).__name__} ({value!r})")
     value = float(value)
@@ -82,14 +75,9 @@ TRUNCATION_MIN_ACCEPTANCE = 1e-3
 
 
 def check_truncation(mean: float, std: float, a: float, b: float) -> None:
-    """Raise ``ValueError`` when ``N(mean, std**2)`` truncated to ``[a, b]`` cannot be sampled.
-
-    ``torch.nn.init.trunc_normal_`` draws by rejection; when ``[a, b]`` lies far from the mean
-    its loop practically never ends (``mean=100, a=-2, b=2``), and a float32 tail can make it
-    return the bound itself. Refused: an interval more than `TRUNCATION_MAX_DISTANCE` std
-    away from the mean, or one where torch's proposals would be accepted less often than
-    `TRUNCATION_MIN_ACCEPTANCE`. Arguments are finite, ``std > 0`` and ``a < b``.
-    """
+    """Raise ``ValueError`` when ``N(mean, std**2)`` truncated to ``[a, b]`` cannot be sampled
+    by ``torch.nn.init.trunc_normal_``'s rejection loop (farther than
+    `TRUNCATION_MAX_DISTANCE` std, or accepted less often than `TRUNCATION_MIN_ACCEPTANCE`)."""
     lo, hi = (a - mean) / std, (b - mean) / std  # the interval in std units
     distance = max(lo, -hi, 0.0)
     rate = 1.0
@@ -116,14 +104,7 @@ def fill_bias(module: nn.Module, bias: float | None) -> None:
 
 
 def module_fans(module: nn.Module, caller: str) -> tuple[int, int]:
-    """Group-aware ``(fan_in, fan_out)`` of ``module.weight``.
-
-    Weight layouts: ``(out, in, *k)`` for Linear-like layers, ``(out, in / groups, *k)`` for
-    convolutions and ``(in, out / groups, *k)`` for transposed convolutions (modules with a
-    true ``transposed`` attribute). A module with an integer ``groups`` attribute is treated
-    as a convolution. Each fan counts the connections one weight really has:
-    ``fan_in = in / groups * prod(k)`` and ``fan_out = out / groups * prod(k)``.
-    """
+    """`visionblocks.init.compute_fans`, with errors naming ``caller``."""
     weight = weight_of(module, caller)
     kind = type(module).__name__
     if weight.dim() < 2:
@@ -152,10 +133,8 @@ def module_fans(module: nn.Module, caller: str) -> tuple[int, int]:
 
 
 def draw_zero_mean(weight: Tensor, std: float, distribution: str) -> None:
-    """Fill ``weight`` from ``N(0, std**2)`` or ``U(-sqrt(3) * std, sqrt(3) * std)``.
-
-    Same arithmetic and RNG use as ``torch.nn.init.kaiming_normal_``/``kaiming_uniform_``.
-    """
+    """Fill ``weight`` from ``N(0, std**2)`` or ``U(-sqrt(3) * std, sqrt(3) * std)``, as
+    ``torch.nn.init.kaiming_normal_``/``kaiming_uniform_`` do."""
     if not weight.numel():  # a zero fan would divide by zero upstream; nothing to fill
         return
     with torch.no_grad():

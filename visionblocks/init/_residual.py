@@ -19,24 +19,19 @@ __all__ = ["zero_init_last_norm"]
 def zero_init_last_norm(model: nn.Module) -> list[str]:
     """Zero the scale of the last norm layer in every residual block, in place.
 
-    Each residual branch then starts as the zero function, so every block starts as its
-    shortcut (Goyal et al., 2017). Only the norm's ``weight`` is zeroed, as torchvision's
-    ``zero_init_residual`` and timm do; its bias is left alone. Blocks are found by walking
-    ``model.named_modules()`` (the model itself included); for each module the first of these
-    that applies is used:
+    Every block then starts as its shortcut (Goyal et al., 2017). Only the norm's ``weight``
+    is zeroed, as torchvision's ``zero_init_residual`` does. For each module of
+    ``model.named_modules()`` (the model itself included), the first of these that applies:
 
     1. A callable ``zero_init_last()`` method is called. timm's residual blocks
        (ResNet, ResNetV2, RegNet, CSPNet, ...) define it; so may ours.
     2. A ``last_norm`` attribute naming the norm of the residual branch: a (dotted)
        submodule name such as ``"bn2"`` (a class attribute is enough), or the norm module
-       itself (best as a property, so ``state_dict`` holds it once). Its ``weight`` is
-       zeroed. This is the protocol for visionblocks blocks and your own.
-    3. torchvision's ``BasicBlock`` (``bn2``) and ``Bottleneck`` (``bn3``), used by resnet,
-       resnext and wide_resnet.
+       itself. This is the protocol for visionblocks blocks and your own.
+    3. torchvision's ``BasicBlock`` (``bn2``) and ``Bottleneck`` (``bn3``).
 
     Registered in ``INITIALIZERS`` as ``zero_init_last_norm`` (alias ``zero_last_norm``), a
-    block initializer: the rule ``{"type": "zero_init_last_norm"}`` of `init_weights`
-    applies it to the whole model after the weight rules, and ``layer``/``name`` scope it.
+    block initializer of `init_weights`.
 
     Args:
         model: Any module.

@@ -17,10 +17,8 @@ from visionblocks.init._fans import has_weight
 __all__ = ["BLOCK_INITIALIZER", "apply_rules"]
 
 BLOCK_INITIALIZER = "_vb_block_initializer"
-"""Attribute set (True) on initializers that act on whole blocks, not on one layer's weight:
-their rules match any module (not only modules with a weight), the model itself when the
-rule has no ``layer`` or ``name``, and run after the weight rules. Such an initializer
-returns the names (relative to the module it got) of the blocks it changed."""
+"""Attribute set (True) on initializers that act on whole blocks, not on one layer's weight
+(see `visionblocks.init.init_weights`); they return the names of the blocks they changed."""
 
 _RESERVED = ("type", "layer", "name")
 

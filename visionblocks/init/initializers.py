@@ -45,16 +45,11 @@ def _check_bias(bias: float | None) -> float | None:
 
 
 def compute_fans(module: nn.Module) -> tuple[int, int]:
-    """Group-aware ``(fan_in, fan_out)`` of a module's weight.
+    """Group-aware ``(fan_in, fan_out)`` of a module's weight (see `visionblocks.init`).
 
-    Each fan counts the connections one weight really has:
-    ``fan_in = in_channels / groups * prod(kernel_size)`` and
-    ``fan_out = out_channels / groups * prod(kernel_size)``. Weight layouts:
-    ``(out, in)`` for Linear, ``(out, in / groups, *k)`` for convolutions and
-    ``(in, out / groups, *k)`` for transposed convolutions. Any module with an integer
-    ``groups`` attribute (torch convolutions, torchvision's ``DeformConv2d``) is read as a
-    convolution, and one with ``transposed=True`` as a transposed convolution. Other weights
-    of 2 or more dimensions use PyTorch's ``(out, in, *receptive_field)`` reading.
+    Any module with an integer ``groups`` attribute (torch convolutions, torchvision's
+    ``DeformConv2d``) is read as a convolution, one with ``transposed=True`` as a transposed
+    convolution; other weights use PyTorch's ``(out, in, *receptive_field)`` reading.
 
     Args:
         module: A layer with a ``weight`` tensor of at least 2 dimensions.
@@ -90,19 +85,15 @@ def kaiming_init(
 ) -> None:
     """He (Kaiming) initialisation with group-aware fans, in place.
 
-    The weight gets standard deviation ``gain / sqrt(fan)`` (``gain`` from
-    ``torch.nn.init.calculate_gain(nonlinearity, a)``, ``fan`` from `compute_fans`), drawn
-    from a normal or from ``U(-sqrt(3) * std, sqrt(3) * std)``. For ungrouped, non-transposed
-    layers this draws exactly what ``torch.nn.init.kaiming_normal_``/``kaiming_uniform_``
-    draw.
+    Standard deviation ``gain / sqrt(fan)`` (``torch.nn.init.calculate_gain(nonlinearity,
+    a)``, `compute_fans`), drawn from a normal or ``U(-sqrt(3) * std, sqrt(3) * std)``: for
+    ungrouped, non-transposed layers, exactly ``torch.nn.init.kaiming_normal_``'s draw.
 
     Args:
         module: A layer with a weight of at least 2 dimensions (Linear, Conv, ConvTranspose).
-        a: Negative slope of the rectifier (used when ``nonlinearity="leaky_relu"``).
-        mode: ``"fan_in"`` preserves the variance of the forward pass, ``"fan_out"`` that of
-            the backward pass.
-        nonlinearity: A name accepted by ``torch.nn.init.calculate_gain`` (``"relu"``,
-            ``"leaky_relu"``, ``"linear"``, ``"tanh"``, ...).
+        a: Negative slope of the rectifier (``nonlinearity="leaky_relu"``).
+        mode: ``"fan_in"`` (forward variance) or ``"fan_out"`` (backward variance).
+        nonlinearity: A name ``torch.nn.init.calculate_gain`` accepts.
         distribution: ``"normal"`` or ``"uniform"``.
         bias: Value for the bias; ``None`` leaves it untouched.
 
@@ -237,11 +228,9 @@ def trunc_normal_init(
 ) -> None:
     """Fill the weight from ``N(mean, std**2)`` truncated to ``[a, b]``, in place.
 
-    ``a`` and ``b`` are absolute bounds (as in ``torch.nn.init.trunc_normal_`` and timm), not
-    multiples of ``std``. An interval that lies (almost) entirely outside the distribution
-    (``[a, b]`` more than 6 ``std`` from ``mean``) or holds so little of it that torch's
-    sampler would need over a thousand tries per value is refused: sampling it would not end
-    (or would return the bound itself).
+    ``a`` and ``b`` are absolute bounds (as in ``torch.nn.init.trunc_normal_``), not
+    multiples of ``std``. An interval (almost) entirely outside the distribution is refused:
+    sampling it would not end.
 
     Args:
         module: A layer with a ``weight`` tensor.
@@ -308,8 +297,7 @@ def constant_init(module: nn.Module, val: float, bias: float | None = 0.0) -> No
 def c2_msra_fill(module: nn.Module) -> None:
     """Caffe2's "MSRAFill": Kaiming normal, ``mode="fan_out"``, ReLU gain; bias 0.
 
-    Same draw as fvcore's ``c2_msra_fill`` (``kaiming_normal_(mode="fan_out",
-    nonlinearity="relu")``) for ungrouped layers; with groups the fan is group-aware.
+    Same draw as fvcore's ``c2_msra_fill`` for ungrouped layers; group-aware fans.
 
     Args:
         module: A layer with a weight of at least 2 dimensions.
@@ -332,8 +320,7 @@ def c2_msra_fill(module: nn.Module) -> None:
 def c2_xavier_fill(module: nn.Module) -> None:
     """Caffe2's "XavierFill": ``U(-sqrt(3 / fan_in), sqrt(3 / fan_in))``; bias 0.
 
-    Same draw as fvcore's ``c2_xavier_fill`` (``kaiming_uniform_(a=1)``, i.e. fan_in and
-    gain 1) for ungrouped, non-transposed layers; otherwise the fan is group-aware.
+    Same draw as fvcore's ``c2_xavier_fill`` for ungrouped layers; group-aware fans.
 
     Args:
         module: A layer with a weight of at least 2 dimensions.
@@ -355,8 +342,7 @@ def c2_xavier_fill(module: nn.Module) -> None:
 def bias_init_with_prob(prior_prob: float) -> float:
     """Bias that makes ``sigmoid(bias) == prior_prob``: ``-log((1 - p) / p)``.
 
-    Used for the classifier of dense detectors (RetinaNet, FCOS) so that training starts
-    with every anchor predicting foreground with probability ``prior_prob``.
+    The classifier bias of dense detectors (RetinaNet, FCOS).
 
     Args:
         prior_prob: Prior foreground probability, in ``(0, 1)``.

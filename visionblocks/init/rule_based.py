@@ -25,29 +25,18 @@ def init_weights(
     **params}``; ``params`` go to the initializer as keywords
     (``{"type": "constant", "val": 0.5}``).
 
-    - ``layer``: a class name, a class, or a list of them. A module matches when it is an
-      instance of a given class, or when a given name is the name of its class or of one of
-      its base classes (``"Conv2d"`` also matches timm's ``Conv2dSame``; ``"_ConvNd"``
-      matches every convolution). A name that is neither a class of ``model`` nor of
-      ``torch.nn`` is a typo and raises.
-    - ``name``: a regular expression that must match the whole qualified module name
-      (``re.fullmatch``): ``"head"`` selects the module ``head`` only, ``r"head\\..*"``
-      everything under it. A name pattern that selects no module with a weight raises.
+    - ``layer``: a class, a class name (its own or a base class's: ``"Conv2d"`` also matches
+      timm's ``Conv2dSame``, ``"_ConvNd"`` every convolution), or a list of them.
+    - ``name``: a regular expression matching the whole qualified module name
+      (``r"head\\..*"``: everything under ``head``).
     - Neither: the rule matches every module with a weight.
 
-    Only modules with a ``weight`` tensor are initialised (others, and norm layers with
-    ``affine=False``, are skipped). Each module gets exactly one rule: the last one that
-    matches it (later rules win). Modules are initialised in ``named_modules()`` order, so a
-    fixed seed gives a fixed result; shared modules are initialised once.
-
-    Block initializers (``zero_init_last_norm``) act on whole residual blocks: their rules
-    run after all weight rules, on every module their ``layer``/``name`` select (a
-    ``name`` pattern may then select modules without a weight), or on the whole model when
-    the rule has neither; the report lists the blocks they changed.
-
-    Rules are checked before any weight is touched (types, keys, layer names, patterns,
-    parameter names). Parameter values are checked by the initializer itself, so an error in
-    one can stop the walk part-way; its message names the rule and the module.
+    Only modules with a ``weight`` tensor are initialised, each by the last rule that
+    matches it, in ``named_modules()`` order (a fixed seed gives a fixed result). Block
+    initializers (``zero_init_last_norm``) run after all weight rules, on every module their
+    ``layer``/``name`` select, or on the whole model. Rules are checked before any weight is
+    touched; parameter values are checked by the initializer (its error names the rule and
+    the module).
 
     Args:
         model: The model to initialise in place.
@@ -58,11 +47,9 @@ def init_weights(
         initialised, in module order, then the blocks changed by block initializers.
 
     Raises:
-        TypeError: If ``model`` is not a module, a rule is not a dict, or ``type``, ``layer``
-            or ``name`` has the wrong type.
-        ValueError: For an unknown initializer, unknown parameter keys, an unknown layer name,
-            an invalid pattern or one that selects nothing, or when an initializer rejects its
-            parameters or a matched module.
+        TypeError: If ``model`` is not a module, or a rule or its fields have the wrong type.
+        ValueError: For an unknown initializer, parameter key or layer name, an invalid
+            pattern or one that selects nothing, or an initializer rejecting its parameters.
 
     Examples:
         >>> from torch import nn
@@ -78,14 +65,6 @@ def init_weights(
         0 <- rules[0] kaiming(mode='fan_out')
         1 <- rules[1] constant(val=1.0)
         3 <- rules[2] normal(std=0.01, bias=-4.59511985013459)
-        >>> import torchvision
-        >>> resnet = torchvision.models.resnet18()
-        >>> report = init_weights(resnet, [
-        ...     {"type": "kaiming", "layer": "Conv2d"},
-        ...     {"type": "zero_init_last_norm"},  # the whole model: every residual block
-        ... ])
-        >>> report["layer1.0"], float(resnet.layer1[0].bn2.weight.detach().abs().sum())
-        ('rules[1] zero_init_last_norm()', 0.0)
     """
     check_type("model", model, nn.Module)
     return apply_rules(model, rules, INITIALIZERS)

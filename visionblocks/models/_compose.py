@@ -55,18 +55,9 @@ def _pixel_stats(name: str, values: Any, positive: bool) -> list[float]:
 
 
 class ComposedModel(nn.Module):
-    """Backbone, neck and head, with the pixel statistics the model normalises with.
-
-    The shared part of `visionblocks.models.Detector` and `visionblocks.models.Segmenter`;
-    ``head_methods`` names what the head must provide besides ``forward``.
-
-    Raises:
-        TypeError: A part is not an ``nn.Module``, the head lacks a method, ``pixel_mean`` or
-            ``pixel_std`` is not a list of numbers.
-        ValueError: ``pixel_mean`` or ``pixel_std`` is empty, not finite, has a length other
-            than the backbone's input channels (or each other's), or ``pixel_std`` has a
-            value that is not positive (every image would become inf or NaN).
-    """
+    """Backbone, neck and head, with the pixel statistics the model normalises with (the
+    shared part of `visionblocks.models.Detector` and `visionblocks.models.Segmenter`;
+    ``head_methods`` names what the head must provide besides ``forward``)."""
 
     head_methods: tuple[str, ...] = ()
 
@@ -116,16 +107,8 @@ def _part(registry: Any, cfg: Any, what: str, **defaults: Any) -> nn.Module:
 def build_parts(
     cfg: Mapping[str, Any] | None, entries: Mapping[str, Any]
 ) -> tuple[nn.Module, nn.Module, nn.Module, dict[str, Any]]:
-    """Backbone, neck and head from config entries, and the other model options.
-
-    The neck gets ``in_channels``/``strides`` from the backbone's ``feature_info``, the head
-    ``in_channels``/``strides`` from the neck's, unless the config sets them. The config is
-    not modified (ready modules in it are used as they are).
-
-    Raises:
-        TypeError: ``cfg`` or a part has the wrong type.
-        ValueError: Missing or unknown keys.
-    """
+    """Backbone, neck and head from config entries (see `visionblocks.models.build_detector`),
+    and the other model options."""
     if cfg is not None:
         check_type("cfg", cfg, Mapping)
     cfg = {**(cfg or {}), **entries}

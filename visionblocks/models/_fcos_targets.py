@@ -1,12 +1,4 @@
-"""FCOS target assignment (private; see `visionblocks.models.fcos`).
-
-Every location (the centre of a feature-map cell, in input pixels) is matched to at most one
-ground-truth box: the smallest box that contains the location (within the centre-sampling
-radius of the box centre) and whose regression extent suits the location's level.
-`match_batch` finds it for a whole batch with the blocked best-match reduction of the anchor
-assignment ops (`visionblocks.ops._assign_blocks.reduce_blocks`), block of locations by block
-of locations, so the ``(B, A, N)`` location-box matrices are never built whole.
-"""
+"""FCOS target assignment (private; the rule is `visionblocks.models.FCOSHead`'s)."""
 
 from __future__ import annotations
 
@@ -25,11 +17,8 @@ _CHUNK = 1 << 22  # location-box pairs (all images) per block of the batched mat
 def grid_locations(
     sizes: Sequence[tuple[int, int]], strides: Sequence[int], device: torch.device
 ) -> tuple[Tensor, Tensor]:
-    """Locations of all levels, concatenated: ``(A, 2)`` ``(x, y)`` and their level ``(A,)``.
-
-    Cell ``(i, j)`` of a level with stride ``s`` is at ``(j * s + s // 2, i * s + s // 2)``,
-    as in FCOS.
-    """
+    """Locations of all levels, concatenated: ``(A, 2)`` ``(x, y)`` (FCOS's cell centres)
+    and their level ``(A,)``."""
     points, levels = [], []
     for level, ((h, w), s) in enumerate(zip(sizes, strides)):
         ys = torch.arange(h, device=device, dtype=torch.float32) * s + s // 2
@@ -49,44 +38,51 @@ def match_locations(
     num_classes: int,
     center_radius: float,
 ) -> tuple[Tensor, Tensor]:
-    """Class target ``(A,)`` (``num_classes`` = background) and matched box ``(A, 4)``.
-
-    Args:
-        points (Tensor[A, 2]): Locations ``(x, y)``.
-        point_strides (Tensor[A]): Stride of each location's level.
-        point_ranges (Tensor[A, 2]): ``(low, high]`` bound on ``max(l, t, r, b)`` for the
-            location's level.
-        boxes (Tensor[N, 4]): Ground truth, XYXY.
-        labels (Tensor[N]): Their classes.
-        num_classes: The background value of the class target.
-        center_radius: Centre sampling radius in strides (``0`` or less: the whole box).
-    """
+    """Class target ``(A,)`` (``num_classes`` = background) and matched box ``(A, 4)`` of
+    each location (``point_ranges``: its level's ``(low, high]`` bound on ``max(l, t, r,
+    b)``; ``center_radius`` in strides, ``0``: the whole box)."""
     num_points = points.shape[0]
     if boxes.numel() == 0:
         background = torch.full((num_points,), num_classes, dtype=torch.long, device=points.device)
         return background, points.new_zeros(num_points, 4)
     boxes = boxes.to(points.dtype)
-    x, y = points[:, 0, None], points[:, 1, None]  # (A, 1)
-    ltrb = torch.stack(
-        [x - boxes[:, 0], y - boxes[:, 1], boxes[:, 2] - x, boxes[:, 3] - y], dim=2
-    )  # (A, N, 4)
-    inside = ltrb.min(dim=2).values > 0
-    if center_radius > 0:
-        cx, cy = (boxes[:, 0] + boxes[:, 2]) / 2, (boxes[:, 1] + boxes[:, 3]) / 2
-        r = point_strides[:, None].to(points.dtype) * center_radius
-        left = torch.maximum(cx - r, boxes[:, 0])
-        top = torch.maximum(cy - r, boxes[:, 1])
-        right = torch.minimum(cx + r, boxes[:, 2])
-        bottom = torch.minimum(cy + r, boxes[:, 3])
-        inside &= (x > left) & (y > top) & (x < right) & (y < bottom)
-    extent = ltrb.max(dim=2).values
-    fits = (extent > point_ranges[:, :1]) & (extent <= point_ranges[:, 1:])
-    area = ((boxes[:, 2] - boxes[:, 0]) * (boxes[:, 3] - boxes[:, 1]))[None].expand(num_points, -1)
-    area = torch.where(inside & fits, area, torch.full_like(area, float("inf")))
+    area = _areas(
+        points[:, 0, None], points[:, 1, None], boxes.unbind(1),
+        point_strides[:, None].to(points.dtype) * center_radius, center_radius,
+        point_ranges[:, :1], point_ranges[:, 1:],
+    )  # fmt: skip
     best_area, best = area.min(dim=1)
     target = labels.to(torch.long)[best]
     target[torch.isinf(best_area)] = num_classes
     return target, boxes[best]
+
+
+def _areas(
+    x: Tensor,
+    y: Tensor,
+    box: Sequence[Tensor],
+    r: Tensor,
+    radius: float,
+    low: Tensor,
+    high: Tensor,
+    valid: Tensor | None = None,
+) -> Tensor:
+    """Area of each box a location may take (inf for the others); the arguments broadcast
+    (``x``, ``y``: the locations; ``box``: x0, y0, x1, y1; ``r``: the sampling radius)."""
+    x0, y0, x1, y1 = box
+    ltrb = torch.stack([x - x0, y - y0, x1 - x, y1 - y], dim=-1)
+    inside = ltrb.min(dim=-1).values > 0
+    if radius > 0:
+        cx, cy = (x0 + x1) / 2, (y0 + y1) / 2
+        left, top = torch.maximum(cx - r, x0), torch.maximum(cy - r, y0)
+        right, bottom = torch.minimum(cx + r, x1), torch.minimum(cy + r, y1)
+        inside &= (x > left) & (y > top) & (x < right) & (y < bottom)
+    extent = ltrb.max(dim=-1).values
+    fits = (extent > low) & (extent <= high)
+    if valid is not None:
+        fits &= valid
+    area = ((x1 - x0) * (y1 - y0)).expand_as(extent)
+    return torch.where(inside & fits, area, torch.full_like(area, float("inf")))
 
 
 def match_batch(
@@ -99,14 +95,9 @@ def match_batch(
     center_radius: float,
 ) -> tuple[Tensor, Tensor]:
     """`match_locations` of every image at once: ``(B, A)`` class targets and ``(B, A, 4)``
-    matched boxes, the same values (each image's boxes are padded to the batch's largest
-    count with boxes that match nothing; a whole batch is a few dozen tensor operations
-    instead of that many per image). The ``(B, A, N)`` areas are never built whole: the
-    smallest matching box of each location is a blocked reduction over blocks of locations
-    (`visionblocks.ops._assign_blocks.reduce_blocks`, the reduction of the anchor
-    assignment ops) of at most ``_CHUNK`` location-box pairs, so memory stays that of one
-    block, and the results do not depend on the block size.
-    """
+    matched boxes, the same values. Boxes are padded to the batch's largest count; the
+    ``(B, A, N)`` areas are reduced block by block (`visionblocks.ops._assign_blocks.
+    reduce_blocks`, at most ``_CHUNK`` location-box pairs a block)."""
     batch, device, num_points = len(boxes), points.device, points.shape[0]
     if num_points == 0:
         empty = torch.full((batch, 0), num_classes, dtype=torch.long, device=device)
@@ -126,27 +117,17 @@ def match_batch(
         padded[image, slot] = torch.cat(list(boxes)).to(points.dtype)
         classes[image, slot] = torch.cat(list(labels)).to(torch.long)
         valid[image, slot] = True
-    x0, y0, x1, y1 = (padded[:, None, :, k] for k in range(4))  # (B, 1, N)
-    box_area = (x1 - x0) * (y1 - y0)
+    box = [padded[:, None, :, k] for k in range(4)]  # (B, 1, N)
 
     def areas(start: int, stop: int) -> Tensor:
-        """Areas ``(B, stop - start, N)`` of the boxes that locations ``start:stop`` may take
-        (padding boxes come after the real ones and are never a match: infinity, so a
-        location's first smallest box and the no-match index 0 are `match_locations`')."""
-        x, y = points[None, start:stop, 0, None], points[None, start:stop, 1, None]
-        ltrb = torch.stack([x - x0, y - y0, x1 - x, y1 - y], dim=3)  # (B, rows, N, 4)
-        inside = ltrb.min(dim=3).values > 0
-        if center_radius > 0:
-            cx, cy = (x0 + x1) / 2, (y0 + y1) / 2
-            r = point_strides[None, start:stop, None].to(points.dtype) * center_radius
-            left, top = torch.maximum(cx - r, x0), torch.maximum(cy - r, y0)
-            right, bottom = torch.minimum(cx + r, x1), torch.minimum(cy + r, y1)
-            inside &= (x > left) & (y > top) & (x < right) & (y < bottom)
-        extent = ltrb.max(dim=3).values
-        low, high = point_ranges[None, start:stop, :1], point_ranges[None, start:stop, 1:]
-        fits = (extent > low) & (extent <= high) & valid[:, None, :]
-        area = box_area.expand_as(extent)
-        return torch.where(inside & fits, area, torch.full_like(area, float("inf")))
+        """``(B, stop - start, N)`` `_areas` of locations ``start:stop`` (padding boxes come
+        last and never match, so the first smallest box is `match_locations`')."""
+        return _areas(
+            points[None, start:stop, 0, None], points[None, start:stop, 1, None], box,
+            point_strides[None, start:stop, None].to(points.dtype) * center_radius,
+            center_radius, point_ranges[None, start:stop, :1], point_ranges[None, start:stop, 1:],
+            valid[:, None, :],
+        )  # fmt: skip
 
     block = max(1, _CHUNK // max(1, batch * width))
     best_area, best, _ = reduce_blocks(areas, num_points, block, largest=False)  # (B, A)

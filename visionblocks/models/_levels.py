@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -10,27 +11,35 @@ from torch import Tensor, nn
 
 from visionblocks._core.checks import check_int
 from visionblocks._core.tensor_checks import check_image_batch, is_tracing
-from visionblocks.nn._limits import MAX_SIDE
+from visionblocks.nn._limits import MAX_SIDE, MAX_STRIDE
 
-__all__ = ["check_levels", "check_measured_strides", "check_size"]
+__all__ = ["check_levels", "check_measured_strides", "check_size", "check_strides"]
+
+
+def check_strides(strides: Any, *, powers_of_two: bool = False) -> list[int]:
+    """Increasing int strides in ``[1, MAX_STRIDE]``, finest first (``powers_of_two``: each a
+    power of two times the finest)."""
+    if isinstance(strides, (str, bytes)) or not isinstance(strides, Sequence):
+        raise TypeError(f"strides must be a non-empty list of ints, got {strides!r}")
+    if not strides:
+        raise ValueError("strides is empty; give one stride per input level")
+    out = [check_int(f"strides[{i}]", s, 1, MAX_STRIDE) for i, s in enumerate(strides)]
+    increasing = all(b > a for a, b in itertools.pairwise(out))
+    if powers_of_two and not (
+        increasing and not any(s % out[0] or (s // out[0]) & (s // out[0] - 1) for s in out)
+    ):
+        raise ValueError(f"strides must be increasing powers of two of the finest one, got {out}")
+    if not increasing:
+        raise ValueError(f"strides must increase from level to level (finest first), got {out}")
+    return out
 
 
 def check_levels(
     name: str, features: Any, channels: Sequence[int], module: nn.Module | None
 ) -> list[Tensor]:
-    """The levels of ``features`` (a dict or list of ``(B, C_l, H_l, W_l)``, finest first).
-
-    Every level is a floating-point 4-D tensor with ``channels[l]`` channels on the device
-    (and, outside autocast, of the dtype) of ``module.weight`` (read only when not tracing, so
-    no ``get_attr`` shows in a ``torch.fx`` graph); all levels have the same batch
-    size, and no level is larger than the one before it (finest first).
-
-    Raises:
-        TypeError: ``features`` is not a dict or list of tensors, or a level is no
-            floating-point tensor of the module's dtype.
-        ValueError: Another number of levels, a level of another shape or device, batch
-            sizes that differ, or levels not ordered finest first.
-    """
+    """The levels of ``features`` (a dict or list of ``(B, C_l, H_l, W_l)``, finest first):
+    floating-point, ``channels[l]`` channels, on the device (and, outside autocast, of the
+    dtype) of ``module.weight`` (not read while tracing), one batch size, finest first."""
     if isinstance(features, Mapping):
         keys = [f"{name}[{k!r}]" for k in features]
         levels = list(features.values())
@@ -69,13 +78,9 @@ def check_levels(
 def check_measured_strides(
     features: Mapping[str, Tensor] | Sequence[Tensor], levels: list[Tensor], strides: list[int]
 ) -> None:
-    """Consecutive levels must be as far apart as ``strides`` say (eager calls only).
-
-    A level of side ``n`` at stride ``s`` gives ``floor(n / r)`` or ``ceil(n / r)`` at stride
-    ``r s`` (a stride-``r`` layer with or without padding), for the height and the width.
-    Skipped while tracing, compiling or exporting, where comparing sizes would specialise
-    them.
-    """
+    """Consecutive levels must be as far apart as ``strides`` say: side ``n`` at stride ``s``
+    gives ``floor(n / r)`` or ``ceil(n / r)`` at ``r s``. Eager calls only (comparing sizes
+    would specialise them while tracing, compiling or exporting)."""
     if is_tracing(*levels) or torch.compiler.is_compiling() or torch.compiler.is_exporting():
         return
     keys = list(features) if isinstance(features, Mapping) else list(range(len(levels)))

@@ -35,13 +35,10 @@ class FPN(nn.Module):
 
     Each input level gets a 1x1 lateral convolution; from the coarsest level down, each
     output is the lateral plus the nearest-upsampled coarser output, then a 3x3
-    convolution. ``extra_levels`` adds stride-2 3x3 convolutions on top (FCOS and RetinaNet
-    use two: P6 and P7), from the coarsest output (``extra_from="output"``, FCOS) or the
-    coarsest input (``"input"``, RetinaNet), with a ReLU between extra levels. Convolutions
-    are initialised as in Detectron2 (`visionblocks.init.c2_xavier_fill`).
-
-    Outputs are named after their stride: ``p3`` for stride 8, ``p4`` for 16, ...;
-    ``feature_info`` lists ``{"name", "channels", "stride"}`` like a backbone's.
+    convolution. ``extra_levels`` adds stride-2 3x3 convolutions on top (P6, P7), with a ReLU
+    between them. Convolutions are initialised as in Detectron2 (`visionblocks.init.
+    c2_xavier_fill`). Outputs are named after their stride (``p3`` for 8); ``feature_info``
+    is like a backbone's.
 
     Args:
         in_channels: Channels of the input levels, finest first (``backbone.channels``).
@@ -49,7 +46,8 @@ class FPN(nn.Module):
             increasing by 2x from level to level.
         out_channels: Channels of every output level (at most 65,536).
         extra_levels: Stride-2 levels added on top (at most 8).
-        extra_from: ``"output"`` (P6 from P5's output) or ``"input"`` (from the last input).
+        extra_from: ``"output"`` (P6 from P5's output, FCOS) or ``"input"`` (from the last
+            input, RetinaNet).
         norm: Norm after each convolution (``None``, ``"gn"``, ``"bn"``, ...).
 
     Shape:
@@ -60,15 +58,9 @@ class FPN(nn.Module):
     Raises:
         TypeError: Options of the wrong type; at call time, ``features`` that is not a dict
             or list of floating-point tensors.
-        ValueError: Bad channel or stride lists, mismatched lengths, strides that do not
-            double, absurd sizes (channels above 65,536, ``extra_levels`` above 8), or an
-            unknown ``extra_from``; at call time, another number of input levels than
-            ``strides``, levels of other channels than ``in_channels``, not 4-D, not finest
-            first, of different batch sizes or on another device than the FPN; and (eager
-            calls; not while tracing, compiling or exporting) levels that disagree with
-            ``strides``: each level's height and width must be the previous level's divided
-            by the stride ratio (2), rounded down or up, as a stride-2 layer gives them. The
-            message names both levels, their sizes and the strides.
+        ValueError: Bad channel or stride lists or lengths, strides that do not double, an
+            unknown ``extra_from``; at call time, levels that do not match ``strides`` and
+            ``in_channels`` (number, channels, sizes), not 4-D, or not on the FPN's device.
 
     Examples:
         >>> import torch

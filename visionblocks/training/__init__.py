@@ -1,10 +1,6 @@
 """Training kit: seeding and determinism, a non-finite finder, activation checkpointing,
-SyncBatchNorm conversion.
-
-Every piece works on any ``nn.Module`` (ours, torchvision's, timm's); the demo uses them.
-The "Training recipes" page shows them together, with the mixed-precision, determinism and
-``channels_last`` behaviour of every op.
-"""
+SyncBatchNorm conversion; each works on any ``nn.Module`` (the "Training recipes" page shows
+them together)."""
 
 from __future__ import annotations
 

@@ -1,11 +1,4 @@
-"""`find_nonfinite`: stop at the first NaN or inf, and say which module made it.
-
-Hooks on every module check each forward input (before the module runs) and output (after),
-the gradient reaching each module output and each parameter in the backward, the losses given
-to `NonFiniteFinder.check`, and, with an optimizer, every parameter after each step. The first
-non-finite value raises `NonFiniteError` naming the module path, the tensor, its shape and
-how many of its values are bad. Disabled (``enabled=False``), nothing is registered.
-"""
+"""`find_nonfinite`: stop at the first NaN or inf, and say which module made it."""
 
 from __future__ import annotations
 
@@ -36,8 +29,7 @@ class NonFiniteError(FloatingPointError):
             ``"parameter"``.
         module (str): Path of the module (``"backbone.layer1.0.conv1"``; ``""`` is the
             model itself), or of the parameter.
-        tensor (str): Which tensor: ``"input 0"``, ``"output['loss']"``, ``"grad of output"``,
-            ``"grad of weight"``, ``"weight"``.
+        tensor (str): Which tensor (``"input 0"``, ``"output['loss']"``, ``"grad of weight"``).
         shape (tuple[int, ...]): Its shape.
         count (int): How many of its values are NaN or inf.
     """
@@ -76,13 +68,10 @@ class NonFiniteFinder:
     """The hooks of `find_nonfinite`; a context manager that removes them on exit.
 
     Args:
-        model: The model (a ``DistributedDataParallel`` wrapper is looked through: paths
-            are those of the wrapped model).
+        model: The model (a ``DistributedDataParallel`` wrapper is looked through).
         optimizer: Check every parameter after each of its steps.
-        scaler: The ``torch.amp.GradScaler`` of an fp16 run, if any: a scaled gradient that
-            overflows is the scaler's business (it skips the step and halves the scale), so
-            gradients are checked only once its scale is below 1, where they are non-finite
-            even unscaled.
+        scaler: The ``torch.amp.GradScaler`` of an fp16 run, if any: gradients are checked
+            only once its scale is below 1 (overflows above are the scaler's business).
         enabled: ``False`` registers nothing (no cost).
         forward: Check forward inputs and outputs.
         backward: Check the gradients of module outputs and of parameters.
@@ -277,25 +266,13 @@ def find_nonfinite(
 ) -> NonFiniteFinder:
     """Raise at the first NaN or inf in a model's forward, backward, losses or parameters.
 
-    Use it as a context manager around the training steps to debug. Checks, in the order a
-    step meets them:
-
-    - every module's floating-point **inputs** before it runs (a bad input was made by the
-      caller's own code, outside its submodules, or is the model's input);
-    - every module's **outputs** after it runs (nested tuples, lists and dicts too): the
-      first bad output is the module whose own code made it;
-    - in the backward, the **gradient** reaching each module output (made by the backward of
-      what used that output) and each parameter's gradient;
-    - the losses given to `NonFiniteFinder.check`;
-    - with ``optimizer``, every **parameter** after each ``optimizer.step()``.
-
-    Each check reads one value back from the device (a synchronisation): it is a debugging
-    tool, for eager mode. Disabled (``enabled=False``, e.g. from a command-line flag),
-    nothing is registered and it costs nothing. Under ``DistributedDataParallel``, pass the
-    wrapper or the model: paths are the model's, and the message names the rank. Under
-    ``torch.autocast`` it checks the tensors as they are (bf16 overflows like float32; an fp16
-    activation above 65,504 is inf, and is reported); pass the fp16 run's ``scaler`` so that
-    scaled gradients are left to it.
+    A context manager around the training steps, to debug. It checks every module's
+    floating-point **inputs** and **outputs**, the **gradients** reaching module outputs and
+    parameters, the losses given to `NonFiniteFinder.check` and, with ``optimizer``, every
+    **parameter** after each step; the first non-finite value raises `NonFiniteError`
+    naming the module (the one whose own code made it), the tensor, its shape and the bad
+    count. Each check synchronises (eager mode); ``enabled=False`` registers nothing. Under
+    DDP, pass the wrapper or the model (the message names the rank).
 
     Args:
         model: The model (any ``nn.Module``).

@@ -2,11 +2,8 @@
 `loader_generator`.
 
 A seeded run repeats when every source of randomness is seeded *and* every operation gives
-the same bits each time. `seed_everything` does the first; with ``deterministic=True`` it
-also asks PyTorch (and cuDNN / cuBLAS) for deterministic algorithms. Which visionblocks ops
-are deterministic on which path is listed on the "Training recipes" page. On the CPU, the
-thread count is part of the result too: a reduction split over two threads adds in another
-order than one thread, so keep ``torch.set_num_threads`` fixed between the runs you compare.
+the same bits each time (the "Training recipes" page lists the deterministic ops). On the
+CPU, keep ``torch.set_num_threads`` fixed between the runs you compare.
 """
 
 from __future__ import annotations
@@ -36,23 +33,17 @@ def seed_everything(seed: int, *, deterministic: bool = False, warn_only: bool =
     """Seed Python's ``random``, NumPy's global generator and torch (CPU and every CUDA
     device); optionally switch PyTorch to deterministic algorithms.
 
-    ``PYTHONHASHSEED`` is set to ``seed`` for the processes this one starts (spawned
-    DataLoader workers, ``subprocess``): the current process's string hashing was fixed when
-    it started, so code that depends on the order of a ``set`` of strings must start Python
-    with ``PYTHONHASHSEED`` already set. An existing ``PYTHONHASHSEED`` is kept.
+    ``PYTHONHASHSEED`` is set to ``seed`` (unless set) for the processes this one starts;
+    this process's string hashing was fixed when it started.
 
     With ``deterministic=True``:
 
-    - ``torch.use_deterministic_algorithms(True, warn_only=warn_only)``: an operation
-      without a deterministic implementation raises (or warns, with ``warn_only``);
-      visionblocks' dispatch then avoids its kernels that are not deterministic;
+    - ``torch.use_deterministic_algorithms(True, warn_only=warn_only)``;
     - ``torch.backends.cudnn.deterministic = True`` and ``benchmark = False``;
-    - ``CUBLAS_WORKSPACE_CONFIG=:4096:8`` unless already set. cuBLAS reads it when CUDA
-      starts: call this before the first CUDA operation (a warning says when it is too
-      late).
+    - ``CUBLAS_WORKSPACE_CONFIG=:4096:8`` unless already set (call this before the first
+      CUDA operation; a warning says when it is too late).
 
-    ``deterministic=False`` (the default) leaves those settings as they are: it neither turns
-    them on nor off.
+    ``deterministic=False`` (the default) leaves those settings as they are.
 
     Args:
         seed: The seed, in ``[0, 2**32 - 1]``.
@@ -110,13 +101,9 @@ def seed_worker(worker_id: int) -> None:
     """A DataLoader ``worker_init_fn`` that seeds the worker's Python ``random`` and NumPy
     global generator from its torch seed.
 
-    PyTorch gives each worker the torch seed ``base_seed + worker_id``, where ``base_seed`` is
-    drawn from the loader's ``generator`` (see `loader_generator`) each time an iterator
-    starts: workers differ from each other and from one epoch to the next, and a run repeats
-    when the generator is seeded. This function derives the other two generators from that
-    torch seed, so augmentations written with ``random`` or ``np.random`` follow the same
-    rule. (Recent PyTorch versions seed them in their workers too, but from a derivation of
-    their own; this one is explicit, and it also serves workers started by other code.)
+    PyTorch gives each worker the torch seed ``base_seed + worker_id``, ``base_seed`` drawn
+    from the loader's ``generator`` (see `loader_generator`) per iterator; augmentations
+    written with ``random`` or ``np.random`` then follow the same rule.
 
     Args:
         worker_id: The worker's index (checked, otherwise unused: the torch seed already
@@ -142,8 +129,7 @@ def loader_generator(seed: int, *, rank: int | None = None) -> torch.Generator:
     """A CPU ``torch.Generator`` for a DataLoader (and its sampler): runs repeat, ranks
     differ.
 
-    Seeded with ``seed`` mixed with the process rank, so each rank of a distributed run draws
-    its own shuffles and worker seeds, and the same rank draws the same ones in every run.
+    Seeded with ``seed`` mixed with the process rank.
 
     Args:
         seed: The run's seed, in ``[0, 2**32 - 1]``.

@@ -1,12 +1,5 @@
-"""`convert_sync_batchnorm`: BatchNorm statistics over every rank's batch, frozen stages kept.
-
-The conversion is in place: each BatchNorm object *becomes* a `SyncBatchNorm` (its class is
-swapped), so every reference to it held elsewhere stays valid: a `Backbone`'s body,
-`IntermediateLayerGetter`'s targets, hooks, an optimizer's parameters. `SyncBatchNorm` is a
-``torch.nn.SyncBatchNorm`` (so code that looks for those finds it: mmengine's
-``revert_sync_batchnorm``, parameter-group rules), runs its fused synchronisation on CUDA,
-and synchronises CPU tensors too, so DDP on gloo trains with synchronised statistics as well.
-"""
+"""`convert_sync_batchnorm`: BatchNorm statistics over every rank's batch, frozen stages kept;
+`SyncBatchNorm` synchronises CPU tensors too (DDP on gloo)."""
 
 from __future__ import annotations
 
@@ -37,17 +30,11 @@ class SyncBatchNorm(nn.SyncBatchNorm):
     CUDA and on the CPU.
 
     In training mode, with an initialized process group of more than one rank, the batch
-    statistics are those of every rank's batch together: on CUDA (and the other devices torch
-    supports) by ``torch.nn.SyncBatchNorm``'s fused kernels, on the CPU by two differentiable
-    all-reduces (the sum and count, then the sum of squared deviations: a two-pass variance,
-    float32 or wider). Otherwise it is a plain BatchNorm. Made by `convert_sync_batchnorm`.
-
-    A subclass of ``torch.nn.SyncBatchNorm`` (and so of ``_BatchNorm``), with its state dict,
-    so code that looks for those finds it. ``DistributedDataParallel`` refuses
-    ``torch.nn.SyncBatchNorm`` layers in a CPU module (torch's kernels are CUDA-only): the
-    first instance or conversion wraps that check of DDP's (its method
-    ``_passing_sync_batchnorm_handle``) so that it passes over instances of this class, which
-    synchronise CPU tensors themselves; torch's own class is still refused there. Like
+    statistics are those of every rank's batch together: on CUDA by ``torch.nn.
+    SyncBatchNorm``'s fused kernels, on the CPU by two differentiable all-reduces (a
+    two-pass variance, float32 or wider). Otherwise it is a plain BatchNorm. Made by
+    `convert_sync_batchnorm`. ``DistributedDataParallel`` accepts it in a CPU module (DDP's
+    check is wrapped to pass over this class; torch's own is still refused there). Like
     torch's, it does not compile with ``torch.jit.script``.
 
     Args:
@@ -168,13 +155,8 @@ class SyncBatchNorm(nn.SyncBatchNorm):
 
 @functools.cache
 def _let_ddp_take_cpu_layers() -> None:
-    """Let ``DistributedDataParallel`` wrap CPU modules holding our `SyncBatchNorm` (once).
-
-    DDP refuses any ``torch.nn.SyncBatchNorm`` in a CPU module, because torch's kernels are
-    CUDA-only. Its check, ``_passing_sync_batchnorm_handle``, is wrapped to pass over
-    instances of our subclass, which synchronise CPU tensors themselves; a module holding
-    torch's own class (or anything else DDP checks) gets torch's error as before.
-    """
+    """Let ``DistributedDataParallel`` wrap CPU modules holding our `SyncBatchNorm` (once):
+    its ``_passing_sync_batchnorm_handle`` check passes over them."""
     ddp = nn.parallel.DistributedDataParallel
     check = getattr(ddp, "_passing_sync_batchnorm_handle", None)
     if check is None:  # a torch without the check
@@ -201,21 +183,13 @@ def _frozen(module: nn.Module) -> bool:
 def convert_sync_batchnorm(module: nn.Module, process_group: Any = None) -> nn.Module:
     """Make the BatchNorms that train into `SyncBatchNorm`, in place; keep frozen ones.
 
-    A BatchNorm is left as it is when its parameters are all frozen
-    (``requires_grad=False``: the stem and stages of a `Backbone` built with
-    ``frozen_stages``) or when it sits under a module whose ``norm_eval`` attribute is true
-    (a `Backbone` built with ``norm_eval=True``, MMDetection-style modules): those never use
-    batch statistics, so synchronising them would only cost. A converted BatchNorm keeps its
-    parameters, buffers, mode and hooks (the same object, with its class swapped), so a
-    `Backbone` keeps its frozen stages and ``norm_eval`` through ``.train()``, and an
-    `IntermediateLayerGetter` that returns a BatchNorm's output still finds it.
-
-    ``nn.BatchNorm1d/2d/3d`` and ``torch.nn.SyncBatchNorm`` are converted. Other BatchNorm
-    subclasses (timm's ``BatchNormAct2d``, which adds an activation) have a forward of their
-    own: they are left as they are, with a warning naming them (timm's
-    ``timm.layers.convert_sync_batchnorm`` converts its own).
-
-    Call it before wrapping the model in ``DistributedDataParallel``.
+    A BatchNorm is left as it is when its parameters are all frozen (a `Backbone`'s
+    ``frozen_stages``) or when it sits under a module whose ``norm_eval`` attribute is true:
+    those never use batch statistics. A converted BatchNorm is the same object with its class
+    swapped, so every reference to it (a backbone's body, hooks, an optimizer) stays valid.
+    ``nn.BatchNorm1d/2d/3d`` and ``torch.nn.SyncBatchNorm`` are converted; other BatchNorm
+    subclasses (timm's ``BatchNormAct2d``) are left as they are, with a warning. Call it
+    before wrapping the model in ``DistributedDataParallel``.
 
     Args:
         module: The model (any ``nn.Module``; a BatchNorm itself too).
