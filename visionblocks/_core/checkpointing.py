@@ -235,21 +235,10 @@ def _named(module: nn.Module, names: Sequence[Any]) -> list[nn.Module]:
 def set_grad_checkpointing(module: nn.Module, enable: bool | Sequence[str] = True) -> nn.Module:
     """Run ``module`` (or named submodules of it) through activation checkpointing.
 
-    A checkpointed module keeps only its inputs in the forward and computes its activations
-    again in the backward (``torch.utils.checkpoint``, non-reentrant): its activation memory
-    is traded for one more forward of it. Gradients are the same as without; BatchNorm
-    running statistics are updated once, not twice (the recomputation runs on copies of
-    them); dropout draws the same masks again. The checkpoint is taken only in training mode
-    with autograd on; in eval mode, under ``torch.no_grad()`` and while ``torch.jit.trace``,
-    ``torch.export``, ``torch.compile`` or ``torch.fx`` record the module, the plain forward
-    runs (so models export as usual, and ``torch.compile`` leaves memory to its own
-    partitioner).
-
-    Parameters, buffers, state-dict keys and ``repr`` do not change: the module gets an
-    instance attribute ``forward``, deleted again by ``enable=False``. Deep copies and
-    pickles of the module checkpoint too.
-
-    Checkpoint whole blocks (a ResNet bottleneck, a transformer block): a single convolution
+    Activation memory is traded for one more forward of the module; gradients, BatchNorm
+    statistics, dropout masks, parameters and state-dict keys are those of the plain module,
+    and recorded calls (tracing, export, compile) and eval mode run the plain forward (the
+    module docstring says how). Checkpoint whole blocks (a ResNet bottleneck, a transformer block): a single convolution
     saves its input anyway, so checkpointing it alone only costs time. A visionblocks
     ``Backbone`` picks its blocks itself: ``backbone.set_grad_checkpointing()`` (what the
     builders' ``grad_checkpointing=`` option calls). Forward hooks of

@@ -30,7 +30,6 @@ __all__ = [
     "INTERPRET",
     "KernelFailure",
     "LaunchLimitError",
-    "cdiv",
     "check_grid",
     "check_plane",
     "jit",
@@ -121,16 +120,6 @@ def prepare(t: Tensor) -> Tensor:
     if t.data_ptr() % ALIGNMENT:
         t = t.clone(memory_format=torch.contiguous_format)
     return t
-
-
-def cdiv(a: int, b: int) -> int:
-    """``ceil(a / b)`` for non-negative ints.
-
-    Examples:
-        >>> cdiv(5, 2)
-        3
-    """
-    return -(-a // b)
 
 
 def check_grid(op: str, grid: Sequence[int]) -> tuple[int, ...]:

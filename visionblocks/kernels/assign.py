@@ -14,15 +14,11 @@ math, as `box_iou`'s ``_upcast`` does. The IoU matrix is never stored: a program
 of ``BLOCK_N`` anchors and walks the objects ``BLOCK_M`` at a time.
 
 Bitwise `box_iou`: every IoU is formed with the operations and roundings of the torch formula
-(`visionblocks.ops.boxes._measure`): the overlap sides, their clamp at 0, the products
-rounded on their own (``mul.rn`` in inline PTX: the compiler would otherwise fuse a product
-and the following sum into one FMA, rounded once, which moves an IoU of exactly 0.5 off 0.5),
-the union summed in the formula's order, and an IEEE division (``div.rn`` in inline PTX:
-triton's ``/`` is an approximate division in float32, and ``tl.fdiv(ieee_rounding=True)``
-still emitted ``div.full.f32`` under triton 3.6, which is what made an H200 run differ from
-the matrix in the last bit). Under ``TRITON_INTERPRET=1`` (NumPy, no FMA) the products and
-the quotient are plain NumPy ones. So thresholds and ties fall exactly where they fall on
-the matrix.
+(`visionblocks.ops.boxes._measure`), in the formula's order, products rounded on their own
+(``mul.rn`` in inline PTX, never fused into an FMA) and an IEEE division (``div.rn``: triton's
+``/`` and even ``tl.fdiv(ieee_rounding=True)`` can compile to an approximate one). Under
+``TRITON_INTERPRET=1`` (NumPy, no FMA) they are plain NumPy operations. So thresholds and
+ties fall exactly where they fall on the matrix.
 
 Ties and NaN as ``torch.max``: the first best object (``tie_break_left``), and a NaN IoU
 wins (as the key ``+inf``; an IoU is never ``+inf``), giving NaN.
@@ -42,7 +38,7 @@ import triton.language as tl
 from torch import Tensor
 
 from visionblocks._core.namespace import public_dir
-from visionblocks.kernels._launch import INTERPRET, cdiv, jit, launch, prepare, with_fallback
+from visionblocks.kernels._launch import INTERPRET, jit, launch, prepare, with_fallback
 
 __all__ = ["best_box_iou_triton", "box_iou_reaches_triton"]
 __dir__ = public_dir(__name__, __all__)
@@ -224,7 +220,7 @@ def best_box_iou_triton(
     anchors, boxes = prepare(anchors), prepare(boxes)
     tdt, cdt = _cdt(anchors, boxes)
     n, m = anchors.shape[0], boxes.shape[0]
-    tiles = cdiv(n, _BLOCK_N[tdt])
+    tiles = triton.cdiv(n, _BLOCK_N[tdt])
     programs = min(tiles, _MAX_PROGRAMS)
     values = torch.empty(n, dtype=tdt, device=anchors.device)
     indices = torch.empty(n, dtype=torch.int64, device=anchors.device)
@@ -265,7 +261,7 @@ def box_iou_reaches_triton(
     n, m = anchors.shape[0], boxes.shape[0]
     out = torch.empty(n, dtype=torch.uint8, device=anchors.device)
     launch(
-        "match_anchors", _reaches_kernel, (cdiv(n, _BLOCK_N[tdt]),), _NUM_WARPS,
+        "match_anchors", _reaches_kernel, (triton.cdiv(n, _BLOCK_N[tdt]),), _NUM_WARPS,
         a_ptr=anchors, b_ptr=boxes, target_ptr=prepare(targets.to(tdt)), out_ptr=out,
         n=n, m=m, eps=_eps32(eps), CDT=cdt, BLOCK_N=_BLOCK_N[tdt], BLOCK_M=_BLOCK_M[tdt],
     )  # fmt: skip

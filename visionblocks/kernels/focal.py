@@ -2,46 +2,29 @@
 
 Called by `visionblocks.losses.focal.sigmoid_focal_loss` (after validation) as
 ``sigmoid_focal_loss_triton(x, targets, w, alpha, gamma, ignore, reduce_sum, out_dtype,
-reference)``; see that function for the semantics. ``reference`` is that function's torch
-formula taking the same arguments: the fallback when a kernel fails, and what the kernels
-are tested against (forward and backward, ``tests/kernels/test_focal_kernel.py``).
+reference=...)``; ``reference`` is that module's torch formula with the same arguments, run
+instead if a kernel fails, and what the kernels are tested against (forward and backward).
 
-Layout and fusion:
+Layout: the logits are viewed as ``(R, C)`` and processed flat, ``BLOCK`` elements per
+program. Class-index targets are read as one integer per row, ``t = (label == column)``, so
+no one-hot tensor is built and a label outside ``[0, C)`` never matches. A weight is read
+through its ``(row, column)`` strides, so per-class and per-anchor weights stay
+un-expanded. Only the target kind, the reduction and the compute dtype are constexprs, and
+`canonical_inputs` casts the operands to a few dtypes: a handful of specialisations covers
+every call, each compiled for real GPU targets in the tests. Forward writes the element-wise
+loss, or one partial sum (and count) per program, which torch adds up; backward recomputes
+the element terms and writes ``dloss/dx * grad_out`` in one pass (saving ``dloss/dx`` would
+move as many bytes and hold an ``(R, C)`` buffer).
 
-- The logits are viewed as ``(R, C)`` and processed flat, ``BLOCK`` elements per program.
-  Float targets are read element-wise; class-index targets as one integer per row, with
-  ``t = (label == column)``: no one-hot tensor is built, and a label outside ``[0, C)``
-  (mmdet's background ``C``, or ``-1``) simply never matches. A weight is read through its
-  ``(row, column)`` strides, so per-class ``(C,)`` and per-anchor ``(N, 1)`` weights are
-  broadcast by stride 0 instead of being expanded in memory.
-- Only the target kind (``INDEX``), the reduction (``REDUCE``/``GO_SCALAR``) and the compute
-  dtype are constexprs; weight, alpha and ignore are runtime arguments (no weight is a single
-  1 read through zero strides), and `canonical_inputs` casts the operands to a few dtypes,
-  so a handful of specialisations covers every call and each is compiled for real GPU
-  targets in the tests (`visionblocks.kernels._compile`).
-- Forward writes the element-wise loss (``reduction="none"``, in the output dtype), or one
-  partial sum per program (and the number of non-ignored elements when ignoring), which torch
-  adds up: the summed loss then goes through `reduce_loss`, the same dtype and reduction
-  policy as the torch path. Summed losses therefore never write an ``(R, C)`` tensor.
-- Backward recomputes the element terms and writes ``grad = dloss/dx * grad_out`` in one pass
-  (``grad_out`` a scalar for summed losses, element-wise otherwise). Saving ``dloss/dx`` in
-  forward instead would move the same number of bytes (write it, read it back) and hold an
-  extra ``(R, C)`` float32 buffer between forward and backward; recomputing holds nothing.
-
-Numerics (computed in float32, float64 for float64 inputs; loads are cast before any math,
-which also keeps bfloat16 working in the interpreter). With ``e = exp(-|x|)``:
-``p = 1 / (1 + e)`` or ``e / (1 + e)`` and ``q = 1 - p`` formed the other way round, so
-neither cancels; ``ce = log1p(e) + (1 - t) max(x, 0) + t max(-x, 0)`` (never ``softplus(x) - t x``,
-which cancels for confident logits);
-``m = 1 - p_t = t q + (1 - t) p`` (exact for binary targets, even at +-1e4); and:
+Numerics, in float32 (float64 for float64 inputs), with ``e = exp(-|x|)``: ``p`` and
+``q = 1 - p`` are each formed from ``e`` without cancellation,
+``ce = log1p(e) + (1 - t) max(x, 0) + t max(-x, 0)`` and ``m = 1 - p_t = t q + (1 - t) p``:
 
     loss     = a_t ce m^g
     dloss/dx = a_t m^g [(1 - t) p - t q + g (1 - 2t) ce (p q / m)]
 
-``p q / m <= 1`` for ``t`` in ``[0, 1]``, so the gradient never forms ``m^(g - 1)``: it stays
-finite for ``g < 1`` and saturated logits, where ``m`` is 0 (then ``p q = 0`` too).
-``m^g = exp2(g log2 m)``, with ``0^g = 0`` (``0^0 = 1``). ``alpha`` and ``gamma`` travel as
-float32 kernel arguments, also for float64 inputs.
+``p q / m <= 1``, so the gradient never forms ``m^(g - 1)`` and stays finite for ``g < 1``
+and saturated logits; ``m^g = exp2(g log2 m)`` with ``0^g = 0`` (``0^0 = 1``).
 """
 
 from __future__ import annotations

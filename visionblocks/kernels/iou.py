@@ -1,30 +1,18 @@
 """Fused Triton kernels for the GIoU / DIoU / CIoU losses of aligned box pairs.
 
-Called by `visionblocks.ops.iou_loss` (after validation) as
-``generalized_box_iou_loss_triton(pred, target, eps, reference)`` (and the ``distance_``/``complete_``
-variants): ``pred`` and ``target`` are ``(N, 4)`` xyxy boxes of one floating dtype; the result
-is the per-pair loss ``(N,)`` in float32 (float64 for float64 boxes), differentiable with
-respect to both inputs.
+Called by `visionblocks.losses.iou` (after validation) as
+``generalized_box_iou_loss_triton(pred, target, eps, reference=...)`` (and the
+``distance_``/``complete_`` variants): ``(N, 4)`` xyxy boxes of one floating dtype; the
+per-pair loss ``(N,)`` in float32 (float64 for float64 boxes), differentiable in both inputs.
 
-One kernel body, specialised by the constexpr ``MODE`` (0 GIoU, 1 DIoU, 2 CIoU); each program
-handles ``BLOCK`` pairs, one pair per lane, reading its 8 coordinates and casting them to the
-compute dtype before any math (which also keeps bfloat16 working in the interpreter).
-
-- Forward writes the loss only; the gradient terms are dead code there and compiled away.
-- Backward recomputes the pair's terms and writes ``grad_out * dloss/dbox`` for the inputs
-  that need it, in their dtype, clamped to its finite range (float16 and bfloat16: the
-  ``~1 / eps`` gradients of degenerate pairs stay finite). Recomputing (about 60 flops per
-  pair) is cheaper than saving and re-reading per-pair intermediates, and holds no memory
-  between forward and backward.
-
-The formulas (the measure ``m`` and its gradient; the loss is ``1 - m``), the eps rule (``eps``
-replaces a denominator only where it is exactly zero: `_nonzero`), the tie convention of
-``max``/``min`` (ties split the gradient half and half, as autograd does) and the
-degenerate-box policy are those of the torch formula, `visionblocks.ops.boxes._measure`
-(the ``reference`` of each entry point, and of the tests). ``atan`` is
-a Cephes rational approximation (relative error below 3e-16 in float64), since libdevice
-functions do not run in the interpreter; the angle is formed as ``atan(min / max)`` of
-``|w|, |h|``, so no division by zero occurs.
+One kernel body, specialised by the constexpr ``MODE`` (0 GIoU, 1 DIoU, 2 CIoU), one pair per
+lane, coordinates cast to the compute dtype before any math. Forward writes the loss only;
+backward recomputes the pair's terms (cheaper than saving them, and holds no memory) and
+writes ``grad_out * dloss/dbox`` in each input's dtype, clamped to its finite range. The
+formulas, the eps rule (`_nonzero`), the tie convention of ``max``/``min`` (ties split the
+gradient, as autograd does) and the degenerate-box policy are those of the torch formula,
+`visionblocks.ops.boxes._measure`. ``atan`` is a Cephes rational approximation (libdevice
+does not run in the interpreter), taken of ``min / max`` of ``|w|, |h|``: no division by zero.
 """
 
 from __future__ import annotations

@@ -43,7 +43,6 @@ from torch.autograd.function import once_differentiable
 from visionblocks._core.namespace import public_dir
 from visionblocks.kernels._launch import (
     KernelFailure,
-    cdiv,
     check_plane,
     jit,
     launch,
@@ -293,7 +292,7 @@ def plan(
     depth = channels // num_heads
     block_d = 16 if depth <= 16 else 32 if depth <= 32 else 64
     block_p = (1024 if float64 else 2048) // block_d
-    n_pb = cdiv(height * width, block_p)
+    n_pb = triton.cdiv(height * width, block_p)
     return {
         "programs": n_pb * batch * num_heads,
         "N_PB": n_pb,

@@ -1,13 +1,9 @@
 """Fused Triton kernels for `visionblocks.ops.local.local_filter2d` (forward and backward).
 
-Called by ``local_filter2d`` (after validation) as
-``local_filter_triton(x, kernels, kernel_size, dilation, stride, reference)``: ``x (B, C, H, W)`` and
-``kernels (B, G*k*k, Ho, Wo)`` of one floating dtype, ``G`` dividing ``C``; the result
-``(B, C, Ho, Wo)`` is in that dtype, differentiable with respect to both inputs. Geometry
-(tap ``t = i*k + j`` of output pixel ``(h, w)`` reads ``(h*s + (i - k//2)*d, w*s +
-(j - k//2)*d)``, zero outside) is that of the torch formula,
-`visionblocks.ops.local._local_filter`, which the tests compare it with. Every load is cast
-to the compute dtype (float32, or float64 for float64) right away; results are stored in the
+Called by ``local_filter2d`` (after validation) as ``local_filter_triton(x, kernels,
+kernel_size, dilation, stride, reference=...)``; the geometry is that of the torch formula,
+`visionblocks.ops.local._local_filter`, which the tests compare it with. Loads are cast to
+the compute dtype (float32, float64 for float64) right away; results are stored in the
 tensors' dtype.
 
 Kernel size, dilation and stride are runtime arguments (one compiled kernel serves every
@@ -28,6 +24,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
+import triton
 import triton.language as tl
 from torch import Tensor
 from torch.autograd.function import once_differentiable
@@ -35,7 +32,6 @@ from torch.autograd.function import once_differentiable
 from visionblocks._core.namespace import public_dir
 from visionblocks.kernels._launch import (
     KernelFailure,
-    cdiv,
     check_plane,
     jit,
     launch,
@@ -178,8 +174,8 @@ def gather_grid(shape: tuple[int, int, int, int], groups: int) -> tuple[int, int
     b, c, h_dst, w_dst = shape
     check_plane(h_dst, w_dst)
     cg = c // groups
-    n_pb = cdiv(h_dst * w_dst, _BLOCK_P)
-    n_cb = cdiv(cg, block_c(cg))
+    n_pb = triton.cdiv(h_dst * w_dst, _BLOCK_P)
+    n_cb = triton.cdiv(cg, block_c(cg))
     return n_pb * n_cb * b * groups, n_pb, n_cb
 
 
@@ -193,7 +189,7 @@ def grad_kernels_grid(
         (1728, 32)
     """
     check_plane(*out_size)
-    n_pb = cdiv(out_size[0] * out_size[1], _BLOCK_P)
+    n_pb = triton.cdiv(out_size[0] * out_size[1], _BLOCK_P)
     return n_pb * taps * batch * groups, n_pb
 
 

@@ -212,8 +212,6 @@ class BCEWithLogitsLoss(nn.Module):
         label_smoothing: In ``[0, 1)``.
         ignore_index: ``None`` or the target value to exclude.
 
-    Under ``torch.autocast``: as `binary_cross_entropy_with_logits` (float32 for every
-    ``reduction``; outside autocast, half inputs and targets give a half loss).
 
     Examples:
         >>> import torch

@@ -43,13 +43,9 @@ _K_EPS = 1e-6
 def _ohem_keep(
     loss: Tensor, valid: Tensor | None, top_k: float, *, use_sort: bool | None = None
 ) -> Tensor:
-    """Mask of the ``ceil(top_k * n_valid)`` valid elements with the largest ``loss``.
-
-    Exactly that many are kept (which of equal losses at the boundary is unspecified). On CPU
-    the count is read (free) and ``topk`` selects in linear time; elsewhere a sort ranks the
-    elements and the count stays a tensor, so there is no host sync. ``use_sort`` forces one
-    way (tests check both on CPU).
-    """
+    """Mask of the ``ceil(top_k * n_valid)`` valid elements with the largest ``loss``: ``topk``
+    on CPU, where reading the count is free; a sort elsewhere (no host sync). ``use_sort``
+    forces one way (the tests check both)."""
     key = loss.detach().flatten()
     n = key.numel()
     if n == 0:
@@ -85,17 +81,9 @@ def _reduce_class_loss(
     elem_weight: Tensor | None,
     top_k: float | None,
 ) -> Tensor:
-    """Reduce an element-wise loss with ``F.cross_entropy``'s weighted-mean semantics.
-
-    Args:
-        loss: Element-wise loss in the compute dtype, zero at ignored elements.
-        reduction: ``"none"``, ``"mean"`` or ``"sum"``.
-        input_dtype: Returned by ``"none"``.
-        valid: Non-ignored elements (``None``: all).
-        elem_weight: ``weight[target]`` per element, zero at ignored ones; ``"mean"`` divides
-            by its sum over the counted elements (``None``: by their number).
-        top_k: OHEM fraction; only the kept elements are summed and counted.
-    """
+    """`reduce_loss` with ``F.cross_entropy``'s weighted mean: ``"mean"`` divides by the sum
+    of ``elem_weight`` (``weight[target]``) over the counted elements, or their number; with
+    ``top_k`` (OHEM) only the kept elements are summed and counted."""
     if top_k is not None and top_k < 1.0:
         valid = _ohem_keep(loss, valid, top_k)
         loss = loss.masked_fill(~valid, 0.0)
@@ -261,8 +249,6 @@ class CrossEntropyLoss(nn.Module):
         label_smoothing: In ``[0, 1]``.
         top_k: ``None`` or the OHEM fraction in ``(0, 1]``.
 
-    Under ``torch.autocast``: as `cross_entropy` (float32 for every ``reduction``; outside
-    autocast, half logits give a half loss, as ``torch.nn.CrossEntropyLoss``).
 
     Examples:
         >>> import torch

@@ -17,7 +17,7 @@ from torch import Tensor, nn
 
 from visionblocks._core.checks import check_range
 from visionblocks._core.deprecation import deprecated_attribute
-from visionblocks._core.dispatch import forced_triton, use_triton, validate_impl
+from visionblocks._core.dispatch import forced_triton, recording, use_triton, validate_impl
 from visionblocks._core.namespace import public_dir
 from visionblocks._core.registries import LOSSES
 from visionblocks._core.tensor_checks import check_floating, check_same_device, check_tensor
@@ -74,20 +74,15 @@ def _focal_terms(
 class _FocalGrad(torch.autograd.Function):
     """`_focal_terms`'s loss, with its derivative in ``x`` written out (eager calls only).
 
-    Autograd through the formula keeps a dozen tensors and runs the backward of every step
-    (softplus, sigmoid, lerp, pow, mul); the derivative in closed form reuses the forward's
-    terms in fewer passes, which is what puts the loss ahead of torchvision's at every size
-    of the benchmarks' sweep (``sweep_focal_*``). With ``m = 1 - p_t``,
-    ``ce`` the BCE term, ``s = sigmoid(x)`` and ``sn = sigmoid(-x)``:
+    The closed form reuses the forward's terms in fewer passes than autograd through the
+    formula (the benchmarks page's focal sweep holds the cases that keep it). With
+    ``m = 1 - p_t``, ``ce`` the BCE term, ``s = sigmoid(x)`` and ``sn = sigmoid(-x)``:
 
         dce/dx = (1 - t) s - t sn        dm/dx = s sn (1 - 2t)
         d loss / dx = a_t m ** (gamma - 1) (gamma ce dm/dx + m dce/dx)
 
-    For binary ``t`` (``positive``), ``z = (1 - 2t) x``, ``ce = softplus(z)`` and
-    ``m = sigmoid(z)``: ``dce/dx = (1 - 2t) m`` and ``dm/dx = (1 - 2t) m (1 - m)``, as autograd
-    differentiates that sigmoid. ``t`` gets no gradient (targets that need one take the plain
-    formula). A backward with ``create_graph=True`` differentiates the formula itself, so
-    higher derivatives are exact too.
+    For binary ``t``, ``z = (1 - 2t) x``: ``dce/dx = (1 - 2t) m``, ``dm/dx = (1 - 2t) m (1 - m)``.
+    ``t`` gets no gradient; ``create_graph=True`` differentiates the formula itself.
     """
 
     @staticmethod
@@ -172,16 +167,9 @@ def _focal_elements(
 
 
 def _closed_form_grad(x: Tensor, t: Tensor) -> bool:
-    """Whether an eager call backpropagates through `_FocalGrad`: ``x`` needs a gradient and
-    ``t`` none, and nothing records the ops (tracing or compiling: the compiler fuses the
-    formula itself)."""
-    return (
-        x.requires_grad
-        and not t.requires_grad
-        and torch.is_grad_enabled()
-        and not torch.jit.is_tracing()
-        and not torch.compiler.is_compiling()
-    )
+    """Whether the call backpropagates through `_FocalGrad`: ``x`` needs a gradient, ``t``
+    none, and torch does not record the call (the compiler fuses the formula itself)."""
+    return x.requires_grad and not t.requires_grad and torch.is_grad_enabled() and not recording()
 
 
 def _focal_rows(x, targets, w, alpha, gamma, ignore, reduce_sum, out_dtype):
@@ -428,8 +416,6 @@ class SigmoidFocalLoss(nn.Module):
     ``reduction`` defaults to ``"mean"`` like torch's loss modules (the function's default,
     ``"none"``, is torchvision's).
 
-    Under ``torch.autocast``: as `sigmoid_focal_loss` (half logits computed in float32;
-    ``"sum"``/``"mean"`` float32, ``"none"`` the logits' dtype).
 
     Examples:
         >>> import torch

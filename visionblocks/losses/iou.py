@@ -1,50 +1,29 @@
 """GIoU, DIoU and CIoU losses of aligned box pairs (``1 -`` the IoU variant, plus penalties).
 
-Each loss is a function (exported by `visionblocks.ops` too, where torchvision users look for
+Each loss is a function (served by `visionblocks.ops` too, where torchvision users look for
 it) and a module of the same stem, registered in ``LOSSES``: `GeneralizedBoxIoULoss`
 (``"giou"``), `DistanceBoxIoULoss` (``"diou"``), `CompleteBoxIoULoss` (``"ciou"``);
 ``GIoULoss``, ``DIoULoss`` and ``CIoULoss`` are deprecated aliases (removed in 0.3). One torch
-formula, `visionblocks.ops.boxes`'s `_measure` (plain autograd, one eps rule for every box op
-and loss), and for CUDA tensors the fused Triton kernels (`visionblocks.kernels.iou`), tested
-against it. The functions script with ``torch.jit.script`` (``impl`` ``"auto"`` or
-``"torch"``; no input checks, gradients to half boxes not clamped) and compile with
-``torch.compile(fullgraph=True)``.
+formula, `visionblocks.ops.boxes`'s `_measure`, and for CUDA tensors the fused Triton kernels
+(`visionblocks.kernels.iou`), tested against it. The functions script with
+``torch.jit.script`` (``impl`` ``"auto"`` or ``"torch"``; no input checks, gradients to half
+boxes not clamped) and compile with ``torch.compile(fullgraph=True)``. No value checks: a
+non-finite coordinate gives a NaN loss, as in torchvision.
 
 Convention:
-    Boxes are ``(x1, y1, x2, y2)`` corners (``"xyxy"``) in any one unit (pixels or normalised),
-    with ``x1 <= x2`` and ``y1 <= y2``; pairs are element-wise: ``pred[i]`` goes with
-    ``target[i]``. Width and height are ``x2 - x1`` and ``y2 - y1`` (no ``+1``). Every loss is
-    symmetric in ``pred`` and ``target``.
-
-The eps rule: ``eps`` is used only in place of a denominator that is exactly zero (the union,
-the enclosing box's area or squared diagonal of a degenerate pair), where the numerator is
-zero too. Everywhere else the losses are exact, with no ``eps``: identical boxes give loss 0
-at any size (torchvision's ``U + eps`` gives 0.71 for two identical 2e-4-wide boxes), and
-valid boxes give torchvision's values and gradients up to its ``eps``.
-
-Degenerate boxes (zero width and/or height): values and gradients are finite and, wherever
-torchvision's are finite, equal to torchvision's. A zero-area box has IoU 0, so a degenerate
-pair, even two identical points, has loss 1 (torchvision issue #7746 keeps this too). Only
-CIoU's angle term differs: torchvision's ``atan(w / h)`` gives NaN gradients at ``h = 0``
-(and a NaN value for a point box); here the angle is ``atan2(w, h)``: ``atan(w / h)`` for
-``h > 0``, ``pi/2`` for ``h = 0`` with gradient ``(h, -w) / (w^2 + h^2)``, and ``0`` with no
-gradient for a point box. Gradients stay finite but can reach about ``1 / eps`` for two
-collinear zero-width (or zero-height) boxes, as in torchvision: their enclosing box has zero
-area. ``eps = 0`` gives NaN for those degenerate pairs.
-
-Range: as for the box ops (`visionblocks.ops.boxes`), areas and squared diagonals must be
-finite normal numbers for exact results: float32 coordinates and sizes between about
-``1e-18`` and ``1e18``. Nothing is rescaled.
+    The box ops' (`visionblocks.ops.boxes`: ``"xyxy"``, no ``+1``, the eps rule, zero-area
+    and inverted boxes, the range of exact results); pairs are element-wise (``pred[i]``
+    with ``target[i]``) and every loss is symmetric in ``pred`` and ``target``. Identical
+    boxes give loss 0 at any size, a degenerate pair loss 1. Values and gradients are finite
+    and, wherever torchvision's are finite, equal to torchvision's up to its ``eps``; only
+    CIoU's angle term differs: ``atan2(w, h)`` instead of ``atan(w / h)`` (NaN gradients at
+    ``h = 0`` in torchvision), with no gradient for a point box. Gradients can reach about
+    ``1 / eps`` for two collinear zero-width boxes, as in torchvision.
 
 Dtype policy: float16/bfloat16 are computed in float32; ``"none"`` returns the inputs'
-dtype, ``"sum"``/``"mean"`` return the compute dtype. Gradients of
-half inputs are computed in float32 and clamped to the half dtype's finite range (the ~1/eps
-gradients above stay finite). ``pred`` and ``target`` of different floating dtypes are
-promoted first. ``torch.autocast`` changes none of this (the same results inside it as
-outside).
-
-No value checks: nothing reads tensor values on the host (a non-finite coordinate gives a
-NaN loss, as in torchvision).
+dtype, ``"sum"``/``"mean"`` the compute dtype; gradients of half inputs are clamped to the
+half dtype's finite range. Mixed dtypes are promoted first; ``torch.autocast`` changes
+nothing.
 """
 
 from __future__ import annotations
@@ -306,8 +285,6 @@ class GeneralizedBoxIoULoss(_BoxIoULoss):
         eps: Number ``>= 0`` used in place of a denominator that is exactly zero.
         impl: ``"auto"`` | ``"torch"`` | ``"triton"``.
 
-    Under ``torch.autocast``: as `generalized_box_iou_loss` (half boxes computed in float32;
-    ``"sum"``/``"mean"`` float32, ``"none"`` the boxes' promoted dtype).
 
     Examples:
         >>> loss_fn = GeneralizedBoxIoULoss()
@@ -334,8 +311,6 @@ class DistanceBoxIoULoss(_BoxIoULoss):
         eps: Number ``>= 0`` used in place of a denominator that is exactly zero.
         impl: ``"auto"`` | ``"torch"`` | ``"triton"``.
 
-    Under ``torch.autocast``: as `distance_box_iou_loss` (half boxes computed in float32;
-    ``"sum"``/``"mean"`` float32, ``"none"`` the boxes' promoted dtype).
 
     Examples:
         >>> loss_fn = DistanceBoxIoULoss(reduction="none")
@@ -358,8 +333,6 @@ class CompleteBoxIoULoss(_BoxIoULoss):
         eps: Number ``>= 0`` used in place of a denominator that is exactly zero.
         impl: ``"auto"`` | ``"torch"`` | ``"triton"``.
 
-    Under ``torch.autocast``: as `complete_box_iou_loss` (half boxes computed in float32;
-    ``"sum"``/``"mean"`` float32, ``"none"`` the boxes' promoted dtype).
 
     Examples:
         >>> loss_fn = CompleteBoxIoULoss(reduction="sum")

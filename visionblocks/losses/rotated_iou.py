@@ -110,8 +110,6 @@ class RotatedBoxIoULoss(nn.Module):
             case) or a torchvision ``BoundingBoxFormat``; angles in degrees,
             counter-clockwise on screen, as torchvision's tv_tensors.
 
-    Under ``torch.autocast``: as `rotated_box_iou_loss` (computed in float32; ``"sum"``/
-    ``"mean"`` float32, ``"none"`` the boxes' promoted dtype).
 
     Examples:
         >>> loss_fn = RotatedBoxIoULoss()

@@ -211,8 +211,6 @@ class SoftmaxFocalLoss(nn.Module):
         reduction: ``"none"`` | ``"mean"`` | ``"sum"``.
         impl: ``"auto"`` | ``"torch"`` | ``"triton"`` (no kernel: ``"triton"`` raises).
 
-    Under ``torch.autocast``: as `softmax_focal_loss` (half logits computed in float32;
-    ``"sum"``/``"mean"`` float32, ``"none"`` the logits' dtype).
 
     Examples:
         >>> import torch

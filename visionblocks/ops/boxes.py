@@ -406,17 +406,16 @@ def generalized_box_iou(
     up to its ``eps``.
 
     Args:
-        boxes1 (Tensor[..., N, 4]): First set, ``(x1, y1, x2, y2)``.
-        boxes2 (Tensor[..., M, 4]): Second set; leading dims broadcastable with ``boxes1``'s.
-        aligned: Every pair, ``(..., N, M)`` (False), or index by index, ``(..., N)`` (True).
-        eps: Replaces a denominator that is exactly zero (the module's Convention); ``>= 0``.
+        boxes1 (Tensor[..., N, 4]): First set.
+        boxes2 (Tensor[..., M, 4]): Second set.
+        aligned: As `box_iou`.
+        eps: As `box_iou`.
 
     Returns:
-        Tensor[..., N, M] or Tensor[..., N]: float32 (float64 for float64 boxes; Dtypes).
+        Tensor[..., N, M] or Tensor[..., N]: As `box_iou`.
 
     Raises:
-        TypeError: Boxes not real tensors, ``aligned`` not a bool, ``eps`` not a number.
-        ValueError: Bad shapes, devices or ``eps`` (listed in the module notes).
+        TypeError, ValueError: As `box_iou`.
 
     References:
         Rezatofighi et al., "Generalized Intersection over Union: A Metric and A Loss for
@@ -445,17 +444,16 @@ def distance_box_iou(
     torchvision's ``eps`` (``c² + eps``).
 
     Args:
-        boxes1 (Tensor[..., N, 4]): First set, ``(x1, y1, x2, y2)``.
-        boxes2 (Tensor[..., M, 4]): Second set; leading dims broadcastable with ``boxes1``'s.
-        aligned: Every pair, ``(..., N, M)`` (False), or index by index, ``(..., N)`` (True).
-        eps: Replaces a denominator that is exactly zero (the module's Convention); ``>= 0``.
+        boxes1 (Tensor[..., N, 4]): First set.
+        boxes2 (Tensor[..., M, 4]): Second set.
+        aligned: As `box_iou`.
+        eps: As `box_iou`.
 
     Returns:
-        Tensor[..., N, M] or Tensor[..., N]: float32 (float64 for float64 boxes; Dtypes).
+        Tensor[..., N, M] or Tensor[..., N]: As `box_iou`.
 
     Raises:
-        TypeError: Boxes not real tensors, ``aligned`` not a bool, ``eps`` not a number.
-        ValueError: Bad shapes, devices or ``eps`` (listed in the module notes).
+        TypeError, ValueError: As `box_iou`.
 
     References:
         Zheng et al., "Distance-IoU Loss: Faster and Better Learning for Bounding Box
@@ -485,17 +483,16 @@ def complete_box_iou(
     gradient (torchvision divides by zero there), a point box gets 0.
 
     Args:
-        boxes1 (Tensor[..., N, 4]): First set, ``(x1, y1, x2, y2)``.
-        boxes2 (Tensor[..., M, 4]): Second set; leading dims broadcastable with ``boxes1``'s.
-        aligned: Every pair, ``(..., N, M)`` (False), or index by index, ``(..., N)`` (True).
-        eps: Replaces a denominator that is exactly zero (the module's Convention); ``>= 0``.
+        boxes1 (Tensor[..., N, 4]): First set.
+        boxes2 (Tensor[..., M, 4]): Second set.
+        aligned: As `box_iou`.
+        eps: As `box_iou`.
 
     Returns:
-        Tensor[..., N, M] or Tensor[..., N]: float32 (float64 for float64 boxes; Dtypes).
+        Tensor[..., N, M] or Tensor[..., N]: As `box_iou`.
 
     Raises:
-        TypeError: Boxes not real tensors, ``aligned`` not a bool, ``eps`` not a number.
-        ValueError: Bad shapes, devices or ``eps`` (listed in the module notes).
+        TypeError, ValueError: As `box_iou`.
 
     References:
         Zheng et al., "Distance-IoU Loss: Faster and Better Learning for Bounding Box
