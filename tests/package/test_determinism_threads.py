@@ -24,7 +24,7 @@ import torch
 
 from tests.package.test_determinism import _gen, _run, on_path
 from visionblocks import ops
-from visionblocks._core import parallel
+from visionblocks.ops import _parallel as parallel
 
 
 def _local_filter() -> tuple:

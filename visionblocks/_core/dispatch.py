@@ -3,16 +3,14 @@
 Implementations. Ops with a fused kernel take ``impl: str = "auto"``:
 
 - ``"torch"``: the torch formula (also the CPU path). Always available.
-- ``"triton"``: the fused Triton kernel, on CUDA tensors (on CPU tensors when
-  ``TRITON_INTERPRET=1`` was set before triton was imported, which is how the tests run the
-  kernels). Where it cannot run, the op raises and says why.
+- ``"triton"``: the fused Triton kernel, on CUDA tensors (on CPU tensors when ``TRITON_INTERPRET=1``
+  was set before triton was imported). Where it cannot run, the op raises and says why.
 - ``"auto"``: the process default (`set_impl` / `use_impl`, then ``VISIONBLOCKS_IMPL``,
   then ``"auto"``); when that is ``"auto"`` too, the kernel for real CUDA tensors in eager
   code when triton is installed, the GPU and the dtypes are supported and the kernel has not
-  failed on that device before; the formula otherwise. While torch records the call
-  (``torch.compile``, ``torch.export``, ``torch.jit.trace``), ``"auto"`` is the formula,
-  which the compiler fuses itself, whatever the default: pass ``impl="triton"`` to record a
-  kernel. ``VISIONBLOCKS_DISABLE_TRITON=1`` leaves the formula only.
+  failed on that device before; the formula otherwise, and always while torch records the
+  call (``torch.compile``, ``torch.export``, ``torch.jit.trace``; ``impl="triton"`` records
+  a kernel). ``VISIONBLOCKS_DISABLE_TRITON=1`` leaves the formula only.
 
 A kernel that fails to compile, load or launch warns once per op and device, and that op runs
 the formula on that device from then on (`note_failure`, recorded by
@@ -21,10 +19,9 @@ the formula on that device from then on (`note_failure`, recorded by
 Value checks (finite boxes, labels in range, positive normalizers...) read tensor values.
 They are on by default (`set_value_checks` / `value_checks`, ``VISIONBLOCKS_VALUE_CHECKS=0``
 turns them off): on CPU they read the values and raise at once (`reads_values`); on CUDA
-nothing is read on the host, so nothing waits for the GPU: a check is a device-side assert
-(`asserts_on_device`, `assert_on_device`; a failure is a CUDA error at the next
-synchronisation) or skipped, as each function says. Meta and fake tensors and recorded calls
-skip them (a host read would freeze one input's answer into the graph).
+nothing is read on the host: a check is a device-side assert (`asserts_on_device`,
+`assert_on_device`; a failure is a CUDA error at the next synchronisation) or skipped, as
+each function says. Meta and fake tensors and recorded calls skip them.
 """
 
 from __future__ import annotations
@@ -244,8 +241,6 @@ def capability_reason(
             (default: `triton_version`).
 
     Examples:
-        >>> capability_reason((9, 0), [torch.bfloat16])
-        ''
         >>> capability_reason((7, 0), [torch.float32])
         'the kernels need compute capability 7.5 or newer; this GPU has 7.0'
         >>> capability_reason((7, 5), [torch.bfloat16], triton=(3, 2))
@@ -384,10 +379,7 @@ def _check_bool(enabled: object) -> bool:
 
 
 def set_value_checks(enabled: bool) -> None:
-    """Turn the checks that read tensor values on or off for the whole process.
-
-    Shape, dtype and device checks always run; value checks make a pass over the data (see
-    the module docstring for where they run).
+    """Turn value checks on or off for the whole process (shape/dtype/device checks always run).
 
     Args:
         enabled: True to run them (the default), False to skip them.
@@ -467,9 +459,8 @@ def reads_values(*tensors: Tensor | None) -> bool:
 
 def asserts_on_device(*tensors: Tensor | None) -> bool:
     """Whether a value check of these tensors runs as a device-side assert: value checks on,
-    nothing recorded, no meta tensor and one on CUDA (fake CUDA tensors too: the assert is
-    recorded, nothing is read). A failure leaves the CUDA context unusable, as an
-    out-of-range index in ``F.cross_entropy`` does.
+    nothing recorded, no meta tensor and one on CUDA (fake ones too: nothing is read). A
+    failure leaves the CUDA context unusable, as an out-of-range index in ``F.cross_entropy``.
 
     Examples:
         >>> asserts_on_device(torch.zeros(1))  # CPU: `reads_values` instead

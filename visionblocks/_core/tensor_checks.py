@@ -13,7 +13,6 @@ def check_tensor(name: str, value: Any) -> torch.Tensor:
     """Raise ``TypeError`` unless ``value`` is a ``torch.Tensor``; return it.
 
     Examples:
-        >>> import torch
         >>> check_tensor("x", torch.zeros(1)).shape
         torch.Size([1])
     """
@@ -26,7 +25,6 @@ def check_floating(name: str, value: Any) -> torch.Tensor:
     """Raise ``TypeError`` unless ``value`` is a floating-point tensor; return it.
 
     Examples:
-        >>> import torch
         >>> check_floating("logits", torch.zeros(2, dtype=torch.long))
         Traceback (most recent call last):
         ...
@@ -39,11 +37,9 @@ def check_floating(name: str, value: Any) -> torch.Tensor:
 
 
 def check_real(name: str, value: Any) -> torch.Tensor:
-    """Raise ``TypeError`` unless ``value`` is a real-valued tensor (floating or integer; not
-    complex, not bool); return it.
+    """Raise ``TypeError`` unless ``value`` is a real (floating or integer) tensor; return it.
 
     Examples:
-        >>> import torch
         >>> check_real("boxes", torch.zeros(1, 4, dtype=torch.complex64))
         Traceback (most recent call last):
         ...
@@ -61,7 +57,6 @@ def check_same_shape(name_a: str, a: torch.Tensor, name_b: str, b: torch.Tensor)
     """Raise ``ValueError`` unless two tensors have the same shape.
 
     Examples:
-        >>> import torch
         >>> check_same_shape("inputs", torch.zeros(2, 3), "targets", torch.zeros(2, 4))
         Traceback (most recent call last):
         ...
@@ -78,7 +73,6 @@ def check_last_dim(name: str, value: torch.Tensor, size: int, *, what: str = "")
     """Raise ``ValueError`` unless ``value.shape[-1] == size`` (and ``value.dim() >= 1``).
 
     Examples:
-        >>> import torch
         >>> check_last_dim("boxes", torch.zeros(5, 3), 4, what="(x1, y1, x2, y2)")
         Traceback (most recent call last):
         ...
@@ -93,7 +87,6 @@ def check_feature_map(name: str, value: Any, channels: int) -> torch.Tensor:
     """Raise unless ``value`` is a ``(B, channels, H, W)`` floating-point tensor; return it.
 
     Examples:
-        >>> import torch
         >>> check_feature_map("x", torch.zeros(32, 9, 9), 32)
         Traceback (most recent call last):
         ...
@@ -118,7 +111,6 @@ def check_device(name: str, value: torch.Tensor, device: torch.device, where: st
     """Raise ``ValueError`` unless ``value`` is on ``device`` (the device of ``where``).
 
     Examples:
-        >>> import torch
         >>> check_device("x", torch.zeros(1, device="meta"), torch.device("cpu"), "the weights")
         Traceback (most recent call last):
         ...
@@ -136,13 +128,11 @@ def check_image_batch(
 ) -> torch.Tensor:
     """Raise unless ``value`` is a floating ``(B, channels, H, W)`` tensor fit for ``weight``.
 
-    The input check of a module's ``forward``: a tensor (``TypeError``), floating point
-    (``TypeError``), 4-D with ``channels`` channels (``ValueError``; a 3-D input gets a hint
-    to add the batch dimension), on the device of ``weight`` (``ValueError``) and, outside
-    ``torch.autocast``, of its dtype (``TypeError``). Skipped while tracing (`is_tracing`).
+    The input check of a module's ``forward``: ``TypeError`` for the type, a non-floating
+    dtype or (outside ``torch.autocast``) not ``weight``'s; ``ValueError`` for the shape (3-D:
+    a hint to add the batch dim) or not ``weight``'s device. Skipped while tracing.
 
     Examples:
-        >>> import torch
         >>> check_image_batch("x", torch.zeros(8, 5, 5), 8)
         Traceback (most recent call last):
         ...
@@ -170,11 +160,7 @@ def check_image_batch(
 def check_same_device(**tensors: torch.Tensor | None) -> None:
     """Raise ``ValueError`` unless every tensor given (``None`` skipped) is on one device.
 
-    The message names every argument with its device, so a stray CPU (or meta) tensor among
-    CUDA ones is easy to find.
-
     Examples:
-        >>> import torch
         >>> check_same_device(pred=torch.zeros(1), target=torch.zeros(1, device="meta"))
         Traceback (most recent call last):
         ...
@@ -209,7 +195,6 @@ def check_allocation(what: str, shape: Sequence[int], dtype: torch.dtype) -> Non
     Skipped under ``torch.compile`` (the allocator's own error remains).
 
     Examples:
-        >>> import torch
         >>> check_allocation("the windows", (1, 3, 10**9 * 10**9, 4, 4), torch.float32)
         Traceback (most recent call last):
         ...
@@ -227,12 +212,9 @@ def check_allocation(what: str, shape: Sequence[int], dtype: torch.dtype) -> Non
 
 
 def cuda_unusable(name: str, device: torch.device) -> str | None:
-    """Why ``device`` (given as argument ``name``) cannot be used here, or None.
-
-    A CPU device is always usable; a CUDA one needs CUDA and a visible device of its index.
+    """Why ``device`` (argument ``name``) cannot be used here (no CUDA, no such index), or None.
 
     Examples:
-        >>> import torch
         >>> cuda_unusable("device", torch.device("cpu")) is None
         True
     """

@@ -1,9 +1,7 @@
 """COCO instance annotations as model-ready ``tv_tensors``: `CocoInstances`.
 
-Built on pycocotools and torchvision. An item is ``(image, target)``: a
-``tv_tensors.Image`` (``uint8``, RGB, ``(3, H, W)``) and a dict of typed tensors, so a
-``torchvision.transforms.v2`` pipeline transforms image, boxes and masks together, and an
-image without annotations still gives correctly shaped empty tensors.
+Built on pycocotools and torchvision: an item is a ``tv_tensors.Image`` and a dict of typed
+tensors, so a ``torchvision.transforms.v2`` pipeline transforms image, boxes and masks together.
 
 ``CocoDetection`` is a deprecated alias of `CocoInstances` (removed in 0.3): torchvision's
 class of that name returns a PIL image and the raw annotation dicts.
@@ -81,10 +79,9 @@ class CocoInstances(CocoBase):
 
     Transforms: one that removes boxes must remove the same rows of ``labels``, ``iscrowd``
     and ``area``: use ``v2.SanitizeBoundingBoxes(labels_getter=instance_fields)``.
-    ``polygons`` are plain tensors, which v2 transforms leave as they are: they are for
+    ``polygons`` are plain tensors, which v2 transforms leave as they are: use
     `visionblocks.transforms` (``RandomAffine``, ``warp_sample``), which moves and filters
-    them with the boxes. Misaligned rows, or polygons left behind by moved boxes, raise a
-    ``ValueError``.
+    them with the boxes. Misaligned rows, or polygons left behind, raise a ``ValueError``.
 
     Images are decoded to 3-channel ``uint8`` RGB (EXIF orientation not applied: COCO
     refers to the pixels as stored). LVIS files load too. The dataset pickles (for
@@ -135,9 +132,6 @@ class CocoInstances(CocoBase):
         >>> image, target = dataset[0]
         >>> image.shape, image.dtype, dataset.classes
         (torch.Size([3, 64, 96]), torch.uint8, ['circle', 'square', 'triangle'])
-        >>> n = len(target["labels"])
-        >>> target["boxes"].shape == (n, 4), target["masks"].shape == (n, 64, 96)
-        (True, True)
         >>> folder.cleanup()
     """
 

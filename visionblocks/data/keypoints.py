@@ -60,10 +60,9 @@ OtherCategories = Literal["drop", "keep"]
 class CocoKeypoints(CocoInstances):
     """COCO keypoint annotations as ``(tv_tensors.Image, target)`` pairs.
 
-    For COCO person-keypoint files (``person_keypoints_*.json``) and any file with a category
-    that has ``keypoints`` (its key point names) and, optionally, ``skeleton``. Registered in
-    ``DATASETS`` as ``"coco_keypoints"``. ``target`` holds everything
-    `visionblocks.data.CocoInstances` gives, plus:
+    For any file with a category that has ``keypoints`` (its key point names) and,
+    optionally, ``skeleton``; registered in ``DATASETS`` as ``"coco_keypoints"``. ``target``
+    holds everything `visionblocks.data.CocoInstances` gives, plus:
 
     - ``keypoints``: ``tv_tensors.KeyPoints`` ``(N, K, 2)`` float32, ``(x, y)`` as in the
       file, ``canvas_size=(H, W)``;
@@ -71,14 +70,12 @@ class CocoKeypoints(CocoInstances):
       but not visible, 2 labelled and visible. A point with ``v = 0`` has the coordinates
       the file gives it (COCO writes ``0, 0``): mask with the visibility.
 
-    torchvision's Keypoint R-CNN takes ``(N, K, 3)`` with the flag as third column (see the
-    example).
+    torchvision's Keypoint R-CNN takes ``(N, K, 3)``, the flag as third column (the example).
 
     A category with a non-empty ``keypoints`` list is a keypoint category; a file needs at
-    least one, and several must agree on names, skeleton and sigmas. Annotations of other
-    categories are left out with ``other_categories="drop"`` (default, as pycocotools'
-    keypoint evaluation; ``classes`` then lists only the keypoint categories) or kept with
-    every key point unlabelled (``"keep"``).
+    least one, and several must agree on names, skeleton and sigmas. Other categories'
+    annotations are left out with ``other_categories="drop"`` (default, as pycocotools'
+    keypoint evaluation; ``classes`` lists only keypoint categories) or kept unlabelled.
 
     Invalid annotations follow ``invalid`` as in `visionblocks.data.CocoInstances`, with five
     key point reasons; ``invalid="keep"`` keeps such an annotation with its key points
@@ -86,11 +83,10 @@ class CocoKeypoints(CocoInstances):
 
     Transforms: torchvision's v2 transforms move the ``KeyPoints`` with the image but leave
     the visibility alone and do not swap left and right points on a flip (a model trained so
-    learns a mirrored skeleton). `visionblocks.transforms.RandomAffine` and
-    `visionblocks.transforms.warp_sample` do both (``flip_pairs=dataset.flip_pairs``).
-    ``v2.SanitizeBoundingBoxes(labels_getter=visionblocks.data.instance_fields)`` filters
-    ``keypoints`` and ``keypoints_visibility`` too; the dataset wraps the plain tensor it
-    hands back as ``KeyPoints`` again, so put it last.
+    learns a mirrored skeleton); `visionblocks.transforms` (``RandomAffine``, ``warp_sample``)
+    does both (``flip_pairs=dataset.flip_pairs``). ``v2.SanitizeBoundingBoxes(labels_getter=
+    visionblocks.data.instance_fields)`` filters the key points and their visibility too
+    (put it last: the dataset wraps the plain tensor it hands back as ``KeyPoints`` again).
 
     Args:
         root: Folder the ``file_name`` entries are relative to.
@@ -112,14 +108,12 @@ class CocoKeypoints(CocoInstances):
     Attributes:
         keypoint_names (list[str]): The ``K`` key point names, in order.
         num_keypoints (int): ``K``.
-        skeleton (list[tuple[int, int]]): Bones as 0-based index pairs (COCO's ``skeleton``
-            is 1-based).
+        skeleton (list[tuple[int, int]]): Bones as 0-based index pairs (COCO's are 1-based).
         flip_pairs (list[tuple[int, int]]): ``(left, right)`` index pairs.
         sigmas (Tensor | None): float32 ``(K,)`` OKS sigmas: the category's ``sigmas`` (not
             a COCO field) when given, else COCO's 17 person sigmas when the names are
             `COCO_KEYPOINT_NAMES`, else None.
-        num_other (int): Annotations of other categories left out
-            (``other_categories="drop"``).
+        num_other (int): Annotations of other categories left out (``"drop"``).
         coco: As `visionblocks.data.CocoInstances` (so are its other attributes).
 
     Raises:
@@ -144,8 +138,6 @@ class CocoKeypoints(CocoInstances):
         >>> n = len(target["boxes"])
         >>> target["keypoints"].shape == (n, 9, 2), target["keypoints"].canvas_size
         (True, (64, 96))
-        >>> target["keypoints_visibility"].shape == (n, 9)
-        True
         >>> rcnn = torch.cat([target["keypoints"], target["keypoints_visibility"][..., None]], -1)
         >>> rcnn.shape == (n, 9, 3), rcnn.dtype
         (True, torch.float32)

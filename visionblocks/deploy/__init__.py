@@ -62,9 +62,8 @@ class ExportResult:
         path: The written file.
         format: ``"onnx"`` or ``"pt2"``.
         size_bytes: Its size.
-        max_abs_diff: Largest absolute difference between the file's outputs and the eager
-            outputs on the example input (every output tensor; padded detections that differ
-            only in the order of tied scores are compared row with matching row).
+        max_abs_diff: Largest absolute difference from the eager outputs on the example
+            (padded detections that differ only in the order of tied scores: row by row).
         outputs: Number of output tensors compared.
     """
 
@@ -111,24 +110,21 @@ def export_model(
 ) -> ExportResult:
     """Export ``model`` (in eval mode) for ``example`` and check the file against eager.
 
-    The batch size is dynamic; with ``dynamic_hw`` the height and width are too (multiples
-    of ``stride``). Give an example of at least 2 images and, with ``dynamic_hw``, of a size
-    that is a multiple of ``stride``, at least twice it (``torch.export`` would fix a size
-    of 1 as a constant). The written file is run once on ``example`` (`torch.export.load`,
-    or onnxruntime on the CPU); a failed export names the innermost submodule whose own
-    export fails (`ExportError`).
+    The batch size is dynamic, and with ``dynamic_hw`` the height and width (multiples of
+    ``stride``): give at least 2 images of a size that is a multiple of ``stride``, at least
+    twice it (``torch.export`` fixes a size of 1). The file is run once on ``example``
+    (`torch.export.load` or CPU onnxruntime); a failed export names the innermost failing
+    submodule (`ExportError`).
 
     Args:
         model: The module; called as ``model(example)``.
         example (Tensor[B, C, H, W]): An input the model accepts.
         path: The file to write (parent folders are created).
-        format: ``"onnx"`` (``torch.onnx.export(dynamo=True)``) or ``"pt2"``
-            (`torch.export.save`).
+        format: ``"onnx"`` (``torch.onnx.export(dynamo=True)``) or ``"pt2"`` (`torch.export.save`).
         dynamic_hw: Make height and width dynamic as well as the batch size.
         stride: The largest stride of the model: dynamic sizes are multiples of it.
-        kwargs: Keyword arguments of every call (exported as constants), e.g.
-            ``{"padded": True}`` for the export form of a `visionblocks.models.Detector`
-            (`export_kwargs` gives them).
+        kwargs: Keyword arguments of every call (exported as constants), e.g. ``{"padded": True}``
+            for the export form of a `visionblocks.models.Detector` (`export_kwargs` gives them).
 
     Returns:
         ExportResult: The file, its size and the largest difference from eager.
@@ -246,6 +242,10 @@ def load_for_export(
     with the config under ``"config"`` and the state dict under ``"model"`` or
     ``"state_dict"``. ``weights`` overrides the weights the source names; every parameter
     must load (`visionblocks.weights.load_partial`).
+
+    Args:
+        source: A JSON config file or a ``torch.save`` checkpoint, as above.
+        weights: A weights file that overrides the source's (None: the source's).
 
     Returns:
         nn.Module: The model, in eval mode.

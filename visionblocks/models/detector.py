@@ -97,9 +97,8 @@ def normalize_images(
             ``mean``/``std`` are not floating-point tensors.
         ValueError: Not 4-D (3-D for list items), another number of channels than ``mean``,
             tensors on different devices, ``image_sizes`` not one ``(H, W)`` within the batch
-            per image; with value checks on (`visionblocks.value_checks_enabled`; on CUDA a
-            device-side assert), a ``mean`` that is not finite, a ``std`` that is not
-            positive and finite, or NaN or inf pixels.
+            per image; with value checks on (on CUDA a device-side assert), a non-finite
+            ``mean``, a ``std`` not positive and finite, or NaN or inf pixels.
 
     Examples:
         >>> import torch
@@ -177,14 +176,12 @@ def training_targets(
     """Checked ``boxes`` (XYXY) and ``labels`` of every target, crowd rows left out.
 
     ``tv_tensors.BoundingBoxes`` in another format are converted to XYXY; rows whose
-    ``iscrowd`` is 1 are dropped (a dense head has no ignore class). Always checked:
-    ``boxes`` a floating-point ``Tensor[N, 4]``, ``labels`` an integer ``Tensor[N]``,
-    ``iscrowd`` (optional) an integer or bool ``Tensor[N]``, all on one device. With value
-    checks on (`visionblocks.value_checks_enabled`, the default; one pass over the batch, a
-    device-side assert on CUDA): boxes finite with ``x2 > x1`` and ``y2 > y1`` (**zero-size
-    boxes are rejected**: no location lies inside them), labels in ``[0, num_classes)``
-    (``>= 0`` without ``num_classes``), ``iscrowd`` 0 or 1. Dropping crowd rows costs one
-    host sync on CUDA.
+    ``iscrowd`` is 1 are dropped (a dense head has no ignore class; one host sync on CUDA).
+    Always checked: ``boxes`` a floating-point ``Tensor[N, 4]``, ``labels`` an integer
+    ``Tensor[N]``, ``iscrowd`` (optional) an integer or bool ``Tensor[N]``, all on one
+    device. With value checks on (the default; a device-side assert on CUDA): boxes finite
+    with ``x2 > x1`` and ``y2 > y1`` (**zero-size boxes are rejected**: no location lies
+    inside them), labels in ``[0, num_classes)`` (``>= 0`` without it), ``iscrowd`` 0 or 1.
 
     Args:
         targets: One dict per image with ``boxes``, ``labels`` and optionally ``iscrowd``.
@@ -206,10 +203,6 @@ def training_targets(
         >>> t = training_targets([{"boxes": boxes, "labels": torch.tensor([0, 1]), "iscrowd": torch.tensor([0, 1])}])
         >>> t[0]["boxes"].tolist(), t[0]["labels"].tolist()
         ([[8.0, 9.0, 12.0, 11.0]], [0])
-        >>> training_targets([{"boxes": torch.tensor([[10.0, 20.0, 5.0, 5.0]]), "labels": torch.tensor([0])}])
-        Traceback (most recent call last):
-        ...
-        ValueError: targets[0]["boxes"][0] = [10.0, 20.0, 5.0, 5.0] (1 bad rows in this image): boxes must be XYXY ...
     """
     if num_classes is not None:
         check_int("num_classes", num_classes, 1)
@@ -226,9 +219,8 @@ class Detector(ComposedModel):
     Images are ``(B, 3, H, W)`` in ``[0, 255]`` (uint8 or float; a
     `visionblocks.data.collate_detection` batch with its ``image_sizes``) or a list of
     ``(3, H, W)`` tensors, normalised inside the model with ``pixel_mean`` / ``pixel_std``
-    (ImageNet statistics in 0-255 units by default). Targets are the dataset's (``boxes``,
-    ``labels``, ``iscrowd``). Inputs are checked before anything runs (`normalize_images`,
-    `training_targets`).
+    (ImageNet statistics in 0-255 units by default); targets are the dataset's, checked
+    before anything runs (`normalize_images`, `training_targets`).
 
     ``forward(images, padded=True)`` (eval mode) gives the export form instead of the list:
     ``{"boxes" (B, K, 4), "scores" (B, K), "labels" (B, K), "num_detections" (B,)}``,
@@ -319,8 +311,11 @@ def build_detector(cfg: Mapping[str, Any] | None = None, **entries: Any) -> Dete
     (``NECKS``) and ``head`` (``HEADS``), each a ``{"type": name, **options}`` dict (or a
     name, or a ready module), and optional ``pixel_mean`` / ``pixel_std``. The neck gets
     ``in_channels`` and ``strides`` from the backbone's ``feature_info``, the head from the
-    neck's, unless the config sets them; the config is not modified. Registered in
-    ``MODELS`` as ``"detector"``.
+    neck's, unless the config sets them; the config is not modified.
+
+    Args:
+        cfg: The config dict (or None: the keyword arguments alone).
+        **entries: Entries that update ``cfg`` (``backbone=...``, ``head=...``).
 
     Returns:
         Detector: The assembled model.

@@ -101,8 +101,7 @@ class FCOSHead(nn.Module):
         nms_thresh: NMS IoU threshold.
         topk_candidates: Candidates per level before NMS.
         max_detections: Detections per image.
-        grad_checkpointing: Checkpoint the two towers (activations recomputed in the
-            backward).
+        grad_checkpointing: Checkpoint the two towers (recomputed in the backward).
 
     Raises:
         TypeError: An option of the wrong type (``score_thresh=None`` names it); at call
@@ -122,8 +121,6 @@ class FCOSHead(nn.Module):
         >>> targets = [{"boxes": torch.tensor([[4.0, 4.0, 40.0, 30.0]]), "labels": torch.tensor([1])}]
         >>> sorted(head.loss(out, targets))
         ['loss_box', 'loss_centerness', 'loss_cls']
-        >>> head.predict(out, [(64, 64)])[0]["boxes"].shape[1]
-        4
 
     References:
         Tian et al., "FCOS: Fully Convolutional One-Stage Object Detection", ICCV 2019.

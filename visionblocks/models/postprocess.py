@@ -74,9 +74,8 @@ def postprocess_detections(
     ``max_detections`` highest scores. On CUDA this synchronises, as NMS does.
 
     **Non-finite predictions are dropped** (as detectron2's ``fast_rcnn_inference``): a
-    pair whose box or score is NaN or infinite never becomes a candidate, so a diverging
-    model gives fewer detections, not NaN boxes. With value checks on, scores that are NaN
-    or outside ``[0, 1]`` raise instead.
+    diverging model gives fewer detections, not NaN boxes. With value checks on, scores that
+    are NaN or outside ``[0, 1]`` raise instead.
 
     Args:
         scores (Sequence[Tensor[A_l, C]]): Class scores in ``[0, 1]`` per level.
@@ -94,11 +93,9 @@ def postprocess_detections(
     Raises:
         TypeError: ``scores`` or ``boxes`` not a list of floating-point tensors, options of
             the wrong type (``score_thresh=None``...).
-        ValueError: Different numbers of score and box levels, a level whose ``scores``
-            and ``boxes`` have different numbers of rows (or classes that differ between
-            levels), tensors on different devices, options out of range; with value checks
-            on (`visionblocks.value_checks_enabled`), scores outside ``[0, 1]`` (logits
-            instead of probabilities) or NaN (on CUDA a device-side assert).
+        ValueError: Levels, rows or classes of ``scores`` and ``boxes`` that disagree,
+            tensors on different devices, options out of range; with value checks on, scores
+            outside ``[0, 1]`` (logits?) or NaN (on CUDA a device-side assert).
 
     Examples:
         >>> scores = [torch.tensor([[0.9, 0.1], [0.8, 0.0]])]
@@ -210,11 +207,9 @@ def postprocess_padded(
     """`postprocess_detections` of a whole batch at once, padded to ``max_detections``.
 
     The export form (no loop over images, no host synchronisation: ``torch.export`` with
-    dynamic batch and image size, ``torch.onnx.export(..., dynamo=True)``): the
-    ``topk_candidates`` best pairs per level and image, one ``torchvision.ops.nms`` with
-    boxes offset per (image, class), the ``max_detections`` best of each image scattered
-    into the output. The same detections as `postprocess_detections`, image by image (ties
-    in score may order differently).
+    dynamic batch and image size, ``torch.onnx.export(..., dynamo=True)``): one
+    ``torchvision.ops.nms`` with boxes offset per (image, class). The same detections as
+    `postprocess_detections`, image by image (ties in score may order differently).
 
     Args:
         scores (Sequence[Tensor[B, A_l, C]]): Class scores in ``[0, 1]`` per level.
@@ -232,8 +227,7 @@ def postprocess_padded(
         the rest is padding (0, labels -1).
 
     Raises:
-        TypeError: As `postprocess_detections`; an ``image_sizes`` that is not an integer
-            tensor.
+        TypeError: As `postprocess_detections`; ``image_sizes`` not an integer tensor.
         ValueError: As `postprocess_detections`; an ``image_sizes`` that is not ``(B, 2)``
             on the scores' device; ``max_detections`` above 100,000.
 

@@ -100,9 +100,6 @@ class FPNSegHead(nn.Module):
         >>> logits = head([torch.randn(2, 16, 8, 8), torch.randn(2, 16, 4, 4)], size=(32, 32))
         >>> logits.shape
         torch.Size([2, 4, 32, 32])
-        >>> labels = torch.randint(0, 4, (2, 32, 32))
-        >>> sorted(head.loss(logits, labels))
-        ['loss_seg']
     """
 
     def __init__(
@@ -217,12 +214,11 @@ class Segmenter(ComposedModel):
 
     ``forward(images, targets=None)``: in training mode, the loss dict with ``loss``
     (``targets`` required: ``(B, H, W)`` integer labels on the images' device, such as
-    stacked `visionblocks.data.CocoSegmentation` masks; with value checks on, each in
-    ``[0, num_classes)`` or the head's ``ignore_index``); in eval mode, logits ``(B, K, H,
-    W)`` at the input size. `predict` gives label maps. Images are as in
-    `visionblocks.models.Detector`. Exports (``torch.export``, ``torch.onnx.export(...,
-    dynamo=True)``) with dynamic batch size and ``H``, ``W`` (multiples of the largest
-    stride).
+    stacked `visionblocks.data.CocoSegmentation` masks, each in ``[0, num_classes)`` or the
+    head's ``ignore_index``); in eval mode, logits ``(B, K, H, W)`` at the input size;
+    `predict` gives label maps. Images as in `visionblocks.models.Detector`. Exports
+    (``torch.export``, ``torch.onnx.export(..., dynamo=True)``) with dynamic batch size and
+    ``H``, ``W`` (multiples of the largest stride).
 
     Raises:
         TypeError: As `visionblocks.models.Detector`; ``targets`` not an integer tensor.
@@ -239,8 +235,6 @@ class Segmenter(ComposedModel):
         >>> images = torch.randint(0, 255, (2, 3, 64, 64), dtype=torch.uint8)
         >>> model(images, torch.randint(0, 4, (2, 64, 64)))["loss"].shape
         torch.Size([])
-        >>> model.eval().predict(images).shape
-        torch.Size([2, 64, 64])
     """
 
     head_methods = ("loss",)
@@ -289,8 +283,6 @@ class Segmenter(ComposedModel):
 @MODELS.register(name="segmenter")
 def build_segmenter(cfg: Mapping[str, Any] | None = None, **entries: Any) -> Segmenter:
     """Build a `Segmenter` from config entries, as `visionblocks.models.build_detector`.
-
-    Registered in ``MODELS`` as ``"segmenter"``.
 
     Examples:
         >>> model = build_segmenter(

@@ -1,11 +1,10 @@
 """Layers built on per-pixel dynamic filtering (`visionblocks.ops.local.local_filter2d`).
 
-`Involution2d` generates its kernels from the input itself (Li et al., CVPR 2021);
-`LocalFilter2d` predicts them with a convolution or takes them as given. Both run `local_filter2d`, so neither materialises the ``k*k``-times unfolded input, except
-under ``torch.export`` and ``torch.jit.script`` (the threaded op neither traces nor
-compiles): there they run the same maths on the unfolded windows, ``k*k`` times the memory.
-A scripted layer skips the input checks and does not checkpoint its activations. Under
-``torch.autocast`` the convolutions run in the autocast dtype and `local_filter2d` promotes
+`Involution2d` generates its kernels from the input itself (Li et al., CVPR 2021); `LocalFilter2d`
+predicts them with a convolution or takes them as given. Both run `local_filter2d`, which does not
+unfold the input, except under ``torch.export`` and ``torch.jit.script``: there they unfold it
+(``k*k`` times the memory); a scripted layer skips the input checks and activation checkpointing.
+Under ``torch.autocast`` the convolutions run in the autocast dtype and `local_filter2d` promotes
 their kernels with ``x`` (float32 ``x`` gives float32); outputs are contiguous NCHW.
 
 Checks: ints ``>= 1``, ``kernel_size`` odd and at most 63, ``stride`` and ``dilation`` at
@@ -69,11 +68,10 @@ def _check_kernels(kernels: object, x: torch.Tensor, taps: int) -> None:
 class Involution2d(nn.Module):
     """Involution: a ``k x k`` kernel per pixel and channel group, generated from the input.
 
-    Kernel generation as in the paper's reference code: ``AvgPool2d(stride)`` (when
-    ``stride > 1``, with ``ceil_mode=True``: any size works) -> 1x1 conv to
-    ``channels // reduction`` -> BatchNorm -> ReLU -> 1x1 conv (with bias) to
-    ``groups * k * k`` channels; the kernels then filter the input with `local_filter2d` at
-    that stride (channel ``c`` uses group ``c // (channels // groups)``).
+    Kernel generation as in the paper's reference code: ``AvgPool2d(stride, ceil_mode=True)``
+    (when ``stride > 1``) -> 1x1 conv to ``channels // reduction`` -> BatchNorm -> ReLU ->
+    1x1 conv (with bias) to ``groups * k * k`` channels, which filter the input with
+    `local_filter2d` at that stride (channel ``c`` uses group ``c // (channels // groups)``).
 
     Args:
         channels: Input and output channels ``C``.
@@ -99,8 +97,6 @@ class Involution2d(nn.Module):
         >>> layer = Involution2d(32, kernel_size=7, stride=2, groups=4)
         >>> layer(torch.randn(2, 32, 15, 16)).shape
         torch.Size([2, 32, 8, 8])
-        >>> layer.extra_repr()
-        'channels=32, kernel_size=7, stride=2, groups=4, reduction=4'
 
     References:
         Li et al., "Involution: Inverting the Inherence of Convolution for Visual

@@ -4,7 +4,7 @@
 *planes* (a ``(batch item, group or head)`` pair: one contiguous ``(Cp, H, W)`` block of the
 input viewed as ``(planes, Cp, H, W)``). `Grid` cuts the ``(planes, rows)`` grid into parts
 of about ``target`` elements of work (blocks of rows of a large plane, or several whole
-planes) and `Grid.run` hands them to `visionblocks._core.parallel.parallel_for` (one
+planes) and `Grid.run` hands them to `visionblocks.ops._parallel.parallel_for` (one
 fork/join per call; serially on CUDA). Parts depend only on the shapes, never on the thread
 count, so results are bitwise reproducible.
 """
@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import Tensor
 
-from visionblocks._core.parallel import parallel_for, parts, workspace
+from visionblocks.ops._parallel import parallel_for, parts, workspace
 
 __all__ = ["Grid", "new_output", "planar", "scratch", "windows"]
 

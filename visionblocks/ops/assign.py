@@ -1,45 +1,38 @@
 """Anchor assignment without the anchors x objects IoU matrix: best IoUs, `Matcher`, ATSS.
 
-RetinaNet-, Faster R-CNN- and ATSS-style training matches anchors to objects through the
-``N x M`` IoU matrix of ``N`` anchors and ``M`` objects (torchvision's ``Matcher`` input),
-gigabytes with its temporaries for hundreds of thousands of anchors. The functions here
-compute what the assignment needs, in blocks of anchors, without it:
+RetinaNet-, Faster R-CNN- and ATSS-style training matches ``N`` anchors to ``M`` objects
+through their ``N x M`` IoU matrix (torchvision's ``Matcher`` input), gigabytes for hundreds
+of thousands of anchors. The functions here compute the assignment in blocks, without it:
 
 - `best_box_iou`: each anchor's best IoU and object, and each object's best IoU;
 - `match_anchors`: torchvision's ``Matcher`` on `visionblocks.ops.box_iou`'s matrix;
 - `atss_assign`: ATSS's adaptive selection, as mmdetection's ``ATSSAssigner``.
 
-Peak extra memory is ``O(block x M + N + M)``: a block holds as many anchors as
-``block_bytes`` allows (`BLOCK_BYTES` by default) and the IoU of its pairs is
-`visionblocks.ops.box_iou`'s formula, so every IoU here is bitwise the matrix's entry, and no
-result depends on the block size. ``impl="triton"`` runs the reductions of `best_box_iou`
-and `match_anchors` as Triton kernels on CUDA (`visionblocks.kernels.assign`), which never
-hold a block of IoUs at all. ``impl="auto"`` keeps the torch path, also on CUDA, until a GPU
-run confirms the kernels bitwise equal to it (an assignment must equal ``Matcher``'s on the
-matrix; see the Assigning targets page). All three read no tensor values on the host and
-compile with ``torch.compile(fullgraph=True)`` (one graph per shape: the blocks are a loop).
+Peak extra memory is ``O(block x M + N + M)``: a block holds as many anchors as ``block_bytes``
+allows (`BLOCK_BYTES` by default); every IoU is bitwise the entry of `visionblocks.ops.box_iou`'s
+matrix, and no result depends on the block size. ``impl="triton"`` runs `best_box_iou` and
+`match_anchors` as Triton kernels on CUDA (`visionblocks.kernels.assign`), which hold no block of
+IoUs; ``impl="auto"`` keeps the torch path, also on CUDA, until a GPU run confirms the kernels
+bitwise equal to it. All three read no tensor values on the host and compile with
+``torch.compile(fullgraph=True)`` (one graph per shape).
 
 Convention:
-    Boxes are ``"xyxy"`` corners ``(x1, y1, x2, y2)``, x right, y down, ``w = x2 - x1`` (no
-    ``+ 1``), in one unit for anchors and objects (see `visionblocks.ops.boxes`). IoUs follow
-    `box_iou`: a zero-area box has IoU 0 with everything, an inverted box counts as zero
-    width (height).
+    Boxes are ``"xyxy"`` (`visionblocks.ops.boxes`), in one unit for anchors and objects.
+    IoUs follow `box_iou`: a zero-area box has IoU 0 with everything, an inverted box counts
+    as zero width (height).
 
 Ties:
     An anchor whose best IoU is reached by several objects is given the first of them (the
     lowest index), as ``torch.max(dim)`` and so ``Matcher`` give; the kernels too.
 
 NaN:
-    NaN boxes are not rejected (no host reads); their IoUs are NaN and follow ``torch.max``:
-    a NaN IoU is the best value, with the first such object as the index. `match_anchors`
-    then gives what ``Matcher`` gives on the same matrix (a NaN is neither below nor between
-    the thresholds, so the anchor keeps the index): drop NaN boxes first.
+    NaN boxes are not rejected (no host reads); a NaN IoU is the best value (``torch.max``),
+    with the first such object as the index, which `match_anchors` keeps, as ``Matcher`` on
+    the same matrix: drop NaN boxes first.
 
 Dtypes:
-    IoUs are computed and returned in float32 for float16, bfloat16 and integer boxes, float64
-    for float64 boxes (mixed inputs promote), as `box_iou` does; indices are int64.
-    ``torch.autocast`` changes nothing (no op here is one autocast lowers). The results carry
-    no gradient (an assignment is not differentiable).
+    IoUs are computed and returned in float32 (float64 for float64 boxes), as `box_iou`;
+    indices are int64. ``torch.autocast`` changes nothing. The results carry no gradient.
 """
 
 from __future__ import annotations
@@ -178,13 +171,11 @@ def best_box_iou(
 ) -> BestIoU:
     """Each anchor's best IoU and object, and each object's best IoU, without the IoU matrix.
 
-    The results are those of the matrix ``iou = box_iou(anchors, boxes)`` (``(N, M)``):
-    ``iou.max(dim=1)`` (values and indices) and ``iou.max(dim=0).values``, bitwise, computed
-    in blocks of anchors (see the module notes).
+    Bitwise ``iou.max(dim=1)`` (values and indices) and ``iou.max(dim=0).values`` of
+    ``iou = box_iou(anchors, boxes)`` (``(N, M)``), computed in blocks of anchors.
 
     Args:
-        anchors (Tensor[N, 4]): Anchors (or proposals), ``(x1, y1, x2, y2)``; floating or
-            integer.
+        anchors (Tensor[N, 4]): Anchors (or proposals), ``(x1, y1, x2, y2)``, floating or integer.
         boxes (Tensor[M, 4]): Ground-truth boxes, same device.
         eps: `box_iou`'s ``eps`` (in place of a union that is exactly zero; ``>= 0``).
         block_bytes: Memory budget of one block of anchors in bytes (default `BLOCK_BYTES`);
@@ -247,14 +238,10 @@ def match_anchors(
     ``iou = box_iou(anchors, boxes)``: each anchor gets the object of its best IoU if that IoU
     is ``>= high_threshold``, `BELOW_LOW_THRESHOLD` (-1) if it is ``< low_threshold`` and
     `BETWEEN_THRESHOLDS` (-2) in between. With ``allow_low_quality_matches``, every anchor
-    that reaches some object's best IoU (over all anchors; ties included, so several anchors
-    per object) gets its own best object back whatever its IoU, as ``Matcher`` does
-    (Faster R-CNN's rule; an object whose best IoU is 0 thus gives back the anchors that do
-    not touch it at all, as there). Two blocked passes: `best_box_iou`, then, only with
-    ``allow_low_quality_matches``, the anchors that reach an object's best.
-
-    Unlike ``Matcher``, which raises for an empty matrix, no objects give every anchor -1
-    (as torchvision's detection models do), and no anchors an empty result.
+    that reaches some object's best IoU (over all anchors; ties included, and a best IoU of
+    0, as in ``Matcher``) gets its own best object back whatever its IoU (Faster R-CNN's
+    rule). Unlike ``Matcher``, which raises for an empty matrix, no objects give ``-1`` for
+    every anchor (as torchvision's detection models do), and no anchors an empty result.
 
     Args:
         anchors (Tensor[N, 4]): Anchors (or proposals), ``(x1, y1, x2, y2)``.
@@ -288,13 +275,10 @@ def match_anchors(
         >>> match_anchors(anchors, boxes, 0.9, 0.4)
         tensor([ 0, -1, -2, -1])
 
-        Anchor 2 gives object 1 its best IoU (1/3), so it is matched again, to its own best
-        object, 0:
+        Anchor 2 reaches object 1's best IoU (1/3), so it gets its own best object, 0, back:
 
         >>> match_anchors(anchors, boxes, 0.9, 0.4, allow_low_quality_matches=True)
         tensor([ 0, -1,  0, -1])
-        >>> match_anchors(anchors, boxes[:0], 0.5, 0.4)
-        tensor([-1, -1, -1, -1])
     """
     _check_boxes(anchors, boxes)
     _check_thresholds(high_threshold, low_threshold, allow_low_quality_matches)
@@ -391,19 +375,16 @@ def atss_assign(
 ) -> Tensor:
     """ATSS's adaptive training sample selection, without the anchors x objects matrices.
 
-    For each object: on each level, the ``min(topk, level size)`` anchors whose centres are
-    closest to the object's centre are its candidates; their IoUs' mean plus standard
-    deviation (unbiased, as ``Tensor.std``) is its threshold; a candidate is a positive if its
-    IoU reaches the threshold and its centre lies inside the box by more than 0.01 on every
-    side. An anchor that is a positive of several objects goes to the one of highest IoU (the
-    first on ties). This is mmdetection's ``ATSSAssigner.assign`` (Zhang et al., CVPR 2020),
-    with `box_iou`'s IoU; distance ties (common on anchor grids) go to the lower anchor
-    index, where ``Tensor.topk`` leaves them unspecified. Peak memory
-    ``O(block x M + N + topk x levels x M)``.
+    For each object: on each level, the ``min(topk, level size)`` anchors with centres
+    closest to the object's are candidates; their IoUs' mean plus (unbiased) standard
+    deviation is the threshold; a candidate whose IoU reaches it and whose centre lies
+    inside the box by more than 0.01 on every side is a positive, given to the object of
+    highest IoU (the first on ties). mmdetection's ``ATSSAssigner.assign`` (Zhang et al.,
+    CVPR 2020) with `box_iou`'s IoU; distance ties go to the lower anchor index, where
+    ``Tensor.topk`` leaves them unspecified. Peak memory ``O(block x M + N + topk x levels x M)``.
 
     Args:
-        anchors (Tensor[N, 4]): The anchors of all levels, level after level,
-            ``(x1, y1, x2, y2)``.
+        anchors (Tensor[N, 4]): The anchors of all levels, level after level, ``(x1, y1, x2, y2)``.
         boxes (Tensor[M, 4]): Ground-truth boxes, same device.
         num_anchors_per_level: Anchors on each level (ints ``>= 0`` adding up to ``N``).
         topk: Candidates per level and object (``>= 1``; ATSS uses 9).

@@ -1,20 +1,17 @@
 """Axis-aligned boxes: format conversion, area, and the IoU family (IoU, GIoU, DIoU, CIoU).
 
 Every function takes boxes with any number of leading dims, ``(..., 4)``. The four overlap
-measures are **pairwise** (``aligned=False``: ``boxes1 (..., N, 4)`` against
-``boxes2 (..., M, 4)`` gives ``(..., N, M)``) or **aligned** (``boxes1[..., i, :]`` with
-``boxes2[..., i, :]`` gives ``(..., N)``, without the ``N×M`` cost). Leading dims broadcast,
-as in ``torch.matmul`` (pairwise) or element-wise ops (aligned): ground truths ``(M, 4)``
-against predictions ``(B, N, 4)`` give ``(B, N, M)``.
+measures are **pairwise** (``aligned=False``: ``(..., N, 4)`` against ``(..., M, 4)`` gives
+``(..., N, M)``) or **aligned** (``boxes1[..., i, :]`` with ``boxes2[..., i, :]`` gives
+``(..., N)``, without the ``N×M`` cost). Leading dims broadcast (as ``torch.matmul`` when
+pairwise): ground truths ``(M, 4)`` against predictions ``(B, N, 4)`` give ``(B, N, M)``.
 
 The pairwise results equal torchvision's for valid boxes, up to its ``eps`` (below); unlike
-torchvision, identical boxes give exactly 1 however small, and degenerate boxes give finite
-values and gradients. Each measure is one broadcast torch formula (`_measure`, plain
-autograd, the reference of the loss kernels in `visionblocks.kernels.iou`). They script
-(without the input checks, and gradients to half boxes not clamped), compile with
-``torch.compile(fullgraph=True)`` and read no tensor values on the host. ``ValueError``:
-a last dim other than 4, fewer than 2 dims (pairwise), leading dims that do not broadcast,
-boxes on different devices, or an ``eps`` that is negative or not finite.
+torchvision, identical boxes give exactly 1 however small, and degenerate boxes give finite values
+and gradients. Every function scripts (without the input checks, and gradients to half boxes not
+clamped), compiles with ``torch.compile(fullgraph=True)`` and reads no tensor values on the host.
+``ValueError``: a last dim other than 4, fewer than 2 dims (pairwise), leading dims that do not
+broadcast, boxes on different devices, or a negative or non-finite ``eps``.
 
 Convention:
     Formats (``fmt`` strings of `box_convert`):
@@ -31,25 +28,21 @@ Convention:
 
     **eps** — one rule for every box op, box loss and implementation: a denominator that can
     vanish (the union, the enclosing box's area, its squared diagonal) gets ``eps`` only
-    where it is exactly zero. There its numerator is zero too, so the value is 0, as with
-    torchvision's ``+ eps``; everywhere else no ``eps`` enters and the formulas are exact:
-    identical boxes give IoU = GIoU = DIoU = CIoU = 1 whether they are 2e-4 or 2e4 wide.
-    Gradients at a zero denominator use ``eps`` (finite, up to about ``1 / eps``: e.g. GIoU
-    of two collinear zero-width boxes). ``eps=0`` gives torchvision's 0 / 0 = NaN there.
-    With ``eps > 0`` every result and gradient is finite for finite boxes.
+    where it is exactly zero, where its numerator is zero too: the value is 0, as with
+    torchvision's ``+ eps``. Elsewhere the formulas are exact: identical boxes give
+    IoU = GIoU = DIoU = CIoU = 1 at any size. Gradients at a zero denominator are finite (up
+    to about ``1 / eps``). ``eps=0`` gives torchvision's 0 / 0 = NaN there; with ``eps > 0``
+    every result and gradient is finite for finite boxes.
 
-    A **zero-area** (degenerate) box has ``w == 0`` or ``h == 0`` (a line or a point). Its
-    intersection with anything is 0, so its IoU is 0 — also against an identical box, which
-    torchvision answers with 0 / 0 = NaN.
+    A **zero-area** (degenerate) box (``w == 0`` or ``h == 0``) intersects nothing: its IoU
+    is 0, also against an identical box (torchvision: 0 / 0 = NaN).
 
-    **Range**: areas, and for DIoU and CIoU squared diagonals, must be finite normal
-    numbers for exact results: in float32, coordinates (and sizes) between about ``1e-18``
-    and ``1e18`` (float64: ``1e-150`` to ``1e150``). Nothing is rescaled.
+    **Range**: for exact results areas (and DIoU/CIoU squared diagonals) must be finite normal
+    numbers: float32 sizes between about ``1e-18`` and ``1e18`` (float64: ``1e±150``).
 
-    An **inverted** box (``x2 < x1`` or ``y2 < y1``) is not valid. It is not rejected (a check
-    would make the GPU wait for the host); the IoU family collapses it to a zero-width
-    (zero-height) box at ``x1`` (``y1``), so results stay finite and in range: IoU 0, GIoU in
-    ``[-1, 0]``. `box_area` returns its negative area, as torchvision does.
+    An **inverted** box (``x2 < x1`` or ``y2 < y1``) is invalid but not rejected (a check would make
+    the GPU wait): the IoU family collapses it to zero width (height) at ``x1`` (``y1``), so IoU is
+    0 and GIoU in ``[-1, 0]``; `box_area` returns its negative area, as torchvision.
 
 Dtypes:
     The IoU family computes and returns float32 for float16, bfloat16 and integer boxes
@@ -61,12 +54,10 @@ Dtypes:
     for integer boxes, so no side or product overflows (torchvision's int32 overflows for an
     int16 box ``[-30000, -30000, 30000, 30000]``); float32 and float64 keep their dtype.
 
-    `box_convert` keeps the input dtype, except that integer boxes give float32 where the
-    result involves centres (as torchvision with the default float dtype). No intermediate
-    sum overflows: half boxes are computed in float64 and rounded once, integer boxes in
-    int64 (float64 with centres); only a result outside the output dtype's range (a uint8
-    ``"xywh"`` box whose ``x + w`` exceeds 255) wraps on the final cast. float32 and float64
-    boxes give torchvision's values exactly.
+    `box_convert` keeps the input dtype, except that integer boxes give float32 where the result
+    involves centres (as torchvision). No sum overflows: half boxes are computed in float64, integer
+    boxes in int64 (float64 with centres), rounded once; only a result outside the output dtype
+    (uint8 ``x + w > 255``) wraps. float32 and float64 boxes give torchvision's values exactly.
 
     ``torch.autocast`` changes none of this: no op here is one that autocast lowers.
 """
@@ -94,9 +85,7 @@ __all__ = [
 __dir__ = public_dir(__name__, __all__)
 
 BOX_FORMATS: tuple[str, ...] = ("xyxy", "xywh", "cxcywh")
-"""The box formats `box_convert` understands: ``"xyxy"`` corners ``(x1, y1, x2, y2)``,
-``"xywh"`` top-left corner and size ``(x1, y1, w, h)`` (COCO's ``bbox``), ``"cxcywh"`` centre
-and size ``(cx, cy, w, h)``."""
+"""The formats of `box_convert` (the module's Convention); ``"xywh"`` is COCO's ``bbox``."""
 
 
 def _to_xyxy(boxes: Tensor, fmt: str) -> Tensor:
@@ -128,9 +117,8 @@ def _check_convert(boxes: Tensor, in_fmt: str, out_fmt: str) -> None:
 def box_convert(boxes: Tensor, in_fmt: str, out_fmt: str) -> Tensor:
     """Convert boxes between the ``"xyxy"``, ``"xywh"`` and ``"cxcywh"`` formats.
 
-    Same values as ``torchvision.ops.box_convert`` for these formats (conversions between
-    ``"xywh"`` and ``"cxcywh"`` go through ``"xyxy"``, as there). Scriptable with
-    ``torch.jit.script`` (the same code, without the input checks).
+    Same values as ``torchvision.ops.box_convert`` (between ``"xywh"`` and ``"cxcywh"``
+    through ``"xyxy"``, as there).
 
     Args:
         boxes (Tensor[..., 4]): Boxes in ``in_fmt``; any leading dims.
@@ -153,8 +141,6 @@ def box_convert(boxes: Tensor, in_fmt: str, out_fmt: str) -> Tensor:
         tensor([[20., 40., 20., 40.]])
         >>> box_convert(boxes, "xyxy", "xywh")
         tensor([[10., 20., 20., 40.]])
-        >>> box_convert(box_convert(boxes, "xyxy", "cxcywh"), "cxcywh", "xyxy")
-        tensor([[10., 20., 30., 60.]])
     """
     if not torch.jit.is_scripting():
         _check_convert(boxes, in_fmt, out_fmt)
@@ -178,15 +164,12 @@ def box_convert(boxes: Tensor, in_fmt: str, out_fmt: str) -> Tensor:
 def box_area(boxes: Tensor) -> Tensor:
     """Area ``(x2 - x1) * (y2 - y1)`` of ``"xyxy"`` boxes.
 
-    Scriptable with ``torch.jit.script`` (the same code, without the input checks).
-
     Args:
         boxes (Tensor[..., 4]): Boxes in ``(x1, y1, x2, y2)``; any leading dims.
 
     Returns:
-        Tensor[...]: Areas: float32 for half boxes, int64 for integer boxes, else the input
-        dtype (the module's Dtypes). Inverted boxes give negative areas (no check: it would
-        synchronise the GPU).
+        Tensor[...]: Areas in the module's Dtypes; inverted boxes give negative areas (a check
+        would synchronise the GPU).
 
     Raises:
         TypeError: ``boxes`` is not a real tensor (complex and bool are refused).
@@ -361,9 +344,8 @@ def _overlap(boxes1: Tensor, boxes2: Tensor, kind: int, aligned: bool, eps: floa
 def box_iou(boxes1: Tensor, boxes2: Tensor, aligned: bool = False, eps: float = 1e-7) -> Tensor:
     """Intersection over union (Jaccard index) of ``"xyxy"`` boxes, in ``[0, 1]``.
 
-    ``IoU = |A ∩ B| / |A ∪ B|``; a zero union (two zero-area boxes) gets ``eps``, so a
-    zero-area box gives 0 (torchvision: NaN). Otherwise equal to ``torchvision.ops.box_iou``;
-    identical boxes give exactly 1.
+    ``IoU = |A ∩ B| / |A ∪ B|``; equal to ``torchvision.ops.box_iou`` except that a zero-area
+    box gives 0 (torchvision: NaN) and identical boxes exactly 1.
 
     Args:
         boxes1 (Tensor[..., N, 4]): First set, ``(x1, y1, x2, y2)``.
@@ -400,10 +382,9 @@ def generalized_box_iou(
 ) -> Tensor:
     """Generalised IoU of ``"xyxy"`` boxes, in ``[-1, 1]`` and never above IoU.
 
-    ``GIoU = IoU - (|C| - |A ∪ B|) / |C|``, ``C`` the smallest box enclosing both. A zero
-    union or ``|C|`` gets ``eps``, so two identical zero-area boxes give 0 (no penalty: the
-    enclosing box is the union). Otherwise equal to ``torchvision.ops.generalized_box_iou``
-    up to its ``eps``.
+    ``GIoU = IoU - (|C| - |A ∪ B|) / |C|``, ``C`` the smallest box enclosing both; equal to
+    ``torchvision.ops.generalized_box_iou`` up to its ``eps``, except that two identical
+    zero-area boxes give 0 (no penalty: the enclosing box is the union).
 
     Args:
         boxes1 (Tensor[..., N, 4]): First set.
@@ -476,11 +457,10 @@ def complete_box_iou(
 ) -> Tensor:
     """Complete IoU of ``"xyxy"`` boxes: DIoU with an aspect-ratio penalty, in ``(-2, 1]``.
 
-    ``CIoU = DIoU - α v`` with ``v = 4/π² (atan(w1/h1) - atan(w2/h2))²`` and the weight
-    ``α = v / (1 - IoU + v)`` (0 where ``v = 0``) treated as a constant (no gradient), as in
-    the paper and in ``torchvision.ops.complete_box_iou``, which it equals for valid boxes
-    up to torchvision's ``eps``. A box with ``h == 0`` gets the angle π/2 and a finite
-    gradient (torchvision divides by zero there), a point box gets 0.
+    ``CIoU = DIoU - α v``, ``v = 4/π² (atan(w1/h1) - atan(w2/h2))²``, the weight
+    ``α = v / (1 - IoU + v)`` (0 where ``v = 0``) a constant (no gradient), as in the paper and
+    ``torchvision.ops.complete_box_iou`` (equal for valid boxes up to its ``eps``). A box with
+    ``h == 0`` gets the angle π/2 and a finite gradient (torchvision: division by zero), a point 0.
 
     Args:
         boxes1 (Tensor[..., N, 4]): First set.

@@ -1,28 +1,22 @@
 """Rotated boxes: IoU (pairwise and aligned) and rotated NMS (the loss: `visionblocks.losses.rotated_iou`).
 
-Pure PyTorch (no compiled extension), plus a Triton kernel for the pairwise IoU on CUDA
-(`visionblocks.kernels.rotated_iou`). The intersection of two rectangles is computed
-exactly as a convex polygon (`visionblocks.ops._rotated_overlap`), in tiles of pairs; on CPU
-only the pairs whose bounding boxes overlap are computed. Each pair is computed in the frame
-of one of its boxes and each polygon vertex comes from one clipping step, so nothing cancels
-catastrophically: float32 IoUs are within 1e-5 of the exact ones, float64 within 1e-12,
-nested, touching, nearly coincident and far-from-the-origin pairs included.
+Pure PyTorch, plus a Triton kernel for the pairwise IoU on CUDA
+(`visionblocks.kernels.rotated_iou`). The intersection is computed exactly as a convex
+polygon, in tiles of pairs (on CPU only pairs whose bounding boxes overlap), in the frame of
+one box, so nothing cancels catastrophically: float32 IoUs are within 1e-5 of the exact
+ones, float64 within 1e-12, nested, touching, nearly coincident and far-off pairs included.
 
 Convention:
     Formats (``fmt``): torchvision's rotated ``tv_tensors.BoundingBoxFormat`` names, as a
-    string in any case or as the enum member.
+    string in any case or as the enum member (a ``BoundingBoxes`` input must carry its own).
 
     - ``"cxcywhr"`` (the default): ``(cx, cy, w, h, r)``, centre, width, height, angle.
-    - ``"xywhr"``: ``(x1, y1, w, h, r)``; ``(x1, y1)`` is the box's first corner, the one
-      that is top-left when ``r = 0``; the width runs from it along ``u``, the height
-      along ``v`` (below).
-    - ``"xyxyxyxy"``: the corners ``(x1, y1, x2, y2, x3, y3, x4, y4)`` in torchvision's
-      order: ``p2 = p1 + w u``, ``p3 = p2 + h v``, ``p4 = p1 + h v``. Read as the
-      rectangle with centre the mean of the corners, ``w = |p2 - p1|``, ``h = |p3 - p2|``
-      and the angle of ``p1 -> p2`` (torchvision's conversion for corners in its order; the
-      same rectangle for corners listed the other way round).
-
-    A torchvision ``BoundingBoxes`` input must carry the ``fmt`` it is passed with.
+    - ``"xywhr"``: ``(x1, y1, w, h, r)``; ``(x1, y1)`` is the first corner (top-left when
+      ``r = 0``), the width runs from it along ``u``, the height along ``v`` (below).
+    - ``"xyxyxyxy"``: the corners ``(x1, y1, ..., x4, y4)`` in torchvision's order:
+      ``p2 = p1 + w u``, ``p3 = p2 + h v``, ``p4 = p1 + h v``; read as torchvision does, the
+      rectangle with centre the corners' mean, ``w = |p2 - p1|``, ``h = |p3 - p2|`` and the
+      angle of ``p1 -> p2`` (corners listed the other way round give the same rectangle).
 
     Angles are in **degrees** in image coordinates (x right, y down), as in torchvision's
     tv_tensors and transforms: the width axis is ``u = (cos r, -sin r)`` and the height axis
@@ -48,9 +42,8 @@ Convention:
     sides between about ``1e-18`` and ``1e18``). Non-finite inputs give NaN.
 
 Dtypes:
-    IoUs are computed and returned in float32 for float16, bfloat16, float32 and integer
-    boxes, float64 for float64 boxes (mixed inputs promote first), as `box_iou`. Gradients
-    to half boxes are computed in float32 and clamped to the half dtype's finite range.
+    IoUs are computed and returned in float32 (float64 for float64 boxes; mixed inputs
+    promote) and gradients to half boxes clamped to their finite range, as `box_iou`.
     ``torch.autocast`` changes nothing (no op here is one autocast lowers).
 """
 
@@ -123,11 +116,10 @@ def rotated_box_iou(
 ) -> Tensor:
     """Intersection over union of rotated boxes, in ``[0, 1]``.
 
-    ``IoU = |A ∩ B| / |A ∪ B|`` with the exact intersection polygon. Identical boxes (see
-    the Convention) give exactly 1, nested ones the ratio of their areas, touching or
-    degenerate ones 0; axis-aligned boxes give `box_iou`. Differentiable, with a gradient
-    finite for any finite boxes (zero for equal boxes). Compiles with
-    ``torch.compile(fullgraph=True)`` (a custom op); reads no CUDA tensor values on the host.
+    ``IoU = |A ∩ B| / |A ∪ B|`` with the exact intersection polygon: identical boxes (the
+    Convention) give exactly 1, nested ones their area ratio, touching or degenerate ones 0,
+    axis-aligned ones `box_iou`. Differentiable (finite gradients, zero for equal boxes);
+    compiles with ``torch.compile(fullgraph=True)``; reads no CUDA tensor values on the host.
 
     Args:
         boxes1 (Tensor[..., N, K]): First set; ``K`` is 5 (``"cxcywhr"``, ``"xywhr"``) or 8
@@ -159,10 +151,6 @@ def rotated_box_iou(
         ...                   [0.0, 0.0, 2.0, 2.0, 90.0]])
         >>> rotated_box_iou(a, b)
         tensor([[0.3333, 0.7071, 1.0000]])
-        >>> long = torch.tensor([[5.0, 5.0, 4.0, 1.0, 30.0]])
-        >>> same = torch.tensor([[5.0, 5.0, 1.0, 4.0, -60.0]])  # the same rectangle
-        >>> rotated_box_iou(long, same, aligned=True)
-        tensor([1.])
         >>> corners = torch.tensor([[0.0, 0.0, 2.0, 0.0, 2.0, 2.0, 0.0, 2.0]])
         >>> rotated_box_iou(corners, corners + 1, fmt="xyxyxyxy")
         tensor([[0.1429]])
@@ -235,22 +223,19 @@ def nms_rotated(
 ) -> Tensor:
     """Greedy non-maximum suppression of rotated boxes; the kept indices, best first.
 
-    Boxes are taken by decreasing score (ties in index order: a stable sort, as
-    ``torchvision.ops.nms``); each kept box removes every later box whose `rotated_box_iou`
-    with it is greater than ``iou_threshold``: the textbook greedy answer, and torchvision's
-    ``nms`` for axis-aligned boxes (``r = 0``). Degenerate boxes overlap nothing, so they
-    are never suppressed and suppress nothing. NaN scores sort first, as in ``torch.sort``.
+    Boxes are taken by decreasing score (ties in index order, as ``torchvision.ops.nms``);
+    each kept box removes every later box whose `rotated_box_iou` with it is greater than
+    ``iou_threshold``: torchvision's ``nms`` for axis-aligned boxes (``r = 0``). Degenerate
+    boxes overlap nothing, so they never suppress nor are suppressed; NaN scores sort first.
 
-    The output's length depends on the values, so an eager call reads the device (per block
-    and greedy round). A custom op: ``torch.compile(fullgraph=True)`` traces it as one node
-    with ``torch._dynamo.config.capture_dynamic_output_shape_ops = True`` (as torchvision's
-    ``nms``).
+    The output's length depends on the values, so an eager call reads the device. A custom
+    op: ``torch.compile(fullgraph=True)`` traces it as one node with
+    ``torch._dynamo.config.capture_dynamic_output_shape_ops = True`` (as torchvision's ``nms``).
 
     Args:
         boxes (Tensor[N, K]): Boxes in ``fmt`` (``K`` = 5 or 8); floating or integer.
         scores (Tensor[N]): Their scores, floating point.
-        iou_threshold: Boxes overlapping a kept one by more than this are removed; in
-            ``[0, 1]``.
+        iou_threshold: Boxes overlapping a kept one by more than this are removed; in ``[0, 1]``.
         fmt: As `rotated_box_iou`.
 
     Returns:

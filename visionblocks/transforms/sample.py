@@ -11,14 +11,12 @@ Convention:
     ``j`` spans ``[j, j + 1)``), masks sampled at the nearest pixel; sizes are ``(H, W)``.
 
 Tight boxes:
-    Warped box corners enclose a rotated or sheared object loosely. With polygons or instance
-    masks in the sample, each axis-aligned box is measured on its warped object instead: the
-    min/max of its warped polygon vertices, clipped to the canvas (the whole object's box,
-    clipped); else the box of its warped mask pixels in the first ``Mask`` of shape
-    ``(N, H, W)`` (``N`` boxes), ``[min col, min row, max col + 1, max row + 1]``, empty for
-    a mask the warp emptied; else (no object, or an empty source mask) the warped corners.
-    Warps that map axes to axes (translations, scales, flips, 90° turns) keep the exact
-    corners (`torch.where`, nothing read).
+    Warped box corners enclose a rotated or sheared object loosely. With polygons or instance masks
+    in the sample, each axis-aligned box is measured on its warped object instead: the min/max of
+    its warped polygon vertices, clipped to the canvas; else the box of its warped mask pixels in
+    the first ``Mask`` of shape ``(N, H, W)``, ``[min col, min row, max col + 1, max row + 1]``,
+    empty for a mask the warp emptied; else (no object, or an empty source mask) the warped corners.
+    Warps that map axes to axes (translations, scales, flips, 90° turns) keep the exact corners.
 
 Key points:
     A ``KeyPoints`` under key ``k`` may have its visibility under ``f"{k}_visibility"``
@@ -41,16 +39,14 @@ Dropped instances:
 
 Rotated boxes:
     torchvision's ``XYWHR``, ``CXCYWHR`` and ``XYXYXYXY`` stay rotated (degrees,
-    counter-clockwise on screen), from their corners only; they are not clipped (``min_size``
-    tests the warped corners' extent inside the canvas). ``XYXYXYXY`` keeps the four warped
+    counter-clockwise on screen), from their corners only, not clipped (``min_size`` tests
+    the warped corners' extent inside the canvas). ``XYXYXYXY`` keeps the four warped
     corners, reordered ``p2, p1, p4, p3`` under a mirroring matrix as torchvision's flips do.
-    ``XYWHR``/``CXCYWHR`` become the minimum-area rectangle enclosing the warped box: under a
-    similarity the warped box itself (the rotation added to the angle; a horizontal flip
-    gives ``-r``, a vertical one ``180 - r``), under shear or anisotropic scale a rectangle
-    along the parallelogram's longer side (``cv2.minAreaRect`` of the corners, up to their
-    labelling). torchvision's ``affine`` (0.29) gives the same in most cases, but a larger
-    rectangle for a rhombus and, where the angle between the sides wraps around, one that
-    does not enclose the parallelogram. Angles come out in ``(-180, 180]``.
+    ``XYWHR``/``CXCYWHR`` become the minimum-area rectangle enclosing the warped box: the
+    warped box itself under a similarity (the rotation added to the angle; a horizontal flip
+    gives ``-r``, a vertical one ``180 - r``), ``cv2.minAreaRect`` of the corners under shear
+    or anisotropic scale, where torchvision's ``affine`` (0.29) can give a larger rectangle
+    or one that does not enclose the parallelogram. Angles come out in ``(-180, 180]``.
 """
 
 from __future__ import annotations
@@ -241,12 +237,10 @@ def warp_sample(
 ) -> tuple[Tensor, dict[str, Any] | None]:
     """Warp one detection sample — image, boxes, masks, polygons, key points — with one matrix.
 
-    The image goes through `warp_affine`; in ``target`` (a torchvision-style dict), every
-    ``tv_tensors.BoundingBoxes`` through `warp_boxes` in its own format, every ``Mask``
-    through `warp_masks`, every ``KeyPoints`` through `warp_keypoints` (with its visibility)
-    and the polygons under ``"polygons"`` vertex by vertex, with ``canvas_size`` set to
-    ``size``. Other entries are copied unchanged. Boxes are tight where masks or polygons
-    allow, and instances that leave the image are dropped: see the module's sections.
+    The image goes through `warp_affine`; in ``target`` (a torchvision-style dict) every
+    ``BoundingBoxes`` (in its own format), ``Mask``, ``KeyPoints`` (with its visibility) and
+    the ``"polygons"`` through `visionblocks.ops.warp_targets`, with ``canvas_size`` set to
+    ``size``; other entries are copied. Tight boxes, dropped instances: the module's sections.
 
     Args:
         image (Tensor[C, H, W]): The image (a ``tv_tensors.Image`` stays one).
@@ -270,16 +264,14 @@ def warp_sample(
     Raises:
         TypeError: ``image`` not a tensor, ``target`` not a mapping, an option of the wrong
             type (``instance_keys`` must be a sequence of str, ``flip_pairs`` of int pairs),
-            a visibility that is not an integer or bool tensor, polygons not in the format
-            above.
-        ValueError: Bad image/matrix shapes or size; ``image`` and ``matrix`` on different
-            devices; a ``Mask`` whose size, or ``BoundingBoxes``/``KeyPoints`` whose
-            ``canvas_size``, differs from the image's; a non-finite ``fill``, a negative
-            ``min_size``, a ``mask_fill`` that does not fit the masks' dtype; several
-            ``BoundingBoxes`` with ``min_size`` set; an ``instance_keys`` tensor or polygons
-            whose number differs from the boxes'; a visibility of another shape than its key
-            points'; a bad ``flip_pairs`` index; or (value checks) a singular matrix, or a
-            mirroring one with ``flip_pairs=None`` and ``K > 1`` key points.
+            a visibility not an integer or bool tensor, polygons not in the format above.
+        ValueError: Bad image/matrix shapes or size; ``image`` and ``matrix`` on different devices;
+            a ``Mask`` whose size, or ``BoundingBoxes``/``KeyPoints`` whose ``canvas_size``, differs
+            from the image's; a non-finite ``fill``, a negative ``min_size``, a ``mask_fill`` that
+            does not fit the masks' dtype; several ``BoundingBoxes`` with ``min_size`` set; an
+            ``instance_keys`` tensor or polygons whose number differs from the boxes'; a visibility
+            of another shape than its key points'; a bad ``flip_pairs`` index; or (value checks) a
+            singular matrix, or a mirroring one with ``flip_pairs=None`` and ``K > 1`` key points.
 
     Examples:
         >>> from torchvision import tv_tensors
@@ -291,8 +283,6 @@ def warp_sample(
         >>> target = {"boxes": boxes, "labels": torch.tensor([1, 2])}
         >>> matrix = affine_matrix(translate=(-20.0, 0.0))  # the first box leaves the image
         >>> out_image, out = warp_sample(image, target, matrix, size=(24, 16))
-        >>> type(out_image).__name__, tuple(out_image.shape)
-        ('Image', (3, 24, 16))
         >>> out["boxes"], out["labels"]
         (BoundingBoxes([[ 0,  4, 16, 12]], format=BoundingBoxFormat.XYWH, canvas_size=(24, 16), clamping_mode=soft), tensor([2]))
 
@@ -320,8 +310,7 @@ def warp_sample(
         >>> out["keypoints"].tolist(), out["keypoints_visibility"].tolist()
         ([[[19.0, 5.0], [21.0, 5.0]]], [[1, 2]])
 
-        Rotated boxes stay rotated: a quarter turn (counter-clockwise on screen) adds 90° to
-        the angle, a horizontal flip mirrors it.
+        Rotated boxes stay rotated: a quarter turn (counter-clockwise on screen) adds 90°.
 
         >>> box = tv_tensors.BoundingBoxes(
         ...     [[14.0, 22.0, 8.0, 4.0, 30.0]], format="CXCYWHR", canvas_size=(64, 64)
@@ -329,9 +318,6 @@ def warp_sample(
         >>> quarter = torch.tensor([[0.0, 1.0, 0.0], [-1.0, 0.0, 63.0]], dtype=torch.float64)
         >>> warp_sample(torch.zeros(3, 64, 64), {"boxes": box}, quarter)[1]["boxes"].tolist()
         [[22.0, 50.0, 8.0, 4.0, 120.0]]
-        >>> flip = torch.tensor([[-1.0, 0.0, 63.0], [0.0, 1.0, 0.0]], dtype=torch.float64)
-        >>> warp_sample(torch.zeros(3, 64, 64), {"boxes": box}, flip)[1]["boxes"].tolist()
-        [[50.0, 22.0, 8.0, 4.0, -30.0]]
     """
     check_tensor("image", image)
     if image.dim() != 3:

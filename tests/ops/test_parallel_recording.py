@@ -1,4 +1,4 @@
-"""Threaded CPU paths under torch's recorders (`visionblocks._core.parallel.parallel_for`).
+"""Threaded CPU paths under torch's recorders (`visionblocks.ops._parallel.parallel_for`).
 
 ``torch.jit.trace`` and ``torch.export`` record only the calling thread's ops: parts run in
 pool threads would be missing from the graph, which would then compute something else

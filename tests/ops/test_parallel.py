@@ -10,7 +10,7 @@ import threading
 import pytest
 import torch
 
-from visionblocks._core.parallel import parallel_for, parts, workspace
+from visionblocks.ops._parallel import parallel_for, parts, workspace
 
 
 def test_parts_cover_range_and_do_not_depend_on_threads():
@@ -124,7 +124,7 @@ def test_pool_works_in_a_forked_child():
 def test_worker_keeps_one_thread_after_the_caller_restores_its_count():
     # torch initialises a thread's OpenMP count lazily from the process-wide setting; a worker
     # initialised while the caller had set 1 must not switch to the caller's restored count.
-    from visionblocks._core import parallel as _parallel
+    from visionblocks.ops import _parallel
 
     before = torch.get_num_threads()
     initialised, restored, seen = threading.Event(), threading.Event(), []
