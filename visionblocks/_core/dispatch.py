@@ -333,13 +333,16 @@ def use_triton(op: str, impl: str, *tensors: Tensor, auto: bool = True) -> bool:
     if impl != "auto" and impl != "torch" and impl != "triton":
         validate_impl(impl)
     if impl == "auto":
+        cuda = tensors[0].is_cuda
+        if not cuda and get_impl() == "auto":  # the common CPU call: nothing else to ask
+            return False
         if recording():  # torch fuses the formula itself; the default does not apply
             return False
         impl = get_impl()
         if impl == "auto":
-            return bool(
-                auto and tensors and all(t.is_cuda for t in tensors) and not _why_not(op, tensors)
-            )
+            if not (auto and cuda) or not all(t.is_cuda for t in tensors):
+                return False
+            return not _why_not(op, tensors)
     if impl == "torch":
         return False
     reason = _why_not(op, tensors)

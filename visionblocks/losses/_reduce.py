@@ -178,10 +178,11 @@ def check_target_range(
     if values.dtype == torch.bool or values.numel() == 0:
         return
     if reads_values(values):
-        lo, hi = (v.item() for v in torch.aminmax(values.detach()))
+        lo_t, hi_t = torch.aminmax(values.detach())
+        lo, hi = lo_t.item(), hi_t.item()
         if not (low <= lo and hi <= high) and ignore is not None:
-            masked = values.detach().masked_fill(values == ignore, low)
-            lo, hi = (v.item() for v in torch.aminmax(masked))
+            lo_t, hi_t = torch.aminmax(values.detach().masked_fill(values == ignore, low))
+            lo, hi = lo_t.item(), hi_t.item()
         if not (low <= lo and hi <= high):  # also True for NaN
             rule = _rule(name, low, high, ignore)
             raise ValueError(f"{rule}, got values in [{float(lo)!r}, {float(hi)!r}]{hint}")

@@ -17,7 +17,7 @@ from torch import Tensor, nn
 
 from visionblocks._core.checks import check_range
 from visionblocks._core.deprecation import deprecated_attribute
-from visionblocks._core.dispatch import forced_triton, recording, use_triton, validate_impl
+from visionblocks._core.dispatch import forced_triton, use_triton, validate_impl
 from visionblocks._core.namespace import public_dir
 from visionblocks._core.registries import LOSSES
 from visionblocks._core.tensor_checks import check_floating, check_same_device, check_tensor
@@ -169,7 +169,13 @@ def _focal_elements(
 def _closed_form_grad(x: Tensor, t: Tensor) -> bool:
     """Whether the call backpropagates through `_FocalGrad`: ``x`` needs a gradient, ``t``
     none, and torch does not record the call (the compiler fuses the formula itself)."""
-    return x.requires_grad and not t.requires_grad and torch.is_grad_enabled() and not recording()
+    return (
+        x.requires_grad
+        and not t.requires_grad
+        and torch.is_grad_enabled()
+        and not torch.jit.is_tracing()
+        and not torch.compiler.is_compiling()
+    )
 
 
 def _focal_rows(x, targets, w, alpha, gamma, ignore, reduce_sum, out_dtype):

@@ -232,7 +232,8 @@ def _check_iou_inputs(boxes1: Tensor, boxes2: Tensor, aligned: bool, eps: float)
 
 def check_pair(boxes1: Tensor, boxes2: Tensor, aligned: bool) -> None:
     """Both sets on one device, their leading dims (all but the last one or two) broadcastable."""
-    check_same_device(boxes1=boxes1, boxes2=boxes2)
+    if boxes1.device != boxes2.device:
+        check_same_device(boxes1=boxes1, boxes2=boxes2)
     lead = 1 if aligned else 2
     batch1, batch2 = boxes1.shape[:-lead], boxes2.shape[:-lead]
     if batch1 != batch2:
