@@ -110,7 +110,8 @@ def mask_boxes(warped: Tensor, source: Tensor, mask_fill: int) -> tuple[Tensor, 
     plain = warped.dtype in (torch.uint8, torch.bool) and source.dtype in (torch.uint8, torch.bool)
     if cv2 is not None and plain and mask_fill == 0 and eager_cpu(warped, source):
         boxes = [cv2.boundingRect(m) for m in warped.contiguous().view(torch.uint8).numpy()]
-        drawn = [cv2.hasNonZero(m) for m in source.contiguous().view(torch.uint8).numpy()]
+        sources = source.contiguous().view(torch.uint8).numpy()  # read only for empty results
+        drawn = [w > 0 or cv2.hasNonZero(m) for (_, _, w, _), m in zip(boxes, sources)]
         xyxy = [[x, y, x + w, y + h] for x, y, w, h in boxes]
         return torch.tensor(xyxy, dtype=torch.int64).view(-1, 4), torch.tensor(
             drawn, dtype=torch.bool
