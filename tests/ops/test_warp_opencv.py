@@ -69,6 +69,38 @@ def test_equals_opencv_exactly(dtype, channels, padding, mode):
 
 
 @pytest.mark.parametrize(
+    ("dtype", "mode"),
+    [
+        (dtype, mode)
+        for dtype in (torch.uint8, torch.uint16, torch.float32, torch.int16, torch.float16)
+        for mode in ("bilinear", "nearest")
+    ]
+    + [(torch.bool, "nearest")],
+)
+@pytest.mark.parametrize("channels", [3, 4])
+@pytest.mark.parametrize("padding", list(BORDER))
+def test_interleaved_images_warp_in_one_call_and_keep_their_layout(
+    dtype, mode, channels, padding, monkeypatch
+):
+    """An image in ``H x W x C`` memory (``torch.from_numpy(opencv_image).permute(2, 0, 1)``)
+    goes to OpenCV as it is, one call per image (through four channels for 8-bit data), and
+    comes back in the same layout, with the values of its planes' warp."""
+    gen = torch.Generator().manual_seed(channels)
+    hwc = (torch.rand(2, 12, 17, channels, generator=gen) * 250).to(dtype)
+    img = hwc.permute(0, 3, 1, 2)
+    mats = torch.stack([MATRIX, affine_matrix(angle=-61.0, translate=(2.5, 1.0))])
+    fill = [float(1 + k % 2) for k in range(channels)] if padding == "fill" else 0.0
+    calls = []
+    real = cv2.warpAffine
+    monkeypatch.setattr(cv2, "warpAffine", lambda *a, **k: calls.append(1) or real(*a, **k))
+    out = warp_affine(img, mats, SIZE, mode, padding, fill)
+    assert len(calls) == 2, "one OpenCV call per image"
+    assert out.dtype == dtype and out.permute(0, 2, 3, 1).is_contiguous()
+    assert torch.equal(out, warp_affine(img.contiguous(), mats, SIZE, mode, padding, fill))
+    assert torch.equal(warp_affine(img[1], mats[1], SIZE, mode, padding, fill), out[1])
+
+
+@pytest.mark.parametrize(
     "dtype",
     [torch.int8, torch.int16, torch.int32, torch.int64, torch.float16, torch.bfloat16],
 )

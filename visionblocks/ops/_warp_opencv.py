@@ -2,10 +2,12 @@
 
 OpenCV's warp is the one users compare against; calling it gives its results exactly (see
 `visionblocks.ops.warp`, Paths). OpenCV 5 computes exactly (float coordinates) only for 1, 3
-or 4 channels of ``uint8``, ``uint16`` and ``float32``, so channels are warped as planes
-(1-byte data interleaved in groups of 4 with ``cv2.merge``), other dtypes bilinearly in
-float32 (then rounded and clamped as the torch path does) and nearest sampling copies any
-dtype as bits of those dtypes; binary masks go eight to a byte. ``cv2`` gets the forward
+or 4 channels of ``uint8``, ``uint16`` and ``float32``, so an image in ``H x W x C`` memory
+with 3 or 4 channels is warped as it is (1-byte data through 4 channels, OpenCV's faster
+kernel), other channels as planes (1-byte data interleaved in groups of 4 with ``cv2.merge``);
+other dtypes bilinearly in float32 (then rounded and clamped as the torch path does) and
+nearest sampling copies any dtype as bits of those dtypes; binary masks go eight to a byte.
+The result keeps the input's layout. ``cv2`` gets the forward
 matrix and inverts it itself. `warp_opencv` returns ``None`` (the caller runs the torch path)
 for tensors that are not plain CPU tensors, need a gradient or are being recorded, a singular
 or non-finite matrix, bilinear ``float64`` and complex images.
@@ -151,12 +153,28 @@ def warp_opencv(
         "flags": cv2.INTER_NEAREST if nearest else cv2.INTER_LINEAR,
         "borderMode": border.get(padding_mode, cv2.BORDER_CONSTANT),
     }
-    src = img.detach().to(work).contiguous().view(view).numpy()
+    dsize = (size[1], size[0])
+    src_t = img.detach().to(work)  # keeps an interleaved (H, W, C) memory layout
+    if lanes == 1 and channels in (3, 4) and src_t.permute(0, 2, 3, 1).is_contiguous():
+        # Interleaved channels (an OpenCV or PIL image seen as (C, H, W)): one call per
+        # image, no copy, and the result in the same layout.
+        out = torch.empty(bsz, *size, channels, dtype=work).permute(0, 3, 1, 2)
+        src = src_t.view(view).permute(0, 2, 3, 1).numpy()
+        dst = out.view(view).permute(0, 2, 3, 1).numpy()
+        for i in range(bsz):
+            m = _matrix(matrices, i)
+            if src.itemsize == 1 and channels == 3:  # 8-bit: OpenCV's 4-channel kernel is faster
+                four = cv2.cvtColor(src[i], cv2.COLOR_RGB2RGBA)
+                warped = cv2.warpAffine(four, m, dsize, borderValue=[*values, 0], **options)
+                cv2.cvtColor(warped, cv2.COLOR_RGBA2RGB, dst[i])
+            else:
+                cv2.warpAffine(src[i], m, dsize, dst[i], borderValue=values, **options)
+        return _converted(out, dtype)
+    src = src_t.contiguous().view(view).numpy()
     out = torch.empty(bsz, channels, *size, dtype=work)
     dst = out.view(view).numpy()
     if lanes > 1:
         src, dst = src.reshape(*img.shape, lanes), dst.reshape(*out.shape, lanes)
-    dsize = (size[1], size[0])
     # 8-bit data in interleaved groups of 4 channels (a third one padded), wider data by plane.
     group = 4 if src.itemsize == 1 else 1
     if group == 4 and nearest and channels > 1 and set(values) <= {0, 1}:
@@ -182,7 +200,13 @@ def warp_opencv(
             warped = cv2.warpAffine(cv2.merge(planes), m, dsize, borderValue=value, **options)
             cv2.split(warped, targets)
             c += n
-    if work == dtype:
+    return _converted(out, dtype)
+
+
+def _converted(out: Tensor, dtype: torch.dtype) -> Tensor:
+    """``out`` (computed in float32 for other dtypes) as ``dtype``, rounded and clamped as the
+    torch path does."""
+    if out.dtype == dtype:
         return out
     if not dtype.is_floating_point:
         info = torch.iinfo(dtype)
