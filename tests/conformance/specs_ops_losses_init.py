@@ -239,6 +239,8 @@ WARP_SPECS: list[Spec] = [
             scale=2.0,
             shear=(5.0, 0.0),
             center=(2.0, 1.5),
+            hflip=True,
+            vflip=False,
         ),
         args=[
             _signed("angle"),
@@ -246,7 +248,23 @@ WARP_SPECS: list[Spec] = [
             _signed("scale"),  # a negative scale is a point reflection
             Arg("shear", "sequence"),
             Arg("center", "sequence"),
+            Arg("hflip", "bool"),
+            Arg("vflip", "bool"),
         ],
+    ),
+    Spec(
+        ops.compose_affine,
+        _call(
+            lambda first, second: ops.compose_affine(first, second),
+            first=_matrix,
+            second=lambda: torch.tensor([[0.0, 1.0, 2.0], [-1.0, 0.0, 3.0], [0.0, 0.0, 1.0]]),
+        ),
+        args=[
+            # (1, 2, 3) broadcasts with the other; a (3, 3) matrix is taken too
+            Arg("first", "tensor", accept={"rank_up"}, aliases=("matrices[0]",)),
+            Arg("second", "tensor", accept={"rank_up"}, aliases=("matrices[1]",)),
+        ],
+        equivalences=_HALF,
     ),
     Spec(
         ops.invert_affine,

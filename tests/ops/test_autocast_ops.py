@@ -225,6 +225,11 @@ CASES = [
     ),
     Case("invert_affine", lambda d: (ops.invert_affine, [_matrices(d, 3)]), "rounded"),
     Case(
+        "compose_affine",
+        lambda d: (ops.compose_affine, [_matrices(d, 3), _matrices(d, 3) * 0.5]),
+        "rounded",
+    ),
+    Case(
         "matrix_to_theta",
         lambda d: (lambda m: ops.matrix_to_theta(m, (480, 640), (320, 320)), [_matrices(d)]),
         "rounded",
@@ -265,7 +270,14 @@ CASES = [
     Case(
         "match_anchors",
         lambda d: (
-            lambda a, b: ops.match_anchors(a, b, 0.5, 0.3, True, block_bytes=256).float(),
+            lambda a, b: ops.match_anchors(
+                a,
+                boxes=b,
+                high_threshold=0.5,
+                low_threshold=0.3,
+                allow_low_quality_matches=True,
+                block_bytes=256,
+            ).float(),
             [_boxes(40, d, 13), _boxes(7, d, 14)],
         ),
         "float32",

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 
@@ -29,11 +31,71 @@ def test_coco_person_pairs_and_permutation():
 
 def test_suffixes_case_and_names_without_side():
     names = ["Head", "hand_LEFT", "Left_Foot", "hand_right", "RIGHT_FOOT", "leftover", "tail"]
-    # "leftover" has no side (no "left_" prefix); the order follows the left names
-    assert keypoint_flip_pairs(names) == [(1, 3), (2, 4)]
+    # "leftover" has no side (no word "left"), but looks sided: a warning names it
+    with pytest.warns(UserWarning, match=r"\['leftover'\] contain 'left' or 'right'"):
+        assert keypoint_flip_pairs(names) == [(1, 3), (2, 4)]
     assert keypoint_flip_pairs(["nose"]) == [] and keypoint_flip_pairs([]) == []
     assert flip_permutation(0, []).shape == (0,)
     assert flip_permutation(3, []).tolist() == [0, 1, 2]
+
+
+# Other common styles: OpenPose / Human3.6M (LShoulder), MPII (r ankle), snake with letters,
+# camelCase, Blender (Hand.L), side words in the middle (animal datasets).
+STYLES = [
+    (["l_shoulder", "r_shoulder"], [(0, 1)]),
+    (["L_ankle", "R_ankle", "nose"], [(0, 1)]),
+    (["rightWrist", "leftWrist"], [(1, 0)]),
+    (["left_eye", "right_eye"], [(0, 1)]),
+    (["LeftHand", "RightHand"], [(0, 1)]),
+    (["wristLeft", "wristRight"], [(0, 1)]),
+    (["Neck", "RShoulder", "LShoulder", "RBigToe", "LBigToe", "MidHip"], [(2, 1), (4, 3)]),
+    (["r ankle", "l ankle", "pelvis"], [(1, 0)]),
+    (["Hand.L", "Hand.R", "hip_r", "hip_l", "FootR", "FootL"], [(0, 1), (3, 2), (5, 4)]),
+    (["front_left_paw", "front_right_paw", "left-ear", "right-ear"], [(0, 1), (2, 3)]),
+    (["LEFT_KNEE", "RIGHT_KNEE", "left1", "right1"], [(0, 1), (2, 3)]),
+    (["lefthand", "righthand", "left", "right"], [(0, 1), (2, 3)]),  # joined: both present
+]
+
+
+@pytest.mark.parametrize(("names", "pairs"), STYLES)
+def test_common_naming_styles_pair(names, pairs, recwarn):
+    assert keypoint_flip_pairs(names) == pairs
+    assert not [w for w in recwarn if issubclass(w.category, UserWarning)]
+
+
+def test_letters_need_a_separator_or_a_capitalised_word():
+    # vertebrae, lips, acronyms: no side, no warning
+    names = ["L1", "L2", "S1", "T12", "Lip", "LED", "r2d2", "lr_x", "x_lr"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert keypoint_flip_pairs(names) == []
+
+
+@pytest.mark.parametrize(
+    ("names", "match"),
+    [
+        (["l_shoulder", "nose"], "'l_shoulder' has no partner 'r_shoulder'"),
+        (["LShoulder", "RHip"], "'LShoulder' has no partner 'RShoulder'"),
+        (["leftWrist", "right_wrist"], "'leftWrist' has no partner 'rightWrist'"),
+        (["Hand.L"], r"'Hand.L' has no partner 'Hand.R'"),
+    ],
+)
+def test_sided_names_of_any_style_need_their_partner(names, match):
+    with pytest.raises(ValueError, match=match):
+        keypoint_flip_pairs(names)
+
+
+@pytest.mark.parametrize(
+    "names",
+    [
+        ["lefthand", "rgthand"],  # sided by eye, pairs with nothing
+        ["nose", "left_right_ear"],  # two sides in one name
+        ["upright"],
+    ],
+)
+def test_names_that_look_sided_but_pair_with_nothing_warn(names):
+    with pytest.warns(UserWarning, match="pass the flip pairs explicitly"):
+        assert keypoint_flip_pairs(names) == []
 
 
 def test_pair_order_does_not_matter():

@@ -355,7 +355,12 @@ def test_gradient_of_nearest_reaches_the_image():
 @pytest.mark.parametrize(
     ("kwargs", "error", "match"),
     [
-        (dict(matrix=torch.eye(3)), ValueError, r"matrix must have shape \(2, 3\) or \(B, 2, 3\)"),
+        (
+            dict(matrix=torch.eye(3, 2)),
+            ValueError,
+            r"matrix must have shape \(2, 3\) or \(B, 2, 3\)",
+        ),
+        (dict(matrix=torch.eye(3).expand(1, 1, 3, 3)), ValueError, "or the \\(3, 3\\) form"),
         (dict(matrix=torch.eye(2, 3).expand(3, 2, 3)), ValueError, "matrix batch 3 does not match"),
         (dict(size=(0, 4)), ValueError, "size must be positive"),
         (dict(size=(4,)), ValueError, "two ints"),

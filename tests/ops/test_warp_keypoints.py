@@ -172,8 +172,12 @@ def test_a_mirror_without_flip_pairs_is_refused():
         ({"flip_pairs": [(0, 3)]}, ValueError, "flip_pairs: pair"),
         ({"flip_pairs": "12"}, TypeError, "flip_pairs must be a sequence"),
         ({"size": (0, 3)}, ValueError, "size must be positive"),
+        # COCO's (x, y, v) triples: the message says how to split off the visibility
+        ({"points": torch.cat((PEOPLE, VISIBLE[..., None].double()), -1)}, ValueError,
+         r"got \(2, 3, 3\): for COCO's \(x, y, v\) triples pass the coordinates "
+         r"points\[\.\.\., :2\] and the visibility points\[\.\.\., 2\]\.long\(\) apart"),
     ],
-)
+)  # fmt: skip
 def test_warp_keypoints_errors(kwargs, error, match):
     call = {"points": PEOPLE, "matrix": shift(1.0), "size": (H, W), **kwargs}
     with pytest.raises(error, match=match):
@@ -287,3 +291,9 @@ def test_a_turn_by_90_degrees_is_not_a_mirror():
     assert math.isclose(float(torch.linalg.det(turn[:, :2])), 1.0, rel_tol=1e-6)
     points, _ = warp_keypoints(PEOPLE.float(), turn, (H, H), VISIBLE)  # no pairs needed
     assert torch.equal(points, warp_points(PEOPLE.float(), turn))
+
+
+def test_coco_triples_in_warp_points_say_how_to_split():
+    triples = torch.cat((PEOPLE, VISIBLE[..., None].double()), -1)
+    with pytest.raises(ValueError, match=r"points\[\.\.\., :2\].*points\[\.\.\., 2\]"):
+        warp_points(triples, shift(1.0))

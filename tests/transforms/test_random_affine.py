@@ -171,3 +171,18 @@ def test_matrix_is_torchvision_s_about_the_image_centre():
     m = torchvision_matrix((H, W), 30.0, (0, 0), 1.2, (10.0, 5.0))
     centre = torch.tensor([(W - 1) / 2, (H - 1) / 2, 1.0], dtype=torch.float64)
     assert_close(m @ centre, centre[:2])
+
+
+def test_key_points_as_a_plain_tensor_are_refused_in_a_compose():
+    image, target = sample(with_points=False)
+    points = torch.tensor([[[10.0, 8.0], [20.0, 8.0]]] * 3)
+    augment = v2.Compose([RandomAffine(10.0, hflip=0.5, flip_pairs=[(0, 1)])])
+    for sample_in in ({**target, "keypoints": points}, {"keypoints": points}):
+        with pytest.raises(TypeError, match=r"target\['keypoints'\] holds key points as a plain"):
+            augment(image, sample_in)
+    # wrapped, they move with the image
+    torch.manual_seed(0)
+    wrapped = tv_tensors.KeyPoints(points, canvas_size=(H, W))
+    _, out = augment(image, {"keypoints": wrapped})
+    assert isinstance(out["keypoints"], tv_tensors.KeyPoints)
+    assert not torch.equal(out["keypoints"].as_subclass(torch.Tensor), points)

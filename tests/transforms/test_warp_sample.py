@@ -244,3 +244,27 @@ def test_visibility_entry_is_checked():
     # a visibility without its key points is any other entry: copied
     _, out = warp_sample(image, {"other_visibility": "x"}, shift(1.0))
     assert out == {"other_visibility": "x"}
+
+
+@pytest.mark.parametrize("key", ["keypoints", "gt_keypoints", "bodyKeypoints"])
+def test_key_points_as_a_plain_tensor_are_refused_not_passed_through(key):
+    image = torch.rand(3, KH, KW)
+    with pytest.raises(
+        TypeError,
+        match=rf"target\['{key}'\] holds key points as a plain tensor"
+        r".*unwarped.*tv_tensors.KeyPoints\(points, canvas_size=\(24, 32\)\)",
+    ):
+        warp_sample(image, {key: PEOPLE.float()}, shift(1.0))  # fmt: skip
+    with pytest.raises(TypeError, match="plain tensor"):  # a mirror too, pairs or not
+        warp_sample(image, {key: PEOPLE.float()}, HFLIP, flip_pairs=PAIRS)
+    # COCO's (x, y, v) triples: the message says how to split off the visibility
+    coco = torch.cat((PEOPLE.float(), VISIBLE[..., None].float()), -1)  # (N, K, 3)
+    with pytest.raises(
+        TypeError,
+        match=rf"KeyPoints\(kp\[\.\.\., :2\].*target\['{key}_visibility'\]"
+        r" = kp\[\.\.\., 2\]\.long\(\)",
+    ):
+        warp_sample(image, {key: coco}, shift(1.0))  # fmt: skip
+    # a per-instance count under a keypoints-like name is no key point set: copied
+    _, out = warp_sample(image, {"num_keypoints": torch.tensor([3, 2])}, shift(1.0))
+    assert out["num_keypoints"].tolist() == [3, 2]

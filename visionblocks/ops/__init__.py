@@ -42,6 +42,7 @@ from visionblocks.ops.oks import COCO_PERSON_SIGMAS, keypoint_oks
 from visionblocks.ops.rotated import batched_nms_rotated, nms_rotated, rotated_box_iou
 from visionblocks.ops.warp import (
     affine_matrix,
+    compose_affine,
     invert_affine,
     matrix_to_theta,
     theta_to_matrix,
@@ -69,6 +70,7 @@ __all__ = [
     "box_iou",
     "complete_box_iou",
     "complete_box_iou_loss",
+    "compose_affine",
     "distance_box_iou",
     "distance_box_iou_loss",
     "flip_permutation",

@@ -24,11 +24,11 @@ from visionblocks._core.tensor_checks import check_floating, check_real, compute
 from visionblocks.ops._warp_opencv import eager_cpu
 
 __all__ = [
+    "after",
     "as_float",
     "check_fill",
     "check_matrix",
     "check_size",
-    "compose_affine",
     "invert_checked",
     "normaliser",
     "warp_bilinear",
@@ -135,7 +135,7 @@ def check_fill(name: str, fill: object, nonzero_ok: bool) -> None:
         raise ValueError(f"{name}={fill!r} needs padding_mode='fill'")
 
 
-def compose_affine(first: Tensor, second: Tensor) -> Tensor:
+def after(first: Tensor, second: Tensor) -> Tensor:
     """``first ∘ second`` for ``(..., 2, 3)`` matrices, element-wise (no matmul for autocast)."""
     lin = first[..., :, :1] * second[..., :1, :] + first[..., :, 1:2] * second[..., 1:2, :]
     return torch.cat((lin[..., :2], lin[..., 2:] + first[..., 2:]), dim=-1)
@@ -231,7 +231,7 @@ def warp_bilinear(
         shift = torch.tensor([[0.0, 0.0, 1.0], [0.0, 0.0, 1.0]], dtype=inv.dtype, device=inv.device)
         inv = inv + shift
     to_grid = normaliser((h, w), inv)
-    gx, gy = source_coords(compose_affine(to_grid, inv), size)
+    gx, gy = source_coords(after(to_grid, inv), size)
     grid = torch.stack((gx, gy), dim=-1).to(work)
     if grid.shape[0] != b:
         grid = grid.expand(b, -1, -1, -1)  # a shared matrix: one grid, no copy

@@ -2,14 +2,16 @@
 
 A mirroring warp (a 2 x 2 part with a negative determinant) moves a left wrist to where the
 right wrist was: the coordinates follow the warp, but the *names* must be swapped too, or the
-model learns a mirrored skeleton. `keypoint_flip_pairs` reads the pairs from COCO's names
-(``left_eye`` / ``right_eye``); `flip_permutation` turns pairs into the index that swaps
-them. `visionblocks.ops.warp_targets.warp_keypoints` and `visionblocks.transforms.warp_sample`
+model learns a mirrored skeleton. `keypoint_flip_pairs` reads the pairs from the names, in
+COCO's style (``left_eye`` / ``right_eye``) and the other common ones (``l_hip``, ``LShoulder``,
+``leftWrist``...); `flip_permutation` turns pairs into the index that swaps them. `visionblocks.ops.warp_targets.warp_keypoints` and `visionblocks.transforms.warp_sample`
 take the pairs as ``flip_pairs``.
 """
 
 from __future__ import annotations
 
+import re
+import warnings
 from collections.abc import Sequence
 
 import torch
@@ -21,24 +23,48 @@ __all__ = ["flip_permutation", "keypoint_flip_pairs"]
 __dir__ = public_dir(__name__, __all__)
 
 
-def _partner(name: str) -> str | None:
-    """The name of the other side (``left_eye`` -> ``right_eye``), or None (no side)."""
-    low = name.lower()
-    for this, other in (("left_", "right_"), ("right_", "left_")):
-        if low.startswith(this) and len(low) > len(this):
-            return other + low[len(this) :]
-    for this, other in (("_left", "_right"), ("_right", "_left")):
-        if low.endswith(this) and len(low) > len(this):
-            return low[: -len(this)] + other
-    return None
+# Words of a name: camelCase humps, upper-case runs, digits, and runs of separators.
+_TOKENS = re.compile(r"[A-Z]+(?=[A-Z][a-z])|[A-Z]?[a-z]+|[A-Z]+|\d+|[^A-Za-z\d]+")
+_OTHER = {"left": "right", "right": "left", "l": "r", "r": "l"}
+
+
+def _side_token(tokens: list[str]) -> int | None:
+    """The index of the one token naming a side, or None: a word ``left`` / ``right`` (any
+    case) anywhere, else a letter ``l`` / ``r`` first or last next to a separator
+    (``l_hip``, ``Hand.L``) or a capitalised word (``LShoulder``, ``HandR``)."""
+    words = [i for i, t in enumerate(tokens) if t.lower() in ("left", "right")]
+    if words:
+        return words[0] if len(words) == 1 else None
+    if len(tokens) < 2:
+        return None
+    first, second, last, before = tokens[0], tokens[1], tokens[-1], tokens[-2]
+    starts = first.lower() in ("l", "r") and (not second.isalnum() or second[0].isupper())
+    ends = last.lower() in ("l", "r") and (
+        not before.isalnum() or (last.isupper() and before[-1].islower())
+    )
+    if starts == ends:  # neither, or both (``l_hand_r``): no side
+        return None
+    return 0 if starts else len(tokens) - 1
+
+
+def _swap(token: str) -> str:
+    """The other side, in ``token``'s case (``L`` -> ``R``, ``Left`` -> ``Right``)."""
+    other = _OTHER[token.lower()]
+    if token.isupper():
+        return other.upper()
+    return other.capitalize() if token[0].isupper() else other
 
 
 def keypoint_flip_pairs(names: Sequence[str]) -> list[tuple[int, int]]:
-    """Left/right pairs of key points, from their names.
+    """Left/right pairs of key points, from their names, in the common naming styles.
 
-    A name that starts with ``left_`` / ``right_`` or ends with ``_left`` / ``_right``
-    (any case) pairs with the same name on the other side. Names without a side
-    (``nose``) are in no pair.
+    A name has a side when one of its words is ``left`` or ``right`` (any case, any place:
+    ``left_eye``, ``hand_right``, ``leftWrist``, ``LeftHand``, ``front-left paw``), or when it
+    starts or ends with a letter ``l`` / ``r`` beside a separator or a capitalised word
+    (``l_shoulder``, ``R_ankle``, ``r ankle``, ``LShoulder``, ``Hand.L``, ``HandR``). It
+    pairs with the name written the same way with the other side (``L_ankle`` with
+    ``R_ankle``; case aside). Names without a side (``nose``, ``L1``) are in no pair;
+    ``lefthand`` pairs with ``righthand`` only if both are there.
 
     Args:
         names: The category's ``keypoints`` names, in order (COCO's ``categories[i]
@@ -53,11 +79,20 @@ def keypoint_flip_pairs(names: Sequence[str]) -> list[tuple[int, int]]:
         ValueError: A name appears twice, or a sided name has no partner (``left_eye``
             without ``right_eye``): a flip could not swap it.
 
+    Warns:
+        UserWarning: Names that contain ``left`` or ``right`` but are in no pair
+            (``leftover``, ``left_right_x``): a flip keeps their names, so if one has a side,
+            pass the pairs explicitly.
+
     Examples:
         >>> keypoint_flip_pairs(["nose", "left_eye", "right_eye", "left_ear", "right_ear"])
         [(1, 2), (3, 4)]
         >>> keypoint_flip_pairs(["head", "hand_left", "hand_right"])
         [(1, 2)]
+        >>> keypoint_flip_pairs(["Neck", "RShoulder", "LShoulder", "r_ankle", "l_ankle"])
+        [(2, 1), (4, 3)]
+        >>> keypoint_flip_pairs(["leftWrist", "rightWrist", "L_ankle", "R_ankle"])
+        [(0, 1), (2, 3)]
     """
     if isinstance(names, str) or not isinstance(names, Sequence):
         raise TypeError(f"names must be a sequence of str, got {type(names).__name__}")
@@ -69,20 +104,49 @@ def keypoint_flip_pairs(names: Sequence[str]) -> list[tuple[int, int]]:
         if name.lower() in index:
             raise ValueError(f"names must be unique, got {name!r} twice")
         index[name.lower()] = i
-    pairs = []
+    sides: dict[tuple[bool, str], dict[bool, int]] = {}  # (letter?, template) -> {left?: i}
+    partners, unsided = {}, []
     for i, name in enumerate(names):
-        other = _partner(name)
-        if other is None:
+        tokens = _TOKENS.findall(name)
+        at = _side_token(tokens)
+        if at is None or not any(t.isalnum() for j, t in enumerate(tokens) if j != at):
+            unsided.append(i)
             continue
-        if other not in index:
+        token = tokens[at]
+        template = "".join([*tokens[:at], "\0", *tokens[at + 1 :]]).lower()
+        sides.setdefault((len(token) == 1, template), {})[token.lower()[0] == "l"] = i
+        partners[i] = "".join([*tokens[:at], _swap(token), *tokens[at + 1 :]])
+    pairs = []
+    for found in sides.values():
+        if len(found) == 1:
+            i = next(iter(found.values()))
             raise ValueError(
-                f"key point {name!r} has no partner {other!r} in names; pass the pairs explicitly"
+                f"key point {names[i]!r} has no partner {partners[i]!r} in names; pass the "
+                "pairs explicitly"
             )
-        j = index[other]
-        low = name.lower()
-        if low.startswith("left_") or low.endswith("_left"):
+        pairs.append((found[True], found[False]))
+    lowered = {names[i].lower(): i for i in unsided}
+    looks_sided = []
+    for i in unsided:
+        low = names[i].lower()
+        if low.count("left") + low.count("right") != 1:
+            if "left" in low or "right" in low:
+                looks_sided.append(names[i])
+            continue
+        j = lowered.get(low.replace("left", "right")) if "left" in low else None
+        if j is not None:
             pairs.append((i, j))
-    return pairs
+        elif "right" not in low or low.replace("right", "left") not in lowered:
+            looks_sided.append(names[i])
+    if looks_sided:
+        warnings.warn(
+            f"key point names {looks_sided} contain 'left' or 'right' but pair with no other "
+            "name: a flip keeps their names. If one has a side, pass the flip pairs explicitly "
+            "(flip_pairs=[(left, right), ...])",
+            UserWarning,
+            stacklevel=2,
+        )
+    return sorted(pairs)
 
 
 def checked_pairs(

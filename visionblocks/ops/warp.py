@@ -1,15 +1,17 @@
 """Affine matrices and affine image warping, in OpenCV's pixel convention.
 
-`affine_matrix` builds forward matrices, `warp_affine` resamples images with them,
-`invert_affine` inverts them, and `matrix_to_theta` / `theta_to_matrix` convert to the
-``theta`` of ``F.affine_grid``. Boxes, masks and key points follow the same matrices in
+`affine_matrix` builds forward matrices, `compose_affine` chains them, `warp_affine`
+resamples images with them, `invert_affine` inverts them, and `matrix_to_theta` /
+`theta_to_matrix` convert to the ``theta`` of ``F.affine_grid``. Boxes, masks and key points follow the same matrices in
 `visionblocks.ops.warp_targets`.
 
 Convention:
     - A matrix ``M`` is a ``(2, 3)`` (or batched ``(B, 2, 3)``) floating tensor that maps a
       **source** pixel ``(x, y)`` **forward** to its destination: ``[x', y'] = M @ [x, y, 1]``.
       `warp_affine` computes ``dst(x', y') = src(M⁻¹ [x', y', 1])``, as
-      ``cv2.warpAffine(src, M, (W_out, H_out))`` does without ``WARP_INVERSE_MAP``.
+      ``cv2.warpAffine(src, M, (W_out, H_out))`` does without ``WARP_INVERSE_MAP``. The warps
+      (here and in `visionblocks.ops.warp_targets`) and `compose_affine` also take the
+      ``(3, 3)`` form ``[[a, b, c], [d, e, f], [0, 0, 1]]``; a projective last row is refused.
     - x grows to the right, y downwards, and **pixel centres sit on integers**: pixel
       ``(row i, column j)`` is the point ``(x=j, y=i)`` and covers ``[j - 0.5, j + 0.5] ×
       [i - 0.5, i + 0.5]``: OpenCV's convention, and ``F.affine_grid``/``F.grid_sample``'s
@@ -50,15 +52,18 @@ import torch
 from torch import Tensor
 
 from visionblocks._core.checks import check_choice, check_type
+from visionblocks._core.dispatch import assert_on_device, asserts_on_device, reads_values
 from visionblocks._core.namespace import public_dir
 from visionblocks._core.tensor_checks import (
     check_allocation,
+    check_floating,
     check_same_device,
     check_tensor,
     compute_dtype,
 )
 from visionblocks.ops._warp_opencv import warp_opencv
 from visionblocks.ops._warp_sampling import (
+    after,
     as_float,
     check_fill,
     check_matrix,
@@ -70,6 +75,7 @@ from visionblocks.ops._warp_sampling import (
 
 __all__ = [
     "affine_matrix",
+    "compose_affine",
     "invert_affine",
     "matrix_to_theta",
     "theta_to_matrix",
@@ -92,21 +98,27 @@ def affine_matrix(
     scale: float | Tensor = 1.0,
     shear: Sequence[float] | Tensor = (0.0, 0.0),
     center: Sequence[float] | Tensor = (0.0, 0.0),
+    hflip: bool | Tensor = False,
+    vflip: bool | Tensor = False,
 ) -> Tensor:
-    """Forward affine matrix from rotation, scale, shear and translation, in pixel coordinates.
+    """Forward affine matrix from flips, rotation, scale, shear and translation, in pixels.
 
-    ``p`` goes to ``center + translate + scale · R(angle) · Sh(shear) · (p - center)``: shear
-    first (``x ← x + tan(shear[0]) · y``, then ``y ← y + tan(shear[1]) · x``), then rotation
-    and isotropic scale about ``center``, translation last. Without shear and translation
-    it equals ``cv2.getRotationMatrix2D(center, angle, scale)``.
+    ``p`` goes to ``center + translate + scale · R(angle) · Sh(shear) · F · (p - center)``:
+    the flips ``F`` first (``x ← 2 cx - x``, ``y ← 2 cy - y``), then shear (``x ← x +
+    tan(shear[0]) · y``, then ``y ← y + tan(shear[1]) · x``), rotation and isotropic scale
+    about ``center``, translation last. Without flips, shear and translation it equals
+    ``cv2.getRotationMatrix2D(center, angle, scale)``; with ``center`` the image centre, a flip
+    is ``cv2.flip`` (``hflip``: ``x ← W - 1 - x``) before that.
 
     Args:
         angle (float or Tensor[...]): Rotation in degrees, counter-clockwise on screen.
         translate (pair or Tensor[..., 2]): ``(tx, ty)`` in pixels, applied last.
         scale (float or Tensor[...]): Isotropic scale factor.
         shear (pair or Tensor[..., 2]): ``(shear_x, shear_y)`` in degrees.
-        center (pair or Tensor[..., 2]): ``(cx, cy)``, the fixed point of rotation, scale and
-            shear (e.g. ``((W - 1) / 2, (H - 1) / 2)`` for the image centre).
+        center (pair or Tensor[..., 2]): ``(cx, cy)``, the fixed point of flips, rotation,
+            scale and shear (``((W - 1) / 2, (H - 1) / 2)`` for the image centre).
+        hflip (bool or bool Tensor[...]): Mirror left to right first (a tensor: per sample).
+        vflip (bool or bool Tensor[...]): Mirror top to bottom first.
 
     Returns:
         Tensor[2, 3] or Tensor[..., 2, 3]: Forward matrix, batched over the broadcast
@@ -114,7 +126,8 @@ def affine_matrix(
         none) and differentiable with respect to them.
 
     Raises:
-        TypeError: An argument is not a number, a sequence of numbers or a tensor.
+        TypeError: An argument is not a number, a sequence of numbers or a tensor; a flip
+            that is not a bool or a bool tensor.
         ValueError: A number that is not finite, a pair argument that does not end in 2, or
             batch dims that do not broadcast.
 
@@ -127,9 +140,19 @@ def affine_matrix(
         >>> affine_matrix(translate=(2.0, 1.0))
         tensor([[1., 0., 2.],
                 [0., 1., 1.]])
+        >>> affine_matrix(hflip=True, center=((8 - 1) / 2, (6 - 1) / 2))  # W = 8: x -> 7 - x
+        tensor([[-1.,  0.,  7.],
+                [ 0.,  1.,  0.]])
     """
     args = dict(angle=angle, translate=translate, scale=scale, shear=shear, center=center)
     tensors = [v for v in args.values() if isinstance(v, Tensor)]
+    if type(hflip) is not bool or type(vflip) is not bool:
+        for key, flag in (("hflip", hflip), ("vflip", vflip)):
+            if isinstance(flag, Tensor) and flag.dtype == torch.bool:
+                tensors.append(flag)
+            elif type(flag) is not bool:
+                got = f"a tensor of dtype {flag.dtype}" if isinstance(flag, Tensor) else repr(flag)
+                raise TypeError(f"{key} must be a bool or a bool tensor, got {got}")
     floats = [t.dtype for t in tensors if t.is_floating_point()]
     dtype = floats[0] if floats else torch.get_default_dtype()
     for other in floats[1:]:
@@ -137,29 +160,37 @@ def affine_matrix(
     device = tensors[0].device if tensors else torch.device("cpu")
     plain = None if tensors else _floats(args)
     if plain is not None:  # numbers only (a data loader's call): float64, rounded once
+        fx, fy = -1.0 if hflip else 1.0, -1.0 if vflip else 1.0
         fns = (math.radians, math.cos, math.sin, math.tan)
         rows = _entries(*plain["angle"], *plain["scale"], *plain["shear"], *plain["center"],
-                        *plain["translate"], *fns)  # fmt: skip
+                        *plain["translate"], fx, fy, *fns)  # fmt: skip
         return torch.tensor(rows, dtype=dtype, device=device).view(2, 3)
     vals = {k: as_float(k, v, compute_dtype(dtype), device) for k, v in args.items()}
     for k in ("translate", "shear", "center"):
         if vals[k].dim() == 0 or vals[k].shape[-1] != 2:
             raise ValueError(f"{k} must be a pair or have shape (..., 2), got {vals[k].shape}")
+    signs = {  # -1 where flipped; a bool is a number, a bool tensor follows the others' device
+        k: (-1.0 if v else 1.0) if isinstance(v, bool) else 1.0 - 2.0 * v.to(vals["angle"])
+        for k, v in (("hflip", hflip), ("vflip", vflip))
+    }
+    flip_shapes = [v.shape for v in signs.values() if isinstance(v, Tensor)]
     try:
         batch = torch.broadcast_shapes(
             vals["angle"].shape,
             vals["scale"].shape,
             *(vals[k].shape[:-1] for k in ("translate", "shear", "center")),
+            *flip_shapes,
         )
     except RuntimeError as err:
-        shapes = {k: tuple(v.shape) for k, v in vals.items()}
+        shapes = {k: tuple(v.shape) for k, v in (*vals.items(), *signs.items())
+                  if isinstance(v, Tensor)}  # fmt: skip
         raise ValueError(f"affine_matrix arguments do not broadcast: {shapes}") from err
 
     angle, scale = vals["angle"], vals["scale"]
     shear, center, translate = (vals[k].unbind(-1) for k in ("shear", "center", "translate"))
     fns = (torch.deg2rad, torch.cos, torch.sin, torch.tan)
-    a, b, e, c, d, f = _entries(angle, scale, *shear, *center, *translate, *fns)
-    rows = [torch.broadcast_to(v, batch) for v in (a, b, e, c, d, f)]
+    entries = _entries(angle, scale, *shear, *center, *translate, *signs.values(), *fns)
+    rows = [torch.broadcast_to(v, batch) for v in entries]
     return torch.stack(rows, dim=-1).unflatten(-1, (2, 3)).to(dtype)
 
 
@@ -188,21 +219,111 @@ def _entries(
     cy: Any,
     tx: Any,
     ty: Any,
+    fx: Any,
+    fy: Any,
     rad: Any,
     cos: Any,
     sin: Any,
     tan: Any,
 ) -> list[Any]:
-    """``[a, b, e, c, d, f]`` of `affine_matrix`, for Python floats (``math``) or tensors."""
+    """``[a, b, e, c, d, f]`` of `affine_matrix`, for Python floats (``math``) or tensors;
+    ``fx``, ``fy`` are the flips' signs (``±1``)."""
     theta = rad(angle)
     cos_s, sin_s = cos(theta) * scale, sin(theta) * scale
     shx, shy = tan(rad(shx)), tan(rad(shy))
-    # A = (scale · R) @ Sh, with R = [[cos, sin], [-sin, cos]] and Sh = [[1, shx], [shy, 1 + shx·shy]].
-    a = cos_s + sin_s * shy
-    b = cos_s * shx + sin_s * (1 + shx * shy)
-    c = -sin_s + cos_s * shy
-    d = -sin_s * shx + cos_s * (1 + shx * shy)
+    # A = (scale · R) @ Sh @ F, with R = [[cos, sin], [-sin, cos]],
+    # Sh = [[1, shx], [shy, 1 + shx·shy]] and F = diag(fx, fy): F scales A's columns
+    # (`+ 0.0`: a flipped zero is 0, not -0).
+    a = (cos_s + sin_s * shy) * fx + 0.0
+    b = (cos_s * shx + sin_s * (1 + shx * shy)) * fy + 0.0
+    c = (-sin_s + cos_s * shy) * fx + 0.0
+    d = (-sin_s * shx + cos_s * (1 + shx * shy)) * fy + 0.0
     return [a, b, cx + tx - a * cx - b * cy, c, d, cy + ty - c * cx - d * cy]
+
+
+def compose_affine(*matrices: Tensor) -> Tensor:
+    """One forward matrix for several warps applied in turn, the first given first.
+
+    ``compose_affine(a, b)`` moves a point by ``a``, then by ``b``: ``b @ a`` of the
+    ``(3, 3)`` forms, computed element-wise (``torch.autocast`` changes nothing), so
+    ``warp_affine(warp_affine(img, a), b)`` equals ``warp_affine(img, compose_affine(a, b))``
+    up to the resampling of the first warp.
+
+    Args:
+        *matrices (Tensor[..., 2, 3] or Tensor[..., 3, 3]): Forward matrices in the order they
+            apply; leading dims broadcast (a ``(2, 3)`` one with ``(B, 2, 3)`` ones).
+
+    Returns:
+        Tensor[..., 2, 3]: The composed forward matrix, in the promoted floating dtype
+        (float16/bfloat16 computed in float32); differentiable.
+
+    Raises:
+        TypeError: A matrix that is not a floating tensor.
+        ValueError: No matrix, a shape other than ``(..., 2, 3)`` / ``(..., 3, 3)``, leading
+            dims that do not broadcast, tensors on different devices, or (a value check) a
+            ``(3, 3)`` matrix whose last row is not ``[0, 0, 1]``.
+
+    Examples:
+        >>> zoom, shift = affine_matrix(scale=2.0), affine_matrix(translate=(1.0, 0.0))
+        >>> compose_affine(zoom, shift)  # x -> 2x, then x -> x + 1
+        tensor([[2., 0., 1.],
+                [0., 2., 0.]])
+        >>> compose_affine(shift, zoom)  # x -> x + 1, then x -> 2x
+        tensor([[2., 0., 2.],
+                [0., 2., 0.]])
+        >>> flip = affine_matrix(hflip=True, center=(1.5, 1.5))
+        >>> compose_affine(flip, flip)
+        tensor([[1., 0., 0.],
+                [0., 1., 0.]])
+    """
+    if not matrices:
+        raise ValueError("compose_affine needs at least one matrix, got none")
+    checked = [affine_part(f"matrices[{i}]", m, batched=True) for i, m in enumerate(matrices)]
+    check_same_device(**{f"matrices[{i}]": m for i, m in enumerate(checked)})
+    try:
+        torch.broadcast_shapes(*(m.shape[:-2] for m in checked))
+    except RuntimeError:
+        shapes = [tuple(m.shape) for m in matrices]
+        raise ValueError(f"matrices' leading dims do not broadcast: shapes {shapes}") from None
+    dtype = checked[0].dtype
+    for m in checked[1:]:
+        dtype = torch.promote_types(dtype, m.dtype)
+    work = compute_dtype(dtype)
+    out = checked[0].to(work)
+    for m in checked[1:]:
+        out = after(m.to(work), out)  # m ∘ out: out first
+    return out.to(dtype)
+
+
+def affine_part(name: str, matrix: object, *, batched: bool = False) -> Tensor:
+    """A floating ``(2, 3)`` or ``(B, 2, 3)`` matrix (``(..., 2, 3)`` with ``batched``), or the
+    top two rows of its ``(3, 3)`` form once the last row is ``[0, 0, 1]`` (a value check: one
+    read on CPU, a device-side assert on CUDA)."""
+    matrix = check_floating(name, matrix)
+    rows = matrix.shape[-2] if matrix.dim() >= 2 and matrix.shape[-1] == 3 else 0
+    if rows not in (2, 3) or (matrix.dim() > 3 and not batched):
+        expected = "(..., 2, 3)" if batched else "(2, 3) or (B, 2, 3)"
+        raise ValueError(
+            f"{name} must have shape {expected} (or the (3, 3) form, last row [0, 0, 1]), got "
+            f"{tuple(matrix.shape)}"
+        )
+    if rows == 2:
+        return matrix
+    last = matrix[..., 2, :].detach()
+    message = (
+        f"{name} is a (3, 3) matrix whose last row is not [0, 0, 1]: a projective warp (a "
+        "homography), which an affine warp cannot apply (cv2.warpPerspective or torchvision's "
+        "v2.functional.perspective can); an affine matrix in (3, 3) form ends in [0, 0, 1]"
+    )
+    if reads_values(matrix):
+        affine = (last[..., 0] == 0) & (last[..., 1] == 0) & (last[..., 2] == 1)
+        if not bool(affine.all()):
+            rows = last[~affine][0].tolist()
+            raise ValueError(f"{message}; got last row {rows}")
+    elif asserts_on_device(matrix):
+        affine = (last[..., 0] == 0) & (last[..., 1] == 0) & (last[..., 2] == 1)
+        assert_on_device(affine, message)
+    return matrix[..., :2, :]
 
 
 def invert_affine(matrix: Tensor) -> Tensor:
@@ -320,10 +441,11 @@ def warp_affine(
     OpenCV's own warp on CPU, ``F.grid_sample`` elsewhere (see the module's Paths).
 
     Args:
-        img (Tensor[B, C, H, W] or Tensor[C, H, W]): Images, any dtype (``bool`` only with
-            ``mode="nearest"``).
+        img (Tensor[B, C, H, W] or Tensor[C, H, W]): Images, any real dtype (``bool`` only
+            with ``mode="nearest"``; complex is refused).
         matrix (Tensor[2, 3] or Tensor[B, 2, 3]): Forward (source → destination) matrices in
-            pixel coordinates; ``(2, 3)`` and ``(1, 2, 3)`` are shared by the whole batch.
+            pixel coordinates, or their ``(3, 3)`` forms; ``(2, 3)`` and ``(1, 2, 3)`` are shared
+            by the whole batch.
         size: Output ``(H_out, W_out)``; default the input's ``(H, W)``.
         mode: ``"bilinear"`` (``cv2.INTER_LINEAR``) or ``"nearest"`` (``cv2.INTER_NEAREST``).
         padding_mode: Value of samples outside the image: ``"zeros"`` (``BORDER_CONSTANT``, 0),
@@ -337,13 +459,14 @@ def warp_affine(
         warped images in ``img``'s dtype (see the module's Dtypes).
 
     Raises:
-        TypeError: ``img``/``matrix`` not tensors, a non-floating matrix, a ``bool`` image with
-            bilinear sampling, or a bad ``fill`` type.
-        ValueError: Bad shapes (image not 3-D/4-D or empty, matrix not ``(2, 3)``/``(B, 2, 3)``,
-            batch mismatch), ``img`` and ``matrix`` on different devices, unknown
-            ``mode``/``padding_mode``, bad or absurdly large ``size``, a non-finite ``fill``
-            or a nonzero one without ``padding_mode="fill"``, or (a value check, see
-            `invert_affine`) a singular or non-finite ``matrix``.
+        TypeError: ``img``/``matrix`` not tensors, a complex image, a non-floating matrix, a
+            ``bool`` image with bilinear sampling, or a bad ``fill`` type.
+        ValueError: Bad shapes (image not 3-D/4-D or empty, matrix not ``(2, 3)``/``(B, 2, 3)``
+            or their ``(3, 3)`` forms, batch mismatch), ``img`` and ``matrix`` on different
+            devices, unknown ``mode``/``padding_mode``, bad or absurdly large ``size``, a
+            non-finite ``fill`` or a nonzero one without ``padding_mode="fill"``, or (value
+            checks, see `invert_affine`) a singular or non-finite ``matrix``, a ``(3, 3)`` one
+            whose last row is not ``[0, 0, 1]``.
 
     Examples:
         >>> img = torch.arange(12.0).view(1, 3, 4)
@@ -370,35 +493,44 @@ def warp_checked(
     padding_mode: str,
     fill: object,
     inverse: Tensor | None = None,
+    name: str = "img",
 ) -> tuple[Tensor, Tensor | None]:
     """`warp_affine`, also returning the inverse matrices the torch path sampled with (or
     ``inverse`` as given, after OpenCV). Passing that back for the same ``matrix`` skips the
-    inversion: `warp_sample` inverts once for the image and its masks."""
-    check_tensor("img", img)
-    check_matrix("matrix", matrix)
-    check_same_device(img=img, matrix=matrix)
+    inversion: `warp_sample` inverts once for the image and its masks. Errors about the
+    image name it ``name``."""
+    check_tensor(name, img)
+    if img.is_complex():
+        raise TypeError(
+            f"{name} must be a real tensor (an image of numbers, or bool masks), got dtype "
+            f"{img.dtype}; warp its real and imaginary parts (torch.view_as_real) separately"
+        )
+    matrix = affine_part("matrix", matrix)
+    check_same_device(**{name: img, "matrix": matrix})
     check_type("mode", mode, str)
     check_choice("mode", mode, _MODES)
     check_type("padding_mode", padding_mode, str)
     check_choice("padding_mode", padding_mode, _PADDING_MODES)
     check_fill("fill", fill, padding_mode == "fill")
     if img.dim() not in (3, 4):
-        raise ValueError(f"img must have shape (B, C, H, W) or (C, H, W), got {tuple(img.shape)}")
+        raise ValueError(
+            f"{name} must have shape (B, C, H, W) or (C, H, W), got {tuple(img.shape)}"
+        )
     unbatched = img.dim() == 3
     batch = img[None] if unbatched else img
     b, c, h, w = batch.shape
     if h == 0 or w == 0:
-        raise ValueError(f"img must have a non-empty (H, W), got {tuple(img.shape)}")
+        raise ValueError(f"{name} must have a non-empty (H, W), got {tuple(img.shape)}")
     out_size = (h, w) if size is None else check_size("size", size)
     check_allocation("the warped img", (b, c, *out_size), torch.float64)
     mats = matrix if matrix.dim() == 3 else matrix[None]
     if mats.shape[0] != 1 and (unbatched or mats.shape[0] != b):
-        what = "an unbatched img" if unbatched else f"img with batch {b}"
+        what = f"an unbatched {name}" if unbatched else f"{name} with batch {b}"
         raise ValueError(
             f"matrix batch {mats.shape[0]} does not match {what}; pass (2, 3) to share one matrix"
         )
     if mode == "bilinear" and batch.dtype == torch.bool:
-        raise TypeError("bilinear warping needs a numeric img, got dtype torch.bool")
+        raise TypeError(f"bilinear warping needs a numeric {name}, got dtype torch.bool")
     out = warp_opencv(batch, mats, out_size, mode, padding_mode, fill)
     if out is not None:
         return (out[0] if unbatched else out), inverse

@@ -1,6 +1,7 @@
 """Warp what belongs to an image — points, boxes, masks — with its matrix.
 
-Each function takes the forward matrices of `visionblocks.ops.warp`, so an augmentation
+Each function takes the forward matrices of `visionblocks.ops.warp` (``(..., 2, 3)``, or
+their ``(3, 3)`` forms with the last row ``[0, 0, 1]``), so an augmentation
 builds one matrix, warps the image with `warp_affine` and every target here, and they stay
 aligned. `visionblocks.transforms.warp_sample` does all of it for one torchvision-style sample
 (``warp_sample`` here is a deprecated alias of it).
@@ -41,9 +42,9 @@ from visionblocks._core.tensor_checks import (
     check_tensor,
     compute_dtype,
 )
-from visionblocks.ops._warp_sampling import check_matrix, check_size
+from visionblocks.ops._warp_sampling import check_size
 from visionblocks.ops.keypoints import checked_pairs, permutation_list
-from visionblocks.ops.warp import warp_affine
+from visionblocks.ops.warp import affine_part, warp_checked
 
 __all__ = ["warp_boxes", "warp_keypoints", "warp_masks", "warp_points"]
 __dir__ = public_dir(__name__, __all__)
@@ -55,8 +56,10 @@ def _checked(
     """Check ``x (..., N, k)`` and matrices whose leading dims broadcast with its own; both
     in the compute dtype, and the result dtype (the promoted floating one)."""
     check_real(name, x)
-    check_matrix("matrix", matrix, batched=True)
+    matrix = affine_part("matrix", matrix, batched=True)
     check_same_device(**{name: x, "matrix": matrix})
+    if k == 2 and x.dim() >= 2 and x.shape[-1] == 3:
+        raise ValueError(split_visibility(name, x))
     check_last_dim(name, x, k, what=what)
     if x.dim() < 2:
         raise ValueError(f"{name} must have shape (..., N, {k}), got {tuple(x.shape)}")
@@ -73,6 +76,16 @@ def _checked(
     dtype = torch.promote_types(x.dtype, matrix.dtype)
     dtype = dtype if dtype.is_floating_point else torch.get_default_dtype()
     return x.to(compute_dtype(dtype)), matrix.to(compute_dtype(dtype)), dtype
+
+
+def split_visibility(name: str, points: Tensor) -> str:
+    """The error for ``(..., K, 3)`` key points: how to split COCO's ``(x, y, v)`` triples."""
+    return (
+        f"{name} must have shape (..., 2) (x, y), got {tuple(points.shape)}: for COCO's "
+        f"(x, y, v) triples pass the coordinates {name}[..., :2] and the visibility "
+        f"{name}[..., 2].long() apart (warp_keypoints' visibility=, or a target's "
+        "'<key>_visibility' next to tv_tensors.KeyPoints(kp[..., :2], canvas_size=(H, W)))"
+    )
 
 
 def warp_points(points: Tensor, matrix: Tensor) -> Tensor:
@@ -214,7 +227,8 @@ def warp_keypoints(
     Raises:
         TypeError: Not tensors, a non-floating matrix, a floating or complex ``visibility``,
             a bad ``size`` or ``flip_pairs`` type.
-        ValueError: The shapes of `warp_points`, a ``visibility`` of another shape than
+        ValueError: The shapes of `warp_points` (``(..., K, 3)`` points: the message says how
+            to split off the visibility), a ``visibility`` of another shape than
             ``points.shape[:-1]``, tensors on different devices, a bad ``size``, a
             ``flip_pairs`` index outside ``[0, K)`` or in two pairs; or (a value check, see
             `visionblocks.set_value_checks`) a mirroring matrix with ``flip_pairs=None`` and
@@ -235,7 +249,9 @@ def warp_keypoints(
         tensor([[2, 0, 2]])
     """
     check_real("points", points)
-    check_matrix("matrix", matrix, batched=True)
+    matrix = affine_part("matrix", matrix, batched=True)
+    if points.dim() >= 2 and points.shape[-1] == 3:
+        raise ValueError(split_visibility("points", points))
     check_last_dim("points", points, 2, what="(x, y)")
     if points.dim() < 2:
         raise ValueError(f"points must have shape (..., K, 2), got {tuple(points.shape)}")
@@ -334,9 +350,7 @@ def warp_masks(masks: Tensor, matrix: Tensor, size: Sequence[int] | None = None)
         raise ValueError(
             f"masks must have shape (N, H, W) or (B, N, H, W), got {tuple(masks.shape)}"
         )
-    check_matrix("matrix", matrix)
-    check_same_device(masks=masks, matrix=matrix)
-    return warp_affine(masks, matrix, size, mode="nearest")
+    return warp_checked(masks, matrix, size, "nearest", "zeros", 0.0, name="masks")[0]
 
 
 _DEPRECATED = {"warp_sample": ("visionblocks.transforms.warp_sample", "0.3")}

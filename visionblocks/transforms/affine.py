@@ -25,7 +25,7 @@ from visionblocks._core.checks import check_range, check_type
 from visionblocks._core.namespace import public_dir
 from visionblocks.ops.keypoints import checked_pairs
 from visionblocks.ops.warp import warp_checked
-from visionblocks.transforms.sample import check_sample_options, warp_target
+from visionblocks.transforms.sample import check_sample_options, is_plain_keypoints, warp_target
 
 __all__ = ["RandomAffine"]
 __dir__ = public_dir(__name__, __all__)
@@ -101,7 +101,8 @@ class RandomAffine(v2.Transform):
       ``(..., C, H, W)`` shares one matrix) with `visionblocks.ops.warp_affine`;
     - every dict holding ``BoundingBoxes``, ``Mask`` or ``KeyPoints`` as a `warp_sample`
       target (tight boxes, key-point visibility and ``flip_pairs``, and with ``min_size``
-      the instances that leave the image dropped);
+      the instances that leave the image dropped); key points as a plain tensor are refused,
+      as there;
     - ``tv_tensors`` outside a dict (``(image, boxes, masks)``) together, never dropped;
       other values pass through.
 
@@ -255,7 +256,9 @@ class RandomAffine(v2.Transform):
                 return warped
             if isinstance(node, Mapping):
                 out = {k: v for k, v in node.items() if v is not image}
-                if "polygons" in out or any(isinstance(v, _TARGETS) for v in out.values()):
+                if "polygons" in out or any(
+                    isinstance(v, _TARGETS) or is_plain_keypoints(k, v) for k, v in out.items()
+                ):  # plain-tensor key points: refused by warp_target
                     out = targets(out, self.min_size, self.instance_keys)
                 return {k: rebuild(out[k]) if k in out else warped for k in node}
             if isinstance(node, (list, tuple)):

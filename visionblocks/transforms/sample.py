@@ -23,6 +23,10 @@ Key points:
     (integer COCO flags or bool, of shape ``(N, K)``): as in `visionblocks.ops.warp_keypoints`,
     points warped outside the canvas get 0 and a mirroring matrix swaps the ``flip_pairs``
     along the ``K`` axis (``flip_pairs=None`` refuses it for ``K > 1``). They are not clipped.
+    A plain tensor of key points (at least 2-D, under a key ending in ``keypoints``:
+    ``"keypoints"``, ``"gt_keypoints"``...) is refused: torchvision's v2 transforms pass plain
+    tensors through, so it would stay where it was while the image moves; the error says how to
+    wrap it in ``KeyPoints`` (and how to split off COCO's visibility from ``(x, y, v)``).
 
 Polygons:
     ``target["polygons"]``: one entry per box, each a (possibly empty, e.g. a crowd RLE)
@@ -70,9 +74,9 @@ from visionblocks.ops._object_boxes import (
     warp_polygons,
     warp_rotated_boxes,
 )
-from visionblocks.ops._warp_sampling import check_fill, check_matrix, check_size
+from visionblocks.ops._warp_sampling import check_fill, check_size
 from visionblocks.ops.keypoints import checked_pairs
-from visionblocks.ops.warp import warp_checked
+from visionblocks.ops.warp import affine_part, warp_checked
 from visionblocks.ops.warp_targets import (
     check_visibility,
     place_keypoints,
@@ -95,8 +99,10 @@ def check_sample_options(
     check_choice("mode", mode, ("bilinear", "nearest"))
     check_fill("fill", fill, nonzero_ok=True)
     check_type("mask_fill", mask_fill, int)
-    masks = [v for v in (target or {}).values() if isinstance(v, tv.Mask)]
-    for mask in masks:
+    masks = {k: v for k, v in (target or {}).items() if isinstance(v, tv.Mask)}
+    for key, mask in masks.items():
+        if mask.is_complex():
+            raise TypeError(f"target[{key!r}] must be a real tensor, got dtype {mask.dtype}")
         if mask.is_floating_point():
             continue
         info = None if mask.dtype == torch.bool else torch.iinfo(mask.dtype)
@@ -206,6 +212,35 @@ def _warp_box_tensor(
     return out, keep
 
 
+def is_plain_keypoints(key: object, value: object) -> bool:
+    """Whether ``value`` looks like key points given as a plain tensor: not a ``TVTensor``, at
+    least 2-D, under a key ending in ``keypoints`` (``"keypoints"``, ``"gt_keypoints"``...)."""
+    if not isinstance(value, Tensor) or isinstance(value, tv.TVTensor) or value.dim() < 2:
+        return False
+    flat = str(key).lower().replace("_", "").replace("-", "")
+    return flat.endswith(("keypoints", "keypoint"))
+
+
+def plain_keypoints_error(key: object, value: Tensor, size: tuple) -> str:
+    """Why plain-tensor key points are refused, and how to wrap them (and split COCO's
+    ``(x, y, v)`` triples)."""
+    canvas = f"canvas_size={size}"
+    fix = f"tv_tensors.KeyPoints(points, {canvas})"
+    if value.shape[-1] == 3:
+        fix = (
+            f"COCO's (x, y, v) triples split in two: tv_tensors.KeyPoints(kp[..., :2], {canvas}) "
+            f"and target['{key}_visibility'] = kp[..., 2].long()"
+        )
+    if _KEY_POINTS is None:
+        fix = "visionblocks.ops.warp_keypoints, or torchvision >= 0.23 for tv_tensors.KeyPoints"
+    return (
+        f"target[{key!r}] holds key points as a plain tensor of shape {tuple(value.shape)}: "
+        "warp_sample, like torchvision's v2 transforms, moves only tv_tensors.KeyPoints and "
+        "would pass it through unwarped (a skeleton off its image, unswapped under a flip); "
+        f"use {fix}"
+    )
+
+
 def _check_target_sizes(target: Mapping[str, Any], image_size: tuple) -> None:
     """Every mask covers the image, and every box or key-point set lives on its canvas."""
     canvases = (tv.BoundingBoxes,) if _KEY_POINTS is None else (tv.BoundingBoxes, _KEY_POINTS)
@@ -245,7 +280,8 @@ def warp_sample(
     Args:
         image (Tensor[C, H, W]): The image (a ``tv_tensors.Image`` stays one).
         target: Dict of tv_tensors and other values, or ``None``.
-        matrix (Tensor[2, 3]): Forward pixel matrix.
+        matrix (Tensor[2, 3] or Tensor[3, 3]): Forward pixel matrix (the ``(3, 3)`` form's
+            last row must be ``[0, 0, 1]``).
         size: Output ``(H_out, W_out)``; default the image's.
         mode: Image interpolation, ``"bilinear"`` or ``"nearest"``.
         fill: Image value outside the source (scalar or per channel).
@@ -262,16 +298,18 @@ def warp_sample(
         (``None`` if ``target`` was), in ``target``'s key order.
 
     Raises:
-        TypeError: ``image`` not a tensor, ``target`` not a mapping, an option of the wrong
-            type (``instance_keys`` must be a sequence of str, ``flip_pairs`` of int pairs),
-            a visibility not an integer or bool tensor, polygons not in the format above.
+        TypeError: ``image`` not a tensor or complex, ``target`` not a mapping, an option of
+            the wrong type (``instance_keys`` must be a sequence of str, ``flip_pairs`` of int
+            pairs), a visibility not an integer or bool tensor, polygons not in the format
+            above, key points as a plain tensor (see Key points).
         ValueError: Bad image/matrix shapes or size; ``image`` and ``matrix`` on different devices;
             a ``Mask`` whose size, or ``BoundingBoxes``/``KeyPoints`` whose ``canvas_size``, differs
             from the image's; a non-finite ``fill``, a negative ``min_size``, a ``mask_fill`` that
             does not fit the masks' dtype; several ``BoundingBoxes`` with ``min_size`` set; an
             ``instance_keys`` tensor or polygons whose number differs from the boxes'; a visibility
             of another shape than its key points'; a bad ``flip_pairs`` index; or (value checks) a
-            singular matrix, or a mirroring one with ``flip_pairs=None`` and ``K > 1`` key points.
+            singular matrix, a projective ``(3, 3)`` one, or a mirroring one with
+            ``flip_pairs=None`` and ``K > 1`` key points.
 
     Examples:
         >>> from torchvision import tv_tensors
@@ -322,10 +360,11 @@ def warp_sample(
     check_tensor("image", image)
     if image.dim() != 3:
         raise ValueError(f"image must have shape (C, H, W), got {tuple(image.shape)}")
-    check_matrix("matrix", matrix)
+    matrix = affine_part("matrix", matrix)
     if matrix.dim() != 2:
         raise ValueError(
-            f"warp_sample takes one (2, 3) matrix, got matrix of shape {tuple(matrix.shape)}"
+            f"warp_sample takes one (2, 3) or (3, 3) matrix, got matrix of shape "
+            f"{tuple(matrix.shape)}"
         )
     check_same_device(image=image, matrix=matrix)
     if target is not None and not isinstance(target, Mapping):
@@ -336,7 +375,7 @@ def warp_sample(
     padding = "zeros" if isinstance(fill, (int, float)) and fill == 0 else "fill"
     # A plain tensor as it is: torch.compile cannot trace as_subclass.
     plain_image = image if type(image) is Tensor else image.as_subclass(Tensor)
-    warped, inverse = warp_checked(plain_image, matrix, out_size, mode, padding, fill)
+    warped, inverse = warp_checked(plain_image, matrix, out_size, mode, padding, fill, name="image")
     if isinstance(image, tv.TVTensor):
         warped = tv.wrap(warped, like=image)
     if target is None:
@@ -359,6 +398,9 @@ def warp_target(
     """The target part of `warp_sample`, its options checked: ``image`` is the source image
     (sizes and devices are checked against it), ``inverse`` what `warp_checked` returned."""
     _check_target_sizes(target, tuple(image.shape[-2:]))
+    for key, value in target.items():
+        if is_plain_keypoints(key, value):
+            raise TypeError(plain_keypoints_error(key, value, tuple(image.shape[-2:])))
     box_keys = [key for key, value in target.items() if isinstance(value, tv.BoundingBoxes)]
     if len(box_keys) > 1 and min_size is not None:
         raise ValueError("target holds several BoundingBoxes; pass min_size=None")
@@ -394,7 +436,10 @@ def warp_target(
             plain = value.as_subclass(Tensor)
             flat = plain.unsqueeze(0) if plain.dim() == 2 else plain.flatten(0, -3)
             pad = "zeros" if mask_fill == 0 else "fill"
-            moved, _ = warp_checked(flat, matrix, out_size, "nearest", pad, mask_fill, inverse)
+            where = f"target[{key!r}]"
+            moved, _ = warp_checked(
+                flat, matrix, out_size, "nearest", pad, mask_fill, inverse, where
+            )
             moved = moved.reshape(*plain.shape[:-2], *out_size)
             if plain.dim() == 3 and box_keys:
                 instance_masks.append((moved, plain))
