@@ -73,6 +73,28 @@ def test_kernel_matches_the_torch_path(dtype, shape, device):
             assert got[2, 2] == 1
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_kernel_reduces_angles_exactly(dtype, device):
+    """As the torch path: thin boxes (aspect up to 1e6) at angles using every bit, and their
+    exact 180- and 360-degree equivalents, give exactly 1 (the canonical angle is reduced
+    with no rounding); the other pairs match the torch path."""
+    g = torch.Generator().manual_seed(7)
+    n = 12
+    w = torch.rand(n, 1, generator=g, dtype=torch.float64) * 20 + 1
+    h = w * 10 ** -(torch.rand(n, 1, generator=g, dtype=torch.float64) * 6)
+    r = 256 + 256 * torch.rand(n, 1, generator=g, dtype=torch.float64)
+    xy = torch.rand(n, 2, generator=g, dtype=torch.float64) * 10
+    a = torch.cat([xy, w, h, r], 1).to(dtype)
+    b = a.clone()
+    b[:, 4] -= torch.tensor([180.0, 360.0] * (n // 2), dtype=dtype)
+    a, b = a.to(device), b.to(device)
+    got = rotated_box_iou(a, b, impl="triton")
+    assert torch.equal(got.diagonal(), torch.ones(n, dtype=dtype, device=device))
+    want = rotated_box_iou(a, b, impl="torch")
+    atol = 1e-12 if dtype == torch.float64 else 2e-6
+    torch.testing.assert_close(got, want, rtol=0, atol=atol)
+
+
 def test_kernel_empty_and_other_formats(device):
     a, b = boxes_pair(6, 5, seed=1)
     a, b = a.to(device), b.to(device)
@@ -169,7 +191,7 @@ def test_compiles_for_gpu_targets_without_spills():
     device = "cuda" if torch.cuda.is_available() else "cpu"  # the interpreter on CPU
     with record_launches(execute=False) as specs:
         for dtype in (torch.float16, torch.bfloat16, torch.float32, torch.float64):
-            boxes = torch.rand(3, 5, dtype=dtype, device=device)
+            boxes = torch.rand(3, 5, dtype=dtype, device=device) * 90  # angles in degrees
             rotated_box_iou(boxes, boxes, impl="triton")
     rows = compile_all([s._asdict() for s in sorted(specs)], jobs=2)
     assert len(rows) == 4 * 3

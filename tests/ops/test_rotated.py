@@ -8,7 +8,12 @@ construction). NMS is checked against a greedy loop written here, and against to
 
 from __future__ import annotations
 
+import json
 import math
+import os
+import subprocess
+import sys
+import warnings
 
 import pytest
 import torch
@@ -217,6 +222,111 @@ def test_equivalent_representations_give_one(dtype):
     assert (got - 1).abs().max() <= (1e-5 if dtype == torch.float32 else 1e-12)
 
 
+def exact_iou(box1: list[float], box2: list[float]) -> float:
+    """The IoU of two cxcywhr boxes (degrees, as given in float) computed with 50 digits
+    (mpmath, a dependency of torch's sympy): corners, then the first box clipped to each
+    edge of the second (Sutherland-Hodgman), then the shoelace area."""
+    mp = pytest.importorskip("mpmath").mp.clone()
+    mp.dps = 50
+
+    def corners(box):
+        cx, cy, w, h, r = (mp.mpf(v) for v in box)
+        t = r * mp.pi / 180
+        c, s = mp.cos(t), mp.sin(t)
+        pts = [(i * abs(w) / 2, j * abs(h) / 2) for i, j in ((-1, -1), (1, -1), (1, 1), (-1, 1))]
+        return [(cx + x * c + y * s, cy - x * s + y * c) for x, y in pts]
+
+    def area(p):
+        return sum(p[i - 1][0] * p[i][1] - p[i][0] * p[i - 1][1] for i in range(len(p))) / 2
+
+    p, q = corners(box1), corners(box2)
+    q = q if area(q) >= 0 else q[::-1]
+    for k in range(4):
+        (ax, ay), (bx, by) = q[k], q[(k + 1) % 4]
+        side = [(bx - ax) * (y - ay) - (by - ay) * (x - ax) for x, y in p]
+        out = []
+        for i in range(len(p)):
+            j = (i + 1) % len(p)
+            if side[i] >= 0:
+                out.append(p[i])
+            if (side[i] >= 0) != (side[j] >= 0):
+                f = side[i] / (side[i] - side[j])
+                out.append((p[i][0] + f * (p[j][0] - p[i][0]), p[i][1] + f * (p[j][1] - p[i][1])))
+        p = out
+    inter = abs(area(p)) if len(p) >= 3 else 0
+    union = abs(area(corners(box1))) + abs(area(corners(box2))) - inter
+    return float(inter / union) if union > 0 else 0.0
+
+
+def exact_angles(n: int, g: torch.Generator, dtype: torch.dtype) -> torch.Tensor:
+    """Angles in ``[256, 512)`` with every bit of ``dtype`` used: ``r - 180`` and ``r - 360``
+    are exact, and ``r + 45`` is not (it rounds to the ulp of 512)."""
+    return (256 + 256 * torch.rand(n, generator=g, dtype=torch.float64)).to(dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_exact_equivalents_of_thin_boxes_give_exactly_one(dtype):
+    """The angle is reduced with no rounding, so a 180- or 360-degree equivalent has the same
+    canonical parameters: IoU exactly 1, however thin the box (the reduction through
+    ``r + 45`` lost ~1e-13 degrees in float64, times the aspect ratio in the IoU)."""
+    g = torch.Generator().manual_seed(40)
+    n = 200
+    w = torch.rand(n, generator=g, dtype=torch.float64) * 100 + 1
+    h = w * 10 ** -(torch.rand(n, generator=g, dtype=torch.float64) * 6)  # aspect up to 1e6
+    base = torch.stack([torch.rand(n, generator=g) * 50, torch.rand(n, generator=g) * 50], 1)
+    boxes = torch.cat([base.double(), w[:, None], h[:, None], torch.zeros(n, 1)], 1).to(dtype)
+    boxes[:, 4] = exact_angles(n, g, dtype)
+    ones = torch.ones(n, dtype=dtype)
+    for turn in (-180.0, -360.0, -540.0):
+        other = boxes.clone()
+        other[:, 4] += turn
+        assert torch.equal(other[:, 4] - boxes[:, 4], torch.full((n,), turn, dtype=dtype))
+        assert torch.equal(rotated_box_iou(boxes, other, aligned=True), ones)
+        assert torch.equal(rotated_box_iou(boxes[:20], other[:20]).diagonal(), ones[:20])
+        assert torch.equal(rotated_box_iou_loss(boxes, other), torch.zeros(n, dtype=dtype))
+    swapped = torch.stack([*boxes[:, :2].T, boxes[:, 3], boxes[:, 2], boxes[:, 4] - 90], 1)
+    assert torch.equal(rotated_box_iou(boxes, swapped, aligned=True), ones)
+
+
+def test_float64_is_exact_to_1e12_on_adversarial_pairs():
+    """float64 IoUs within 1e-12 of a 50-digit oracle (the issue: a box and its 180-degree
+    equivalent gave 0.9999982): thin boxes and their equivalents at large angles,
+    near-parallel edges, nested, touching, far from the origin."""
+    g = torch.Generator().manual_seed(41)
+
+    def rand(*shape):
+        return torch.rand(*shape, generator=g, dtype=torch.float64)
+
+    pairs = []
+    for i in range(30):
+        cx, cy = rand(2) * 20
+        w, h = 1 + rand(2) * 30
+        r = (rand(1) * 2 - 1).item() * (90 if i % 2 else 1e4)  # every bit used
+        thin = h.item() * 10 ** -(rand(1).item() * 6)
+        a = [cx.item(), cy.item(), w.item(), h.item(), r]
+        t = math.radians(r)
+        u = (math.cos(t), -math.sin(t))
+        pairs += [
+            (a, [*a[:4], r + 180]),  # rounded: not exactly the same rectangle
+            ([*a[:3], thin, r], [*a[:3], thin, r + 360]),
+            ([*a[:3], thin, r], [*a[:3], thin, r + 3e-9]),  # near-parallel edges
+            (a, [*a[:2], a[2] * 0.5, a[3] * 0.7, r + 1e-7]),  # nested
+            (a, [a[0] + a[2] * u[0], a[1] + a[2] * u[1], *a[2:]]),  # touching
+            (a, [a[0] + 0.3 * a[2] * u[0], a[1] + 0.3 * a[2] * u[1], *a[2:4], r - 1e-6]),
+            (
+                [a[0] + 1e4, a[1] - 1e4, *a[2:]],
+                [a[0] + 1e4 + 0.1, a[1] - 1e4, a[3], a[2], r + 90.5],
+            ),
+        ]
+    a = torch.tensor([p for p, _ in pairs], dtype=torch.float64)
+    b = torch.tensor([q for _, q in pairs], dtype=torch.float64)
+    want = torch.tensor([exact_iou(p, q) for p, q in pairs], dtype=torch.float64)
+    assert (want > 0).float().mean() > 0.8
+    for got in (rotated_box_iou(a, b, aligned=True), rotated_box_iou(a, b).diagonal()):
+        err = (got - want).abs()
+        assert err.max() <= 1e-12, f"max error {err.max():.3g} at {pairs[int(err.argmax())]}"
+
+
 def test_nested_boxes_give_the_ratio_of_areas():
     outer = torch.tensor([[3.0, 4.0, 8.0, 6.0, 30.0]]).repeat(5, 1)
     inner = torch.tensor(
@@ -332,6 +442,104 @@ def test_the_documented_relations_to_detectron2_and_mmrotate():
     assert dist.min(-1).values.max() < 1e-9
 
 
+def ultralytics_like(n: int, seed: int) -> torch.Tensor:
+    """``(n, 5)`` float64 boxes as ultralytics' ``xywhr``: centre, size, radians in ``[0, pi/2)``."""
+    g = torch.Generator().manual_seed(seed)
+    xy = torch.rand(n, 2, generator=g, dtype=torch.float64) * 40
+    wh = torch.rand(n, 2, generator=g, dtype=torch.float64) * 20 + 2
+    return torch.cat([xy, wh, torch.rand(n, 1, generator=g, dtype=torch.float64) * math.pi / 2], 1)
+
+
+def test_cxcywhr_rad_cw_is_degrees_turned_the_other_way():
+    a, b = ultralytics_like(30, 50), ultralytics_like(20, 51)
+
+    def degrees(x):
+        return torch.cat([x[:, :4], -x[:, 4:] * 180 / math.pi], 1)
+
+    got = rotated_box_iou(a, b, fmt="cxcywhr_rad_cw")
+    want = rotated_box_iou(degrees(a), degrees(b))
+    assert (want > 0).sum() > 50
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-14)
+    assert torch.equal(rotated_box_iou(a.float(), b.float(), fmt="CXCYWHR_RAD_CW").diagonal(),
+                       rotated_box_iou(a.float(), b.float(), fmt="cxcywhr_rad_cw").diagonal())  # fmt: skip
+    # a quarter turn clockwise on screen: the width runs down (+y)
+    tall = torch.tensor([[0.0, 0.0, 4.0, 2.0, math.pi / 2]], dtype=torch.float64)
+    upright = torch.tensor([[0.0, 0.0, 2.0, 4.0, 0.0]], dtype=torch.float64)
+    assert abs(rotated_box_iou(tall, upright, fmt="cxcywhr_rad_cw").item() - 1) < 1e-15
+    # the loss, its module and NMS take the format
+    loss = rotated_box_iou_loss(a[:20], b, fmt="cxcywhr_rad_cw")
+    torch.testing.assert_close(loss, 1 - got[:20].diagonal(), rtol=0, atol=0)
+    module = losses.RotatedBoxIoULoss("none", fmt="cxcywhr_rad_cw")
+    assert torch.equal(module(a[:20], b), loss)
+    scores = torch.rand(30, generator=torch.Generator().manual_seed(52))
+    keep = nms_rotated(a, scores, 0.1, fmt="cxcywhr_rad_cw")
+    assert 0 < len(keep) < 30 and torch.equal(keep, nms_rotated(degrees(a), scores, 0.1))
+
+
+def test_ultralytics_own_corners_agree(tmp_path):
+    """ultralytics' ``xywhr2xyxyxyxy`` corners (flattened, ``"xyxyxyxy"``) give the IoU of
+    its ``xywhr`` boxes as ``"cxcywhr_rad_cw"`` (in a child process: importing ultralytics
+    changes torch's print options, OpenCV's threads and the environment)."""
+    pytest.importorskip("ultralytics")
+    boxes = ultralytics_like(25, 53)
+    code = (
+        "import json, sys, torch\n"
+        "from ultralytics.utils.ops import xywhr2xyxyxyxy\n"
+        "x = torch.tensor(json.load(sys.stdin), dtype=torch.float64)\n"
+        "print(json.dumps(xywhr2xyxyxyxy(x).flatten(-2).tolist()))\n"
+    )
+    env = {**os.environ, "YOLO_CONFIG_DIR": str(tmp_path), "YOLO_OFFLINE": "1"}
+    done = subprocess.run(
+        [sys.executable, "-c", code], input=json.dumps(boxes.tolist()), capture_output=True,
+        text=True, cwd=tmp_path, env=env, timeout=300, check=True,
+    )  # fmt: skip
+    corners = torch.tensor(json.loads(done.stdout.strip().splitlines()[-1]), dtype=torch.float64)
+    want = rotated_box_iou(corners, corners[5:], fmt="xyxyxyxy")
+    got = rotated_box_iou(boxes, boxes[5:], fmt="cxcywhr_rad_cw")
+    assert (want > 0).sum() > 30
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
+    # read as our "cxcywhr" (degrees, counter-clockwise) they are other boxes: a warning
+    with pytest.warns(UserWarning, match="fmt='cxcywhr_rad_cw'"):
+        assert (rotated_box_iou(boxes, boxes[5:]) - want).abs().max() > 0.05
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda a, b, fmt: rotated_box_iou(a, b, fmt=fmt),
+        lambda a, b, fmt: rotated_box_iou(a, b[:10], fmt=fmt, aligned=True),
+        lambda a, b, fmt: rotated_box_iou_loss(a, b[:10], fmt=fmt),
+        lambda a, b, fmt: losses.RotatedBoxIoULoss(fmt=fmt)(a, b[:10]),
+        lambda a, b, fmt: nms_rotated(a, torch.rand(10), 0.5, fmt=fmt),
+        lambda a, b, fmt: batched_nms_rotated(a, torch.rand(10), torch.zeros(10, dtype=torch.long), 0.5, fmt=fmt),
+    ],
+)  # fmt: skip
+def test_radians_given_as_degrees_warn(call):
+    """Every angle in [0, pi/2] (ultralytics' range, in radians) with a degree format warns,
+    naming the format to use; other angles, the radian format and value checks off do not."""
+    a, b = ultralytics_like(10, 54).float(), ultralytics_like(12, 55).float()
+    for fmt in ("cxcywhr", "xywhr"):
+        with pytest.warns(
+            UserWarning, match=r"every angle is in \[0, pi/2\].*fmt='cxcywhr_rad_cw'"
+        ):
+            call(a, b, fmt)
+    degrees = a.clone()
+    degrees[0, 4] = 30.0
+    small = a.clone()
+    small[:, 4] *= 0.05  # below 0.1: radians or degrees, nearly the same rectangle
+    negative = a.clone()
+    negative[0, 4] = -0.5
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        call(degrees, b.clone().fill_(30.0) + b, "cxcywhr")
+        call(small, small.repeat(2, 1), "cxcywhr")
+        call(negative, negative.repeat(2, 1), "cxcywhr")
+        call(a, b, "cxcywhr_rad_cw")
+        rotated_box_iou(a.round().long(), b.round().long())  # integer angles: degrees
+        with visionblocks.value_checks(False):
+            call(a, b, "cxcywhr")
+
+
 # ---------------------------------------------------------------------- shapes and dtypes
 def test_batch_dims_broadcast():
     a = random_rboxes(2 * 3 * 4, 12).view(2, 3, 4, 5)
@@ -425,6 +633,12 @@ def test_gradcheck_other_formats(fmt):
     a = TF.convert_bounding_box_format(a, old_format=CXCYWHR, new_format=new)
     b = TF.convert_bounding_box_format(b, old_format=CXCYWHR, new_format=new)
     assert gradcheck(lambda x, y: rotated_box_iou(x, y, fmt=fmt, aligned=True), (a, b))
+
+
+def test_gradcheck_radian_format():
+    a, b = overlapping(5, 22)
+    a[:, 4], b[:, 4] = a[:, 4] * (math.pi / 180), b[:, 4] * (math.pi / 180)
+    assert gradcheck(lambda x, y: rotated_box_iou(x, y, fmt="cxcywhr_rad_cw"), (a, b[:4]))
 
 
 def test_gradient_matches_finite_differences_on_many_pairs():

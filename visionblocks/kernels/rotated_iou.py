@@ -46,7 +46,8 @@ _DEG = tl.constexpr(math.pi / 180.0)
 @triton.jit
 def _load_box(ptr, row, mask, CDT: tl.constexpr):
     """The canonical ``(cx, cy, w, h, r)`` of the boxes at ``row``: sides made non-negative,
-    the angle reduced to ``[-45, 45)`` by quarter turns, the sides swapped on odd ones."""
+    the angle reduced to ``[-45, 45)`` by quarter turns, the sides swapped on odd ones; no
+    step rounds (`visionblocks.ops._rotated_geometry.quarter_turns`)."""
     base = row * 5
     cx = tl.load(ptr + base, mask=mask, other=0.0).to(CDT)
     cy = tl.load(ptr + base + 1, mask=mask, other=0.0).to(CDT)
@@ -55,10 +56,15 @@ def _load_box(ptr, row, mask, CDT: tl.constexpr):
     r = tl.load(ptr + base + 4, mask=mask, other=0.0).to(CDT)
     w = tl.where(w < 0, -w, w)
     h = tl.where(h < 0, -h, h)
-    t = r + 45.0
-    t = t - 180.0 * tl.floor(t / 180.0)
-    odd = t >= 90.0
-    r = tl.where(odd, t - 90.0, t) - 45.0
+    # quarter turns k (off by one next to +-45, which the wheres mend); every step is exact
+    a = tl.abs(r)
+    k = tl.floor(a * (1.0 / 90.0) + 0.5)
+    t = a - 90.0 * k
+    t = tl.where(r < 0, -t, t)
+    up = t >= 45.0
+    down = t < -45.0
+    r = tl.where(up, t - 90.0, tl.where(down, t + 90.0, t))
+    odd = ((k - 2.0 * tl.floor(k * 0.5)) == 1.0) ^ up ^ down
     return cx, cy, tl.where(odd, h, w), tl.where(odd, w, h), r
 
 

@@ -16,7 +16,7 @@ from visionblocks._core.namespace import public_dir
 from visionblocks._core.registries import LOSSES
 from visionblocks._core.tensor_checks import check_same_device
 from visionblocks.losses._reduce import REDUCTIONS, check_reduction, reduce_loss
-from visionblocks.ops._rotated_geometry import parse_rotated_format
+from visionblocks.ops._rotated_geometry import parse_rotated_format, warn_radians
 from visionblocks.ops._rotated_overlap import rotated_iou
 from visionblocks.ops.boxes import check_eps
 from visionblocks.ops.rotated import _check_boxes, _prepared
@@ -50,8 +50,8 @@ def rotated_box_iou_loss(
         target (Tensor[..., K]): Target boxes of ``pred``'s shape.
         reduction: ``"none"`` | ``"mean"`` | ``"sum"`` (third, as for the other box losses).
         eps: Replaces a union that is exactly zero (two degenerate boxes); ``>= 0``.
-        fmt: ``"cxcywhr"`` | ``"xywhr"`` | ``"xyxyxyxy"`` (any case) or a torchvision
-            ``BoundingBoxFormat``.
+        fmt: As `rotated_box_iou`: ``"cxcywhr"`` | ``"xywhr"`` | ``"xyxyxyxy"`` |
+            ``"cxcywhr_rad_cw"`` (ultralytics' ``xywhr``) or a torchvision ``BoundingBoxFormat``.
 
     Returns:
         Tensor: ``"none"``: ``Tensor[...]`` (``pred.shape[:-1]``) in the inputs' (promoted)
@@ -89,6 +89,7 @@ def rotated_box_iou_loss(
     if reduction not in REDUCTIONS:
         check_reduction(reduction)
     eps = check_eps(eps)
+    warn_radians("rotated_box_iou_loss", fmt, pred, target)
     b1, b2 = _prepared(pred, target, fmt)
     iou = rotated_iou(b1, b2, True, eps, "torch")
     return reduce_loss(
@@ -106,9 +107,8 @@ class RotatedBoxIoULoss(nn.Module):
         reduction: ``"none"`` | ``"mean"`` | ``"sum"``; defaults to ``"mean"`` like torch's
             loss modules (the function's default is ``"none"``).
         eps: Number ``>= 0`` used in place of a union that is exactly zero.
-        fmt: The boxes' format: ``"cxcywhr"`` (default), ``"xywhr"``, ``"xyxyxyxy"`` (any
-            case) or a torchvision ``BoundingBoxFormat``; angles in degrees,
-            counter-clockwise on screen, as torchvision's tv_tensors.
+        fmt: The boxes' format, as `rotated_box_iou_loss` (default ``"cxcywhr"``: angles in
+            degrees, counter-clockwise on screen, as torchvision's tv_tensors).
 
 
     Examples:

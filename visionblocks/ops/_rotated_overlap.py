@@ -257,9 +257,10 @@ def _sparse(*tensors: Tensor) -> bool:
     )
 
 
-def _bounds(boxes: Tensor) -> tuple[Tensor, ...]:
-    """Axis-aligned bounds of cxcywhr boxes, padded so rounding never drops a pair."""
-    cx, cy, w, h, r = canonical(boxes)
+def _bounds(columns: Tensor) -> tuple[Tensor, ...]:
+    """Axis-aligned bounds of canonical boxes (`_columns`), padded so rounding never drops
+    a pair."""
+    cx, cy, w, h, r = columns.unbind(-1)
     rad = r * DEG
     c, s = torch.cos(rad).abs(), torch.sin(rad).abs()
     ex = (0.5 * (w * c + h * s)) * (1 + 2**-20)
@@ -267,11 +268,11 @@ def _bounds(boxes: Tensor) -> tuple[Tensor, ...]:
     return cx - ex, cy - ey, cx + ex, cy + ey
 
 
-def _overlapping(e1: Tensor, e2: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """Batch, row and column indices of the pairs of ``(B, N, 5)`` and ``(B, M, 5)`` boxes
-    whose bounds overlap."""
-    x1, y1, x2, y2 = (t.unsqueeze(-1) for t in _bounds(e1))
-    u1, v1, u2, v2 = (t.unsqueeze(-2) for t in _bounds(e2))
+def _overlapping(c1: Tensor, c2: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Batch, row and column indices of the pairs of ``(B, N, 5)`` and ``(B, M, 5)``
+    canonical boxes whose bounds overlap."""
+    x1, y1, x2, y2 = (t.unsqueeze(-1) for t in _bounds(c1))
+    u1, v1, u2, v2 = (t.unsqueeze(-2) for t in _bounds(c2))
     near = (x1 <= u2) & (u1 <= x2) & (y1 <= v2) & (v1 <= y2)
     bi, ni, mi = near.nonzero(as_tuple=True)
     return bi, ni, mi
@@ -307,8 +308,8 @@ def iou_torch(b1: Tensor, b2: Tensor, aligned: bool, eps: float) -> Tensor:
         e1, e2, batch = _flat_pairs(b1, b2)
         n, m = e1.shape[-2], e2.shape[-2]
         out = e1.new_zeros(e1.shape[0], n, m)
-        bi, ni, mi = _overlapping(e1, e2)
         c1, c2 = _columns(e1), _columns(e2)
+        bi, ni, mi = _overlapping(c1, c2)
         for start in range(0, bi.shape[0], FORWARD_PAIRS):
             b, i, j = (t[start : start + FORWARD_PAIRS] for t in (bi, ni, mi))
             out[b, i, j] = pair_iou(c1[b, i].unbind(-1), c2[b, j].unbind(-1), eps)
@@ -351,8 +352,8 @@ def iou_backward(
         e1, e2, _ = _flat_pairs(b1, b2)
         n, m = e1.shape[-2], e2.shape[-2]
         g = grad.to(e1.dtype).reshape(e1.shape[0], n, m)
-        bi, ni, mi = _overlapping(e1, e2)
         c1, c2 = _columns(e1), _columns(e2)
+        bi, ni, mi = _overlapping(c1, c2)
         gc1 = e1.new_zeros(e1.shape[0] * n, 5)
         gc2 = e2.new_zeros(e2.shape[0] * m, 5)
         for start in range(0, bi.shape[0], BACKWARD_PAIRS):

@@ -17,6 +17,8 @@ Convention:
       ``p2 = p1 + w u``, ``p3 = p2 + h v``, ``p4 = p1 + h v``; read as torchvision does, the
       rectangle with centre the corners' mean, ``w = |p2 - p1|``, ``h = |p3 - p2|`` and the
       angle of ``p1 -> p2`` (corners listed the other way round give the same rectangle).
+    - ``"cxcywhr_rad_cw"``: ``(cx, cy, w, h, t)`` with ``t`` in **radians**, turning
+      **clockwise** on screen (width vector ``(cos t, sin t)``): ``r = -t * 180 / pi``.
 
     Angles are in **degrees** in image coordinates (x right, y down), as in torchvision's
     tv_tensors and transforms: the width axis is ``u = (cos r, -sin r)`` and the height axis
@@ -25,14 +27,19 @@ Convention:
 
     - detectron2 ``RotatedBoxes`` ``(x_ctr, y_ctr, w, h, angle)``, degrees,
       counter-clockwise: the same numbers as ``"cxcywhr"``.
-    - mmrotate 1.x ``RotatedBoxes`` ``(x, y, w, h, t)``: radians, **clockwise** on screen
-      (width vector ``(cos t, sin t)``): ``r = -t * 180 / pi``. Its ``"le90"`` and ``"oc"``
-      regularisations only choose among equivalent representations (the same IoU here).
+    - mmrotate 1.x ``RotatedBoxes`` ``(x, y, w, h, t)`` and ultralytics' ``xywhr``
+      (``Results.obb.xywhr``; not torchvision's ``"xywhr"``): ``"cxcywhr_rad_cw"``. Their
+      regularisations (``"le90"``, ``"oc"``, ultralytics' ``[0, pi/2)``) only choose among
+      equivalent representations (the same IoU here). ultralytics' ``xyxyxyxy``
+      ``(..., 4, 2)`` flattened to ``(..., 8)`` is ``"xyxyxyxy"``.
+
+    A value check (CPU tensors; `visionblocks.value_checks`) warns where every angle given
+    in degrees lies in ``[0, pi/2]`` and one is above 0.1: ultralytics' radians, likely.
 
     ``(w, h, r)``, ``(w, h, r + 180 k)`` and ``(h, w, r + 90 + 180 k)`` are the same
     rectangle: their IoU is 1 (exactly, for angles differing by exact multiples of 90). A
     negative ``w`` or ``h`` is read as its absolute value (as torchvision's ``XYWHR``
-    conversion). Units are free, as long as both sets of boxes agree.
+    conversion). Lengths are in any unit, as long as both sets of boxes agree.
 
     **Degenerate** boxes (``w == 0`` or ``h == 0``) have IoU 0, also against an identical
     box. **eps**, as for the axis-aligned ops (`visionblocks.ops.boxes`), replaces a union
@@ -63,6 +70,7 @@ from visionblocks.ops._rotated_geometry import (
     parse_rotated_format,
     plain,
     to_cxcywhr,
+    warn_radians,
 )
 from visionblocks.ops._rotated_nms import nms_rotated_op
 from visionblocks.ops._rotated_overlap import rotated_iou
@@ -122,12 +130,12 @@ def rotated_box_iou(
     compiles with ``torch.compile(fullgraph=True)``; reads no CUDA tensor values on the host.
 
     Args:
-        boxes1 (Tensor[..., N, K]): First set; ``K`` is 5 (``"cxcywhr"``, ``"xywhr"``) or 8
-            (``"xyxyxyxy"``). Floating or integer.
+        boxes1 (Tensor[..., N, K]): First set; ``K`` is 5 (``"cxcywhr"``, ``"xywhr"``,
+            ``"cxcywhr_rad_cw"``) or 8 (``"xyxyxyxy"``). Floating or integer.
         boxes2 (Tensor[..., M, K]): Second set, same format; leading dims broadcastable with
             ``boxes1``'s, as for `box_iou`.
-        fmt: ``"cxcywhr"``, ``"xywhr"``, ``"xyxyxyxy"`` (any case) or a torchvision
-            ``BoundingBoxFormat``.
+        fmt: ``"cxcywhr"``, ``"xywhr"``, ``"xyxyxyxy"``, ``"cxcywhr_rad_cw"`` (ultralytics'
+            ``xywhr``; the Convention) in any case, or a torchvision ``BoundingBoxFormat``.
         aligned: Every pair, ``(..., N, M)`` (False), or index by index, ``(..., N)`` (True).
         eps: Replaces a union that is exactly zero (the Convention); ``>= 0``.
         impl: ``"auto"`` | ``"torch"`` | ``"triton"``. The Triton kernel runs the forward of
@@ -154,6 +162,9 @@ def rotated_box_iou(
         >>> corners = torch.tensor([[0.0, 0.0, 2.0, 0.0, 2.0, 2.0, 0.0, 2.0]])
         >>> rotated_box_iou(corners, corners + 1, fmt="xyxyxyxy")
         tensor([[0.1429]])
+        >>> rotated_box_iou(a, torch.tensor([[0.0, 0.0, 2.0, 2.0, -torch.pi / 4]]),
+        ...                 fmt="cxcywhr_rad_cw")  # ultralytics' xywhr: -pi/4 is our 45
+        tensor([[0.7071]])
     """
     fmt = parse_rotated_format(fmt)
     if not isinstance(aligned, bool):
@@ -164,6 +175,7 @@ def rotated_box_iou(
     boxes1 = _check_boxes("boxes1", boxes1, fmt, min_dims)
     boxes2 = _check_boxes("boxes2", boxes2, fmt, min_dims)
     check_pair(boxes1, boxes2, aligned)
+    warn_radians("rotated_box_iou", fmt, boxes1, boxes2)
     b1, b2 = _prepared(boxes1, boxes2, fmt)
     if forced_triton(impl) and not aligned and b1.dim() == 2 and b2.dim() == 2:
         use_triton("rotated_box_iou", impl, b1, b2)  # raises here where the kernel cannot run
@@ -214,6 +226,7 @@ def _nms(
     _check_per_box("scores", scores, boxes, "a floating-point", Tensor.is_floating_point)
     if batched:
         _check_per_box("idxs", idxs, boxes, "an integer", _is_integer)
+    warn_radians("batched_nms_rotated" if batched else "nms_rotated", fmt, boxes, stacklevel=4)
     cxcywhr = to_cxcywhr(boxes.detach().to(compute_dtype(boxes.dtype)), fmt)
     return nms_rotated_op(cxcywhr, scores.detach(), idxs, threshold)
 
