@@ -113,6 +113,18 @@ def test_matches_torchvision_getter(build, attr, return_layers, mode):
     ours.load_state_dict(theirs.state_dict())  # checkpoints of torchvision's getter load
 
 
+def test_integer_names_are_refused():
+    # torchvision finds no module named 0; ours took str(0) without a word
+    model = nn.Sequential(nn.Conv2d(3, 4, 1), nn.ReLU())
+    with pytest.raises(TypeError, match=r"module names must be str.*got int \(0\); write '0'"):
+        IntermediateLayerGetter(model, {0: "c1"}, input_size=(3, 8, 8))
+    with pytest.raises(TypeError, match=r"output names must be str.*got int \(1\)"):
+        IntermediateLayerGetter(model, {"0": 1}, input_size=(3, 8, 8))
+    assert list(
+        IntermediateLayerGetter(model, ["0"], input_size=(3, 8, 8))(torch.rand(1, 3, 8, 8))
+    ) == ["0"]
+
+
 def test_list_return_layers_and_order(resnet18):
     getter = IntermediateLayerGetter(resnet18, ["layer3", "layer1"], input_size=SMALL)
     out = getter(torch.randn(1, *SMALL))

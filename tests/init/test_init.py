@@ -256,6 +256,17 @@ def test_constant_without_weight_raises():
         constant_init(nn.ReLU(), 1.0)
 
 
+def test_integer_weights_are_refused():
+    # fill_ would truncate 0.5 to 0 without a word
+    layer = nn.Linear(2, 2)
+    layer.weight = nn.Parameter(torch.ones(2, 2, dtype=torch.int64), requires_grad=False)
+    with pytest.raises(
+        TypeError, match="floating-point weights, but the weight of Linear has dtype torch.int64"
+    ):
+        constant_init(layer, 0.5)
+    assert bool((layer.weight == 1).all())
+
+
 @pytest.mark.parametrize(
     "fn", [kaiming_init, xavier_init, c2_msra_fill, c2_xavier_fill, compute_fans]
 )

@@ -184,6 +184,19 @@ def test_empty_mean_with_ohem_is_connected_zero(top_k, weight, shape):
     assert cross_entropy(logits, target, reduction="none").shape == target.shape
 
 
+@pytest.mark.parametrize("top_k", [None, 0.5])
+def test_an_all_zero_class_weight_is_refused(top_k):
+    # every class weighs 0: the mean is 0 / 0 (F.cross_entropy: NaN), a config mistake
+    logits, target = torch.randn(4, 3), torch.tensor([0, 1, 2, 1])
+    with pytest.raises(ValueError, match=r"weight must have a nonzero entry.*got 3 zeros"):
+        cross_entropy(logits, target, weight=torch.zeros(3), top_k=top_k)
+    with pytest.raises(ValueError, match="weight must have a nonzero entry"):
+        CrossEntropyLoss(weight=torch.zeros(3))
+    one = torch.tensor([0.0, 1.0, 0.0])  # one class counts: the mean of its elements
+    expected = F.cross_entropy(logits, target, reduction="none")[[1, 3]].mean()
+    assert_close(cross_entropy(logits, target, weight=one, top_k=top_k and 1.0), expected)
+
+
 @pytest.mark.parametrize("top_k", [1.0, 0.5])
 @pytest.mark.parametrize("weight", [False, True])
 def test_all_ignored_mean_with_ohem_is_zero_not_nan(top_k, weight):

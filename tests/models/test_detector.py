@@ -122,6 +122,24 @@ def test_learns_one_image():
         assert box_iou(out["boxes"][same][:1], box[None]).item() > 0.6
 
 
+def test_levels_that_disagree_with_the_backbone_are_refused_at_build_time():
+    # The backbone sorts its stages and a neck cannot see absolute strides: either mistake
+    # would place every box at the wrong scale.
+    with pytest.raises(
+        ValueError, match=r"out_indices must list the stages finest first.*\[3, 1, 2\]"
+    ):
+        build_detector({**CFG, "backbone": {**CFG["backbone"], "out_indices": [3, 1, 2]}})
+    with pytest.raises(
+        ValueError, match=r"neck.strides must be the backbone's strides \[8, 16, 32\]"
+    ):
+        build_detector({**CFG, "neck": {**CFG["neck"], "strides": [16, 32, 64]}})
+    negative = {**CFG["backbone"], "out_indices": [-3, -2, -1]}  # stages 1, 2, 3: in order
+    model = build_detector(
+        {**CFG, "backbone": negative, "neck": {**CFG["neck"], "strides": [8, 16, 32]}}
+    )
+    assert model.head.strides == [8, 16, 32]
+
+
 def test_errors():
     with pytest.raises(ValueError, match="cfg needs 'backbone', 'neck' and 'head'"):
         build_detector({"backbone": "vb_tiny", "neck": "fpn"})

@@ -50,11 +50,13 @@ def _return_layers(return_layers: Any) -> dict[str, str]:
         raise ValueError("return_layers is empty; name at least one submodule")
     for name, out in pairs:
         for what, value in (("module name", name), ("output name", out)):
-            if not isinstance(value, (str, int)) or isinstance(value, bool):
+            if not isinstance(value, str):
+                hint = f"; write {str(value)!r}" if isinstance(value, int) else ""
                 raise TypeError(
-                    f"return_layers {what}s must be str, got {type(value).__name__} ({value!r})"
+                    f"return_layers {what}s must be str, as in model.named_modules(), got "
+                    f"{type(value).__name__} ({value!r}){hint}"
                 )
-    result = {str(name): str(out) for name, out in pairs}
+    result = dict(pairs)
     if len(result) != len(pairs):
         raise ValueError(f"return_layers names a module twice: {[n for n, _ in pairs]}")
     outs = list(result.values())

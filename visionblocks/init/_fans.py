@@ -42,6 +42,11 @@ def weight_of(module: nn.Module, caller: str) -> Tensor:
             f"{caller} initialises a module's weight tensor, but {kind} has {what}; "
             "apply it to layers with weights (init_weights rules skip such modules)"
         )
+    if not (weight.is_floating_point() or weight.is_complex()):
+        raise TypeError(
+            f"{caller} initialises floating-point weights, but the weight of {kind} has dtype "
+            f"{weight.dtype}"
+        )
     if isinstance(weight, nn.parameter.UninitializedParameter):
         raise ValueError(
             f"{caller}: the weight of {kind} is an uninitialised lazy parameter; "

@@ -6,7 +6,7 @@ import torch
 from torch import Tensor
 
 from visionblocks._core.checks import check_range, check_type
-from visionblocks._core.dispatch import reads_values
+from visionblocks._core.dispatch import assert_on_device, asserts_on_device, reads_values
 from visionblocks._core.tensor_checks import check_floating, check_same_device, check_tensor
 from visionblocks.losses._reduce import check_reduction
 from visionblocks.losses._torch_compat import TorchIndexError, TorchValueError
@@ -46,7 +46,9 @@ def check_top_k(top_k: float | None) -> None:
 
 
 def check_class_weight(name: str, weight: Tensor | None, num_classes: int | None) -> None:
-    """``weight`` is None or a floating ``Tensor[C]`` (any ``C`` when ``num_classes`` is None)."""
+    """``weight`` is None or a floating ``Tensor[C]`` (any ``C`` when ``num_classes`` is None)
+    with a nonzero entry: all zero, every element weighs 0 and a ``"mean"`` is 0 / 0 (PyTorch:
+    NaN). A value check (read on CPU, a device-side assert on CUDA)."""
     if weight is None:
         return
     check_floating(name, weight)
@@ -55,6 +57,12 @@ def check_class_weight(name: str, weight: Tensor | None, num_classes: int | None
         raise TorchValueError(
             f"{name} must have shape ({expected},) (one value per class), got {tuple(weight.shape)}"
         )
+    rule = f"{name} must have a nonzero entry (all zero, every class weighs 0 and a mean is 0 / 0)"
+    if reads_values(weight):
+        if not weight.detach().any():
+            raise ValueError(f"{rule}, got {weight.numel()} zeros")
+    elif asserts_on_device(weight):
+        assert_on_device(weight.detach().any(), rule)
 
 
 def check_logits_target(logits: Tensor, target: Tensor, *, allow_probs: bool) -> bool:

@@ -121,6 +121,7 @@ def build_parts(
     cfg = {k: v if isinstance(v, nn.Module) else copy.deepcopy(v) for k, v in cfg.items()}
     backbone = _part(BACKBONES, cfg["backbone"], "backbone")
     info = _feature_info(backbone, "backbone")
+    _check_levels_agree(cfg, backbone, [f["stride"] for f in info])
     neck = _part(
         NECKS, cfg["neck"], "neck",
         in_channels=[f["channels"] for f in info], strides=[f["stride"] for f in info],
@@ -132,6 +133,27 @@ def build_parts(
     )  # fmt: skip
     extras = {k: cfg[k] for k in ("pixel_mean", "pixel_std") if k in cfg}
     return backbone, neck, head, extras
+
+
+def _check_levels_agree(cfg: Mapping[str, Any], backbone: nn.Module, strides: list[int]) -> None:
+    """The config's ``backbone.out_indices`` finest first, its ``neck.strides`` the backbone's:
+    a backbone returns its levels sorted and a neck cannot see absolute strides, so either
+    disagreement would place every box at the wrong scale without an error."""
+    indices = cfg["backbone"].get("out_indices") if isinstance(cfg["backbone"], Mapping) else None
+    stages = getattr(backbone, "num_stages", None)
+    if isinstance(indices, (list, tuple)) and isinstance(stages, int):
+        order = [i % stages for i in indices if isinstance(i, int)]
+        if order != sorted(order):
+            raise ValueError(
+                f"backbone.out_indices must list the stages finest first (increasing), got "
+                f"{list(indices)}: the backbone returns them as {sorted(order)}"
+            )
+    given = cfg["neck"].get("strides") if isinstance(cfg["neck"], Mapping) else None
+    if given is not None and list(given) != strides:
+        raise ValueError(
+            f"neck.strides must be the backbone's strides {strides} (its feature_info), got "
+            f"{given!r}; leave them out to take the backbone's"
+        )
 
 
 def _feature_info(backbone: nn.Module, what: str) -> list[dict[str, Any]]:
