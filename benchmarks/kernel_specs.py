@@ -271,7 +271,14 @@ def _cases_assign(torch) -> Iterator[Callable[[], None]]:
             base = torch.rand(70, 2) * 50
             anchors = torch.cat([base, base + 8], 1).to(getattr(torch, adtype))
             boxes = torch.cat([base[:5], base[:5] + 12], 1).to(getattr(torch, bdtype))
-            match_anchors(anchors, boxes, 0.5, 0.4, True, impl="triton")
+            match_anchors(
+                anchors,
+                boxes=boxes,
+                high_threshold=0.5,
+                low_threshold=0.4,
+                allow_low_quality_matches=True,
+                impl="triton",
+            )
 
         yield case
 

@@ -16,6 +16,8 @@ import torch
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+# onnxruntime's telemetry writes a device id under ~/.cache; tests write under their tmp_path.
+os.environ.setdefault("ORT_DISABLE_TELEMETRY", "1")
 
 import pytest
 

@@ -7,6 +7,7 @@ attribute access, so ``import visionblocks`` stays cheap.
 from __future__ import annotations
 
 import importlib
+import pkgutil
 from typing import Any
 
 from visionblocks._core.dispatch import (
@@ -19,22 +20,11 @@ from visionblocks._core.dispatch import (
 )
 from visionblocks._core.version import __version__
 
-_SUBMODULES = (
-    "backbones",
-    "data",
-    "deploy",
-    "distributed",
-    "features",
-    "init",
-    "kernels",
-    "losses",
-    "models",
-    "nn",
-    "ops",
-    "registry",
-    "transforms",
-    "weights",
-)
+# Every public submodule, as the package directory lists it (a new one cannot be missed); the
+# deprecated ``demo`` is reached only by importing it.
+_SUBMODULES = frozenset(
+    info.name for info in pkgutil.iter_modules(__path__) if not info.name.startswith("_")
+) - {"demo"}
 
 __all__ = [
     "__version__",

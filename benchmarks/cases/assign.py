@@ -56,7 +56,14 @@ def _match(impl: str):
         from visionblocks.ops import match_anchors
 
         anchors, boxes = state
-        return match_anchors(anchors, boxes, _HIGH, _LOW, allow_low_quality_matches=True, impl=impl)
+        return match_anchors(
+            anchors,
+            boxes=boxes,
+            high_threshold=_HIGH,
+            low_threshold=_LOW,
+            allow_low_quality_matches=True,
+            impl=impl,
+        )
 
     return run
 

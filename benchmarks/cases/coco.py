@@ -1,7 +1,8 @@
 """Benchmark case: loading COCO items with masks against torchvision's wrapped CocoDetection.
 
 The data is synthetic (`visionblocks.data.make_synthetic_coco`): 64 JPEG images of
-320 x 416 with 1 to 6 shapes each, written once to ``<tempdir>/visionblocks-bench/coco``.
+320 x 416 with 1 to 6 shapes each, written once to ``coco-320x416`` in the benchmark cache
+(`benchmarks.cases._cache`).
 One call reads every item (image, boxes, labels, masks) in order, single-threaded:
 
 - ours: ``CocoInstances(..., with_masks=True)[i]``: ``tv_tensors.Image``, XYXY
@@ -19,10 +20,10 @@ from __future__ import annotations
 import contextlib
 import io
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
+from benchmarks.cases._cache import cache_dir
 from benchmarks.harness.case import BenchCase, register_case
 from benchmarks.harness.check import same_outputs
 
@@ -38,7 +39,7 @@ def _data() -> tuple[str, str]:
     import visionblocks
     from visionblocks.data.synthetic import make_synthetic_coco
 
-    root = os.path.join(tempfile.gettempdir(), "visionblocks-bench", "coco-320x416")
+    root = cache_dir("coco-320x416")
     ann = os.path.join(root, "annotations.json")
     done = os.path.join(root, ".complete")
     stamp = f"{visionblocks.__version__} {_NUM_IMAGES} {_SIZE}"
@@ -138,7 +139,7 @@ def _index_data() -> tuple[str, str]:
 
     import numpy as np
 
-    root = os.path.join(tempfile.gettempdir(), "visionblocks-bench", "coco-index-40k")
+    root = cache_dir("coco-index-40k")
     ann = os.path.join(root, "annotations.json")
     images = os.path.join(root, "images")
     if os.path.exists(ann):

@@ -1,8 +1,8 @@
 """Benchmark cases: loading a checkpoint file into a model (CPU, 2 threads).
 
 Two files, torchvision models with random weights (``weights=None``, seed 0), their state
-dicts saved with ``torch.save`` (zip format) into ``<tempdir>/visionblocks-bench/`` the first
-time a case is set up and reused afterwards:
+dicts saved with ``torch.save`` (zip format) into the benchmark cache (`benchmarks.cases._cache`)
+the first time a case is set up and reused afterwards:
 
 - ``resnet50.pth``: 97.8 MiB, 320 tensors (`FILE_MIB`);
 - ``vit_l_16.pth``: 1161 MiB, 296 tensors (`LARGE_FILE_MIB`), the "about 1 GB" file.
@@ -41,12 +41,12 @@ from __future__ import annotations
 
 import copy
 import os
-import tempfile
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
+from benchmarks.cases._cache import cache_dir
 from benchmarks.harness.case import BenchCase, register_case
 from benchmarks.harness.check import same_outputs
 
@@ -69,7 +69,7 @@ LARGE_FILE_MIB = 1161.0
 def _checkpoint_path(arch: str = "resnet50") -> str:
     """Save ``torchvision.models.<arch>``'s state dict once (atomically, so concurrent runs
     never see half a file)."""
-    folder = os.path.join(tempfile.gettempdir(), "visionblocks-bench")
+    folder = cache_dir()
     path = os.path.join(folder, f"{arch}.pth")
     if not os.path.exists(path):
         os.makedirs(folder, exist_ok=True)

@@ -256,6 +256,22 @@ def test_weights_case_file_size_constant():
     assert os.path.getsize(path) / MIB == pytest.approx(weights.FILE_MIB, abs=0.05)
 
 
+def test_the_cases_write_their_inputs_in_the_cache(bench_cache, monkeypatch, tmp_path):
+    """Under ``$VISIONBLOCKS_BENCH_CACHE`` (this run's temp folder), else the user cache
+    folder: never the system temp folder."""
+    from benchmarks.cases import _cache, coco, weights
+
+    assert Path(weights._checkpoint_path()).parent == bench_cache
+    assert Path(coco._data()[1]).parent == bench_cache / "coco-320x416"
+    monkeypatch.delenv(_cache.ENV_VAR)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setattr(_cache.sys, "platform", "linux")
+    assert _cache.cache_dir("a") == str(tmp_path / "visionblocks" / "bench" / "a")
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert _cache.cache_dir() == str(tmp_path / ".cache" / "visionblocks" / "bench")
+
+
 # ------------------------------------------------------------------ command line
 def test_cli_list(registered, capsys):
     registered(ADD_CASE)

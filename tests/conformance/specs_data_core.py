@@ -577,6 +577,7 @@ def _load() -> tuple[Any, dict[str, Any]]:
     return load_partial, {
         "model": _small_model(),
         "source": _checkpoint(),
+        "key": None,
         "rename": None,
         "strip_prefixes": ("module.",),
         "skip_mismatched": True,
@@ -614,6 +615,7 @@ SPECS += [
         args=[
             Arg("model", "module"),
             Arg("source", "path", aliases=("checkpoint",)),
+            Arg("key", "choice", optional=True),
             Arg(
                 "rename", "sequence", optional=True, skip={"longer", "nan_item"}
             ),  # built from None
@@ -630,7 +632,7 @@ SPECS += [
             Arg("auto_prefix", "bool"),
             Arg("match", "choice"),
         ],
-        errors=(FileNotFoundError,),
+        errors=(FileNotFoundError, KeyError),
     ),
 ]
 

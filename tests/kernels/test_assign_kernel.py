@@ -31,6 +31,14 @@ def boxes(n: int, seed: int, device, dtype=torch.float32, size: float = 30.0) ->
     return out.to(device, dtype)
 
 
+def match(anchors, gt, high, low, allow, **options):
+    """`match_anchors` with its keyword arguments given by position."""
+    return match_anchors(
+        anchors, boxes=gt, high_threshold=high, low_threshold=low,
+        allow_low_quality_matches=allow, **options,
+    )  # fmt: skip
+
+
 def assert_same(got, want):
     for a, b in zip(got, want, strict=True):
         assert a.dtype == b.dtype and a.shape == b.shape
@@ -83,8 +91,8 @@ def test_exact_grid_ious_and_ties(device):
     assert_same(got, (*iou.max(1), iou.max(0).values))
     for allow in (False, True):
         for high, low in ((0.5, 0.4), (0.5, 1 / 3)):
-            want = match_anchors(anchors, gt, high, low, allow, impl="torch")
-            assert torch.equal(match_anchors(anchors, gt, high, low, allow, impl="triton"), want)
+            want = match(anchors, gt, high, low, allow, impl="torch")
+            assert torch.equal(match(anchors, gt, high, low, allow, impl="triton"), want)
 
 
 @pytest.mark.parametrize("n", [1, 64, 333])
@@ -108,8 +116,8 @@ def test_nan_boxes(device):
     gt[3, 1] = float("nan")
     assert_same(best_box_iou(anchors, gt, impl="triton"), best_box_iou(anchors, gt, impl="torch"))
     for allow in (False, True):
-        want = match_anchors(anchors, gt, 0.5, 0.4, allow, impl="torch")
-        assert torch.equal(match_anchors(anchors, gt, 0.5, 0.4, allow, impl="triton"), want)
+        want = match(anchors, gt, 0.5, 0.4, allow, impl="torch")
+        assert torch.equal(match(anchors, gt, 0.5, 0.4, allow, impl="triton"), want)
 
 
 def test_auto_keeps_the_torch_path_and_triton_runs_the_kernels():
@@ -117,10 +125,10 @@ def test_auto_keeps_the_torch_path_and_triton_runs_the_kernels():
 
     anchors, gt = boxes(10, 9, "cpu"), boxes(3, 10, "cpu")
     with record_launches() as specs:
-        match_anchors(anchors, gt, 0.5, 0.4, True)
+        match(anchors, gt, 0.5, 0.4, True)
     assert not specs  # "auto": the torch path (the kernels are not yet exact on a GPU)
     with record_launches() as specs:
-        match_anchors(anchors, gt, 0.5, 0.4, True, impl="triton")
+        match(anchors, gt, 0.5, 0.4, True, impl="triton")
     assert {s.kernel.rpartition(":")[2] for s in specs} == {"_best_iou_kernel", "_reaches_kernel"}
 
 
@@ -134,7 +142,7 @@ def test_cuda_large_equals_torch_and_matcher():
     iou = box_iou(anchors, gt)
     for allow in (False, True):
         want = Matcher(0.5, 0.4, allow)(iou.T)
-        assert torch.equal(match_anchors(anchors, gt, 0.5, 0.4, allow), want)
+        assert torch.equal(match(anchors, gt, 0.5, 0.4, allow), want)
 
 
 @pytest.mark.slow  # compiles 2 kernels x their dtypes for three GPU targets
@@ -146,7 +154,7 @@ def test_kernels_compile_for_every_gpu_target():
         for adtype in FLOATS:
             for bdtype in (adtype, torch.float32):
                 a, b = boxes(70, 1, "cpu", adtype), boxes(5, 2, "cpu", bdtype)
-                match_anchors(a, b, 0.5, 0.4, True, impl="triton")
+                match(a, b, 0.5, 0.4, True, impl="triton")
     rows = compile_all([s._asdict() for s in specs], jobs=os.cpu_count())
     kernels_seen = {(r["kernel"].rpartition(":")[2], r["target"]) for r in rows}
     assert kernels_seen == {
@@ -197,8 +205,8 @@ def test_the_gpu_code_rounds_every_product_and_quotient_as_torch():
 
     with record_launches(execute=False) as specs:
         for dtype in (torch.float32, torch.float64):
-            match_anchors(boxes(70, 1, "cpu", dtype), boxes(5, 2, "cpu", dtype), 0.5, 0.4, True,
-                          impl="triton")  # fmt: skip
+            match(boxes(70, 1, "cpu", dtype), boxes(5, 2, "cpu", dtype), 0.5, 0.4, True,
+                  impl="triton")  # fmt: skip
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     run = subprocess.run(
         [sys.executable, "-c", _PTX_OPCODES],

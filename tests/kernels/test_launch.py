@@ -290,7 +290,8 @@ def test_every_op_falls_back_when_its_kernel_fails(op, monkeypatch):
         ),
         "match_anchors": (
             assign, ["_reaches_kernel"], "ops.assign", boxes,
-            lambda impl, *a: match_anchors(*a, 0.5, 0.4, allow_low_quality_matches=True, impl=impl),
+            lambda impl, a, b: match_anchors(a, boxes=b, high_threshold=0.5, low_threshold=0.4,
+                                             allow_low_quality_matches=True, impl=impl),
         ),
     }[op]  # fmt: skip
     for name in names:

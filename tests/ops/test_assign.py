@@ -62,6 +62,14 @@ def full_reference(anchors, boxes, eps=1e-7):
     return values, indices, iou.max(dim=0).values
 
 
+def match(anchors, boxes, high, low, allow=False, **options):
+    """`match_anchors` with its keyword arguments given by position (``Matcher``'s order)."""
+    return match_anchors(
+        anchors, boxes=boxes, high_threshold=high, low_threshold=low,
+        allow_low_quality_matches=allow, **options,
+    )  # fmt: skip
+
+
 def assert_same(actual, expected):
     for a, e in zip(actual, expected, strict=True):
         assert a.dtype == e.dtype and a.shape == e.shape
@@ -159,7 +167,7 @@ def test_blocks_hold_at_most_block_bytes(monkeypatch):
     assert max(rows_seen) == 7 and sum(rows_seen) == 1000
     assert_same(got, full_reference(anchors, boxes))
     rows_seen.clear()
-    match_anchors(anchors, boxes, 0.5, 0.4, True, block_bytes=budget, impl="torch")
+    match(anchors, boxes, 0.5, 0.4, True, block_bytes=budget, impl="torch")
     assert max(rows_seen) <= 7 and sum(rows_seen) == 2000  # two passes
 
 
@@ -180,7 +188,7 @@ THRESHOLDS = [(0.5, 0.4), (0.7, 0.3), (0.5, 0.5), (0.3, 0.0), (1.0, 1.0)]
 def test_match_anchors_equals_torchvision_matcher(case, high, low, allow, impl):
     anchors, boxes = CASES[case]()
     expected = Matcher(high, low, allow)(box_iou(anchors, boxes).T)
-    got = match_anchors(anchors, boxes, high, low, allow, block_bytes=4000, impl=impl)
+    got = match(anchors, boxes, high, low, allow, block_bytes=4000, impl=impl)
     assert got.dtype == torch.int64
     assert torch.equal(got, expected)
 
@@ -194,21 +202,21 @@ def test_match_anchors_exact_thresholds_on_the_grid(impl):
     for high, low in [(0.5, 0.4), (0.6, 0.5), (0.5, 1 / 3)]:
         for allow in (False, True):
             expected = Matcher(high, low, allow)(iou.T)
-            got = match_anchors(anchors, boxes, high, low, allow, impl=impl)
+            got = match(anchors, boxes, high, low, allow, impl=impl)
             assert torch.equal(got, expected), (high, low, allow)
-    assert match_anchors(anchors, boxes, 0.5, 0.4, impl=impl).tolist() == [0, -1, 0]
+    assert match(anchors, boxes, 0.5, 0.4, impl=impl).tolist() == [0, -1, 0]
 
 
 def test_match_anchors_all_below_threshold(impl):
     anchors, boxes = random_boxes(200, 0, 5.0), random_boxes(4, 1, 5.0) + 1000
     for allow in (False, True):
         expected = Matcher(0.5, 0.4, allow)(box_iou(anchors, boxes).T)
-        got = match_anchors(anchors, boxes, 0.5, 0.4, allow, impl=impl)
+        got = match(anchors, boxes, 0.5, 0.4, allow, impl=impl)
         assert torch.equal(got, expected)
     # All IoUs are 0, every object's best is 0: low-quality matching gives every anchor
     # back its first object (Matcher's rule, kept as is).
-    assert (match_anchors(anchors, boxes, 0.5, 0.4, impl=impl) == BELOW_LOW_THRESHOLD).all()
-    assert (match_anchors(anchors, boxes, 0.5, 0.4, True, impl=impl) == 0).all()
+    assert (match(anchors, boxes, 0.5, 0.4, impl=impl) == BELOW_LOW_THRESHOLD).all()
+    assert (match(anchors, boxes, 0.5, 0.4, True, impl=impl) == 0).all()
 
 
 def test_match_anchors_empty_inputs(impl):
@@ -218,9 +226,9 @@ def test_match_anchors_empty_inputs(impl):
     with pytest.raises(ValueError, match="No ground-truth boxes"):
         Matcher(0.5, 0.4)(box_iou(anchors, boxes[:0]).T)
     for allow in (False, True):
-        got = match_anchors(anchors, boxes[:0], 0.5, 0.4, allow, impl=impl)
+        got = match(anchors, boxes[:0], 0.5, 0.4, allow, impl=impl)
         assert torch.equal(got, torch.full((6,), -1))
-        empty = match_anchors(anchors[:0], boxes, 0.5, 0.4, allow, impl=impl)
+        empty = match(anchors[:0], boxes, 0.5, 0.4, allow, impl=impl)
         assert empty.shape == (0,) and empty.dtype == torch.int64
     with pytest.raises(ValueError, match="No proposal boxes"):
         Matcher(0.5, 0.4)(box_iou(anchors[:0], boxes).T)
@@ -232,7 +240,7 @@ def test_match_anchors_nan_boxes_as_matcher(impl):
     boxes[2, 3] = float("nan")
     for allow in (False, True):
         expected = Matcher(0.5, 0.4, allow)(box_iou(anchors, boxes).T)
-        got = match_anchors(anchors, boxes, 0.5, 0.4, allow, block_bytes=2000, impl=impl)
+        got = match(anchors, boxes, 0.5, 0.4, allow, block_bytes=2000, impl=impl)
         assert torch.equal(got, expected)
 
 
@@ -244,11 +252,28 @@ def test_constants_are_torchvisions():
 def test_threshold_errors():
     anchors, boxes = random_boxes(3, 0), random_boxes(2, 1)
     with pytest.raises(ValueError, match="low_threshold must be <= high_threshold"):
-        match_anchors(anchors, boxes, 0.4, 0.5)
+        match(anchors, boxes, 0.4, 0.5)
     with pytest.raises(TypeError, match="allow_low_quality_matches"):
-        match_anchors(anchors, boxes, 0.5, 0.4, 1)
+        match(anchors, boxes, 0.5, 0.4, 1)
     with pytest.raises(ValueError, match=r"anchors must have shape \(N, 4\)"):
-        match_anchors(anchors[None], boxes, 0.5, 0.4)
+        match(anchors[None], boxes, 0.5, 0.4)
+    for high, low in [(1.5, 0.4), (0.5, -0.1), (float("nan"), 0.4), (float("inf"), 0.4)]:
+        name = "high_threshold" if low == 0.4 else "low_threshold"
+        with pytest.raises(ValueError, match=rf"{name} must be in \[0.0, 1.0\], got"):
+            match(anchors, boxes, high, low)
+    assert match(anchors, boxes, 1.0, 1.0).shape == (3,)  # the bounds are allowed
+
+
+def test_arguments_after_anchors_are_keyword_only():
+    # box_iou(gt, anchors) and Matcher take the objects first: the swapped call, whose
+    # (M,) result has the wrong shape, must not run; nor may boxes and thresholds by position.
+    anchors, gt = random_boxes(30, 0), random_boxes(4, 1)
+    with pytest.raises(TypeError, match="positional"):
+        match_anchors(gt, anchors, 0.5, 0.4)  # type: ignore[misc]
+    with pytest.raises(TypeError, match="positional"):
+        match_anchors(anchors, gt, high_threshold=0.5, low_threshold=0.4)  # type: ignore[misc]
+    got = match_anchors(anchors, boxes=gt, high_threshold=0.5, low_threshold=0.4)
+    assert got.shape == (30,)
 
 
 # ----------------------------------------------------------------------------- atss_assign
@@ -377,7 +402,10 @@ def test_compiles_fullgraph_with_several_blocks():
 
     def run(a, b):
         best = best_box_iou(a, b, block_bytes=2700, impl="torch")
-        matches = match_anchors(a, b, 0.5, 0.3, True, block_bytes=2700, impl="torch")
+        matches = match_anchors(
+            a, boxes=b, high_threshold=0.5, low_threshold=0.3, allow_low_quality_matches=True,
+            block_bytes=2700, impl="torch",
+        )  # fmt: skip
         atss = atss_assign(a, b, [40, 20], topk=5, block_bytes=2700)
         return (*best, matches, atss)
 
@@ -396,7 +424,10 @@ def test_no_host_reads_on_fake_cuda():
         anchors, boxes = random_boxes(50, 0).to("cuda"), random_boxes(5, 1).to("cuda")
         with no_driver():
             best = best_box_iou(anchors, boxes, block_bytes=300)
-            matches = match_anchors(anchors, boxes, 0.5, 0.4, True, block_bytes=300)
+            matches = match_anchors(
+                anchors, boxes=boxes, high_threshold=0.5, low_threshold=0.4,
+                allow_low_quality_matches=True, block_bytes=300,
+            )  # fmt: skip
             atss = atss_assign(anchors, boxes, [30, 20], 4, block_bytes=300)
     assert best.anchor_values.shape == (50,) and best.box_values.shape == (5,)
     assert matches.shape == atss.shape == (50,)

@@ -137,8 +137,15 @@ def _found(model: nn.Module) -> nn.Module:
 CASES: dict[str, Case] = {
     # ------------------------------------------------------------------------------ ops
     "ops.affine_matrix": lambda d: (
-        lambda angle, t, s: O.affine_matrix(angle=angle, translate=t, scale=s, center=(4.0, 3.0)),
+        lambda angle, t, s: O.affine_matrix(
+            angle=angle, translate=t, scale=s, center=(4.0, 3.0), hflip=angle > 0
+        ),
         (_randn(d, 3) * 30, _randn(d, 3, 2), _randn(d, 3).abs() + 0.5),
+    ),
+    # A (3, 3) matrix: its last row checked by a device-side assert, nothing read.
+    "ops.compose_affine": lambda d: (
+        O.compose_affine,
+        (_matrix(d, 2), torch.cat((_matrix(d), torch.tensor([[0.0, 0.0, 1.0]], device=d)))),
     ),
     "ops.box_area": lambda d: (O.box_area, (_boxes(d, 5),)),
     "ops.box_convert": lambda d: (lambda b: O.box_convert(b, "xyxy", "cxcywh"), (_boxes(d, 5),)),
@@ -154,7 +161,14 @@ CASES: dict[str, Case] = {
         (_boxes(d, 7, 0), _boxes(d, 3, 1)),
     ),
     "ops.match_anchors": lambda d: (
-        lambda a, b: O.match_anchors(a, b, 0.5, 0.2, True, block_bytes=1),
+        lambda a, b: O.match_anchors(
+            a,
+            boxes=b,
+            high_threshold=0.5,
+            low_threshold=0.2,
+            allow_low_quality_matches=True,
+            block_bytes=1,
+        ),
         (_boxes(d, 7, 0), _boxes(d, 3, 1)),
     ),
     "ops.atss_assign": lambda d: (

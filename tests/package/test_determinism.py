@@ -331,7 +331,14 @@ CASES: dict[str, Case] = {
     ),
     "match_anchors": Case(
         lambda: _run(
-            lambda a, b: ops.match_anchors(a, b, 0.5, 0.3, True, block_bytes=64),
+            lambda a, b: ops.match_anchors(
+                a,
+                boxes=b,
+                high_threshold=0.5,
+                low_threshold=0.3,
+                allow_low_quality_matches=True,
+                block_bytes=64,
+            ),
             _boxes(40, 33),
             _boxes(9, 34),
         ),
@@ -346,6 +353,7 @@ CASES: dict[str, Case] = {
     ),
     "affine_matrix": Case(_affine),
     "invert_affine": Case(_matrices),
+    "compose_affine": Case(lambda: _run(ops.compose_affine, _affine()[0], _affine()[0].flip(0))),
     "matrix_to_theta": Case(_matrices),
     "theta_to_matrix": Case(_matrices),
     "box_area": Case(lambda: _run(ops.box_area, _boxes(5, 15))),

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
+import subprocess
+import sys
 from types import ModuleType
 
 import pytest
@@ -53,3 +55,20 @@ def test_every_name_in_all_exists():
         module = importlib.import_module(name)
         for attr in module.__all__:
             assert hasattr(module, attr), f"{name}.__all__ names {attr!r}, which does not exist"
+
+
+def test_every_public_submodule_is_an_attribute_of_a_fresh_import():
+    # A fresh interpreter: here, other tests' imports have set the attributes already.
+    top = sorted({name.split(".")[1] for name in PUBLIC[1:]})
+    assert {"training", "losses", "cli"} <= set(top)
+    code = (
+        "import sys, types, visionblocks\n"
+        f"for name in {top!r}:\n"
+        "    assert name in dir(visionblocks), name\n"
+        "    module = getattr(visionblocks, name)\n"
+        "    assert isinstance(module, types.ModuleType), name\n"
+        "    assert module is sys.modules['visionblocks.' + name], name\n"
+        "assert 'demo' not in dir(visionblocks)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr

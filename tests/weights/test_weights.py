@@ -207,6 +207,48 @@ def test_ema_is_picked_only_when_asked(tmp_path):
         read_state_dict(path)
 
 
+def test_load_partial_takes_key_as_read_state_dict(tmp_path):
+    ckpt = {
+        "state_dict": {"weight": torch.zeros(1, 1)},
+        "state_dict_ema": {"weight": torch.ones(1, 1)},
+    }
+    path = tmp_path / "ema.pt"
+    torch.save(ckpt, path)
+    for source in (path, str(path), ckpt):
+        model = nn.Linear(1, 1, bias=False)
+        assert load_partial(model, source, key="state_dict_ema").loaded == ["weight"]
+        assert model.weight.item() == 1.0
+        load_partial(model, source)  # no key: the plain weights, as read_state_dict
+        assert model.weight.item() == 0.0
+        with pytest.raises(KeyError, match="no mapping under key 'model_ema'"):
+            load_partial(model, source, key="model_ema")
+        with pytest.raises(TypeError, match="key must be a str or None, got int"):
+            load_partial(model, source, key=0)  # type: ignore[arg-type]
+
+
+def test_modules_held_in_memory_give_their_state_dicts():
+    # What some frameworks keep and save: whole models in the checkpoint dict (ultralytics:
+    # {"model": None, "ema": model} once stripped); a file of it loads (test_weights_modules).
+    torch.manual_seed(0)
+    trained = nn.Sequential(nn.Linear(2, 3), nn.ReLU(), nn.Linear(3, 1))
+    fresh = lambda: nn.Sequential(nn.Linear(2, 3), nn.ReLU(), nn.Linear(3, 1))  # noqa: E731
+    for source, key in [
+        ({"model": trained, "epoch": 3}, None),
+        ({"model": None, "ema": trained}, "ema"),
+        ({"model": {"model": trained}}, None),
+        (trained, None),
+        (nn.DataParallel(trained), None),  # module.* keys, stripped as for a state dict
+    ]:
+        model = fresh()
+        report = load_partial(model, source, key=key, strict=True)
+        assert report.num_loaded == 4
+        assert all(torch.equal(a, b) for a, b in zip(model.parameters(), trained.parameters()))
+    with pytest.raises(
+        ValueError, match=r"no tensors.*'model', 'ema'.*with key=\.\.\. \(load_partial"
+    ):
+        load_partial(fresh(), {"model": None, "ema": trained})
+
+
 def test_module_prefix_stripped_only_when_every_key_has_it(tmp_path):
     path = tmp_path / "ddp.pt"
     torch.save({"module.a": torch.ones(1), "module.b": torch.ones(1)}, path)

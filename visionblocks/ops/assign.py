@@ -211,8 +211,8 @@ def best_box_iou(
 
 
 def _check_thresholds(high_threshold: float, low_threshold: float, allow: bool) -> None:
-    check_number("high_threshold", high_threshold, 0.0)
-    check_number("low_threshold", low_threshold, 0.0)
+    check_number("high_threshold", high_threshold, 0.0, 1.0)
+    check_number("low_threshold", low_threshold, 0.0, 1.0)
     if low_threshold > high_threshold:
         raise ValueError(
             "low_threshold must be <= high_threshold, "
@@ -223,11 +223,11 @@ def _check_thresholds(high_threshold: float, low_threshold: float, allow: bool) 
 
 def match_anchors(
     anchors: Tensor,
+    *,
     boxes: Tensor,
     high_threshold: float,
     low_threshold: float,
     allow_low_quality_matches: bool = False,
-    *,
     eps: float = 1e-7,
     block_bytes: int | None = None,
     impl: str = "auto",
@@ -243,10 +243,15 @@ def match_anchors(
     rule). Unlike ``Matcher``, which raises for an empty matrix, no objects give ``-1`` for
     every anchor (as torchvision's detection models do), and no anchors an empty result.
 
+    Every argument after ``anchors`` is keyword-only: ``box_iou(gt, anchors)`` and ``Matcher``
+    take the objects first, and the shapes cannot tell the two apart, so
+    ``match_anchors(gt, anchors, ...)`` raises ``TypeError`` rather than matching the objects
+    to the anchors.
+
     Args:
         anchors (Tensor[N, 4]): Anchors (or proposals), ``(x1, y1, x2, y2)``.
         boxes (Tensor[M, 4]): Ground-truth boxes, same device.
-        high_threshold: IoU from which an anchor is matched (``>= 0``).
+        high_threshold: IoU from which an anchor is matched (in ``[0, 1]``).
         low_threshold: IoU below which an anchor is a negative (``0 <= low <= high``).
         allow_low_quality_matches: Also match each object's best anchors (see above).
         eps: `box_iou`'s ``eps`` (``>= 0``).
@@ -257,9 +262,10 @@ def match_anchors(
         Tensor[N]: int64, an object index in ``[0, M)``, -1 or -2.
 
     Raises:
-        TypeError: Boxes not real tensors; a threshold not a number;
-            ``allow_low_quality_matches`` not a bool; ``eps``, ``block_bytes`` wrong type.
-        ValueError: Bad shapes or devices; a threshold negative or NaN,
+        TypeError: Arguments after ``anchors`` given by position; boxes not real tensors; a
+            threshold not a number; ``allow_low_quality_matches`` not a bool; ``eps``,
+            ``block_bytes`` wrong type.
+        ValueError: Bad shapes or devices; a threshold outside ``[0, 1]`` or NaN,
             ``low_threshold > high_threshold``; ``eps`` < 0; ``block_bytes`` < 1; unknown ``impl``.
         RuntimeError: ``impl="triton"`` where the kernels cannot run.
 
@@ -268,16 +274,17 @@ def match_anchors(
         >>> anchors = torch.tensor([[0.0, 0.0, 2.0, 2.0], [1.0, 0.0, 3.0, 2.0],
         ...                         [0.0, 0.0, 4.0, 2.0], [8.0, 8.0, 9.0, 9.0]])
         >>> boxes = torch.tensor([[0.0, 0.0, 2.0, 2.0], [2.5, 0.0, 4.5, 2.0]])
-        >>> match_anchors(anchors, boxes, 0.5, 0.4)
+        >>> match_anchors(anchors, boxes=boxes, high_threshold=0.5, low_threshold=0.4)
         tensor([ 0, -1,  0, -1])
-        >>> match_anchors(anchors, boxes, 0.5, 0.3)
+        >>> match_anchors(anchors, boxes=boxes, high_threshold=0.5, low_threshold=0.3)
         tensor([ 0, -2,  0, -1])
-        >>> match_anchors(anchors, boxes, 0.9, 0.4)
+        >>> match_anchors(anchors, boxes=boxes, high_threshold=0.9, low_threshold=0.4)
         tensor([ 0, -1, -2, -1])
 
         Anchor 2 reaches object 1's best IoU (1/3), so it gets its own best object, 0, back:
 
-        >>> match_anchors(anchors, boxes, 0.9, 0.4, allow_low_quality_matches=True)
+        >>> match_anchors(anchors, boxes=boxes, high_threshold=0.9, low_threshold=0.4,
+        ...               allow_low_quality_matches=True)
         tensor([ 0, -1,  0, -1])
     """
     _check_boxes(anchors, boxes)

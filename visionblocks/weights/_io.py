@@ -239,8 +239,8 @@ def _ask_for_key(obj: Any, entries: list[tuple[Any, ...]], path: str) -> None:
     first = entries[0][0]
     raise ValueError(
         f"{path!r} holds no tensors at the top level or under {', '.join(CONTAINER_KEYS)}, "
-        f"but whole models are pickled under {where}: pick one with "
-        f"read_state_dict(path, key={first!r}) (and pass that state dict to load_partial; "
+        f"but whole models are pickled under {where}: pick one with key={first!r} "
+        f"(load_partial(model, path, key={first!r}), read_state_dict(path, key={first!r}); "
         f"visionblocks inspect: --key {first})"
     )
 
@@ -312,15 +312,29 @@ def read_checkpoint(
     return (_to_device(state, map_location) if to_device else state), info
 
 
-def source_state(source: Any) -> dict[str, torch.Tensor]:
-    """The state dict of ``load_partial``'s ``source``: a checkpoint path or a mapping."""
+def source_state(source: Any, key: str | None = None) -> dict[str, torch.Tensor]:
+    """The state dict of ``load_partial``'s ``source``: a checkpoint path, a mapping or a
+    module."""
+    if key is not None and not isinstance(key, str):
+        raise TypeError(f"key must be a str or None, got {type(key).__name__} ({key!r})")
     if isinstance(source, (str, os.PathLike)):
-        return read_checkpoint(source, "cpu")[0]
-    if isinstance(source, Mapping):
-        return unwrap_state_dict(source)[0]
+        return read_checkpoint(source, "cpu", key)[0]
+    if isinstance(source, (Mapping, torch.nn.Module)):
+        return unwrap_state_dict(source, key=key)[0]
     raise TypeError(
-        f"source must be a checkpoint path or a state dict, got {type(source).__name__}"
+        "source must be a checkpoint path, a state dict (or a checkpoint dict) or an "
+        f"nn.Module, got {type(source).__name__}"
     )
+
+
+def _mapping(value: Any) -> Any:
+    """A module held in memory (``{"model": module}``, as ``torch.save(model)`` would pickle
+    it) as its state dict; anything else as it is."""
+    return value.state_dict() if isinstance(value, torch.nn.Module) else value
+
+
+def _holds_state(value: Any) -> bool:
+    return isinstance(value, (Mapping, torch.nn.Module))
 
 
 def _as_tensor(value: Any) -> torch.Tensor | None:
@@ -342,28 +356,29 @@ def _descend(obj: Mapping[Any, Any], key: str | None, info: ReadInfo) -> Mapping
     if key is not None:
         info.other_keys = [str(k) for k in obj if k != key]
         info.containers.append(key)
-        obj = obj[key]
+        obj = _mapping(obj[key])
     while True:
-        found = next((k for k in CONTAINER_KEYS if isinstance(obj.get(k), Mapping)), None)
+        found = next((k for k in CONTAINER_KEYS if _holds_state(obj.get(k))), None)
         if found is None:
             return obj
         info.other_keys.extend(str(k) for k in obj if k != found)
         info.containers.append(found)
-        obj = obj[found]
+        obj = _mapping(obj[found])
 
 
 def unwrap_state_dict(
     obj: Any, *, key: str | None = None, where: str = "the source"
 ) -> tuple[dict[str, torch.Tensor], ReadInfo]:
     """Descend into training-checkpoint containers and keep the tensor entries (numeric
-    NumPy arrays become tensors)."""
+    NumPy arrays become tensors, modules their state dicts)."""
     info = ReadInfo()
+    obj = _mapping(obj)
     if not isinstance(obj, Mapping):
         raise TypeError(
             f"{where} holds a {type(obj).__name__}, not a mapping of names to tensors "
             "(a state dict)"
         )
-    if key is not None and (key not in obj or not isinstance(obj[key], Mapping)):
+    if key is not None and (key not in obj or not _holds_state(obj[key])):
         keys = ", ".join(repr(k) for k in list(obj)[:20])
         raise KeyError(f"{where} has no mapping under key {key!r}; its keys: {keys}")
     obj = _descend(obj, key, info)
@@ -378,7 +393,7 @@ def unwrap_state_dict(
         raise ValueError(
             f"{where} holds no tensors at the top level or under {', '.join(CONTAINER_KEYS)}; "
             f"its entries: {', '.join(repr(k) for k in info.dropped[:20])}. "
-            "Select the entry that holds the weights with read_state_dict(path, key=...) "
-            "(visionblocks inspect: --key)."
+            "Select the entry that holds the weights with key=... (load_partial, "
+            "read_state_dict; visionblocks inspect: --key)."
         )
     return state, info

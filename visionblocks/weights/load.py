@@ -34,8 +34,9 @@ __dir__ = public_dir(__name__, __all__)
 
 def load_partial(
     model: nn.Module,
-    source: str | os.PathLike[str] | Mapping[str, Any],
+    source: str | os.PathLike[str] | Mapping[str, Any] | nn.Module,
     *,
+    key: str | None = None,
     rename: Sequence[tuple[str, str]] | None = None,
     strip_prefixes: str | Sequence[str] = ("module.",),
     skip_mismatched: bool = True,
@@ -82,8 +83,11 @@ def load_partial(
 
     Args:
         model: The module to load into.
-        source: A checkpoint path (read with `read_state_dict`'s rules) or a state dict
-            (training-checkpoint containers are unwrapped and non-tensors dropped).
+        source: A checkpoint path (read with `read_state_dict`'s rules), a state dict
+            (training-checkpoint containers are unwrapped, modules in them taken as their
+            state dicts, as in a file, and non-tensors dropped) or a module (its state dict).
+        key: Take the state dict from this top-level entry of the checkpoint instead of
+            guessing, as `read_state_dict` (``key="ema"``, ``key="state_dict_ema"``).
         rename: ``(regex, replacement)`` pairs applied in order with ``re.sub``.
         strip_prefixes: Prefixes removed, in order, from the keys that start with them;
             a str is one prefix.
@@ -111,6 +115,7 @@ def load_partial(
             unknown ``match``, a file that cannot be read safely, model tensors on the meta
             device, or (by structure) an ambiguous pairing or a ``.safetensors`` path.
         FileNotFoundError: ``source`` is a path that does not exist.
+        KeyError: ``key`` is given and the checkpoint has no mapping (or module) under it.
         TypeError: An argument has the wrong type.
 
     Examples:
@@ -126,6 +131,12 @@ def load_partial(
           2.bias: (1000,) vs (10,)
         adapted (1):
           0.weight
+
+        A checkpoint held in memory, with whole models in it (ultralytics' layout):
+
+        >>> checkpoint = {"model": None, "ema": pretrained, "epoch": 3}
+        >>> load_partial(model, checkpoint, key="ema").loaded
+        ['0.weight', '0.bias']
 
         The same network under other names, with its layer scale stored as ``(C,)``, loads
         by structure:
@@ -173,7 +184,7 @@ def load_partial(
             "are in the order of the module tree"
         )
 
-    state = source_state(source)
+    state = source_state(source, key)
     model_state = model.state_dict(keep_vars=True)
     key_map = map_keys(state, prefixes, rules, model_state)
     stacked: dict[str, list[tuple[str, int, int]]] = {}
