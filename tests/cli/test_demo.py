@@ -1,7 +1,6 @@
-"""`visionblocks demo`: outputs, data reuse, errors, and a torchrun run on two gloo processes.
-
-The AP target of the full demo (AP50 >= 0.8; about 0.9 with 800 steps) and its time are
-checked by running it (``make demo``), not here: these runs are a few steps long.
+"""`visionblocks demo`: outputs, data reuse, errors, a torchrun run on two gloo processes, and
+the default run's targets (AP >= 0.70, AP50 >= 0.95; on the images drawn, only boxes of the
+right class, one per object found). Its time is measured by running it (``make demo``), not here.
 """
 
 from __future__ import annotations
@@ -19,7 +18,8 @@ from PIL import Image
 
 from visionblocks.cli import main
 
-KEYS = {"AP", "AP50", "AP75", "steps", "seconds", "world_size"}
+KEYS = {"AP", "AP50", "AP75", "per_class", "score_thresh", "drawn", "steps", "seconds",
+        "world_size"}  # fmt: skip
 
 
 @pytest.mark.slow  # the demo
@@ -30,6 +30,10 @@ def test_demo_writes_metrics_and_figures(tmp_path, capsys):
     assert set(metrics) >= KEYS
     assert metrics["steps"] == 3 and metrics["world_size"] == 1 and metrics["device"] == "cpu"
     assert 0.0 <= metrics["AP50"] <= 1.0 and metrics["seconds"] > 0
+    assert set(metrics["per_class"]) == {"circle", "square", "triangle"}
+    assert all(set(ap) == {"AP", "AP50"} for ap in metrics["per_class"].values())
+    assert set(metrics["drawn"]) == {"images", "objects", "boxes", "found"}
+    assert metrics["drawn"]["images"] == 8 and 0.0 <= metrics["score_thresh"] <= 1.0
     for name in ("predictions.png", "loss.png"):
         with Image.open(out / name) as png:
             assert png.size[0] > 300 and png.size[1] > 200
@@ -45,6 +49,7 @@ def test_demo_writes_metrics_and_figures(tmp_path, capsys):
         diff = float(printed.split("max difference from eager", 1)[1].split()[0])
         assert diff < 1e-4
     saved = torch.load(out / "model.pt", weights_only=True)
+    assert saved["config"]["head"]["score_thresh"] == metrics["score_thresh"]  # deployed
     rebuilt = load_for_export(out / "model.pt").state_dict()
     assert rebuilt.keys() == saved["model"].keys()
     assert all(torch.equal(rebuilt[k], v) for k, v in saved["model"].items())
@@ -54,6 +59,25 @@ def test_demo_writes_metrics_and_figures(tmp_path, capsys):
     assert main(["demo", "--steps", "1", "--out", str(out), "--seed", "1", "--no-export"]) == 0
     assert not (out / "model.onnx").exists()
     assert annotations.stat().st_mtime_ns == first  # the same data is reused, not rewritten
+
+
+@pytest.mark.slow  # the whole default demo: about two minutes on 2 cores
+def test_the_default_demo_meets_its_ap_and_draws_only_right_boxes(tmp_path, capsys):
+    from visionblocks.cli.demo import DEFAULT_STEPS
+
+    out = tmp_path / "demo"
+    assert main(["demo", "--out", str(out), "--seed", "0", "--no-export"]) == 0
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["steps"] == DEFAULT_STEPS
+    assert metrics["AP"] >= 0.70 and metrics["AP50"] >= 0.95
+    # Every box drawn is the one box of an object of its class (no duplicate, no wrong
+    # class); of the 19 objects, the smallest square (15 px) scores 0.50, under 0.52.
+    drawn = metrics["drawn"]
+    # Every drawn box is one object of its class (no duplicates, no wrong class); finding
+    # every one of the 19 objects (17-18 today) is still open (issue 40).
+    assert drawn["boxes"] == drawn["found"] >= drawn["objects"] - 3 > 8, drawn
+    printed = capsys.readouterr().out
+    assert "AP per class: circle" in printed and "score threshold" in printed
 
 
 def test_demo_errors(tmp_path, capsys, monkeypatch):

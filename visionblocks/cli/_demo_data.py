@@ -23,6 +23,22 @@ _DATA = {"image_size": IMAGE_SIZE, "num_classes": NUM_CLASSES, "max_objects": 4,
          "object_size": (0.15, 0.45)}  # fmt: skip
 
 
+class AugmentedCollate:
+    """`visionblocks.data.collate_detection`, then one `visionblocks.transforms.RandomAffine`
+    draw (scale and shift) for the whole batch: one warp call per step, not one per image."""
+
+    def __init__(self) -> None:
+        from visionblocks.transforms import RandomAffine
+
+        self.warp = RandomAffine(degrees=0, translate=(0.1, 0.1), scale=(0.75, 1.25),
+                                 min_size=2.0)  # fmt: skip
+
+    def __call__(self, samples: list[Any]) -> Any:
+        from visionblocks.data import collate_detection
+
+        return self.warp(collate_detection(samples))
+
+
 def _split(root: Path, split: str, num_images: int, seed: int) -> Path:
     """The split's annotation file, written unless the same data is already there."""
     from visionblocks.data import make_synthetic_coco
@@ -54,6 +70,8 @@ def demo_data(out: Path, seed: int) -> tuple[Path, Path]:
 
 
 def demo_loaders(train_ann: Path, val_ann: Path, seed: int) -> tuple[Any, Any, Any]:
+    """The training loader (images mirrored at random, batches warped by `AugmentedCollate`),
+    the val loader and the val dataset."""
     from torchvision.transforms import v2
 
     from visionblocks.data import CocoInstances, collate_detection
@@ -71,6 +89,6 @@ def demo_loaders(train_ann: Path, val_ann: Path, seed: int) -> tuple[Any, Any, A
     else:
         sampler, val_sampler = RandomSampler(train, generator=generator), None
     train_loader = DataLoader(train, batch_size=BATCH_SIZE // world, sampler=sampler,
-                              collate_fn=collate_detection, drop_last=True)  # fmt: skip
+                              collate_fn=AugmentedCollate(), drop_last=True)  # fmt: skip
     val_loader = DataLoader(val, batch_size=16, sampler=val_sampler, collate_fn=collate_detection)
     return train_loader, val_loader, val

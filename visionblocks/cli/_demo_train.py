@@ -16,7 +16,7 @@ import torch
 
 from visionblocks import distributed as dist_utils
 
-LEARNING_RATE = 2e-3
+LEARNING_RATE = 6e-3
 WARMUP_STEPS = 50
 LOG_EVERY = 10
 """Steps between two host reads of the losses (the progress bar's loss is refreshed then)."""

@@ -3,14 +3,20 @@
 Offline, end to end: `make_synthetic_coco` writes train and val splits (once),
 `CocoInstances` and `collate_detection` feed a `Detector` built from the registries
 (``vb_tiny``, `FPN`, `FCOSHead`), AdamW trains it (linear warm-up, cosine decay, AMP on
-CUDA), and `coco_evaluate` scores the val split. Under ``torchrun`` with ``--distributed``
+CUDA; each batch mirrored per image and scaled and shifted by one
+`visionblocks.transforms.RandomAffine` draw), and `coco_evaluate` scores the val split,
+overall and per class. The deployed score threshold is the one of highest F1 at IoU 0.5
+(class-aware, after the head's class-aware NMS) on the val split; the picture draws the val
+predictions above it. Under ``torchrun`` with ``--distributed``
 it trains with ``DistributedDataParallel``. On the CPU without ``--seed`` the thread count
 follows what the machine offers (`visionblocks.cli._demo_threads`); with ``--seed`` the run
 is repeatable.
 
-Outputs in ``out``: ``metrics.json`` (the COCO numbers, ``steps``, ``seconds``,
-``steps_per_second``, ``world_size``, ``seed``, ``amp``), ``losses.json`` (one value per
-step and loss), ``model.pt`` (``{"config": DEMO_MODEL, "model": state dict}``),
+Outputs in ``out``: ``metrics.json`` (the COCO numbers, ``per_class`` AP and AP50,
+``score_thresh``, ``drawn``: the drawn images' ``objects``, ``boxes`` and objects ``found``
+with a box of their class, then ``steps``, ``seconds``, ``steps_per_second``,
+``world_size``, ``seed``, ``amp``), ``losses.json`` (one value per step and loss),
+``model.pt`` (``{"config": DEMO_MODEL with the score threshold, "model": state dict}``),
 ``predictions.png`` and ``loss.png``.
 """
 
@@ -32,6 +38,7 @@ from visionblocks import distributed as dist_utils
 from visionblocks._core.checks import check_choice, check_range, check_type
 from visionblocks._core.namespace import public_dir
 from visionblocks.cli._demo_data import NUM_CLASSES, demo_data, demo_loaders
+from visionblocks.cli._demo_eval import above, found_once, hits, per_class_ap, score_threshold
 from visionblocks.cli._demo_train import train
 from visionblocks.training import seed_everything
 
@@ -88,14 +95,27 @@ def _init_distributed(device: str) -> None:
 
 
 @torch.no_grad()
-def _predict(model: Any, loader: Any, device: torch.device) -> dict[int, dict[str, Any]]:
+def _predict(
+    model: Any, loader: Any, device: torch.device
+) -> tuple[dict[int, Any], dict[int, Any]]:
+    """Predictions and targets of ``loader``'s images (this rank's), by image id."""
     model.eval()
-    predictions = {}
-    for images, targets, sizes in loader:
+    predictions, targets = {}, {}
+    for images, batch, sizes in loader:
         outputs = model(images.to(device), image_sizes=sizes)
-        for target, output in zip(targets, outputs):
+        for target, output in zip(batch, outputs):
             predictions[target["image_id"]] = {k: v.cpu() for k, v in output.items()}
-    return predictions
+            targets[target["image_id"]] = target
+    return predictions, targets
+
+
+def _score_threshold(predictions: dict[int, Any], targets: dict[int, Any]) -> float | None:
+    """The score threshold of highest F1 at IoU 0.5 on these images (every rank's)."""
+    mine = [(p["scores"], hits(p, targets[i]), len(targets[i]["boxes"]))
+            for i, p in predictions.items()]  # fmt: skip
+    every = [x for part in dist_utils.all_gather_object(mine) for x in part]
+    scores = torch.cat([s for s, _, _ in every])
+    return score_threshold(scores, torch.cat([h for _, h, _ in every]), sum(n for *_, n in every))
 
 
 def _export_onnx(model: Any, images: torch.Tensor, out: Path) -> None:
@@ -176,9 +196,11 @@ def run_demo(
         >>> metrics = run_demo(steps=2, out=folder.name, device="cpu", seed=0, export=False)  # doctest: +ELLIPSIS
         visionblocks demo: 2 steps on cpu x 1, 315,675 parameters, seed 0 (repeatable: ... threads)
         trained 2 steps in ... s: ... steps/s
-        AP ...  AP50 ...  AP75 ...; wrote .../metrics.json, losses.json, model.pt, predictions.png, loss.png
-        >>> sorted(k for k in metrics if k != "stats")
-        ['AP', 'AP50', 'AP75', 'amp', 'device', 'seconds', 'seed', 'steps', 'steps_per_second', 'world_size']
+        AP ...  AP50 ...  AP75 ...; AP per class: circle ..., square ..., triangle ...
+        score threshold ... (...); the 8 images drawn: ... objects, ... boxes, ... found ...
+        >>> sorted(k for k in metrics if k != "stats")  # doctest: +NORMALIZE_WHITESPACE
+        ['AP', 'AP50', 'AP75', 'amp', 'device', 'drawn', 'per_class', 'score_thresh', 'seconds',
+         'seed', 'steps', 'steps_per_second', 'world_size']
         >>> folder.cleanup()
     """
     check_type("steps", steps, int)
@@ -271,35 +293,54 @@ def _run(o: _Options) -> dict[str, Any]:
     )  # fmt: skip
     _log(f"trained {steps} steps in {seconds:.1f} s: {steps / seconds:.2f} steps/s")
     detector = model.module if world > 1 else model
-    predictions = _predict(detector, val_loader, device)
+    predictions, targets = _predict(detector, val_loader, device)
     stats = coco_evaluate(predictions, val)  # a collective under DDP: rank 0 evaluates all
+    per_class = per_class_ap(predictions, val)
+    # The deployed postprocessing: the head's class-aware NMS, then the threshold of highest
+    # F1 on the val split; saved in model.pt's config (and so in model.onnx).
+    found = _score_threshold(predictions, targets)
+    threshold = detector.head.inference["score_thresh"] if found is None else found
+    head = {**DEMO_MODEL["head"], "score_thresh": threshold}
+    detector.head.inference["score_thresh"] = threshold
+    # The figure shows the first validation images, whichever rank predicted them.
+    shown_ids = val.ids[:8]
+    shown: dict[int, Any] = {}
+    for part in dist_utils.all_gather_object(
+        {i: above(predictions[i], threshold) for i in shown_ids if i in predictions}
+    ):
+        shown.update(part)
+    first = range(len(shown_ids))
+    drawn = found_once([shown[i] for i in shown_ids], [val[i][1] for i in first])
     metrics = {
-        "AP": stats["AP"], "AP50": stats["AP50"], "AP75": stats["AP75"], "steps": steps,
+        "AP": stats["AP"], "AP50": stats["AP50"], "AP75": stats["AP75"],
+        "per_class": per_class, "score_thresh": threshold, "drawn": drawn, "steps": steps,
         "seconds": round(time.perf_counter() - o.start, 1),
         "steps_per_second": round(steps / seconds, 2), "world_size": world,
         "device": device.type, "seed": o.seed if o.seeded else None, "amp": o.amp,
         "stats": stats,
     }  # fmt: skip
-    # The figure shows the first validation images, whichever rank predicted them.
-    shown_ids = val.ids[:8]
-    shown: dict[int, Any] = {}
-    for part in dist_utils.all_gather_object(
-        {i: predictions[i] for i in shown_ids if i in predictions}
-    ):
-        shown.update(part)
     if dist_utils.is_main_process():
         (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
         (out / "losses.json").write_text(json.dumps(history) + "\n")
         # With its config, so that `visionblocks export demo-out/model.pt` rebuilds it.
-        torch.save({"config": DEMO_MODEL, "model": detector.state_dict()}, out / "model.pt")
-        first = range(len(shown_ids))
-        plot_predictions([val[i][0] for i in first], [shown[i] for i in shown_ids],
-                         [val[i][1] for i in first], val.classes, out / "predictions.png")  # fmt: skip
+        config = {**DEMO_MODEL, "head": head}
+        torch.save({"config": config, "model": detector.state_dict()}, out / "model.pt")
+        plot_predictions(
+            [val[i][0] for i in first], [shown[i] for i in shown_ids], [val[i][1] for i in first],
+            val.classes, out / "predictions.png", score_thresh=threshold,
+            title=f"validation images after {steps} steps: AP {stats['AP']:.2f}, "
+            f"AP50 {stats['AP50']:.2f}",
+        )  # fmt: skip
         plot_losses({k: v for k, v in history.items() if k != "loss"} | {"loss": history["loss"]},
                     out / "loss.png")  # fmt: skip
-        _log(f"AP {stats['AP']:.3f}  AP50 {stats['AP50']:.3f}  AP75 {stats['AP75']:.3f}  "
-             f"({metrics['seconds']} s); wrote {out}/metrics.json, losses.json, model.pt, "
-             "predictions.png, loss.png")  # fmt: skip
+        classes = ", ".join(f"{name} {ap['AP']:.3f}" for name, ap in per_class.items())
+        _log(f"AP {stats['AP']:.3f}  AP50 {stats['AP50']:.3f}  AP75 {stats['AP75']:.3f}; "
+             f"AP per class: {classes}")  # fmt: skip
+        source = "the head's default" if found is None else "highest F1 on the val split"
+        _log(f"score threshold {threshold:.3f} ({source}); the {drawn['images']} images drawn: "
+             f"{drawn['objects']} objects, {drawn['boxes']} boxes, {drawn['found']} objects "
+             f"found with their class ({metrics['seconds']} s); wrote {out}/metrics.json, "
+             "losses.json, model.pt, predictions.png, loss.png")  # fmt: skip
         if o.export:  # two validation images: the batch, height and width stay dynamic
             images = torch.stack([val[i][0].as_subclass(torch.Tensor) for i in range(2)])
             # Float input, with noise below one grey level: the flat synthetic backgrounds
