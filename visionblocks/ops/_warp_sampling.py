@@ -51,14 +51,34 @@ def as_float(name: str, value: object, dtype: torch.dtype, device: torch.device)
     raise TypeError(f"{name} must be a number, a sequence of numbers or a tensor, got {value!r}")
 
 
-def check_matrix(name: str, matrix: object, *, batched: bool = False) -> Tensor:
-    """A floating ``(2, 3)`` or ``(B, 2, 3)`` tensor (``(..., 2, 3)`` with ``batched``)."""
+def check_matrix(
+    name: str, matrix: object, *, batched: bool = False, square: bool = False
+) -> Tensor:
+    """A floating ``(2, 3)`` or ``(B, 2, 3)`` tensor (``(..., 2, 3)`` with ``batched``); with
+    ``square`` also the ``(3, 3)`` form, returned as its top two rows once its last row is
+    ``[0, 0, 1]`` (a value check: one read on CPU, a device-side assert on CUDA)."""
     matrix = check_floating(name, matrix)
-    ok = matrix.shape[-2:] == (2, 3) and (matrix.dim() in (2, 3) or (batched and matrix.dim() > 3))
-    if not ok:
+    rows = matrix.shape[-2] if matrix.dim() >= 2 and matrix.shape[-1] == 3 else 0
+    if rows not in ((2, 3) if square else (2,)) or (matrix.dim() > 3 and not batched):
         expected = "(..., 2, 3)" if batched else "(2, 3) or (B, 2, 3)"
+        if square:
+            expected += " (or the (3, 3) form, last row [0, 0, 1])"
         raise ValueError(f"{name} must have shape {expected}, got {tuple(matrix.shape)}")
-    return matrix
+    if rows == 2:
+        return matrix
+    last = matrix[..., 2, :].detach()
+    affine = (last[..., 0] == 0) & (last[..., 1] == 0) & (last[..., 2] == 1)
+    message = (
+        f"{name} is a (3, 3) matrix whose last row is not [0, 0, 1]: a projective warp (a "
+        "homography), which an affine warp cannot apply (cv2.warpPerspective or torchvision's "
+        "v2.functional.perspective can); an affine matrix in (3, 3) form ends in [0, 0, 1]"
+    )
+    if reads_values(matrix):
+        if not bool(affine.all()):
+            raise ValueError(f"{message}; got last row {last[~affine][0].tolist()}")
+    elif asserts_on_device(matrix):
+        assert_on_device(affine, message)
+    return matrix[..., :2, :]
 
 
 def check_size(name: str, size: object) -> tuple[int, int]:

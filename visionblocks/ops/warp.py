@@ -52,11 +52,9 @@ import torch
 from torch import Tensor
 
 from visionblocks._core.checks import check_choice, check_type
-from visionblocks._core.dispatch import assert_on_device, asserts_on_device, reads_values
 from visionblocks._core.namespace import public_dir
 from visionblocks._core.tensor_checks import (
     check_allocation,
-    check_floating,
     check_same_device,
     check_tensor,
     compute_dtype,
@@ -278,7 +276,9 @@ def compose_affine(*matrices: Tensor) -> Tensor:
     """
     if not matrices:
         raise ValueError("compose_affine needs at least one matrix, got none")
-    checked = [affine_part(f"matrices[{i}]", m, batched=True) for i, m in enumerate(matrices)]
+    checked = [
+        check_matrix(f"matrices[{i}]", m, batched=True, square=True) for i, m in enumerate(matrices)
+    ]
     check_same_device(**{f"matrices[{i}]": m for i, m in enumerate(checked)})
     try:
         torch.broadcast_shapes(*(m.shape[:-2] for m in checked))
@@ -293,37 +293,6 @@ def compose_affine(*matrices: Tensor) -> Tensor:
     for m in checked[1:]:
         out = after(m.to(work), out)  # m ∘ out: out first
     return out.to(dtype)
-
-
-def affine_part(name: str, matrix: object, *, batched: bool = False) -> Tensor:
-    """A floating ``(2, 3)`` or ``(B, 2, 3)`` matrix (``(..., 2, 3)`` with ``batched``), or the
-    top two rows of its ``(3, 3)`` form once the last row is ``[0, 0, 1]`` (a value check: one
-    read on CPU, a device-side assert on CUDA)."""
-    matrix = check_floating(name, matrix)
-    rows = matrix.shape[-2] if matrix.dim() >= 2 and matrix.shape[-1] == 3 else 0
-    if rows not in (2, 3) or (matrix.dim() > 3 and not batched):
-        expected = "(..., 2, 3)" if batched else "(2, 3) or (B, 2, 3)"
-        raise ValueError(
-            f"{name} must have shape {expected} (or the (3, 3) form, last row [0, 0, 1]), got "
-            f"{tuple(matrix.shape)}"
-        )
-    if rows == 2:
-        return matrix
-    last = matrix[..., 2, :].detach()
-    message = (
-        f"{name} is a (3, 3) matrix whose last row is not [0, 0, 1]: a projective warp (a "
-        "homography), which an affine warp cannot apply (cv2.warpPerspective or torchvision's "
-        "v2.functional.perspective can); an affine matrix in (3, 3) form ends in [0, 0, 1]"
-    )
-    if reads_values(matrix):
-        affine = (last[..., 0] == 0) & (last[..., 1] == 0) & (last[..., 2] == 1)
-        if not bool(affine.all()):
-            rows = last[~affine][0].tolist()
-            raise ValueError(f"{message}; got last row {rows}")
-    elif asserts_on_device(matrix):
-        affine = (last[..., 0] == 0) & (last[..., 1] == 0) & (last[..., 2] == 1)
-        assert_on_device(affine, message)
-    return matrix[..., :2, :]
 
 
 def invert_affine(matrix: Tensor) -> Tensor:
@@ -505,7 +474,7 @@ def warp_checked(
             f"{name} must be a real tensor (an image of numbers, or bool masks), got dtype "
             f"{img.dtype}; warp its real and imaginary parts (torch.view_as_real) separately"
         )
-    matrix = affine_part("matrix", matrix)
+    matrix = check_matrix("matrix", matrix, square=True)
     check_same_device(**{name: img, "matrix": matrix})
     check_type("mode", mode, str)
     check_choice("mode", mode, _MODES)

@@ -42,9 +42,9 @@ from visionblocks._core.tensor_checks import (
     check_tensor,
     compute_dtype,
 )
-from visionblocks.ops._warp_sampling import check_size
+from visionblocks.ops._warp_sampling import check_matrix, check_size
 from visionblocks.ops.keypoints import checked_pairs, permutation_list
-from visionblocks.ops.warp import affine_part, warp_checked
+from visionblocks.ops.warp import warp_checked
 
 __all__ = ["warp_boxes", "warp_keypoints", "warp_masks", "warp_points"]
 __dir__ = public_dir(__name__, __all__)
@@ -56,7 +56,7 @@ def _checked(
     """Check ``x (..., N, k)`` and matrices whose leading dims broadcast with its own; both
     in the compute dtype, and the result dtype (the promoted floating one)."""
     check_real(name, x)
-    matrix = affine_part("matrix", matrix, batched=True)
+    matrix = check_matrix("matrix", matrix, batched=True, square=True)
     check_same_device(**{name: x, "matrix": matrix})
     if k == 2 and x.dim() >= 2 and x.shape[-1] == 3:
         raise ValueError(split_visibility(name, x))
@@ -249,7 +249,7 @@ def warp_keypoints(
         tensor([[2, 0, 2]])
     """
     check_real("points", points)
-    matrix = affine_part("matrix", matrix, batched=True)
+    matrix = check_matrix("matrix", matrix, batched=True, square=True)
     if points.dim() >= 2 and points.shape[-1] == 3:
         raise ValueError(split_visibility("points", points))
     check_last_dim("points", points, 2, what="(x, y)")

@@ -74,9 +74,9 @@ from visionblocks.ops._object_boxes import (
     warp_polygons,
     warp_rotated_boxes,
 )
-from visionblocks.ops._warp_sampling import check_fill, check_size
+from visionblocks.ops._warp_sampling import check_fill, check_matrix, check_size
 from visionblocks.ops.keypoints import checked_pairs
-from visionblocks.ops.warp import affine_part, warp_checked
+from visionblocks.ops.warp import warp_checked
 from visionblocks.ops.warp_targets import (
     check_visibility,
     place_keypoints,
@@ -360,7 +360,7 @@ def warp_sample(
     check_tensor("image", image)
     if image.dim() != 3:
         raise ValueError(f"image must have shape (C, H, W), got {tuple(image.shape)}")
-    matrix = affine_part("matrix", matrix)
+    matrix = check_matrix("matrix", matrix, square=True)
     if matrix.dim() != 2:
         raise ValueError(
             f"warp_sample takes one (2, 3) or (3, 3) matrix, got matrix of shape "
