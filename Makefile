@@ -11,6 +11,11 @@ $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e ".[dev,docs]"
+	# ultralytics, a test and benchmark oracle only, pins opencv-python, which would replace
+	# the headless OpenCV of the dev extra: installed without its requirements, then the ones
+	# its loss and assigner modules import.
+	$(PY) -m pip install --quiet --no-deps "ultralytics==8.4.190"
+	$(PY) -m pip install --quiet pyyaml requests psutil polars ultralytics-thop
 	@touch $(STAMP)
 
 venv: $(STAMP)
