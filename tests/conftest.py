@@ -104,6 +104,11 @@ def _temp_entries() -> set[str]:
 def pytest_sessionstart(session: pytest.Session) -> None:
     if not hasattr(session.config, "workerinput"):  # the controller (or a run without xdist)
         session.config.stash[_TEMP_BEFORE] = _temp_entries()
+    # ultralytics (an oracle) probes the network and writes a settings file when imported:
+    # offline, and into this run's temp folder.
+    os.environ.setdefault("YOLO_OFFLINE", "1")
+    base = session.config._tmp_path_factory.getbasetemp()  # type: ignore[attr-defined]
+    os.environ.setdefault("YOLO_CONFIG_DIR", str(base / "ultralytics"))
 
 
 @pytest.hookimpl(wrapper=True)
