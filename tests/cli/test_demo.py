@@ -70,11 +70,10 @@ def test_the_default_demo_meets_its_ap_and_draws_only_right_boxes(tmp_path, caps
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["steps"] == DEFAULT_STEPS
     assert metrics["AP"] >= 0.70 and metrics["AP50"] >= 0.95
-    # Every box drawn is the one box of an object of its class (no duplicate, no wrong
-    # class); of the 19 objects, the smallest square (15 px) scores 0.50, under 0.52.
+    # On the images drawn, every box is the one box of an object of its class (no duplicate,
+    # no wrong class). A box on every object is still open (issue 40): the smallest objects
+    # (15 to 18 pixels) are confused between circle and square; 17 or 18 of the 19 are found.
     drawn = metrics["drawn"]
-    # Every drawn box is one object of its class (no duplicates, no wrong class); finding
-    # every one of the 19 objects (17-18 today) is still open (issue 40).
     assert drawn["boxes"] == drawn["found"] >= drawn["objects"] - 3 > 8, drawn
     printed = capsys.readouterr().out
     assert "AP per class: circle" in printed and "score threshold" in printed
@@ -206,3 +205,42 @@ def test_the_thread_tuner_leaves_threads_alone_when_told():
         tuner.start_step()
         tuner.end_step(seconds)
     assert torch.get_num_threads() == before and tuner.threads == before + 1
+
+
+def test_the_demo_batch_warp_matches_warping_each_target():
+    """`AugmentedCollate` warps all the boxes of a batch as one target: the same boxes and
+    labels as warping each image's target with the same draw, those that leave dropped."""
+    import torch
+    from torchvision import tv_tensors
+
+    from visionblocks.cli._demo_data import AugmentedCollate
+    from visionblocks.data import collate_detection
+
+    def sample(boxes, labels):
+        image = tv_tensors.Image(torch.randint(0, 256, (3, 64, 64), dtype=torch.uint8))
+        boxes = tv_tensors.BoundingBoxes(boxes, format="XYXY", canvas_size=(64, 64))
+        return image, {"boxes": boxes, "labels": torch.tensor(labels, dtype=torch.int64)}
+
+    samples = [
+        sample([[0.0, 0.0, 3.0, 3.0], [20.0, 20.0, 40.0, 44.0]], [2, 1]),
+        sample(torch.zeros(0, 4), []),
+        sample(
+            [[60.0, 50.0, 64.0, 63.0], [5.0, 30.0, 25.0, 50.0], [1.0, 1.0, 9.0, 9.0]], [0, 2, 1]
+        ),
+    ]
+    collate = AugmentedCollate()
+    dropped = 0
+    for seed in range(20):
+        torch.manual_seed(seed)
+        images, targets, sizes = collate(samples)
+        torch.manual_seed(seed)
+        one = collate.warp(collate_detection(samples))
+        assert (
+            torch.equal(images, one.images.as_subclass(torch.Tensor)) and sizes == one.image_sizes
+        )
+        for got, want in zip(targets, one.targets, strict=True):
+            assert set(got) == {"boxes", "labels"}
+            assert torch.equal(got["boxes"], want["boxes"].as_subclass(torch.Tensor))
+            assert torch.equal(got["labels"], want["labels"]) and got["labels"].dtype == torch.int64
+        dropped += sum(len(t["boxes"]) for _, t in samples) - sum(len(t["boxes"]) for t in targets)
+    assert dropped > 0  # some draws push boxes out: the drops are checked too

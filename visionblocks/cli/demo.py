@@ -3,8 +3,8 @@
 Offline, end to end: `make_synthetic_coco` writes train and val splits (once),
 `CocoInstances` and `collate_detection` feed a `Detector` built from the registries
 (``vb_tiny``, `FPN`, `FCOSHead`), AdamW trains it (linear warm-up, cosine decay, AMP on
-CUDA; each batch mirrored per image and scaled and shifted by one
-`visionblocks.transforms.RandomAffine` draw), and `coco_evaluate` scores the val split,
+CUDA; each batch mirrored, scaled and shifted by one `visionblocks.transforms.RandomAffine`
+draw), and `coco_evaluate` scores the val split,
 overall and per class. The deployed score threshold is the one of highest F1 at IoU 0.5
 (class-aware, after the head's class-aware NMS) on the val split; the picture draws the val
 predictions above it. Under ``torchrun`` with ``--distributed``
