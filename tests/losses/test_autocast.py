@@ -56,7 +56,7 @@ MODES = {
 @dataclass(frozen=True)
 class Case:
     name: str  # an entry of visionblocks.losses.__all__
-    kind: str  # "binary", "index", "dense", "probs" or "boxes": the data it takes
+    kind: str  # "binary", "index", "dense", "probs", "soft", "bins" or "boxes": its data
     options: dict = field(default_factory=dict)  # tensors: float32 on CPU, moved per mode
 
     @property
@@ -100,6 +100,15 @@ CASES = [
     Case("cross_entropy", "probs"),
     Case("CrossEntropyLoss", "dense", {"top_k": 0.5, "ignore_index": 255}),
     *(Case(n, "boxes") for n in L.__all__ if n.endswith(("box_iou_loss", "BoxIoULoss"))),
+    Case("distribution_focal_loss", "bins"),
+    Case("distribution_focal_loss", "bins", {"weight": torch.linspace(0.3, 1.7, 4)}),
+    Case("DistributionFocalLoss", "bins"),
+    Case("varifocal_loss", "soft"),
+    Case("varifocal_loss", "soft", {"weight": _w(), "gamma": 0.5, "iou_weighted": False}),
+    Case("VarifocalLoss", "soft", {"alpha": 0.5}),
+    Case("quality_focal_loss", "soft"),
+    Case("quality_focal_loss", "soft", {"weight": _w(), "beta": 0.5}),
+    Case("QualityFocalLoss", "soft", {"beta": 1.0}),
 ]
 
 
@@ -117,9 +126,15 @@ def _data(case: Case, round_to: torch.dtype) -> tuple[torch.Tensor, torch.Tensor
             turn = angle + torch.randn(256, 1, generator=gen) * 10
             pred, target = torch.cat([xy, wh, angle], 1), torch.cat([gxy, gwh, turn], 1)
         return pred.to(round_to).float(), target.to(round_to).float()
+    if case.kind == "bins":  # (N, 4 sides, 9 bins) logits, distances in [0, 8]
+        logits = (torch.randn(64, 4, 9, generator=gen) * 3).to(round_to).float()
+        return logits, (torch.rand(64, 4, generator=gen) * 8).to(round_to).float()
     shape = (4, 5, 8, 8) if case.kind == "dense" else (256, 5)
     logits = (torch.randn(shape, generator=gen) * 3).to(round_to).float()
-    if case.kind == "binary":
+    if case.kind == "soft":  # IoU-aware scores, 0 for negatives
+        scores = torch.rand(shape, generator=gen).to(round_to).float()
+        targets = torch.where(torch.rand(shape, generator=gen) < 0.3, scores, 0.0)
+    elif case.kind == "binary":
         targets = (torch.rand(shape, generator=gen) > 0.7).float()
     elif case.kind == "probs":
         targets = torch.randn(shape, generator=gen).softmax(1).to(round_to).float()
