@@ -27,6 +27,9 @@ import visionblocks.transforms as T
 Case = Callable[[torch.device], tuple[Callable[..., Any], tuple[Tensor, ...]]]
 
 NOT_TENSOR_OPS = {
+    "ops.TaskAlignedTargets": "a NamedTuple of task_aligned_assign's results (it has a case)",
+    "ops.DynamicKAssignment": "a NamedTuple of simota_assign's and dynamic_soft_label_assign's "
+    "results (both have cases)",
     "ops.BOX_FORMATS": "a tuple of format names",
     "ops.COCO_PERSON_SIGMAS": "a tuple of 17 floats (COCO's person OKS sigmas)",
     "ops.keypoint_flip_pairs": "key point names (str) to index pairs: no tensors",
@@ -34,6 +37,10 @@ NOT_TENSOR_OPS = {
     "ops.BELOW_LOW_THRESHOLD": "an int constant (match_anchors' negatives)",
     "ops.BETWEEN_THRESHOLDS": "an int constant (match_anchors' ignored anchors)",
     "ops.BestIoU": "a NamedTuple of best_box_iou's results (best_box_iou has a case)",
+    "ops.hungarian_match": "solves on the host (scipy's linear_sum_assignment): one .cpu() of "
+    "all images' costs by design; tests/ops/test_hungarian.py checks on fake CUDA that nothing "
+    "before it reads the device",
+    "ops.HungarianMatcher": "hungarian_match's module (the same host solve)",
     "transforms.RandomAffine": "a random transform: draws its parameters on the host with "
     ".item(), as v2.RandomAffine does; its warp is transforms.warp_sample's case",
 }
@@ -44,6 +51,13 @@ NOT_TENSOR_OPS = {
 DATA_DEPENDENT_OPS = {
     "ops.nms_rotated": "the number of kept boxes depends on the values (a custom op)",
     "ops.batched_nms_rotated": "the number of kept boxes depends on the values (a custom op)",
+    "ops.nms": "the number of kept boxes depends on the values (torchvision's op); "
+    "tests/ops/test_nms.py",
+    "ops.batched_nms": "the number of kept boxes depends on the values (torchvision's op); "
+    "tests/ops/test_nms.py",
+    "ops.soft_nms": "a host loop, one device read per kept box (the algorithm is sequential): "
+    "not traceable; tests/ops/test_soft_nms.py",
+    "ops.batched_soft_nms": "soft_nms per category (the same host loop)",
 }
 
 # Names whose case is the losses' backward as well as their forward.
@@ -61,6 +75,13 @@ def _gen() -> torch.Generator:
 def _randn(device: torch.device, *shape: int, g: torch.Generator | None = None) -> Tensor:
     # Drawn on CPU (same values on every device), then moved: fake CUDA tensors get no data.
     return torch.randn(*shape, generator=g or _gen(), device="cpu").to(device)
+
+
+def _tal_inputs(d: torch.device, scores: Tensor, boxes: Tensor, gt: Tensor) -> tuple:
+    """`task_aligned_assign`'s six inputs around its three floating ones (one image)."""
+    points = (boxes[0, :, :2] + boxes[0, :, 2:]).detach() / 2  # anchors inside their boxes
+    labels = torch.tensor([[[0], [2]]], device=d)
+    return scores, boxes, points, labels, gt, torch.ones(1, 2, 1, dtype=torch.bool, device=d)
 
 
 def _boxes(device: torch.device, n: int, seed: int = 0) -> Tensor:
@@ -110,6 +131,21 @@ def _focal_inputs(d: torch.device) -> tuple[Tensor, Tensor]:
     return _randn(d, 4, 3, g=g), (torch.rand(4, 3, generator=g, device="cpu") > 0.5).float().to(d)
 
 
+def _dfl_inputs(d: torch.device) -> tuple[Tensor, Tensor]:
+    """``(3, 4, 9)`` bin logits and ``(3, 4)`` distances in ``[0, 8]`` (both ends included)."""
+    g = _gen()
+    target = torch.rand(3, 4, generator=g, device="cpu") * 8
+    target[0, :2] = torch.tensor([0.0, 8.0])
+    return _randn(d, 3, 4, 9, g=g), target.to(d)
+
+
+def _soft_inputs(d: torch.device) -> tuple[Tensor, Tensor]:
+    """``(4, 3)`` logits and IoU-aware scores (0 for negatives)."""
+    g = _gen()
+    x, q = _randn(d, 4, 3, g=g), torch.rand(4, 3, generator=g, device="cpu")
+    return x, torch.where(q > 0.6, q, 0.0).to(d)
+
+
 def _ce_inputs(d: torch.device) -> tuple[Tensor, Tensor]:
     g = _gen()
     target = torch.randint(0, 3, (2, 4, 4), generator=g, device="cpu")
@@ -148,6 +184,35 @@ CASES: dict[str, Case] = {
         (_matrix(d, 2), torch.cat((_matrix(d), torch.tensor([[0.0, 0.0, 1.0]], device=d)))),
     ),
     "ops.box_area": lambda d: (O.box_area, (_boxes(d, 5),)),
+    # Priors and box coders (visionblocks.ops.priors, visionblocks.ops.box_coders).
+    "ops.make_anchor_points": lambda d: (
+        lambda a, b: O.make_anchor_points([a, b], [8, 16]),
+        (_image(d), _image(d, h=3, w=4)),
+    ),
+    "ops.make_anchor_boxes": lambda d: (
+        lambda a, b: O.make_anchor_boxes([a, b], [8, (16, 12)], (32, 64), (0.5, 1.0, 2.0)),
+        (_image(d), _image(d, h=3, w=4)),
+    ),
+    "ops.AnchorGenerator": lambda d: (
+        lambda x, a, b: O.AnchorGenerator(((32, 40), (64,)), ((0.5, 1.0),) * 2)(x, [a, b]),
+        (_image(d, 3, 48, 56), _image(d), _image(d, h=3, w=4)),
+    ),
+    "ops.encode_distances": lambda d: (
+        lambda p, b: O.encode_distances(p, b, reg_max=15),
+        (_randn(d, 5, 2).abs() * 8, _boxes(d, 5)),
+    ),
+    "ops.decode_distances": lambda d: (
+        lambda p, x: O.decode_distances(p, x, "cxcywh"),
+        (_randn(d, 2, 5, 2) * 8, _randn(d, 2, 5, 4).abs()),
+    ),
+    "ops.encode_deltas": lambda d: (
+        lambda a, b: O.encode_deltas(a, boxes=b, weights=(10.0, 10.0, 5.0, 5.0)),
+        (_boxes(d, 5, 0), _boxes(d, 5, 1)),
+    ),
+    "ops.decode_deltas": lambda d: (
+        lambda a, x: O.decode_deltas(a, deltas=x, weights=(10.0, 10.0, 5.0, 5.0)),
+        (_boxes(d, 5, 0), _randn(d, 2, 5, 4)),
+    ),
     "ops.box_convert": lambda d: (lambda b: O.box_convert(b, "xyxy", "cxcywh"), (_boxes(d, 5),)),
     "ops.box_iou": _iou(O.box_iou),
     "ops.rotated_box_iou": lambda d: (O.rotated_box_iou, (_rboxes(d, 5, 0), _rboxes(d, 3, 1))),
@@ -159,6 +224,11 @@ CASES: dict[str, Case] = {
     "ops.best_box_iou": lambda d: (
         lambda a, b: tuple(O.best_box_iou(a, b, block_bytes=1)),
         (_boxes(d, 7, 0), _boxes(d, 3, 1)),
+    ),
+    # Without score_threshold: every box, fixed size (the threshold's case: test_matrix_nms.py).
+    "ops.matrix_nms": lambda d: (
+        lambda s, b, c: O.matrix_nms(s, boxes=b, labels=c),
+        (_randn(d, 7).sigmoid(), _boxes(d, 7), torch.tensor([0, 1, 0, 0, 1, 0, 0], device=d)),
     ),
     "ops.match_anchors": lambda d: (
         lambda a, b: O.match_anchors(
@@ -174,6 +244,38 @@ CASES: dict[str, Case] = {
     "ops.atss_assign": lambda d: (
         lambda a, b: O.atss_assign(a, b, [4, 3], topk=2, block_bytes=1),
         (_boxes(d, 7, 0), _boxes(d, 3, 1)),
+    ),
+    "ops.task_aligned_assign": lambda d: (
+        lambda s, b, g: tuple(
+            O.task_aligned_assign(*_tal_inputs(d, s, b, g), topk=2, block_bytes=1)
+        ),
+        (_randn(d, 1, 6, 3).sigmoid(), _boxes(d, 6, 0)[None], _boxes(d, 2, 1)[None]),
+    ),
+    "ops.TaskAlignedAssigner": lambda d: (
+        lambda s, b, g: tuple(O.TaskAlignedAssigner(topk=2)(*_tal_inputs(d, s, b, g))),
+        (_randn(d, 1, 6, 3).sigmoid(), _boxes(d, 6, 0)[None], _boxes(d, 2, 1)[None]),
+    ),
+    "ops.simota_assign": lambda d: (
+        lambda p, b, s, g: tuple(
+            O.simota_assign(p, b, s, g, torch.tensor([0, 1], device=d), block_bytes=1)
+        ),
+        (
+            torch.tensor([[4.0, 4, 8, 8], [12, 4, 8, 8], [20, 4, 8, 8]], device=d),
+            _boxes(d, 3, 0),
+            _randn(d, 3, 2).sigmoid(),
+            _boxes(d, 2, 1),
+        ),
+    ),
+    "ops.dynamic_soft_label_assign": lambda d: (
+        lambda p, b, s, g: tuple(
+            O.dynamic_soft_label_assign(p, b, s, g, torch.tensor([0, 1], device=d), block_bytes=1)
+        ),
+        (
+            torch.tensor([[4.0, 4, 8, 8], [12, 4, 8, 8], [20, 4, 8, 8]], device=d),
+            _boxes(d, 3, 0),
+            _randn(d, 3, 2),
+            _boxes(d, 2, 1),
+        ),
     ),
     "ops.complete_box_iou": _iou(O.complete_box_iou),
     "ops.distance_box_iou": _iou(O.distance_box_iou),
@@ -272,6 +374,23 @@ CASES: dict[str, Case] = {
     ),
     "losses.distance_box_iou_loss": _iou_loss(L.distance_box_iou_loss),
     "losses.generalized_box_iou_loss": _iou_loss(L.generalized_box_iou_loss),
+    "losses.DistributionFocalLoss": lambda d: _module(
+        d, L.DistributionFocalLoss(), *_dfl_inputs(d)
+    ),
+    "losses.distribution_focal_loss": lambda d: (
+        lambda p, t, w, n: L.distribution_focal_loss(p, t, weight=w, reduction="sum", normalizer=n),
+        (*_dfl_inputs(d), _randn(d, 3, 1).abs(), torch.tensor(4.0, device=d)),
+    ),
+    "losses.VarifocalLoss": lambda d: _module(d, L.VarifocalLoss(), *_soft_inputs(d)),
+    "losses.varifocal_loss": lambda d: (
+        lambda x, t, w: L.varifocal_loss(x, t, gamma=0.5, weight=w, reduction="none"),
+        (*_soft_inputs(d), _randn(d, 3).abs()),
+    ),
+    "losses.QualityFocalLoss": lambda d: _module(d, L.QualityFocalLoss(), *_soft_inputs(d)),
+    "losses.quality_focal_loss": lambda d: (
+        lambda x, t: L.quality_focal_loss(x, t, beta=0.5, reduction="sum", normalizer=2.0),
+        _soft_inputs(d),
+    ),
     # ------------------------------------------------------------------------------- nn
     "nn.ChannelShuffle": lambda d: _module(d, vnn.ChannelShuffle(2), _image(d)),
     "nn.channel_shuffle": lambda d: (lambda x: vnn.channel_shuffle(x, 2), (_image(d),)),

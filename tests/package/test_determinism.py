@@ -212,6 +212,28 @@ def _softmax_focal(fn: Callable[..., Tensor]) -> Callable[[], tuple]:
     return run
 
 
+def _dfl(fn: Callable[..., Tensor]) -> Callable[[], tuple]:
+    """``fn(pred, target, weight)``: distances in bins, a per-box weight."""
+
+    def run() -> tuple:
+        g = _gen(15)
+        x, t = torch.randn(6, 4, 9, generator=g), torch.rand(6, 4, generator=g) * 8
+        return _run(fn, x, t, torch.rand(6, 1, generator=g))
+
+    return run
+
+
+def _soft(fn: Callable[..., Tensor]) -> Callable[[], tuple]:
+    """``fn(pred, target, weight)``: IoU-aware scores (0 for negatives), a per-class weight."""
+
+    def run() -> tuple:
+        g = _gen(16)
+        x, q = torch.randn(6, 4, generator=g), torch.rand(6, 4, generator=g)
+        return _run(fn, x, torch.where(q > 0.6, q, 0.0), torch.rand(4, generator=g))
+
+    return run
+
+
 def _loss_module(cls: type) -> Callable[..., Tensor]:
     """The loss module ``cls`` called like its function: ``fn(*tensors, [reduction], **kw)``."""
 
@@ -316,8 +338,112 @@ def _nms_rotated() -> tuple:
     )
 
 
+def _hungarian(match: Callable[..., list]) -> Callable[[], tuple]:
+    def run() -> tuple:
+        g = _gen(48)
+        logits, boxes = torch.randn(2, 6, 4, generator=g), torch.rand(2, 6, 4, generator=g) / 2
+        boxes_t = torch.rand(3, 4, generator=g) / 2 + 0.1
+        targets = [{"labels": torch.tensor(labels).long(), "boxes": boxes_t[: len(labels)]}
+                   for labels in ([1, 3, 0], [])]  # fmt: skip
+
+        def pairs(a: Tensor, b: Tensor) -> tuple:
+            matched = match({"pred_logits": a, "pred_boxes": b}, targets)
+            return tuple(i for pair in matched for i in pair)
+
+        return _run(pairs, logits, boxes)
+
+    return run
+
+
+def _nms() -> tuple:
+    boxes, scores = _boxes(40, 49), torch.rand(40, generator=_gen(50))
+    scores[3] = scores[4]  # a tie
+    idxs = torch.randint(0, 3, (40,), generator=_gen(51))
+    return (
+        *_run(lambda b, s: ops.nms(b, s, 0.3), boxes, scores),
+        *_run(lambda b, s: ops.batched_nms(b, s, idxs, 0.3), boxes, scores),
+        *_run(lambda b, s: ops.soft_nms(b, s, method="gaussian"), boxes, scores),
+        *_run(lambda b, s: ops.batched_soft_nms(b, s, idxs), boxes, scores),
+        *_run(lambda b, s: ops.matrix_nms(s, boxes=b, labels=idxs), boxes, scores),
+    )
+
+
+def _priors() -> tuple:
+    levels = [torch.zeros(1, 1, 6, 5), torch.zeros(1, 1, 3, 3)]
+    images = torch.zeros(2, 3, 48, 40)
+    generator = ops.AnchorGenerator(((32,), (64, 80)), ((0.5, 1.0, 2.0),) * 2)
+    return (
+        *ops.make_anchor_points(levels, [8, 16]),
+        ops.make_anchor_boxes(levels, [8, 16], (32, 64), (0.5, 1.0)),
+        *_run(lambda x: generator(x, levels), images),
+    )
+
+
+def _coders() -> tuple:
+    anchors, boxes = _boxes(30, 52), _boxes(30, 53)
+    points = (anchors[:, :2] + anchors[:, 2:]) / 2
+    weights = (10.0, 10.0, 5.0, 5.0)
+    return (
+        *_run(lambda p, b: ops.encode_distances(p, b, reg_max=15), points, boxes),
+        *_run(lambda p, d: ops.decode_distances(p, d.abs(), "cxcywh"), points, anchors),
+        *_run(lambda a, b: ops.encode_deltas(a, boxes=b, weights=weights), anchors, boxes),
+        *_run(lambda a, d: ops.decode_deltas(a, deltas=d / 10), anchors, boxes),
+    )
+
+
+def _task_aligned(assign: Callable[..., tuple]) -> Callable[[], tuple]:
+    def run() -> tuple:
+        g = _gen(54)
+        pred = torch.stack([_boxes(60, 55), _boxes(60, 56)])
+        gt = torch.stack([_boxes(5, 57), _boxes(5, 58)])
+        scores = torch.rand(2, 60, 4, generator=g)
+        points = (pred[0, :, :2] + pred[0, :, 2:]) / 2
+        labels = torch.randint(0, 4, (2, 5, 1), generator=g)
+        mask = torch.ones(2, 5, 1, dtype=torch.bool)
+        mask[1, 3:] = False  # padding
+        return _run(lambda s, b, t: tuple(assign(s, b, points, labels, t, mask)), scores, pred, gt)
+
+    return run
+
+
+def _dynamic_k(assign: Callable[..., tuple], logits: bool) -> Callable[[], tuple]:
+    def run() -> tuple:
+        g = _gen(59)
+        centres = torch.rand(60, 2, generator=g) * 30
+        priors = torch.cat([centres, torch.full((60, 2), 8.0)], 1)
+        pred, gt = _boxes(60, 60), _boxes(6, 61)
+        scores = torch.randn(60, 4, generator=g)
+        scores = scores if logits else scores.sigmoid()
+        labels = torch.randint(0, 4, (6,), generator=g)
+        return _run(lambda b, s, t: tuple(assign(priors, b, s, t, labels)), pred, scores, gt)
+
+    return run
+
+
 CASES: dict[str, Case] = {
     "keypoint_oks": Case(_oks),
+    "nms": Case(_nms),
+    "batched_nms": Case(_nms),
+    "soft_nms": Case(_nms),
+    "batched_soft_nms": Case(_nms),
+    "matrix_nms": Case(_nms),
+    "make_anchor_points": Case(_priors),
+    "make_anchor_boxes": Case(_priors),
+    "AnchorGenerator": Case(_priors),
+    "encode_distances": Case(_coders),
+    "decode_distances": Case(_coders),
+    "encode_deltas": Case(_coders),
+    "decode_deltas": Case(_coders),
+    "task_aligned_assign": Case(
+        _task_aligned(lambda *a: ops.task_aligned_assign(*a, topk=3, block_bytes=64))
+    ),
+    "TaskAlignedAssigner": Case(_task_aligned(ops.TaskAlignedAssigner(topk=3))),
+    "simota_assign": Case(
+        _dynamic_k(lambda *a: ops.simota_assign(*a, block_bytes=64), logits=False)
+    ),
+    "dynamic_soft_label_assign": Case(
+        _dynamic_k(lambda *a: ops.dynamic_soft_label_assign(*a, block_bytes=64), logits=True)
+    ),
     "rotated_box_iou": Case(_rotated, kernel="rotated_iou"),
     "rotated_box_iou_loss": Case(_rotated_loss(ops.rotated_box_iou_loss)),
     "RotatedBoxIoULoss": Case(_rotated_loss(_loss_module(losses.RotatedBoxIoULoss))),
@@ -351,6 +477,8 @@ CASES: dict[str, Case] = {
             _boxes(9, 36),
         )
     ),
+    "hungarian_match": Case(_hungarian(ops.hungarian_match)),
+    "HungarianMatcher": Case(_hungarian(ops.HungarianMatcher(2.0, 5.0, 2.0, focal=True))),
     "affine_matrix": Case(_affine),
     "invert_affine": Case(_matrices),
     "compose_affine": Case(lambda: _run(ops.compose_affine, _affine()[0], _affine()[0].flip(0))),
@@ -376,6 +504,14 @@ CASES: dict[str, Case] = {
     "CrossEntropyLoss": Case(_cross_entropy(_loss_module(losses.CrossEntropyLoss))),
     "binary_cross_entropy_with_logits": Case(_bce(losses.binary_cross_entropy_with_logits)),
     "BCEWithLogitsLoss": Case(_bce(_loss_module(losses.BCEWithLogitsLoss))),
+    "distribution_focal_loss": Case(
+        _dfl(lambda p, t, w: losses.distribution_focal_loss(p, t, weight=w, reduction="sum"))
+    ),
+    "DistributionFocalLoss": Case(_dfl(losses.DistributionFocalLoss(reduction="none"))),
+    "varifocal_loss": Case(_soft(lambda p, t, w: losses.varifocal_loss(p, t, weight=w))),
+    "VarifocalLoss": Case(_soft(losses.VarifocalLoss(gamma=0.5, reduction="none"))),
+    "quality_focal_loss": Case(_soft(lambda p, t, w: losses.quality_focal_loss(p, t, weight=w))),
+    "QualityFocalLoss": Case(_soft(losses.QualityFocalLoss(beta=0.5, reduction="sum"))),
     "sigmoid_focal_loss": Case(_focal(losses.sigmoid_focal_loss), kernel="focal"),
     "SigmoidFocalLoss": Case(_focal(_loss_module(losses.SigmoidFocalLoss)), kernel="focal"),
     # nn layers with a custom op (the others are plain torch layers: NN_PLAIN)
@@ -402,6 +538,8 @@ NOT_OPS = {
     "BELOW_LOW_THRESHOLD",
     "BETWEEN_THRESHOLDS",
     "BestIoU",
+    "DynamicKAssignment",
+    "TaskAlignedTargets",
     "BOX_FORMATS",
     "COCO_PERSON_SIGMAS",
     "keypoint_flip_pairs",

@@ -1,9 +1,11 @@
-"""Losses for detection and segmentation: focal, BCE, cross-entropy (OHEM) and the IoU family.
+"""Losses for detection and segmentation: focal, BCE, cross-entropy (OHEM), the IoU family and
+the dense-detector losses (distribution, varifocal and quality focal).
 
 Every loss is a function plus a thin ``nn.Module`` of the same stem
 (``sigmoid_focal_loss`` / `SigmoidFocalLoss`, ``generalized_box_iou_loss`` /
 `GeneralizedBoxIoULoss`, ...), registered in `visionblocks.registry.LOSSES` (``focal``,
-``softmax_focal``, ``bce``, ``ce``, ``giou``, ``diou``, ``ciou``, ``rotated_iou``). The box-loss
+``softmax_focal``, ``bce``, ``ce``, ``giou``, ``diou``, ``ciou``, ``rotated_iou``,
+``distribution_focal``, ``varifocal``, ``quality_focal``). The box-loss
 functions are served by `visionblocks.ops` too, where torchvision users look for them. Dtype
 policy: half inputs are
 computed in float32; ``reduction="none"`` returns the input dtype, ``"sum"``/``"mean"`` the
@@ -22,6 +24,7 @@ from visionblocks._core.deprecation import deprecated_attribute
 from visionblocks._core.namespace import public_dir
 from visionblocks.losses.bce import BCEWithLogitsLoss, binary_cross_entropy_with_logits
 from visionblocks.losses.ce import CrossEntropyLoss, cross_entropy
+from visionblocks.losses.distribution_focal import DistributionFocalLoss, distribution_focal_loss
 from visionblocks.losses.focal import SigmoidFocalLoss, sigmoid_focal_loss
 from visionblocks.losses.iou import (
     CompleteBoxIoULoss,
@@ -31,26 +34,34 @@ from visionblocks.losses.iou import (
     distance_box_iou_loss,
     generalized_box_iou_loss,
 )
+from visionblocks.losses.quality_focal import QualityFocalLoss, quality_focal_loss
 from visionblocks.losses.rotated_iou import RotatedBoxIoULoss, rotated_box_iou_loss
 from visionblocks.losses.softmax_focal import SoftmaxFocalLoss, softmax_focal_loss
+from visionblocks.losses.varifocal import VarifocalLoss, varifocal_loss
 
 __all__ = [
     "BCEWithLogitsLoss",
     "CompleteBoxIoULoss",
     "CrossEntropyLoss",
     "DistanceBoxIoULoss",
+    "DistributionFocalLoss",
     "GeneralizedBoxIoULoss",
+    "QualityFocalLoss",
     "RotatedBoxIoULoss",
     "SigmoidFocalLoss",
     "SoftmaxFocalLoss",
+    "VarifocalLoss",
     "binary_cross_entropy_with_logits",
     "complete_box_iou_loss",
     "cross_entropy",
     "distance_box_iou_loss",
+    "distribution_focal_loss",
     "generalized_box_iou_loss",
+    "quality_focal_loss",
     "rotated_box_iou_loss",
     "sigmoid_focal_loss",
     "softmax_focal_loss",
+    "varifocal_loss",
 ]
 __dir__ = public_dir(__name__, __all__)
 

@@ -1,11 +1,13 @@
-"""Functional tensor ops: boxes and IoUs, affine warping (with key points and their
-left/right pairs), key point similarity (OKS) and unfold-based local ops.
+"""Functional tensor ops: boxes and IoUs, NMS (greedy, soft, matrix), detection priors and
+box coders, affine warping (with key points and their left/right pairs), key point
+similarity (OKS) and unfold-based local ops.
 
 The box losses live in `visionblocks.losses`; ``generalized_box_iou_loss``,
 ``distance_box_iou_loss``, ``complete_box_iou_loss`` and ``rotated_box_iou_loss`` are served
 here too, where torchvision users look for them (imported on first use).
 
-Ops know nothing of ``nn``: tensors in, tensors out. Box convention: ``"xyxy"`` corners unless
+Ops know nothing of ``nn``: tensors in, tensors out (`AnchorGenerator`, the drop-in for
+torchvision's module in its detection models, is the one module). Box convention: ``"xyxy"`` corners unless
 a ``fmt`` says otherwise (see `visionblocks.ops.boxes`); rotated boxes (IoU, loss, NMS:
 `visionblocks.ops.rotated`) are torchvision's ``"cxcywhr"`` unless a ``fmt`` says otherwise.
 
@@ -26,6 +28,12 @@ from visionblocks.ops.assign import (
     best_box_iou,
     match_anchors,
 )
+from visionblocks.ops.box_coders import (
+    decode_deltas,
+    decode_distances,
+    encode_deltas,
+    encode_distances,
+)
 from visionblocks.ops.boxes import (
     BOX_FORMATS,
     box_area,
@@ -35,11 +43,23 @@ from visionblocks.ops.boxes import (
     distance_box_iou,
     generalized_box_iou,
 )
+from visionblocks.ops.dynamic_soft_label import dynamic_soft_label_assign
+from visionblocks.ops.hungarian import HungarianMatcher, hungarian_match
 from visionblocks.ops.keypoints import flip_permutation, keypoint_flip_pairs
 from visionblocks.ops.local import local_filter2d, sliding_windows
 from visionblocks.ops.local_attention import local_attention2d
+from visionblocks.ops.matrix_nms import matrix_nms
+from visionblocks.ops.nms import batched_nms, nms
 from visionblocks.ops.oks import COCO_PERSON_SIGMAS, keypoint_oks
+from visionblocks.ops.priors import AnchorGenerator, make_anchor_boxes, make_anchor_points
 from visionblocks.ops.rotated import batched_nms_rotated, nms_rotated, rotated_box_iou
+from visionblocks.ops.simota import DynamicKAssignment, simota_assign
+from visionblocks.ops.soft_nms import batched_soft_nms, soft_nms
+from visionblocks.ops.task_aligned import (
+    TaskAlignedAssigner,
+    TaskAlignedTargets,
+    task_aligned_assign,
+)
 from visionblocks.ops.warp import (
     affine_matrix,
     compose_affine,
@@ -60,10 +80,17 @@ __all__ = [
     "BETWEEN_THRESHOLDS",
     "BOX_FORMATS",
     "COCO_PERSON_SIGMAS",
+    "AnchorGenerator",
     "BestIoU",
+    "DynamicKAssignment",
+    "HungarianMatcher",
+    "TaskAlignedAssigner",
+    "TaskAlignedTargets",
     "affine_matrix",
     "atss_assign",
+    "batched_nms",
     "batched_nms_rotated",
+    "batched_soft_nms",
     "best_box_iou",
     "box_area",
     "box_convert",
@@ -71,22 +98,35 @@ __all__ = [
     "complete_box_iou",
     "complete_box_iou_loss",
     "compose_affine",
+    "decode_deltas",
+    "decode_distances",
     "distance_box_iou",
     "distance_box_iou_loss",
+    "dynamic_soft_label_assign",
+    "encode_deltas",
+    "encode_distances",
     "flip_permutation",
     "generalized_box_iou",
     "generalized_box_iou_loss",
+    "hungarian_match",
     "invert_affine",
     "keypoint_flip_pairs",
     "keypoint_oks",
     "local_attention2d",
     "local_filter2d",
+    "make_anchor_boxes",
+    "make_anchor_points",
     "match_anchors",
+    "matrix_nms",
     "matrix_to_theta",
+    "nms",
     "nms_rotated",
     "rotated_box_iou",
     "rotated_box_iou_loss",
+    "simota_assign",
     "sliding_windows",
+    "soft_nms",
+    "task_aligned_assign",
     "theta_to_matrix",
     "warp_affine",
     "warp_boxes",
