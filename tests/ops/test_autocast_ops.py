@@ -43,6 +43,8 @@ NOT_APPLICABLE = {
     "flip_permutation": "index pairs to an int64 index: no floating computation",
     "COCO_PERSON_SIGMAS": "a tuple of 17 floats: no computation",
     "RandomAffine": "a random transform: its warp is warp_sample's (which has a case)",
+    "TaskAlignedTargets": "a NamedTuple type: no computation (task_aligned_assign has cases)",
+    "DynamicKAssignment": "a NamedTuple type: no computation (simota_assign has cases)",
 }
 LOSSES = {
     name: "a loss: its autocast behaviour is tested with the losses"
@@ -172,8 +174,110 @@ def _warp_sample(d: torch.device) -> tuple[Callable[..., Any], list[Tensor]]:
     return fn, [_randn(d, 3, 40, 48), _boxes(5, d, 4) / 16, ops.affine_matrix(angle=10.0).to(d)]
 
 
+def _floats(out: Any) -> tuple[Tensor, ...]:
+    """Every tensor of a result (nested tuples and lists too), integer ones as float32."""
+    if isinstance(out, Tensor):
+        return (out if out.is_floating_point() else out.float(),)
+    return tuple(t for part in out for t in _floats(part))
+
+
+def _detection_cases() -> list[Case]:
+    """Issue 41's blocks: assignment, priors, coders, matching and the NMS family; integer
+    and boolean outputs (indices, masks) compared as float32."""
+
+    def case(op: str, build: Callable[..., Any], inputs: Callable[..., list], grad: bool = False):
+        return Case(op, lambda d: (lambda *x: _floats(build(d, *x)), inputs(d)), "float32", grad)
+
+    def tal(d: torch.device, s: Tensor, b: Tensor, g: Tensor, module: bool) -> Any:
+        points = ((b[0, :, :2] + b[0, :, 2:]) / 2).float()
+        labels = torch.tensor([[[0], [2], [1]]], device=d)
+        mask = torch.ones(1, 3, 1, dtype=torch.bool, device=d)
+        assign = ops.TaskAlignedAssigner(topk=3) if module else ops.task_aligned_assign
+        out = assign(s, b, points, labels, g, mask, **({} if module else {"topk": 3}))
+        # target_bboxes are gathered from gt_boxes, in their dtype: exact, compared as float32
+        return out._replace(target_bboxes=out.target_bboxes.float())
+
+    def priors(d: torch.device) -> Tensor:
+        x = torch.arange(12.0, device=d) * 8 + 4
+        return torch.stack([x, x % 40, x * 0 + 8, x * 0 + 8], 1)
+
+    def matcher(d: torch.device, logits: Tensor, boxes: Tensor, gt: Tensor, module: bool) -> Any:
+        targets = [{"labels": torch.tensor([1, 0], device=d), "boxes": gt}]
+        match = ops.HungarianMatcher(1.0, 5.0, 2.0) if module else ops.hungarian_match
+        return match({"pred_logits": logits, "pred_boxes": boxes}, targets)
+
+    scored = lambda d: [_boxes(30, d, 31), _randn(d, 30, seed=32).sigmoid()]  # noqa: E731
+    idxs = lambda d: torch.arange(30, device=d) % 3  # noqa: E731
+    levels = lambda d: [_randn(d, 1, 2, 6, 5), _randn(d, 1, 2, 3, 3)]  # noqa: E731
+    tal_in = lambda d: [_randn(d, 1, 12, 4).sigmoid(), _boxes(12, d, 33)[None],  # noqa: E731
+                        _boxes(3, d, 34)[None]]  # fmt: skip
+    dyn_in = lambda d: [_boxes(12, d, 35) / 10, _randn(d, 12, 3), _boxes(2, d, 36) / 10]  # noqa: E731
+    detr_in = lambda d: [_randn(d, 1, 5, 3), _randn(d, 1, 5, 4).sigmoid() / 2 + 0.25,  # noqa: E731
+                         _randn(d, 2, 4).sigmoid() / 2 + 0.25]  # fmt: skip
+    labels = lambda d: torch.tensor([0, 2], device=d)  # noqa: E731
+    return [
+        case("nms", lambda d, b, s: ops.nms(b, s, 0.3), scored),
+        case("batched_nms", lambda d, b, s: ops.batched_nms(b, s, idxs(d), 0.3), scored),
+        case("soft_nms", lambda d, b, s: ops.soft_nms(b, s, method="gaussian"), scored),
+        case("batched_soft_nms", lambda d, b, s: ops.batched_soft_nms(b, s, idxs(d)), scored),
+        case("matrix_nms", lambda d, b, s: ops.matrix_nms(s, boxes=b, labels=idxs(d)), scored),
+        case("make_anchor_points", lambda d, a, b: ops.make_anchor_points([a, b], [8, 16]), levels),
+        case(
+            "make_anchor_boxes",
+            lambda d, a, b: ops.make_anchor_boxes([a, b], [8, 16], (32, 64), (0.5, 1.0)),
+            levels,
+        ),
+        case(
+            "AnchorGenerator",
+            lambda d, a, b: ops.AnchorGenerator(((32,), (64,)), ((0.5, 1.0),) * 2)(
+                torch.zeros(2, 3, 48, 40, device=d), [a, b]
+            ),
+            levels,
+        ),
+        case(
+            "encode_distances",
+            lambda d, p, b: ops.encode_distances(p, b, reg_max=15),
+            lambda d: [_boxes(20, d, 37)[:, :2] + 2, _boxes(20, d, 37) / 8],
+            grad=True,
+        ),
+        case(
+            "decode_distances",
+            lambda d, p, x: ops.decode_distances(p, x, "cxcywh"),
+            lambda d: [_boxes(20, d, 38)[:, :2], _randn(d, 20, 4).abs() * 8],
+            grad=True,
+        ),
+        case(
+            "encode_deltas",
+            lambda d, a, b: ops.encode_deltas(a, boxes=b, weights=(10.0, 10.0, 5.0, 5.0)),
+            lambda d: [_boxes(20, d, 39), _boxes(20, d, 40)],
+            grad=True,
+        ),
+        case(
+            "decode_deltas",
+            lambda d, a, x: ops.decode_deltas(a, deltas=x),
+            lambda d: [_boxes(20, d, 41), _randn(d, 20, 4) / 4],
+            grad=True,
+        ),
+        case("task_aligned_assign", lambda d, *x: tal(d, *x, False), tal_in),
+        case("TaskAlignedAssigner", lambda d, *x: tal(d, *x, True), tal_in),
+        case(
+            "simota_assign",
+            lambda d, b, s, g: ops.simota_assign(priors(d), b, s.sigmoid(), g, labels(d)),
+            dyn_in,
+        ),
+        case(
+            "dynamic_soft_label_assign",
+            lambda d, b, s, g: ops.dynamic_soft_label_assign(priors(d), b, s, g, labels(d)),
+            dyn_in,
+        ),
+        case("hungarian_match", lambda d, *x: matcher(d, *x, False), detr_in),
+        case("HungarianMatcher", lambda d, *x: matcher(d, *x, True), detr_in),
+    ]
+
+
 CASES = [
     *_iou_cases(),
+    *_detection_cases(),
     Case("box_area", lambda d: (ops.box_area, [_boxes(30, d, 5)]), "float32"),
     # Rotated boxes: IoUs in float32 (float64), as box_iou; NMS's int64 indices as float32.
     *(

@@ -22,7 +22,6 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import torchvision
 from torch import Tensor
 
 from visionblocks._core.namespace import public_dir
@@ -74,6 +73,8 @@ def nms(boxes: Tensor, scores: Tensor, iou_threshold: float) -> Tensor:
         >>> nms(boxes, torch.tensor([0.9, 0.8, 0.7]), 0.5)  # integer boxes accepted
         tensor([0, 2])
     """
+    import torchvision.ops  # imported on use: importing visionblocks loads no torchvision.ops
+
     boxes, scores, threshold = check_nms_inputs(boxes, scores, None, iou_threshold, False)
     return torchvision.ops.nms(boxes, scores, threshold)
 
@@ -104,5 +105,7 @@ def batched_nms(boxes: Tensor, scores: Tensor, idxs: Tensor, iou_threshold: floa
         >>> batched_nms(boxes, torch.tensor([0.9, 0.8, 0.7]), torch.tensor([0, 1, 0]), 0.5)
         tensor([0, 1])
     """
+    import torchvision.ops
+
     boxes, scores, threshold = check_nms_inputs(boxes, scores, idxs, iou_threshold, True)
     return torchvision.ops.batched_nms(boxes, scores, idxs, threshold)
