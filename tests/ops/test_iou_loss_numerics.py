@@ -17,10 +17,9 @@ FN_IDS = list(LOSSES)
 
 
 @pytest.mark.parametrize("fn", FNS, ids=FN_IDS)
-@pytest.mark.parametrize("scale", [1e15, 1e-15, 1e19, 1e30, 1e37])
+@pytest.mark.parametrize("scale", [1e15, 1e-15])
 def test_scaled_boxes_give_exact_losses_and_gradients(fn, scale, impl):
-    # Scale invariance: from 2**60 on, each pair is rescaled by a power of two (the torch
-    # formula and the kernel alike), so 1e19-wide boxes' areas do not overflow.
+    # Scale invariance inside the documented float32 range (no rescaling is done).
     pred = torch.tensor([[0.0, 0.0, 2.0, 2.0], [1.0, 0.0, 3.0, 2.0], [0.5, 1.0, 4.0, 1.5]])
     target = torch.tensor([[0.0, 0.0, 2.0, 2.0], [0.0, 0.0, 2.0, 2.0], [1.0, 0.5, 2.0, 3.0]])
     small = pred.clone().requires_grad_(True)
@@ -41,18 +40,18 @@ def test_loss_inputs_on_different_devices_raise(fn):
 
 
 @pytest.mark.parametrize("fn", FNS, ids=FN_IDS)
-def test_non_finite_boxes_give_nan_without_a_host_read_off_cpu(fn, monkeypatch):
-    # No value checks: a non-finite coordinate gives NaN, as in torchvision. Only CPU boxes
-    # are read (one norm each, to skip the rescaling of ordinary boxes).
+def test_non_finite_boxes_give_nan_without_a_host_read(fn, monkeypatch):
+    # No value checks: a non-finite coordinate gives NaN, as in torchvision; nothing is read.
     def no_read(*args, **kwargs):
         raise AssertionError("a host read")
 
     target = torch.tensor([[0.0, 0.0, 1.0, float("nan")], [0.0, 0.0, 1.0, 1.0]])
     pred = torch.tensor([[0.0, 0.0, 1.0, 1.0], [0.0, 0.0, 1.0, float("inf")]])
-    assert torch.isnan(fn(pred, target)).all()
     for name in ("item", "tolist", "__bool__", "__float__"):
         monkeypatch.setattr(torch.Tensor, name, no_read)
-    assert fn(pred.to("meta"), target.to("meta")).shape == (2,)
+    out = fn(pred, target)
+    monkeypatch.undo()
+    assert torch.isnan(out).all()
     assert fn(torch.zeros(0, 4, device="meta"), torch.zeros(0, 4, device="meta")).shape == (0,)
 
 

@@ -6,11 +6,9 @@ Called by `visionblocks.losses.iou` (after validation) as
 per-pair loss ``(N,)`` in float32 (float64 for float64 boxes), differentiable in both inputs.
 
 One kernel body, specialised by the constexpr ``MODE`` (0 GIoU, 1 DIoU, 2 CIoU), one pair per
-lane, coordinates cast to the compute dtype and rescaled as in the torch formula (a power of
-two per pair from ``2**60`` on: `visionblocks.ops.boxes._rescale`) before any math. Forward
-writes the loss only; backward recomputes the pair's terms (cheaper than saving them, and holds
-no memory) and writes ``grad_out * dloss/dbox`` in each input's dtype, clamped to its finite
-range. The
+lane, coordinates cast to the compute dtype before any math. Forward writes the loss only;
+backward recomputes the pair's terms (cheaper than saving them, and holds no memory) and
+writes ``grad_out * dloss/dbox`` in each input's dtype, clamped to its finite range. The
 formulas, the eps rule (`_nonzero`), the tie convention of ``max``/``min`` (ties split the
 gradient, as autograd does) and the degenerate-box policy are those of the torch formula,
 `visionblocks.ops.boxes._measure`. ``atan`` is a Cephes rational approximation (libdevice
@@ -118,24 +116,6 @@ def _finite(x, ty: tl.constexpr):
 
 
 @triton.jit
-def _scale(px1, py1, px2, py2, gx1, gy1, gx2, gy2, CDT: tl.constexpr):
-    """`visionblocks.ops.boxes._rescale` of one pair: ``2**(top - e)`` when its largest
-    ``|coordinate|`` is in ``[2**(e - 1), 2**e)`` with ``e > top`` (60; float64: 500), else 1
-    (inf and NaN too). Exact: built from the exponent bits."""
-    m = tl.maximum(tl.maximum(tl.maximum(tl.abs(px1), tl.abs(py1)), tl.maximum(tl.abs(px2), tl.abs(py2))),
-                   tl.maximum(tl.maximum(tl.abs(gx1), tl.abs(gy1)), tl.maximum(tl.abs(gx2), tl.abs(gy2))))  # fmt: skip
-    if tl.float64 == CDT:
-        e = ((m.to(tl.int64, bitcast=True) >> 52) & 2047) - 1022  # frexp's exponent
-        s = ((1523 - e) << 52).to(tl.float64, bitcast=True)
-        big = (e > 500) & (e < 1025)
-    else:
-        e = ((m.to(tl.int32, bitcast=True) >> 23) & 255) - 126
-        s = ((187 - e) << 23).to(tl.float32, bitcast=True)
-        big = (e > 60) & (e < 129)
-    return tl.where(big, s, 1.0)
-
-
-@triton.jit
 def _nonzero(x, eps):
     """The eps rule: ``eps`` where ``x == 0``, ``x`` elsewhere."""
     return tl.where(x == 0, eps, x)
@@ -150,9 +130,6 @@ def _pair_terms(p_ptr, g_ptr, base, mask, eps, MODE: tl.constexpr, CDT: tl.const
     """
     px1, py1, px2, py2 = _load_box(p_ptr, base, mask, CDT)
     gx1, gy1, gx2, gy2 = _load_box(g_ptr, base, mask, CDT)
-    s = _scale(px1, py1, px2, py2, gx1, gy1, gx2, gy2, CDT)  # huge boxes: areas stay finite
-    px1, py1, px2, py2 = px1 * s, py1 * s, px2 * s, py2 * s
-    gx1, gy1, gx2, gy2 = gx1 * s, gy1 * s, gx2 * s, gy2 * s
     w = px2 - px1
     h = py2 - py1
     wg = gx2 - gx1
@@ -218,12 +195,11 @@ def _pair_terms(p_ptr, g_ptr, base, mask, eps, MODE: tl.constexpr, CDT: tl.const
     sly = k_y * _sign(py1, gy1)
     shx = k_x * _sign(px2, gx2)
     shy = k_y * _sign(py2, gy2)
-    # One flat tuple: triton 3.0 to 3.2 cannot return nested ones. Gradients: times s.
+    # One flat tuple: triton 3.0 to 3.2 cannot return nested ones.
     return (
         1.0 - m,
-        (wp_x + slx - kd_x) * s, (wp_y + sly - kd_y) * s, (shx - wp_x - kd_x) * s,
-        (shy - wp_y - kd_y) * s, (wg_x - slx + kd_x) * s, (wg_y - sly + kd_y) * s,
-        (-wg_x - shx + kd_x) * s, (-wg_y - shy + kd_y) * s,
+        wp_x + slx - kd_x, wp_y + sly - kd_y, shx - wp_x - kd_x, shy - wp_y - kd_y,
+        wg_x - slx + kd_x, wg_y - sly + kd_y, -wg_x - shx + kd_x, -wg_y - shy + kd_y,
     )  # fmt: skip
 
 

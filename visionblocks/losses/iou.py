@@ -8,8 +8,7 @@ formula, `visionblocks.ops.boxes`'s `_measure`, and for CUDA tensors the fused T
 (`visionblocks.kernels.iou`), tested against it. The functions script with
 ``torch.jit.script`` (``impl`` ``"auto"`` or ``"torch"``; no input checks, gradients to half
 boxes not clamped) and compile with ``torch.compile(fullgraph=True)``. No value checks: a
-non-finite coordinate gives a NaN loss, as in torchvision; huge boxes are rescaled per pair
-(the box ops' Range), so any finite boxes give a finite loss.
+non-finite coordinate gives a NaN loss, as in torchvision.
 
 Convention:
     The box ops' (`visionblocks.ops.boxes`: ``"xyxy"``, no ``+1``, the eps rule, zero-area
@@ -41,7 +40,7 @@ from visionblocks._core.namespace import public_dir
 from visionblocks._core.registries import LOSSES
 from visionblocks._core.tensor_checks import check_floating, check_same_device, check_same_shape
 from visionblocks.losses._reduce import REDUCTIONS, check_reduction, reduce_loss
-from visionblocks.ops.boxes import _columns, _measure, _rescale, _upcast, check_eps
+from visionblocks.ops.boxes import _columns, _measure, _upcast, check_eps
 
 __all__ = [
     "CompleteBoxIoULoss",
@@ -62,8 +61,9 @@ def _pair_losses(pred: Tensor, target: Tensor, kind: int, eps: float) -> Tensor:
     dtype = torch.promote_types(pred.dtype, target.dtype)
     if dtype != torch.float64:
         dtype = torch.float32
-    pred, target = _rescale(_upcast(pred, dtype), _upcast(target, dtype), True)
-    return torch.rsub(_measure(_columns(pred, False), _columns(target, False), kind, eps), 1.0)
+    p = _columns(_upcast(pred, dtype), False)
+    g = _columns(_upcast(target, dtype), False)
+    return torch.rsub(_measure(p, g, kind, eps), 1.0)  # 1 - measure
 
 
 def _check_loss_inputs(pred: Tensor, target: Tensor, reduction: str, eps: float) -> None:

@@ -9,8 +9,7 @@ pairwise): ground truths ``(M, 4)`` against predictions ``(B, N, 4)`` give ``(B,
 The pairwise results equal torchvision's for valid boxes, up to its ``eps`` (below); unlike
 torchvision, identical boxes give exactly 1 however small, and degenerate boxes give finite values
 and gradients. Every function scripts (without the input checks, and gradients to half boxes not
-clamped), compiles with ``torch.compile(fullgraph=True)`` and reads no CUDA tensor values on the
-host (CPU boxes: one norm per set, below).
+clamped), compiles with ``torch.compile(fullgraph=True)`` and reads no tensor values on the host.
 ``ValueError``: a last dim other than 4, fewer than 2 dims (pairwise), leading dims that do not
 broadcast, boxes on different devices, or a negative or non-finite ``eps``.
 
@@ -38,15 +37,8 @@ Convention:
     A **zero-area** (degenerate) box (``w == 0`` or ``h == 0``) intersects nothing: its IoU
     is 0, also against an identical box (torchvision: 0 / 0 = NaN).
 
-    **Range**: the IoU family is scale invariant. Boxes whose largest ``|coordinate|``
-    reaches ``2**60`` (about ``1.2e18``; float64: ``2**500``) are multiplied by the power of
-    two that brings it below: exact, so every finite box, up to float32's ``3.4e38``, gets its
-    finite value and gradient. On the CPU one host read of each set's largest ``|coordinate|``
-    decides (ordinary boxes skip the factor); other devices, scripts and compiled graphs find
-    the factor on the device (pairwise one per call, aligned one per pair, as the kernels). A
-    box under about ``1e-18`` of the largest coordinate (of the call pairwise, of its pair
-    aligned) has an area that underflows: its IoU is 0. `box_area` is not rescaled: an area
-    beyond the dtype (float32 sides of about ``1.8e19``) is ``inf``; use float64 boxes there.
+    **Range**: for exact results areas (and DIoU/CIoU squared diagonals) must be finite normal
+    numbers: float32 sizes between about ``1e-18`` and ``1e18`` (float64: ``1e±150``).
 
     An **inverted** box (``x2 < x1`` or ``y2 < y1``) is invalid but not rejected (a check would make
     the GPU wait): the IoU family collapses it to zero width (height) at ``x1`` (``y1``), so IoU is
@@ -78,7 +70,6 @@ import torch
 from torch import Tensor
 
 from visionblocks._core.checks import check_choice, check_type
-from visionblocks._core.dispatch import is_fake
 from visionblocks._core.namespace import public_dir
 from visionblocks._core.tensor_checks import check_last_dim, check_real, check_same_device
 
@@ -282,48 +273,6 @@ def _upcast(boxes: Tensor, dtype: torch.dtype) -> Tensor:
     return boxes.to(dtype)
 
 
-def _readable(boxes: Tensor) -> bool:
-    """Whether reading ``boxes`` on the host is free: a plain CPU tensor, nothing recorded."""
-    return (
-        boxes.device.type == "cpu"
-        and (type(boxes) is Tensor or not is_fake(boxes))
-        and not (torch.compiler.is_compiling() or torch.jit.is_tracing())
-    )
-
-
-def _small(boxes1: Tensor, boxes2: Tensor, limit: float) -> bool:
-    """Whether every ``|coordinate|`` of both sets is below ``limit`` (False for NaN), read on
-    the host: CPU tensors only (one max-norm per set, in one dispatch)."""
-    if boxes1.requires_grad or boxes2.requires_grad:
-        boxes1, boxes2 = boxes1.detach(), boxes2.detach()
-    norms = torch._foreach_norm((boxes1, boxes2), math.inf)
-    return float(norms[0]) < limit and float(norms[1]) < limit
-
-
-def _rescale(boxes1: Tensor, boxes2: Tensor, aligned: bool) -> tuple[Tensor, Tensor]:
-    """Both sets times the power of two that brings their largest ``|coordinate|`` below
-    ``2**60`` (float64: ``2**500``), one per pair (aligned, as the kernels) or per call
-    (pairwise); 1 for smaller or non-finite coordinates. Ordinary CPU boxes are returned as they
-    are after one host read (a norm per set: cheaper than the rescaling)."""
-    top = 500 if boxes1.dtype == torch.float64 else 60
-    if not torch.jit.is_scripting():  # noqa: SIM102 (TorchScript skips this block)
-        if _readable(boxes1) and (
-            not (boxes1.numel() and boxes2.numel()) or _small(boxes1, boxes2, 2.0**top)
-        ):  # an empty result, or ordinary boxes
-            return boxes1, boxes2
-    parts = (boxes1.detach(), boxes2.detach())
-    if aligned:
-        m = torch.maximum(parts[0].abs().amax(-1, keepdim=True), parts[1].abs().amax(-1, True))
-    else:  # of the finite coordinates: a NaN box leaves the others' factor alone
-        m = torch.zeros((), dtype=boxes1.dtype, device=boxes1.device)
-        for part in parts:
-            if part.numel():
-                m = torch.maximum(m, part.nan_to_num(0.0, 0.0, 0.0).abs().amax())
-    # frexp: m < 2**e (e = 0 for 0, inf and NaN); the factor 2**(top - e) is exact
-    scale = torch.exp2((top - torch.frexp(m)[1]).clamp_max(0).to(m.dtype))
-    return boxes1 * scale, boxes2 * scale
-
-
 def _columns(boxes: Tensor, collapse: bool, contiguous: bool = False) -> list[Tensor]:
     """``x1, y1, x2, y2`` columns of ``(..., 4)`` boxes (optionally contiguous); with
     ``collapse``, inverted boxes become zero-width (zero-height) boxes at ``x1`` (``y1``)."""
@@ -353,16 +302,16 @@ def _measure(a: list[Tensor], b: list[Tensor], kind: int, eps: float) -> Tensor:
     ax1, ay1, ax2, ay2 = a[0], a[1], a[2], a[3]
     bx1, by1, bx2, by2 = b[0], b[1], b[2], b[3]
     aw, ah, bw, bh = ax2 - ax1, ay2 - ay1, bx2 - bx1, by2 - by1
+    if kind == 0:  # sides clamped at 0: the values and gradients of collapsed boxes
+        aw, ah, bw, bh = aw.clamp_min(0), ah.clamp_min(0), bw.clamp_min(0), bh.clamp_min(0)
     area_a, area_b = aw * ah, bw * bh
     dx = torch.minimum(ax2, bx2) - torch.maximum(ax1, bx1)  # overlap sides, < 0 if apart
     dy = torch.minimum(ay2, by2) - torch.maximum(ay1, by1)
     inter = dx.relu() * dy.relu()  # relu: no gradient through a side that is 0
     if kind == 0:
-        # Beside a zero-area or inverted box inter = 0 (dx or dy <= 0): such an area_b counts
-        # 0, such an area_a eps, so a union is zero nowhere and the IoU is 0 (the eps rule,
-        # value and gradient, in O(N) and not O(NM) operations; a collapsed box is the same).
-        area_a = area_a.masked_fill(area_a <= 0, eps)
-        return inter / ((area_a + area_b.clamp_min(0)) - inter)
+        # A union is zero only where both areas are, and beside a zero-area box inter = 0:
+        # eps in place of a zero area_a (O(N), not O(NM)) is the eps rule, value and gradient.
+        return inter / ((area_a.masked_fill(area_a == 0, eps) + area_b) - inter)
     union = (area_a + area_b) - inter
     iou = inter / _nonzero(union, eps)
     cw, ch = (aw + bw) - dx, (ah + bh) - dy  # sides of the smallest enclosing box
@@ -384,13 +333,12 @@ def _overlap(boxes1: Tensor, boxes2: Tensor, kind: int, aligned: bool, eps: floa
     dtype = torch.promote_types(boxes1.dtype, boxes2.dtype)
     if dtype != torch.float64:
         dtype = torch.float32
-    boxes1, boxes2 = _rescale(_upcast(boxes1, dtype), _upcast(boxes2, dtype), aligned)
     if not aligned:  # (..., N, 1, 4) with (..., 1, M, 4)
         boxes1, boxes2 = boxes1.unsqueeze(-2), boxes2.unsqueeze(-3)
-    collapse = kind != 0  # IoU: `_measure` clamps the areas instead, which is the same
-    a = _columns(boxes1, collapse)
+    collapse = kind != 0  # IoU: `_measure` clamps the sides instead, which is the same
+    a = _columns(_upcast(boxes1, dtype), collapse)
     # Pairwise, the inner loop runs along boxes2: contiguous columns pay off from ~100 boxes.
-    b = _columns(boxes2, collapse, not aligned and boxes2.shape[-2] > 64)
+    b = _columns(_upcast(boxes2, dtype), collapse, not aligned and boxes2.shape[-2] > 64)
     return _measure(a, b, kind, eps)
 
 
