@@ -22,6 +22,12 @@ CASES = {
         ["detector.pth"],
         [r"training: 100%\|.*\| 4/4 .*loss=\d+\.\d{3}"],
     ),
+    "compare_heads.py": (
+        True,
+        ["writing synthetic COCO data", "| head | steps | AP | AP50 |", "| fcos | ", "| yolov8 | "],
+        [],
+        [],
+    ),
     "train_segmenter.py": (
         True,
         ["step    3  loss", "val mIoU"],

@@ -140,16 +140,21 @@ def test_backbone_forward_on_fake_cuda(backbone):
     assert all(f.device.type == "cuda" for f in _tensors(features))
 
 
-def test_detector_training_forward_on_fake_cuda():
+@pytest.mark.parametrize(
+    ("head", "names"),
+    [(DETECTOR["head"], {"loss_centerness"}), ({"type": "yolov8", "num_classes": 2}, {"loss_dfl"})],
+    ids=["fcos", "yolov8"],
+)
+def test_detector_training_forward_on_fake_cuda(head, names):
     from visionblocks.models import build_detector
 
     with visionblocks.value_checks(True), FakeTensorMode(allow_non_fake_inputs=False):
         with CUDA:
-            model = build_detector(DETECTOR)
+            model = build_detector({**DETECTOR, "head": head})
         images = torch.randint(0, 255, (1, 3, 64, 64), dtype=torch.uint8, device=CUDA)
         with no_driver():
             losses = model(images, _detection_targets())
-    assert set(losses) >= {"loss", "loss_cls", "loss_box", "loss_centerness"}
+    assert set(losses) >= {"loss", "loss_cls", "loss_box", *names}
 
 
 def test_segmenter_forward_on_fake_cuda():
