@@ -48,6 +48,7 @@ CASES = Registry(
         "benchmarks.cases.checkpointing",
         "benchmarks.cases.cuda",
         "benchmarks.cases.workloads",
+        "benchmarks.cases.yolov8",
         "benchmarks.cases.sweep",
     ),
     description="BenchCase, or a zero-argument callable returning one",
