@@ -155,6 +155,8 @@ def test_gradients_flow_to_half_deltas():
         (lambda b: decode_distances(b[:, :2], b[:, :3]), ValueError, "distances must have shape"),
         (lambda b: decode_distances(b, b[:, :2]), ValueError, "points must have shape"),  # dist2bbox's order
         (lambda b: encode_distances(b[:, :2], b[:3]), ValueError, "leading dims that broadcast"),
+        (lambda b: decode_distances(b[:3, :2], b), ValueError, "leading dims that broadcast"),
+        (lambda b: decode_distances(b[:, :2].double(), b.to("meta")), ValueError, "same device"),
         (lambda b: encode_distances(b[:, :2], b.to("meta")), ValueError, "same device"),
         (lambda b: encode_distances(b[:, :2].tolist(), b), TypeError, "points"),
         (lambda b: encode_distances(b[:, :2], b.bool()), TypeError, "boxes"),

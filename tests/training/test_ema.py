@@ -4,6 +4,7 @@ state dict; unwraps DDP and torch.compile."""
 
 from __future__ import annotations
 
+import copy
 import math
 
 import pytest
@@ -285,3 +286,33 @@ def test_bad_update_arguments_raise_clearly():
     with pytest.raises(ValueError, match="model must have the EMA's structure: 2 averaged"):
         ema.update(nn.Linear(2, 2, bias=False))
     assert ema.updates == 0
+
+
+def test_replaced_tensors_and_submodules_are_followed():
+    """The cached tensor lists are rebuilt when a tensor or submodule of either side changes."""
+    model = nn.Sequential(nn.Linear(2, 2), nn.BatchNorm1d(2))
+    ema = ModelEMA(model, 0.5)
+    ema.update(model)
+    model[0].weight = nn.Parameter(torch.full((2, 2), 4.0))
+    model[1].running_mean = torch.full((2,), 2.0)
+    weight, mean = ema.module[0].weight.clone(), ema.module[1].running_mean.clone()
+    ema.update(model)
+    assert torch.equal(ema.module[0].weight, weight.lerp(model[0].weight, 0.5))
+    assert torch.equal(ema.module[1].running_mean, mean.lerp(model[1].running_mean, 0.5))
+    model[0] = nn.Linear(2, 2)
+    weight = ema.module[0].weight.clone()
+    ema.update(model)
+    assert torch.equal(ema.module[0].weight, weight.lerp(model[0].weight, 0.5))
+    model[0].weight.data = torch.full((2, 2), 8.0)  # a parameter's storage replaced
+    weight = ema.module[0].weight.clone()
+    ema.update(model)
+    assert torch.equal(ema.module[0].weight, weight.lerp(model[0].weight, 0.5))
+    ema.module.to(torch.float64)  # the EMA's buffers are new tensors, its parameters' storages
+    weight, mean = ema.module[0].weight.clone(), ema.module[1].running_mean.clone()
+    ema.update(model)
+    assert ema.module[1].running_mean.dtype == torch.float64
+    assert torch.allclose(
+        ema.module[1].running_mean, mean.lerp(model[1].running_mean.double(), 0.5)
+    )
+    assert torch.allclose(ema.module[0].weight, weight.lerp(model[0].weight.double(), 0.5))
+    assert copy.deepcopy(ema)._pairs is None  # the cache holds the model: never copied

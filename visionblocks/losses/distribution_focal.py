@@ -146,12 +146,13 @@ def distribution_focal_loss(
         "target", target, 0, reg_max, hint=f" (distances in bins, reg_max={reg_max})"
     )
     cdt = compute_dtype(pred.dtype)
-    x, t = pred.to(cdt), target.to(cdt)
+    x = pred if pred.dtype == cdt else pred.to(cdt)
+    t = target if target.dtype == cdt else target.to(cdt)
     # Outside [0, reg_max] (value checks off) the end bins extrapolate: no out-of-range gather.
     left = t.detach().floor().clamp_(0, reg_max - 1)
-    idx = left.long().unsqueeze(-1)
-    log_p = F.log_softmax(x, -1)
-    log_left, log_right = log_p.gather(-1, idx).squeeze(-1), log_p.gather(-1, idx + 1).squeeze(-1)
+    # both bins in one gather (one scatter backward): indices (..., 2) = (l, l + 1)
+    idx = left.unsqueeze(-1).long() + torch.arange(2, device=pred.device)
+    log_left, log_right = F.log_softmax(x, -1).gather(-1, idx).unbind(-1)
     # (1 - w) log p[l] + w log p[l + 1], w = t - l exact (Sterbenz); lerp is exact at w = 0, 1
     loss = torch.lerp(log_left, log_right, t - left).neg_()
     if weight is not None:

@@ -49,11 +49,28 @@ __all__ = ["decode_deltas", "decode_distances", "encode_deltas", "encode_distanc
 __dir__ = public_dir(__name__, __all__)
 
 _UNREAL = frozenset({torch.bool, torch.complex32, torch.complex64, torch.complex128})
+_FLOATS = (torch.float32, torch.float64)
 
 
-def _pair(name_a: str, a: Any, size_a: int, name_b: str, b: Any, size_b: int) -> torch.dtype:
+def _pair(
+    name_a: str, a: Any, size_a: int, name_b: str, b: Any, size_b: int, lazy: bool = False
+) -> torch.dtype:
     """Check two coded tensors (types, last dims, devices, broadcastable leading dims); return
-    the compute dtype. The common case costs a few attribute reads (these ops are small)."""
+    the compute dtype. The common case costs a few attribute reads (these ops are small);
+    ``lazy``: unequal leading dims are left to the op, which calls this again if it fails."""
+    if (
+        type(a) is Tensor
+        and type(b) is Tensor
+        and (dtype := a.dtype) is b.dtype
+        and dtype in _FLOATS
+        and a.device == b.device
+        and (shape_a := a.shape)
+        and shape_a[-1] == size_a
+        and (shape_b := b.shape)
+        and shape_b[-1] == size_b
+        and (lazy or shape_a[:-1] == shape_b[:-1])
+    ):
+        return dtype
     if (
         not isinstance(a, Tensor)
         or not isinstance(b, Tensor)
@@ -120,12 +137,17 @@ def encode_distances(points: Tensor, boxes: Tensor, reg_max: int | None = None) 
         >>> encode_distances(points, torch.tensor([[0.0, 1.0, 30.0, 4.0]]), reg_max=15)
         tensor([[ 2.5000,  1.5000, 14.9900,  1.5000]])
     """
-    dtype = _pair("points", points, 2, "boxes", boxes, 4)
-    if reg_max is not None:
+    dtype = _pair("points", points, 2, "boxes", boxes, 4, lazy=True)
+    if reg_max is not None and (type(reg_max) is not int or reg_max < 1):
         check_int("reg_max", reg_max, 1)
-    points, boxes = _as(dtype, points, boxes)
+    if points.dtype is not dtype or boxes.dtype is not dtype:
+        points, boxes = _as(dtype, points, boxes)
     x1y1, x2y2 = boxes.chunk(2, -1)
-    dist = torch.cat((points - x1y1, x2y2 - points), -1)
+    try:
+        dist = torch.cat((points - x1y1, x2y2 - points), -1)
+    except RuntimeError:  # leading dims that do not broadcast: a named error
+        _pair("points", points, 2, "boxes", boxes, 4)
+        raise
     return dist if reg_max is None else dist.clamp_(0, reg_max - 0.01)
 
 
@@ -153,11 +175,17 @@ def decode_distances(points: Tensor, distances: Tensor, fmt: str = "xyxy") -> Te
         >>> decode_distances(torch.tensor([[10.0, 20.0]]), torch.tensor([[1.0, 2.0, 3.0, 4.0]]))
         tensor([[ 9., 18., 13., 24.]])
     """
-    dtype = _pair("points", points, 2, "distances", distances, 4)
-    check_choice("fmt", fmt, ("xyxy", "cxcywh"))
-    points, distances = _as(dtype, points, distances)
+    dtype = _pair("points", points, 2, "distances", distances, 4, lazy=True)
+    if fmt != "xyxy" and fmt != "cxcywh":
+        check_choice("fmt", fmt, ("xyxy", "cxcywh"))
+    if points.dtype is not dtype or distances.dtype is not dtype:
+        points, distances = _as(dtype, points, distances)
     lt, rb = distances.chunk(2, -1)
-    x1y1, x2y2 = points - lt, points + rb
+    try:
+        x1y1, x2y2 = points - lt, points + rb
+    except RuntimeError:  # leading dims that do not broadcast: a named error
+        _pair("points", points, 2, "distances", distances, 4)
+        raise
     if fmt == "cxcywh":
         return torch.cat(((x1y1 + x2y2) / 2, x2y2 - x1y1), -1)
     return torch.cat((x1y1, x2y2), -1)

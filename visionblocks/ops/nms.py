@@ -1,7 +1,8 @@
 """Greedy non-maximum suppression of axis-aligned boxes: torchvision's kernels, our checks.
 
-`nms` and `batched_nms` call ``torchvision.ops.nms`` and ``torchvision.ops.batched_nms``
-(same results: the kept indices, by decreasing score, ties in index order) after checking
+`nms` and `batched_nms` run ``torchvision.ops.nms`` and ``torchvision.ops.batched_nms``
+(their kernel, and their way of keeping categories apart: the same results, the kept
+indices by decreasing score, ties in index order) after checking
 shapes, dtypes, devices and the threshold, with errors that name the argument; integer and
 half-precision boxes are accepted (computed in float32, float64 stays float64), where
 torchvision's kernels refuse them or scores of another dtype. The variants that decay scores
@@ -31,12 +32,38 @@ from visionblocks.ops.rotated import _check_per_box, _check_threshold, _is_integ
 __all__ = ["batched_nms", "nms"]
 __dir__ = public_dir(__name__, __all__)
 
+_FLOATS = (torch.float32, torch.float64)
+
 
 def check_nms_inputs(
     boxes: Any, scores: Any, idxs: Any, iou_threshold: Any, batched: bool
 ) -> tuple[Tensor, Tensor, float]:
     """Checked ``(N, 4)`` boxes and ``(N,)`` scores, detached, in one floating compute
     dtype, and the threshold (shared with `visionblocks.ops.soft_nms`)."""
+    if (  # the usual call costs a few attribute reads; anything else takes the full checks
+        type(iou_threshold) is float
+        and 0 <= iou_threshold <= 1
+        and type(boxes) is Tensor
+        and type(scores) is Tensor
+        and boxes.dtype == scores.dtype
+        and boxes.dtype in _FLOATS
+        and boxes.dim() == 2
+        and boxes.shape[1] == 4
+        and scores.shape == boxes.shape[:1]
+        and scores.device == boxes.device
+        and (
+            not batched
+            or (
+                type(idxs) is Tensor
+                and _is_integer(idxs)
+                and idxs.shape == scores.shape
+                and idxs.device == boxes.device
+            )
+        )
+    ):
+        if boxes.requires_grad or scores.requires_grad:
+            boxes, scores = boxes.detach(), scores.detach()
+        return boxes, scores, iou_threshold
     threshold = _check_threshold(iou_threshold)
     check_real("boxes", boxes)
     if boxes.dim() != 2 or boxes.shape[-1] != 4:
@@ -46,6 +73,14 @@ def check_nms_inputs(
         _check_per_box("idxs", idxs, boxes, "an integer", _is_integer)
     dtype = compute_dtype(torch.promote_types(boxes.dtype, scores.dtype))
     return boxes.detach().to(dtype), scores.detach().to(dtype), threshold
+
+
+def _kernels() -> Any:
+    """``torch.ops.torchvision``, the kernels that ``torchvision.ops`` wraps (registered by
+    importing it, on first use: importing visionblocks loads no ``torchvision.ops``)."""
+    import torchvision.ops  # noqa: F401
+
+    return torch.ops.torchvision
 
 
 def nms(boxes: Tensor, scores: Tensor, iou_threshold: float) -> Tensor:
@@ -73,10 +108,8 @@ def nms(boxes: Tensor, scores: Tensor, iou_threshold: float) -> Tensor:
         >>> nms(boxes, torch.tensor([0.9, 0.8, 0.7]), 0.5)  # integer boxes accepted
         tensor([0, 2])
     """
-    import torchvision.ops  # imported on use: importing visionblocks loads no torchvision.ops
-
     boxes, scores, threshold = check_nms_inputs(boxes, scores, None, iou_threshold, False)
-    return torchvision.ops.nms(boxes, scores, threshold)
+    return _kernels().nms(boxes, scores, threshold)
 
 
 def batched_nms(boxes: Tensor, scores: Tensor, idxs: Tensor, iou_threshold: float) -> Tensor:
@@ -105,7 +138,13 @@ def batched_nms(boxes: Tensor, scores: Tensor, idxs: Tensor, iou_threshold: floa
         >>> batched_nms(boxes, torch.tensor([0.9, 0.8, 0.7]), torch.tensor([0, 1, 0]), 0.5)
         tensor([0, 1])
     """
-    import torchvision.ops
-
     boxes, scores, threshold = check_nms_inputs(boxes, scores, idxs, iou_threshold, True)
-    return torchvision.ops.batched_nms(boxes, scores, idxs, threshold)
+    if boxes.numel() > (4000 if boxes.device.type == "cpu" else 100_000):
+        import torchvision.ops  # its loop over the categories, faster there
+
+        return torchvision.ops.batched_nms(boxes, scores, idxs, threshold)
+    if boxes.numel() == 0:
+        return idxs.new_empty(0, dtype=torch.int64)
+    # torchvision's trick below those sizes: categories moved apart never overlap
+    offsets = idxs.to(boxes) * (boxes.max() + 1)
+    return _kernels().nms(boxes + offsets[:, None], scores, threshold)

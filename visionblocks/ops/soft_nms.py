@@ -16,11 +16,11 @@ Convention:
 
     The selections depend on each other, so the loop runs on the host, one step per kept box
     over the ``M`` boxes that reach the threshold. Rows of IoU weights (each ``M`` numbers)
-    are computed as torch ops in blocks, for the boxes likely to be picked next (the highest
-    current scores); at most ``M**2`` numbers in all. On CUDA each step reads the device once,
-    and each block once more (the usual cost of soft-NMS on a GPU); on the CPU the steps run
-    on NumPy views of the same tensors, whose calls cost a fraction of a torch op's. Not
-    traceable by ``torch.compile(fullgraph=True)``.
+    are computed in blocks, for the boxes likely to be picked next (the highest current
+    scores); at most ``M**2`` numbers in all. On CUDA they are torch ops, each step reads the
+    device once and each block once more (the usual cost of soft-NMS on a GPU); on the CPU
+    everything runs on NumPy views of the same tensors, whose calls cost a fraction of a
+    torch op's. Not traceable by ``torch.compile(fullgraph=True)``.
 """
 
 from __future__ import annotations
@@ -29,24 +29,26 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor
 
 from visionblocks._core.checks import check_choice, check_number
 from visionblocks._core.namespace import public_dir
-from visionblocks.ops.boxes import box_iou
 from visionblocks.ops.nms import check_nms_inputs
 
 __all__ = ["batched_soft_nms", "soft_nms"]
 __dir__ = public_dir(__name__, __all__)
 
 METHODS = ("linear", "gaussian")
-BLOCK = (16, 128)  # rows of weights computed at once: as many as so far, within these
+BLOCK = (1, 128)  # rows of weights computed at once: as many as so far, within these
+BLOCK_ELEMENTS = 4096  # and at least this many weights (all rows of a few boxes)
 
 
-def _host_view(t: Tensor) -> Any:
-    """A NumPy view of a CPU tensor (same memory; its ops cost less per call), else ``t``."""
-    return t.numpy() if t.is_cpu else t
+def _on_host(t: Tensor) -> bool:
+    """Run the loop on NumPy views of ``t``'s device (the CPU): a call costs less than a
+    torch op's."""
+    return t.device.type == "cpu"
 
 
 def _top(current: Any) -> tuple[int, float]:
@@ -59,36 +61,54 @@ def _top(current: Any) -> tuple[int, float]:
     return i, float(current[i])
 
 
+def _highest(ahead: Any, size: int) -> Any:
+    """Positions of the ``size`` highest values of ``ahead`` (any order among them)."""
+    if isinstance(ahead, Tensor):
+        return ahead.topk(size).indices
+    return np.argpartition(ahead, len(ahead) - size)[len(ahead) - size :]
+
+
 def _greedy(
-    current: Tensor, weights: Callable[[Tensor], Tensor], threshold: float
+    current: Any, weights: Callable[[Any], Any], threshold: float
 ) -> tuple[list[int], list[float]]:
-    """The soft-NMS loop over the ``(M,)`` scores ``current`` (decayed in place); the weights
-    of the picked box's row are ``weights(rows)`` ``(R, M)``, computed for the ``BLOCK``
-    highest current scores at a time (the pick among them). Picked positions and scores."""
-    view = _host_view(current)
+    """The soft-NMS loop over the ``(M,)`` scores ``current`` (a NumPy array on the CPU, a
+    tensor on CUDA; decayed in place); the weights of the picked box's row are
+    ``weights(rows)`` ``(R, M)``, computed for the ``BLOCK`` highest current scores at a time
+    (the pick among them). Picked positions and scores."""
     rows: dict[int, Any] = {}
-    computed = torch.zeros_like(current, dtype=torch.bool)
+    computed = current < -math.inf  # all False, on current's device
     picked: list[int] = []
     values: list[float] = []
-    for _ in range(len(current)):
-        i, v = _top(view)
+    m, hits = len(current), 0
+    for _ in range(m):
+        i, v = _top(current)
         if not v >= threshold:
             break
-        if i not in rows:  # the rows of the next picks, likely: the highest scores left
-            ahead = current.masked_fill(computed, -1)
-            ahead[i] = math.inf  # in the block whatever the ties
-            size = min(max(len(rows), BLOCK[0]), BLOCK[1], len(ahead) - len(rows))
-            block = ahead.topk(size).indices
-            block = block[ahead[block] >= threshold]
+        if i in rows:
+            hits += 1
+        else:  # the rows of the next picks, likely: the highest scores left
+            # as many as were guessed right so far (a cluster reorders: then one at a time)
+            least = BLOCK_ELEMENTS // m if not rows else 1
+            size = min(max(hits, BLOCK[0], least), BLOCK[1], m - len(rows))
+            if size == 1:
+                block = (
+                    torch.tensor([i], device=current.device)
+                    if isinstance(current, Tensor)
+                    else np.array([i])
+                )
+            else:
+                ahead = current * 1
+                ahead[computed] = -1
+                ahead[i] = math.inf  # in the block whatever the ties
+                block = _highest(ahead, size)
+                block = block[ahead[block] >= threshold]
             computed[block] = True
             w = weights(block)
-            # A picked box decays itself to 0: never picked again.
-            w[torch.arange(len(block), device=w.device), block] = 0
-            for r, row in zip(block.tolist(), _host_view(w), strict=True):
-                rows[r] = row
+            w[range(len(block)), block] = 0  # a picked box decays itself to 0: never again
+            rows.update(zip(block.tolist(), w, strict=True))
         picked.append(i)
         values.append(v)
-        view *= rows[i]
+        current *= rows[i]
     return picked, values
 
 
@@ -105,24 +125,43 @@ def _soft_nms(
     boxes, scores, iou_threshold = check_nms_inputs(boxes, scores, idxs, iou_threshold, batched)
     sigma = check_number("sigma", sigma, 0.0, low_inclusive=False)
     score_threshold = check_number("score_threshold", score_threshold, 0.0, low_inclusive=False)
-    check_choice("method", method, METHODS)
-    order = torch.sort(scores, descending=True, stable=True).indices
-    ranked = scores[order]
-    order = order[(ranked >= score_threshold) & ranked.isfinite()]
-    boxes = boxes[order]
-    cats = idxs[order] if idxs is not None else None
+    if method != "linear" and method != "gaussian":
+        check_choice("method", method, METHODS)
+    host = _on_host(boxes)
+    if host:
+        xp, s = np, scores.numpy()
+        order = np.argsort(-s, kind="stable")  # descending, ties in index order
+    else:
+        xp, s = torch, scores
+        order = torch.sort(scores, descending=True, stable=True).indices
+    ranked = s[order]
+    order = order[(ranked >= score_threshold) & xp.isfinite(ranked)]
+    cats = None if idxs is None else (idxs.numpy() if host else idxs)[order]
+    corners = boxes.numpy()[order].T.copy() if host else boxes[order].T.contiguous()  # (4, M)
+    lows, highs = corners[:2, :, None], corners[2:, :, None]  # (2, M, 1): indexed by rows
+    low, high = corners[:2, None], corners[2:, None]  # (2, 1, M)
+    # `visionblocks.ops.box_iou`'s formula: sides clamped at 0, a zero area replaced by eps
+    relu = (lambda a: np.maximum(a, 0)) if host else torch.relu
+    sides = relu(corners[2:] - corners[:2])
+    area = sides[0] * sides[1]
+    area_eps = xp.where(area == 0, 1e-7, area)
 
-    def weights(rows: Tensor) -> Tensor:
-        iou = box_iou(boxes[rows], boxes).to(scores.dtype)
+    def weights(rows: Any) -> Any:
+        across = xp.minimum(highs[:, rows], high) - xp.maximum(lows[:, rows], low)  # (2, R, M)
+        inter = relu(across[0]) * relu(across[1])
+        iou = inter / ((area_eps[rows, None] + area) - inter)
         if method == "linear":
-            w = torch.where(iou > iou_threshold, 1 - iou, 1)
+            w = xp.where(iou > iou_threshold, 1 - iou, 1)
         else:
-            w = torch.exp(iou.square_().div_(-sigma))
+            w = xp.exp(iou * iou / -sigma)
         if cats is not None:
-            w = torch.where(cats[rows, None] == cats[None, :], w, 1)
+            w = xp.where(cats[rows, None] == cats, w, 1)
         return w
 
-    picked, values = _greedy(scores[order], weights, score_threshold)
+    picked, values = _greedy(s[order] if host else scores[order], weights, score_threshold)
+    if host:
+        keep = order[np.asarray(picked, dtype=np.int64)]
+        return torch.from_numpy(keep), torch.from_numpy(np.asarray(values, dtype=s.dtype))
     keep = order[torch.tensor(picked, dtype=torch.int64, device=order.device)]
     return keep, torch.tensor(values, dtype=scores.dtype, device=scores.device)
 

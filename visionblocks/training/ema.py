@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import math
+import operator
 from typing import Any
 
 import torch
@@ -28,10 +29,23 @@ def _unwrap(model: nn.Module) -> nn.Module:
     while True:
         if isinstance(model, _PARALLEL):
             model = model.module
-        elif isinstance(getattr(model, "_orig_mod", None), nn.Module):
-            model = model._orig_mod
+        elif isinstance(model._modules.get("_orig_mod"), nn.Module):  # no __getattr__ miss
+            model = model._modules["_orig_mod"]
         else:
             return model
+
+
+def _slots(*modules: nn.Module) -> tuple[list[dict[str, Any]], list[str], list[Any]]:
+    """Where every tensor and submodule of ``modules`` is held (dicts and keys), and what each
+    holds: one replaced (an assignment, ``.to()`` of a buffer) changes the latter."""
+    slots = [
+        (d, k)
+        for module in modules
+        for m in module.modules()
+        for d in (m._parameters, m._buffers, m._modules)
+        for k in d
+    ]
+    return [d for d, _ in slots], [k for _, k in slots], [d[k] for d, k in slots]
 
 
 def _state(module: nn.Module, buffers: bool) -> tuple[list[Tensor], list[Tensor]]:
@@ -149,6 +163,7 @@ class ModelEMA(nn.Module):
         self.device, self.dtype = device, dtype
         self.updates = 0
         self.module = copy.deepcopy(_unwrap(model)).eval().requires_grad_(False)
+        self._pairs: tuple[Any, ...] | None = None  # see `_tensors`
         if device is not None or dtype is not None:
             self.module.to(device=device, dtype=dtype)
 
@@ -168,7 +183,6 @@ class ModelEMA(nn.Module):
         ramp = 1.0 - (1.0 + s / self.warmup_gamma) ** -self.warmup_power
         return max(min(ramp, self.decay), self.min_decay)
 
-    @torch.no_grad()
     def update(self, model: nn.Module, step: int | None = None) -> None:
         """Move the average towards ``model`` (the model trained, or its wrapper).
 
@@ -180,18 +194,22 @@ class ModelEMA(nn.Module):
             TypeError: ``model`` is not an ``nn.Module`` or ``step`` not an int.
             ValueError: ``step`` is negative, or ``model`` has another number of tensors.
         """
-        check_type("model", model, nn.Module)
+        cached = self._pairs
+        if (  # the tensors of the last update, unless one of either side was replaced
+            cached is None
+            or cached[0] is not model
+            or cached[1] is not self._modules["module"]
+            or not all(map(operator.is_, map(dict.get, cached[2], cached[3]), cached[4]))
+            or list(map(Tensor.data_ptr, cached[5])) != cached[6]  # `.to()`, `p.data = ...`
+        ):
+            check_type("model", model, nn.Module)
+            cached = self._tensors(model)
         if step is not None:
             check_int("step", step, 0)
-        ema_avg, ema_copy = _state(self.module, not self.exclude_buffers)
-        avg, copied = _state(_unwrap(model), not self.exclude_buffers)
-        if len(avg) != len(ema_avg) or len(copied) != len(ema_copy):
-            raise ValueError(
-                f"model must have the EMA's structure: {len(ema_avg)} averaged and "
-                f"{len(ema_copy)} copied tensors, got {len(avg)} and {len(copied)}"
-            )
-        self.updates += 1
+        ema_avg, avg, ema_copy, copied, same_dtypes = cached[7]
+        self.__dict__["updates"] = self.updates + 1  # skips nn.Module.__setattr__
         weight = 1.0 - self.get_decay(step)
+        # detached aliases: no autograd, whether the model's tensors require gradients or not
         if self.device is not None:
             avg = [t.to(self.device) for t in avg]
             copied = [t.to(self.device) for t in copied]
@@ -199,11 +217,38 @@ class ModelEMA(nn.Module):
             torch._foreach_copy_(ema_copy, copied)
         if not ema_avg:
             return
-        if all(e.dtype == m.dtype for e, m in zip(ema_avg, avg)):
+        if same_dtypes:
             torch._foreach_lerp_(ema_avg, avg, weight)
         else:  # as timm: add_ promotes in the kernel, no cast copy of the model
             torch._foreach_mul_(ema_avg, 1.0 - weight)
             torch._foreach_add_(ema_avg, avg, alpha=weight)
+
+    def _tensors(self, model: nn.Module) -> tuple[Any, ...]:
+        """What `update` holds between calls: ``model`` (as given), the EMA's module, where
+        their tensors and submodules are held and what they hold, their parameters and their
+        storage addresses, and detached aliases of the EMA's and the model's averaged, then copied,
+        tensors and whether the averaged ones have equal dtypes."""
+        module = self._modules["module"]
+        ema_avg, ema_copy = _state(module, not self.exclude_buffers)
+        avg, copied = _state(_unwrap(model), not self.exclude_buffers)
+        if len(avg) != len(ema_avg) or len(copied) != len(ema_copy):
+            raise ValueError(
+                f"model must have the EMA's structure: {len(ema_avg)} averaged and "
+                f"{len(ema_copy)} copied tensors, got {len(avg)} and {len(copied)}"
+            )
+        same = all(e.dtype == m.dtype for e, m in zip(ema_avg, avg, strict=True))
+        # a parameter's `.data` may change (`.to()` does that); buffers are replaced
+        held = [t for t in ema_avg + avg + ema_copy + copied if isinstance(t, nn.Parameter)]
+        aliases = [[t.detach() for t in ts] for ts in (ema_avg, avg, ema_copy, copied)]
+        ptrs = [t.data_ptr() for t in held]
+        cached = (model, module, *_slots(model, module), held, ptrs, (*aliases, same))
+        self.__dict__["_pairs"] = cached
+        return cached
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_pairs"] = None  # holds the model: never copied nor pickled
+        return state
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         """Run the averaged model: ``self.module(*args, **kwargs)``."""
