@@ -137,3 +137,27 @@ def test_tied_detections_in_another_order_compare_equal():
     assert detections_diff(moved, eager) == 0.5
     relabelled = [boxes, scores, torch.tensor([[1, 2, 0, -1]]), count]
     assert detections_diff(relabelled, eager) == float("inf")
+
+
+@pytest.mark.slow  # exports
+@pytest.mark.parametrize(
+    "head",
+    [
+        {"type": "fcos", "num_classes": 3, "num_convs": 1, "score_thresh": 0.9},
+        {"type": "yolov8", "num_classes": 3},  # untrained: its scores stay below 0.05
+    ],
+    ids=["fcos", "yolov8"],
+)
+def test_a_detector_with_fewer_than_two_detections_exports(tmp_path, head):
+    # the exported program used to raise "Runtime assertion failed for expression u1 >= 2"
+    # (torchvision's fake nms assumes 2 boxes kept or more)
+    from visionblocks.models import build_detector
+
+    torch.manual_seed(0)
+    model = build_detector(backbone=DETECTOR["backbone"], neck=DETECTOR["neck"], head=head)
+    model.eval()
+    images = torch.rand(2, 3, 64, 64)
+    with torch.no_grad():
+        assert model(images, padded=True)["num_detections"].sum() < 2
+    result = export_model(model, images, tmp_path / "d.pt2", "pt2", kwargs={"padded": True})
+    assert result.max_abs_diff == 0.0

@@ -102,3 +102,48 @@ def test_nan_candidates_do_not_crowd_out_finite_ones_in_padded():
     assert out["scores"][0, 0].item() == pytest.approx(0.5)
     ref = postprocess_detections([scores[0]], [boxes[0]], SIZE, topk_candidates=1)
     assert ref["scores"].tolist() == pytest.approx([0.5])
+
+
+class _Padded(torch.nn.Module):
+    def forward(self, scores, boxes, sizes):
+        return postprocess_padded([scores], [boxes], sizes, score_thresh=0.5, max_detections=4)
+
+
+def _candidates(hits: list[list[tuple[int, int]]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Eight locations and three classes per image, all scoring 0.1 but the ``(location,
+    class)`` hits, scoring 0.95, 0.9...; locations 0 and 1 overlap, the others do not."""
+    scores = torch.full((len(hits), 8, 3), 0.1)
+    for b, image_hits in enumerate(hits):
+        for i, (location, label) in enumerate(image_hits):
+            scores[b, location, label] = 0.95 - 0.05 * i
+    corner = torch.arange(8.0)[:, None] * 12
+    corner[1] = 1.0
+    boxes = torch.cat([corner, corner, corner + 10, corner + 10], 1).expand(len(hits), 8, 4)
+    return scores, boxes.clone()
+
+
+@pytest.mark.filterwarnings("ignore::FutureWarning")  # torchvision's fake nms
+def test_the_exported_form_keeps_zero_one_and_two_detections():
+    # torchvision's fake nms assumed >= 2 kept boxes: the exported program raised
+    # "Runtime assertion failed for expression u1 >= 2" with fewer detections.
+    from torch.export import Dim
+
+    batch = Dim("batch", min=1, max=64)
+    example = (*_candidates([[(2, 0), (3, 1)], [(4, 2)]]), torch.tensor([[96, 96]] * 2))
+    shapes = ({0: batch}, {0: batch}, {0: batch})
+    program = torch.export.export(_Padded(), example, dynamic_shapes=shapes).module()
+    cases = {
+        0: [[], []],
+        1: [[(2, 0)], []],
+        "1 of 2 overlapping": [[(0, 1), (1, 1)], []],
+        2: [[], [(0, 0), (5, 2)]],
+        "many": [[(0, 0), (1, 0), (2, 1), (3, 2), (4, 0), (5, 1)], [(6, 2), (7, 0)], []],
+    }
+    expected_counts = {0: [0, 0], 1: [1, 0], "1 of 2 overlapping": [1, 0], 2: [0, 2]}
+    for name, hits in cases.items():
+        scores, boxes = _candidates(hits)
+        sizes = torch.tensor([[96, 96]] * len(hits))
+        eager, got = _Padded()(scores, boxes, sizes), program(scores, boxes, sizes)
+        assert got["num_detections"].tolist() == expected_counts.get(name, [4, 2, 0]), name
+        for key in eager:
+            assert torch.equal(got[key], eager[key]), (name, key)
