@@ -50,6 +50,7 @@ CASES = Registry(
         "benchmarks.cases.workloads",
         "benchmarks.cases.yolov8",
         "benchmarks.cases.sweep",
+        "benchmarks.cases.modern_assign",
         "benchmarks.cases.modern_blocks",
     ),
     description="BenchCase, or a zero-argument callable returning one",

@@ -8,6 +8,7 @@ outputs (the sweep points and workloads included); this file runs them through t
 from __future__ import annotations
 
 import importlib
+from collections import Counter
 
 import pytest
 import torch
@@ -23,18 +24,26 @@ SMALLEST_SWEEP = [
 ]
 
 
+SWEEP_POINTS = {"box_iou": 2 * 7, "generalized_box_iou": 2 * 7, "generalized_box_iou_loss": 2 * 6,
+                "sigmoid_focal_loss": 2 * 7, "rotated_box_iou": 2 * 4}  # fmt: skip
+MODERN_OPS = {
+    "task_aligned_assign", "simota_assign", "dynamic_soft_label_assign", "hungarian_match",
+    "decode_distances", "encode_distances", "decode_deltas", "encode_deltas", "anchor_points",
+    "anchor_generator", "nms", "batched_nms", "soft_nms_cluster", "soft_nms_spread",
+    "matrix_nms", "dfl", "vfl", "qfl", "ema_update",
+}  # fmt: skip
+
+
 def test_sweep_covers_every_op_size_and_thread_count():
     names = list_cases("sweep_*")
-    assert len(names) == 2 * 2 * 7 + 2 * 6 + 2 * 7 + 2 * 4
-    ops = {get_case(n).params["op"] for n in names}
-    assert ops == {
-        "box_iou",
-        "generalized_box_iou",
-        "generalized_box_iou_loss",
-        "sigmoid_focal_loss",
-        "rotated_box_iou",
-    }
-    assert {get_case(n).threads for n in names} == {1, 2}
+    points = Counter(get_case(n).params["op"] for n in names)
+    # the box and loss sweep (sweep.py, rotated.py): every size at 1 and 2 threads
+    assert {op: points[op] for op in SWEEP_POINTS} == SWEEP_POINTS
+    # issue 41's blocks (modern_assign.py, modern_blocks.py): tiny to large, 1 and 2 threads
+    for op in MODERN_OPS:
+        threads = {get_case(n).threads for n in names if get_case(n).params["op"] == op}
+        assert points[op] >= 6 and threads == {1, 2}, (op, points[op], threads)
+    assert set(points) == set(SWEEP_POINTS) | MODERN_OPS
     focal = sorted(get_case(n).params["elements"] for n in list_cases("sweep_focal_*_t1"))
     assert focal == [10**k for k in range(1, 8)]
     assert get_case("sweep_box_iou_100000x50_t2").params["elements"] == 5_000_000

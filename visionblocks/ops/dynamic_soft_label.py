@@ -21,7 +21,7 @@ from torch import Tensor
 from visionblocks._core.checks import check_int, check_number
 from visionblocks._core.namespace import public_dir
 from visionblocks._core.tensor_checks import compute_dtype
-from visionblocks.ops.boxes import _overlap
+from visionblocks.ops.boxes import _measure
 from visionblocks.ops.simota import (
     _EPS,
     DynamicKAssignment,
@@ -90,7 +90,7 @@ def dynamic_soft_label_assign(
         >>> dynamic_soft_label_assign(priors, boxes, logits, gt_boxes, gt_labels)
         DynamicKAssignment(gt_indices=tensor([-1,  0, -1, -1]), max_ious=tensor([0.0000, 0.4000, 0.0000, 0.0000]), labels=tensor([-1,  1, -1, -1]))
     """
-    _check_inputs(priors, boxes, logits, gt_boxes, gt_labels, "logits")
+    reads = _check_inputs(priors, boxes, logits, gt_boxes, gt_labels, "logits")
     soft_center_radius = check_number("soft_center_radius", soft_center_radius, 0.0)
     topk = check_int("topk", topk, 1)
     iou_weight = check_number("iou_weight", iou_weight, 0.0)
@@ -102,7 +102,7 @@ def dynamic_soft_label_assign(
         return _background(n, dtype, priors.device)
     p, b, x = (t.detach().to(dtype) for t in (priors, boxes, logits))
     g = gt_boxes.detach().to(dtype)
-    gx1, gy1, gx2, gy2 = g.unbind(1)
+    gx1, gy1, gx2, gy2 = sides = list(g.t().contiguous().unbind(0))  # `_measure`
     gcx, gcy = (gx1 + gx2) / 2.0, (gy1 + gy2) / 2.0
     labels = gt_labels.long()
 
@@ -110,13 +110,13 @@ def dynamic_soft_label_assign(
         px, py = pr[:, 0:1], pr[:, 1:2]
         return _inside(px, py, gx1, gy1, gx2, gy2).any(1)
 
-    def pairs(pr: Tensor, br: Tensor, rows: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        px, py, stride, _ = (v.unsqueeze(1) for v in pr.unbind(1))
-        valid = _inside(px, py, gx1, gy1, gx2, gy2).any(1)
+    def pairs(pr: Tensor, br: Tensor, rows: Tensor, masked: bool) -> tuple[Tensor | None, ...]:
+        px, py, stride = pr[:, 0:1], pr[:, 1:2], pr[:, 2:3]
+        valid = _inside(px, py, gx1, gy1, gx2, gy2).any(1) if masked else None
         dx, dy = px - gcx, py - gcy
         distance = (dx * dx + dy * dy).sqrt() / stride
         centre_prior = torch.pow(10, distance - soft_center_radius)
-        iou = _overlap(br, g, 0, False, _EPS)
+        iou = _measure(list(br.unsqueeze(1).unbind(-1)), sides, 0, _EPS)  # `box_iou`
         iou_cost = -torch.log(iou + _EPS) * iou_weight
         # Quality focal cost: every class against target 0, the label's replaced by target IoU.
         prob = rows.sigmoid()
@@ -127,4 +127,4 @@ def dynamic_soft_label_assign(
         cls_cost = zero.sum(1, keepdim=True) - zero[:, labels] + soft
         return valid, iou, cls_cost + iou_cost + centre_prior
 
-    return _dynamic_k(pairs, candidates, (p, b, x), labels, topk, block, dtype)
+    return _dynamic_k(pairs, candidates, (p, b, x), labels, topk, block, dtype, reads)

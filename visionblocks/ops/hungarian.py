@@ -45,7 +45,7 @@ from torch import Tensor, nn
 from visionblocks._core.checks import check_number, check_type
 from visionblocks._core.namespace import public_dir
 from visionblocks._core.tensor_checks import check_floating, check_real, compute_dtype
-from visionblocks.ops.boxes import box_convert, generalized_box_iou
+from visionblocks.ops.boxes import _measure
 
 __all__ = ["HungarianMatcher", "hungarian_match"]
 __dir__ = public_dir(__name__, __all__)
@@ -128,11 +128,12 @@ def _costs(
 ) -> Tensor:
     """``(sum(M_i), Q)`` costs: rows ``[M_0 + ... + M_(i-1), ... + M_i)`` are image ``i``'s
     objects against its queries; NaN in the rows of labels outside ``[0, C)``. On the device."""
-    num_images, _, num_classes = logits.shape
+    num_classes = logits.shape[-1]
     dtype = compute_dtype(torch.promote_types(logits.dtype, boxes.dtype))
-    # The image of each object, and the objects of all images (one cat each, no host copy).
-    ids = torch.arange(num_images, device=logits.device)
-    image = torch.cat([ids[i].expand(len(t)) for i, t in enumerate(labels)])
+    # The image of each object (from the lengths, no host read; repeat_interleave would start
+    # a thread pool), and the objects of all images.
+    image = [i for i, t in enumerate(labels) for _ in range(len(t))]
+    image = torch.tensor(image, dtype=torch.long, device=logits.device)
     label = torch.cat(labels).long()
     safe = label.clamp(0, num_classes - 1)  # the rows of other labels become NaN below
     logits = logits.to(dtype)
@@ -142,13 +143,20 @@ def _costs(
         pos = alpha * (1 - p) ** gamma * -(p + 1e-8).log()
         neg = (1 - alpha) * p**gamma * -(1 - p + 1e-8).log()
         p = neg - pos  # minus the class cost, as the probability is DETR's
-    boxes, t_boxes = boxes.to(dtype), torch.cat(target_boxes).to(dtype)
-    l1 = torch.cdist(t_boxes.unsqueeze(1), boxes[image], p=1)  # (sum M, 1, Q)
-    corners = box_convert(torch.cat((boxes.flatten(0, 1), t_boxes)), "cxcywh", "xyxy")
-    queries, objects = corners.split([len(corners) - len(t_boxes), len(t_boxes)])
-    giou = generalized_box_iou(objects.unsqueeze(1), queries.view(boxes.shape)[image])
-    cost = (weights[1] * l1[:, 0]).sub_(p, alpha=weights[0]).sub_(giou[:, 0], alpha=weights[2])
+    objects = torch.cat(target_boxes).to(dtype).unsqueeze(1)  # (sum M, 1, 4)
+    queries = boxes.to(dtype).index_select(0, image)  # (sum M, Q, 4): its image's queries
+    l1 = torch.cdist(objects, queries, p=1)[:, 0]
+    giou = _measure(_corners(objects), _corners(queries), 1, 1e-7)  # (sum M, Q)
+    cost = (weights[1] * l1).sub_(p, alpha=weights[0]).sub_(giou, alpha=weights[2])
     return cost.masked_fill((safe != label).unsqueeze(1), float("nan"))
+
+
+def _corners(boxes: Tensor) -> list[Tensor]:
+    """``x1, y1, x2, y2`` of ``"cxcywh"`` boxes (`box_convert`'s), inverted ones collapsed as
+    `generalized_box_iou` does: its GIoU, bit for bit, without its checks."""
+    cx, cy, w, h = boxes.unbind(-1)
+    x1, y1, x2, y2 = cx - 0.5 * w, cy - 0.5 * h, cx + 0.5 * w, cy + 0.5 * h
+    return [x1, y1, torch.where(x2 < x1, x1, x2), torch.where(y2 < y1, y1, y2)]
 
 
 def _linear_sum_assignment() -> Callable[..., tuple[np.ndarray, np.ndarray]]:
@@ -217,10 +225,11 @@ def hungarian_match(
         t_boxes = [t["boxes"] for t in targets]
         cost = _costs(logits, boxes, labels, t_boxes, weights, focal, alpha, gamma)
     host = cost.cpu().numpy()  # the one transfer: every image's costs
+    finite = bool(np.isfinite(host).all())
     out, start = [], 0
     for i, m in enumerate(sizes):
         block, start = host[start : start + m], start + m  # (M_i, Q)
-        if not np.isfinite(block).all():
+        if not finite and not np.isfinite(block).all():
             raise ValueError(_non_finite(i, labels[i], logits.shape[-1]))
         if m == 0:
             out.append(_unmatched())

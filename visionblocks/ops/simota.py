@@ -48,7 +48,7 @@ from visionblocks._core.dispatch import reads_values
 from visionblocks._core.namespace import public_dir
 from visionblocks._core.tensor_checks import check_floating, check_same_device, compute_dtype
 from visionblocks.ops.assign import BLOCK_BYTES
-from visionblocks.ops.boxes import _overlap
+from visionblocks.ops.boxes import _measure
 
 __all__ = ["DynamicKAssignment", "simota_assign"]
 __dir__ = public_dir(__name__, __all__)
@@ -57,9 +57,11 @@ _EPS = 1e-7  # mmdetection's EPS in -log(IoU + EPS)
 _INF = 100000.0  # SimOTAAssigner's INF: the cost added outside an object's box and centre
 _PAIR_TEMPS = 24  # (anchor, object) temporaries at a block's peak, merge included
 _ROW_TEMPS = 4  # (anchor, class) temporaries
+_SCAN_TEMPS = 6  # (anchor, object) temporaries of the candidates' scan (CPU)
 
-# ``pairs(priors, boxes, scores) -> (valid (r,), iou (r, M), cost (r, M))`` for ``r`` anchors.
-Pairs = Callable[[int, int], tuple[Tensor, Tensor, Tensor]]
+# ``pairs(priors, boxes, scores, masked) -> (valid (r,), iou (r, M), cost (r, M))`` for ``r``
+# anchors; without ``masked`` the anchors are all candidates and ``valid`` may be None.
+Pairs = Callable[[Tensor, Tensor, Tensor, bool], tuple[Tensor | None, Tensor, Tensor]]
 
 
 class DynamicKAssignment(NamedTuple):
@@ -86,9 +88,10 @@ class DynamicKAssignment(NamedTuple):
 
 def _check_inputs(
     priors: Tensor, boxes: Tensor, scores: Tensor, gt_boxes: Tensor, gt_labels: Tensor, name: str
-) -> None:
+) -> bool:
     """The shared checks: shapes ``(A, 4)``, ``(A, 4)``, ``(A, C)``, ``(M, 4)``, ``(M,)``,
-    floating values and integer labels in ``[0, C)`` (checked on the CPU only), one device."""
+    floating values and integer labels in ``[0, C)`` (checked on the CPU only), one device.
+    Returns whether values may be read on the host (`reads_values`)."""
     for arg, value in (
         ("priors", priors),
         ("boxes", boxes),
@@ -119,13 +122,15 @@ def _check_inputs(
     check_same_device(
         priors=priors, boxes=boxes, **{name: scores}, gt_boxes=gt_boxes, gt_labels=gt_labels
     )
-    if m and reads_values(gt_labels):
+    reads = reads_values(gt_labels)
+    if m and reads:
         lo, hi = (int(v) for v in torch.aminmax(gt_labels))
         if lo < 0 or hi >= scores.shape[1]:
             raise ValueError(
                 f"gt_labels must be class indices in [0, {scores.shape[1]}) ({name} has "
                 f"{scores.shape[1]} classes), got {lo if lo < 0 else hi}"
             )
+    return reads
 
 
 def _block_rows(m: int, c: int, dtype: torch.dtype, block_bytes: int | None) -> int:
@@ -143,6 +148,7 @@ def _dynamic_k(
     topk: int,
     block: int,
     dtype: torch.dtype,
+    compact: bool,
 ) -> DynamicKAssignment:
     """mmdetection's ``dynamic_k_matching`` over the valid anchors, in blocks of ``block`` anchors.
 
@@ -150,61 +156,80 @@ def _dynamic_k(
     leaves the sum of mmdetection's ``min(topk, valid)`` best unchanged), the running ``topk``
     cheapest anchors of each object (a stable sort; invalid anchors NaN, after every valid
     one, even of infinite cost) and each anchor's cheapest object. ``topk`` bounds ``k``, so
-    the ``k`` cheapest are among the kept ones.
+    the ``k`` cheapest are among the kept ones. ``compact``: gather the candidates first (a
+    host read). One block resolves the anchors taken twice on its ``(n, M)`` matching matrix,
+    several by scatters per anchor; both give the same results.
     """
     total, m, device = rows[0].shape[0], gt_labels.shape[0], gt_labels.device
     keep = None
-    if reads_values(rows[0]):  # CPU: gather the candidates first (mmdetection's valid_mask)
-        mask = torch.cat([candidates(rows[0][i : i + block]) for i in range(0, total, block)])
-        keep = mask.nonzero().squeeze(1)
+    if compact:  # CPU: gather the candidates first (mmdetection's valid_mask)
+        # The scan holds about _SCAN_TEMPS (anchor, object) values a row: longer blocks.
+        scan = block * (_PAIR_TEMPS * m + _ROW_TEMPS * rows[2].shape[1]) // (_SCAN_TEMPS * m)
+        blocks = [candidates(rows[0][i : i + scan]) for i in range(0, total, scan)]
+        keep = _cat(blocks).nonzero().squeeze(1)
         rows = tuple(t[keep] for t in rows)
     n = rows[0].shape[0]
     if n == 0:
         return _background(total, dtype, device)
     k = min(topk, n)
-    top_iou = torch.zeros(0, m, dtype=dtype, device=device)
-    cheap = torch.zeros(0, m, dtype=dtype, device=device)
-    cheap_at = torch.zeros(0, m, dtype=torch.long, device=device)
-    cheap_iou = torch.zeros(0, m, dtype=dtype, device=device)
+    top_iou = cheap = cheap_at = cheap_iou = None
     valids, row_gt, row_iou = [], [], []
     for start in range(0, n, block):
         stop = min(start + block, n)
-        valid, iou, cost = pairs(*(t[start:stop] for t in rows))
-        inside = valid.unsqueeze(1)
-        both = torch.cat([top_iou, iou.masked_fill(~inside, 0.0)])
-        top_iou = both.topk(min(k, both.shape[0]), dim=0).values
-        c = torch.cat([cheap, cost.masked_fill(~inside, float("nan"))])
+        part = rows if stop - start == n else tuple(t[start:stop] for t in rows)
+        valid, iou, cost = pairs(*part, keep is None)
         at = torch.arange(start, stop, device=device).unsqueeze(1).expand(stop - start, m)
+        if keep is None:  # every anchor: the others count IoU 0 and sort last (NaN)
+            inside = valid.unsqueeze(1)
+            top, c = iou.masked_fill(~inside, 0.0), cost.masked_fill(~inside, float("nan"))
+            valids.append(valid)
+        else:
+            top, c = iou, cost
+        if cheap is not None:  # merge with the best so far
+            top, c = torch.cat([top_iou, top]), torch.cat([cheap, c])
+            at, iou_c = torch.cat([cheap_at, at]), torch.cat([cheap_iou, iou])
+        else:
+            iou_c = iou
+        top_iou = top.topk(min(k, top.shape[0]), dim=0).values
         order = c.sort(dim=0, stable=True).indices[:k]
-        cheap = c.gather(0, order)
-        cheap_at = torch.cat([cheap_at, at]).gather(0, order)
-        cheap_iou = torch.cat([cheap_iou, iou]).gather(0, order)
-        best = cost.min(dim=1).indices  # the first cheapest object, as Tensor.min
-        valids.append(valid)
-        row_gt.append(best)
-        row_iou.append(iou.gather(1, best.unsqueeze(1)).squeeze(1))
-    valid_all = torch.cat(valids)
+        cheap, cheap_at, cheap_iou = c.gather(0, order), at.gather(0, order), iou_c.gather(0, order)
+        row_gt.append(cost.min(dim=1).indices)  # the first cheapest object, as Tensor.min
+        row_iou.append(iou if stop - start == n else iou.gather(1, row_gt[-1][:, None])[:, 0])
     dynamic_k = top_iou.sum(0).int().clamp(min=1)  # as mmdetection: truncated, at least 1
-    rank = torch.arange(k, device=device).unsqueeze(1)
-    taken = (rank < dynamic_k) & valid_all[cheap_at]  # no valid anchor: nothing taken
-    flat_at, flat_taken = cheap_at.reshape(-1), taken.reshape(-1)
-    count = torch.zeros(n, dtype=torch.long, device=device)
-    count = count.scatter_add(0, flat_at, flat_taken.long())
-    objects = torch.arange(m, device=device).expand(k, m).reshape(-1)
-    one = torch.full((n,), -1, dtype=torch.long, device=device)
-    one = one.scatter_reduce(0, flat_at, torch.where(flat_taken, objects, -1), "amax")
-    one_iou = torch.zeros(n, dtype=dtype, device=device)
-    one_iou = one_iou.scatter_reduce(
-        0, flat_at, torch.where(taken, cheap_iou, 0.0).reshape(-1), "amax"
-    )
-    several = count > 1
-    gt = torch.where(several, torch.cat(row_gt), one)
-    ious = torch.where(several, torch.cat(row_iou), one_iou)
+    taken = torch.arange(k, device=device).unsqueeze(1) < dynamic_k
+    if keep is None:
+        taken &= _cat(valids)[cheap_at]  # no valid anchor: nothing taken
+    best = _cat(row_gt)
+    if len(row_iou) == 1:  # one block, (n, M) costs: mmdetection's matching matrix
+        matched = torch.zeros(n, m, dtype=torch.bool, device=device).scatter(0, cheap_at, taken)
+        count = matched.sum(1)
+        gt = torch.where(count > 1, best, matched.byte().argmax(1))  # argmax: the only one
+        ious = row_iou[0].gather(1, gt.unsqueeze(1)).squeeze(1)
+        fg = count > 0
+        gt, ious = torch.where(fg, gt, -1), torch.where(fg, ious, 0.0)
+    else:  # per anchor, how many objects took it, which one (of one) and its IoU
+        flat_at, flat_taken = cheap_at.reshape(-1), taken.reshape(-1)
+        count = torch.zeros(n, dtype=torch.long, device=device)
+        count = count.scatter_add(0, flat_at, flat_taken.long())
+        objects = torch.arange(m, device=device).expand(k, m).reshape(-1)
+        one = torch.full((n,), -1, dtype=torch.long, device=device)
+        one = one.scatter_reduce(0, flat_at, torch.where(flat_taken, objects, -1), "amax")
+        one_iou = torch.zeros(n, dtype=dtype, device=device)
+        one_iou = one_iou.scatter_reduce(
+            0, flat_at, torch.where(taken, cheap_iou, 0.0).reshape(-1), "amax"
+        )
+        gt, ious = torch.where(count > 1, best, one), torch.where(count > 1, _cat(row_iou), one_iou)
     if keep is not None:  # back to every anchor
         gt = torch.full((total,), -1, dtype=torch.long, device=device).index_copy(0, keep, gt)
         ious = torch.zeros(total, dtype=dtype, device=device).index_copy(0, keep, ious)
-    labels = torch.where(gt >= 0, gt_labels.long()[gt.clamp(min=0)], -1)
+    # gt_labels with -1 appended: index -1 (background) reads it
+    labels = torch.cat([gt_labels.long(), gt_labels.new_full((1,), -1, dtype=torch.long)])[gt]
     return DynamicKAssignment(gt, ious, labels)
+
+
+def _cat(parts: list[Tensor]) -> Tensor:
+    """``torch.cat(parts)``, without the copy of a single part."""
+    return parts[0] if len(parts) == 1 else torch.cat(parts)
 
 
 def _background(n: int, dtype: torch.dtype, device: torch.device) -> DynamicKAssignment:
@@ -215,7 +240,7 @@ def _background(n: int, dtype: torch.dtype, device: torch.device) -> DynamicKAss
 
 def _inside(x: Tensor, y: Tensor, x1: Tensor, y1: Tensor, x2: Tensor, y2: Tensor) -> Tensor:
     """Whether points ``(x, y)`` (``(r, 1)``) lie strictly inside boxes (``(M,)`` sides)."""
-    return (x - x1 > 0) & (y - y1 > 0) & (x2 - x > 0) & (y2 - y > 0)  # min(...) > 0
+    return torch.minimum(torch.minimum(x - x1, y - y1), torch.minimum(x2 - x, y2 - y)) > 0
 
 
 def simota_assign(
@@ -273,8 +298,8 @@ def simota_assign(
         >>> simota_assign(priors, boxes, scores, gt_boxes, gt_labels)
         DynamicKAssignment(gt_indices=tensor([ 0, -1, -1, -1]), max_ious=tensor([0.5000, 0.0000, 0.0000, 0.0000]), labels=tensor([ 1, -1, -1, -1]))
     """
-    _check_inputs(priors, boxes, scores, gt_boxes, gt_labels, "scores")
-    if scores.numel() and reads_values(scores):  # as mmdetection's BCE; CPU only
+    reads = _check_inputs(priors, boxes, scores, gt_boxes, gt_labels, "scores")
+    if reads and scores.numel():  # as mmdetection's BCE; CPU only
         lo, hi = (float(v) for v in torch.aminmax(scores.detach()))
         if not (lo >= 0.0 and hi <= 1.0):
             raise ValueError(f"scores must be probabilities in [0, 1], got values in [{lo}, {hi}]")
@@ -292,7 +317,7 @@ def simota_assign(
         return _background(n, dtype, priors.device)
     p, b, s = (t.detach().to(dtype) for t in (priors, boxes, scores))
     g = gt_boxes.detach().to(dtype)
-    gx1, gy1, gx2, gy2 = g.unbind(1)
+    gx1, gy1, gx2, gy2 = sides = list(g.t().contiguous().unbind(0))  # `_measure`
     gcx, gcy = (gx1 + gx2) / 2.0, (gy1 + gy2) / 2.0
     labels = gt_labels.long()
 
@@ -304,18 +329,17 @@ def simota_assign(
 
     def candidates(pr: Tensor) -> Tensor:
         in_box, in_centre = regions(pr)
-        return in_box.any(1) | in_centre.any(1)
+        return (in_box | in_centre).any(1)
 
-    def pairs(pr: Tensor, br: Tensor, sr: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    def pairs(pr: Tensor, br: Tensor, sr: Tensor, masked: bool) -> tuple[Tensor | None, ...]:
         in_box, in_centre = regions(pr)
-        valid = in_box.any(1) | in_centre.any(1)
-        iou = _overlap(br, g, 0, False, _EPS)
+        valid = (in_box | in_centre).any(1) if masked else None
+        iou = _measure(list(br.unsqueeze(1).unbind(-1)), sides, 0, _EPS)  # `box_iou`
         # F.binary_cross_entropy of each class against 0, the label's against 1 (logs >= -100)
         negative = -torch.log1p(-sr).clamp_min(-100.0)
         positive = -torch.log(sr[:, labels]).clamp_min(-100.0)
         cls_cost = negative.sum(1, keepdim=True) - negative[:, labels] + positive
         cost = cls_cost * cls_weight + (-torch.log(iou + _EPS)) * iou_weight
-        cost = cost + torch.where(in_box & in_centre, 0.0, _INF)
-        return valid, iou, cost
+        return valid, iou, torch.where(in_box & in_centre, cost, cost + _INF)
 
-    return _dynamic_k(pairs, candidates, (p, b, s), labels, candidate_topk, block, dtype)
+    return _dynamic_k(pairs, candidates, (p, b, s), labels, candidate_topk, block, dtype, reads)
