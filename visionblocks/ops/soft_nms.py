@@ -19,8 +19,10 @@ Convention:
     are computed in blocks, for the boxes likely to be picked next (the highest current
     scores); at most ``M**2`` numbers in all. On CUDA they are torch ops, each step reads the
     device once and each block once more (the usual cost of soft-NMS on a GPU); on the CPU
-    everything runs on NumPy views of the same tensors, whose calls cost a fraction of a
-    torch op's. Not traceable by ``torch.compile(fullgraph=True)``.
+    the loop runs on NumPy arrays (a call costs a fraction of a torch op's), one per
+    coordinate, compacted (dropping the rows computed ahead) when a new row is needed and a
+    quarter of the boxes fell below the threshold. Not traceable by
+    ``torch.compile(fullgraph=True)``.
 """
 
 from __future__ import annotations
@@ -46,35 +48,24 @@ BLOCK_ELEMENTS = 4096  # and at least this many weights (all rows of a few boxes
 
 
 def _on_host(t: Tensor) -> bool:
-    """Run the loop on NumPy views of ``t``'s device (the CPU): a call costs less than a
-    torch op's."""
+    """Run the loop on NumPy arrays (`_host_soft_nms`): ``t`` is on the CPU."""
     return t.device.type == "cpu"
 
 
-def _top(current: Any) -> tuple[int, float]:
-    """Position and value of the first maximum (the better-ranked box among equals)."""
-    if isinstance(current, Tensor):  # CUDA: one device read
-        value, index = current.max(0)
-        v, i = torch.stack((value, index.to(value.dtype))).tolist()
-        return int(i), v
-    i = int(current.argmax())
-    return i, float(current[i])
-
-
-def _highest(ahead: Any, size: int) -> Any:
-    """Positions of the ``size`` highest values of ``ahead`` (any order among them)."""
-    if isinstance(ahead, Tensor):
-        return ahead.topk(size).indices
-    return np.argpartition(ahead, len(ahead) - size)[len(ahead) - size :]
+def _top(current: Tensor) -> tuple[int, float]:
+    """Position and value of the first maximum (the better-ranked box among equals): one
+    device read."""
+    value, index = current.max(0)
+    v, i = torch.stack((value, index.to(value.dtype))).tolist()
+    return int(i), v
 
 
 def _greedy(
-    current: Any, weights: Callable[[Any], Any], threshold: float
+    current: Tensor, weights: Callable[[Tensor], Tensor], threshold: float
 ) -> tuple[list[int], list[float]]:
-    """The soft-NMS loop over the ``(M,)`` scores ``current`` (a NumPy array on the CPU, a
-    tensor on CUDA; decayed in place); the weights of the picked box's row are
-    ``weights(rows)`` ``(R, M)``, computed for the ``BLOCK`` highest current scores at a time
-    (the pick among them). Picked positions and scores."""
+    """The soft-NMS loop over the ``(M,)`` scores ``current`` (decayed in place); the weights
+    of the picked box's row are ``weights(rows)`` ``(R, M)``, computed for the ``BLOCK``
+    highest current scores at a time (the pick among them). Picked positions and scores."""
     rows: dict[int, Any] = {}
     computed = current < -math.inf  # all False, on current's device
     picked: list[int] = []
@@ -91,16 +82,12 @@ def _greedy(
             least = BLOCK_ELEMENTS // m if not rows else 1
             size = min(max(hits, BLOCK[0], least), BLOCK[1], m - len(rows))
             if size == 1:
-                block = (
-                    torch.tensor([i], device=current.device)
-                    if isinstance(current, Tensor)
-                    else np.array([i])
-                )
+                block = torch.tensor([i], device=current.device)
             else:
                 ahead = current * 1
                 ahead[computed] = -1
                 ahead[i] = math.inf  # in the block whatever the ties
-                block = _highest(ahead, size)
+                block = ahead.topk(size).indices  # the highest, any order among them
                 block = block[ahead[block] >= threshold]
             computed[block] = True
             w = weights(block)
@@ -127,43 +114,125 @@ def _soft_nms(
     score_threshold = check_number("score_threshold", score_threshold, 0.0, low_inclusive=False)
     if method != "linear" and method != "gaussian":
         check_choice("method", method, METHODS)
-    host = _on_host(boxes)
-    if host:
-        xp, s = np, scores.numpy()
-        order = np.argsort(-s, kind="stable")  # descending, ties in index order
-    else:
-        xp, s = torch, scores
-        order = torch.sort(scores, descending=True, stable=True).indices
-    ranked = s[order]
-    order = order[(ranked >= score_threshold) & xp.isfinite(ranked)]
-    cats = None if idxs is None else (idxs.numpy() if host else idxs)[order]
-    corners = boxes.numpy()[order].T.copy() if host else boxes[order].T.contiguous()  # (4, M)
+    if _on_host(boxes):
+        return _host_soft_nms(boxes, scores, idxs, iou_threshold, sigma, score_threshold, method)
+    order = torch.sort(scores, descending=True, stable=True).indices
+    ranked = scores[order]
+    order = order[(ranked >= score_threshold) & torch.isfinite(ranked)]
+    cats = None if idxs is None else idxs[order]
+    corners = boxes[order].T.contiguous()  # (4, M)
     lows, highs = corners[:2, :, None], corners[2:, :, None]  # (2, M, 1): indexed by rows
     low, high = corners[:2, None], corners[2:, None]  # (2, 1, M)
     # `visionblocks.ops.box_iou`'s formula: sides clamped at 0, a zero area replaced by eps
-    relu = (lambda a: np.maximum(a, 0)) if host else torch.relu
-    sides = relu(corners[2:] - corners[:2])
+    sides = torch.relu(corners[2:] - corners[:2])
     area = sides[0] * sides[1]
-    area_eps = xp.where(area == 0, 1e-7, area)
+    area_eps = torch.where(area == 0, 1e-7, area)
 
     def weights(rows: Any) -> Any:
-        across = xp.minimum(highs[:, rows], high) - xp.maximum(lows[:, rows], low)  # (2, R, M)
-        inter = relu(across[0]) * relu(across[1])
+        across = torch.minimum(highs[:, rows], high) - torch.maximum(lows[:, rows], low)
+        inter = torch.relu(across[0]) * torch.relu(across[1])
         iou = inter / ((area_eps[rows, None] + area) - inter)
         if method == "linear":
-            w = xp.where(iou > iou_threshold, 1 - iou, 1)
+            w = torch.where(iou > iou_threshold, 1 - iou, 1)
         else:
-            w = xp.exp(iou * iou / -sigma)
+            w = torch.exp(iou * iou / -sigma)
         if cats is not None:
-            w = xp.where(cats[rows, None] == cats, w, 1)
+            w = torch.where(cats[rows, None] == cats, w, 1)
         return w
 
-    picked, values = _greedy(s[order] if host else scores[order], weights, score_threshold)
-    if host:
-        keep = order[np.asarray(picked, dtype=np.int64)]
-        return torch.from_numpy(keep), torch.from_numpy(np.asarray(values, dtype=s.dtype))
+    picked, values = _greedy(scores[order], weights, score_threshold)
     keep = order[torch.tensor(picked, dtype=torch.int64, device=order.device)]
     return keep, torch.tensor(values, dtype=scores.dtype, device=scores.device)
+
+
+def _host_soft_nms(
+    boxes: Tensor,
+    scores: Tensor,
+    idxs: Tensor | None,
+    iou_threshold: float,
+    sigma: float,
+    threshold: float,
+    method: str,
+) -> tuple[Tensor, Tensor]:
+    """`_greedy` on the CPU, on one 1-D NumPy array per coordinate (the Convention)."""
+    s = scores.numpy()
+    order = np.argsort(-s, kind="stable")  # descending, ties in index order
+    ranked = s[order]
+    idx = order[(ranked >= threshold) & np.isfinite(ranked)]
+    cur = s[idx]
+    x1, y1, x2, y2 = boxes.numpy().take(idx, 0).T.copy()  # take: the quickest gather
+    cats = None if idxs is None else idxs.numpy()[idx]
+    # `visionblocks.ops.box_iou`'s formula: sides clamped at 0, a zero area replaced by eps
+    area = np.maximum(x2 - x1, 0) * np.maximum(y2 - y1, 0)
+    eps = area.dtype.type(1e-7)
+    floor = s.dtype.type(threshold)  # the least score >= threshold, compared in s.dtype
+    floor = np.nextafter(floor, math.inf, dtype=s.dtype) if floor < threshold else floor
+    linear = method == "linear"
+    computed = np.zeros(len(cur), dtype=bool)
+    rows: dict[int, Any] = {}  # box index -> its row of weights, computed ahead
+    picked: list[int] = []
+    values: list[float] = []
+    least, hits = BLOCK_ELEMENTS // max(len(cur), 1), 0
+    while len(cur):
+        i = int(cur.argmax())
+        v = float(cur[i])
+        if not v >= threshold:
+            break
+        box = int(idx[i])
+        if box in rows:
+            hits += 1
+            w = rows.pop(box)
+        else:
+            alive = cur >= floor
+            if 4 * np.count_nonzero(alive) <= 3 * len(cur):  # compact: a quarter or more gone
+                cur, idx, x1, y1, x2, y2, area, computed = (
+                    a[alive] for a in (cur, idx, x1, y1, x2, y2, area, computed)
+                )
+                cats = None if cats is None else cats[alive]
+                rows, computed[:] = {}, False  # the rows computed ahead are dropped
+                i = int(cur.argmax())
+            size = min(max(hits, BLOCK[0], least), BLOCK[1], len(cur) - np.count_nonzero(computed))
+            least = 1
+            if size <= 1:  # one row: the picked box's numbers as scalars
+                c: Any = i
+                r: Any = i
+                own = area[i] if area[i] != 0 else eps
+            else:  # the rows of the next picks, likely: the highest scores left
+                ahead = cur * 1
+                ahead[computed] = -1
+                ahead[i] = math.inf  # in the block whatever the ties
+                r = np.argpartition(ahead, len(ahead) - size)[len(ahead) - size :]
+                r = r[ahead[r] >= threshold]
+                c = r[:, None]
+                own = np.where(area[c] == 0, eps, area[c])
+            computed[r] = True
+            inter = np.minimum(x2[c], x2)
+            inter -= np.maximum(x1[c], x1)
+            np.maximum(inter, 0, out=inter)
+            dy = np.minimum(y2[c], y2)
+            dy -= np.maximum(y1[c], y1)
+            np.maximum(dy, 0, out=dy)
+            inter *= dy
+            iou = own + area
+            iou -= inter
+            np.divide(inter, iou, out=iou)
+            if linear:
+                w = np.where(iou > iou_threshold, 1 - iou, 1)
+            else:
+                w = np.exp(iou * iou / -sigma)
+            if cats is not None:
+                w = np.where(cats[c] == cats, w, 1)
+            if size <= 1:
+                w[i] = 0  # a picked box decays itself to 0: never again
+            else:
+                w[np.arange(len(r)), r] = 0
+                rows.update(zip(idx[r].tolist(), w, strict=True))
+                w = rows.pop(box)
+        picked.append(box)
+        values.append(v)
+        cur *= w
+    keep = torch.from_numpy(np.asarray(picked, dtype=np.int64))
+    return keep, torch.from_numpy(np.asarray(values, dtype=s.dtype))
 
 
 def soft_nms(
