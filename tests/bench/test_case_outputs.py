@@ -19,7 +19,13 @@ CPU_CASES_WITH_PEER = [
 ]
 
 
-SLOW_CASES = {"load_resnet50_vs_timm", "coco_build_index_40k", "workload_local_attention_fwd_bwd"}
+SLOW_CASES = {
+    "load_resnet50_vs_timm",
+    "coco_build_index_40k",
+    "workload_local_attention_fwd_bwd",
+    "workload_yolov8n_train_step",  # a whole YOLOv8n step each side; the loss cases stay fast
+    "workload_yolov8n_crowded_train_step",
+}
 """Cases whose check takes more than about 5 s on 2 cores (``make test-all`` runs them)."""
 
 
