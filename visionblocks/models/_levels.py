@@ -13,7 +13,15 @@ from visionblocks._core.checks import check_int
 from visionblocks._core.tensor_checks import check_image_batch, is_tracing
 from visionblocks.nn._limits import MAX_SIDE, MAX_STRIDE
 
-__all__ = ["check_levels", "check_measured_strides", "check_size", "check_strides"]
+__all__ = [
+    "check_image_sizes",
+    "check_levels",
+    "check_measured_strides",
+    "check_size",
+    "check_strides",
+    "padded_sizes",
+    "unpad_detections",
+]
 
 
 def check_strides(strides: Any, *, powers_of_two: bool = False) -> list[int]:
@@ -114,3 +122,42 @@ def check_size(name: str, size: Any) -> tuple[int, int]:
         check_int(f"{name}[0]", size[0], 1, MAX_SIDE),
         check_int(f"{name}[1]", size[1], 1, MAX_SIDE),
     )
+
+
+def check_image_sizes(image_sizes: Any, batch: int) -> list[tuple[int, int]]:
+    """A head's ``predict`` argument: one ``(H, W)`` pair of positive ints per image."""
+    if isinstance(image_sizes, (str, bytes)) or not isinstance(image_sizes, Sequence):
+        raise TypeError(f"image_sizes must be a list of (H, W) pairs, got {image_sizes!r}")
+    if len(image_sizes) != batch:
+        raise ValueError(f"image_sizes must hold {batch} (H, W) pairs, got {len(image_sizes)}")
+    return [check_size(f"image_sizes[{i}]", s) for i, s in enumerate(image_sizes)]
+
+
+def padded_sizes(
+    image_sizes: Tensor | Sequence[tuple[int, int]] | None,
+    finest: Sequence[Any],
+    stride: int,
+    batch: int,
+    device: torch.device,
+) -> Tensor:
+    """A head's ``predict_padded`` sizes as a ``(B, 2)`` tensor; ``None``: the padded size,
+    the ``finest`` level's ``(h, w)`` (symbolic under export) times its ``stride``."""
+    if image_sizes is None:
+        h, w = finest
+        size = torch.stack([torch.full((), h * stride), torch.full((), w * stride)])
+        return size.to(device).expand(batch, 2)
+    if not isinstance(image_sizes, Tensor):
+        return torch.tensor([list(s) for s in image_sizes], device=device)
+    return image_sizes
+
+
+def unpad_detections(padded: Mapping[str, Tensor], max_detections: int) -> list[dict[str, Tensor]]:
+    """The padded form's detections of each image, cut to its ``num_detections`` (what
+    ``predict`` returns under ``torch.export``)."""
+    results = []
+    for b, count in enumerate(padded["num_detections"].unbind(0)):
+        n = count.item()
+        torch._check(n >= 0)
+        torch._check(n <= max_detections)
+        results.append({k: padded[k][b].narrow(0, 0, n) for k in ("boxes", "scores", "labels")})
+    return results

@@ -27,10 +27,12 @@ from visionblocks.losses.focal import sigmoid_focal_loss
 from visionblocks.losses.iou import generalized_box_iou_loss
 from visionblocks.models._fcos_targets import centerness_target, grid_locations, match_batch
 from visionblocks.models._levels import (
+    check_image_sizes,
     check_levels,
     check_measured_strides,
-    check_size,
     check_strides,
+    padded_sizes,
+    unpad_detections,
 )
 from visionblocks.models._targets import prepare_targets
 from visionblocks.models.postprocess import (
@@ -307,20 +309,8 @@ class FCOSHead(nn.Module):
         """
         if torch.compiler.is_exporting():
             padded = self.predict_padded(outputs, image_sizes)
-            results = []
-            for b, count in enumerate(padded["num_detections"].unbind(0)):
-                n = count.item()
-                torch._check(n >= 0)
-                torch._check(n <= self.inference["max_detections"])
-                keys = ("boxes", "scores", "labels")
-                results.append({k: padded[k][b].narrow(0, 0, n) for k in keys})
-            return results
-        batch = outputs["cls_logits"][0].shape[0]
-        if isinstance(image_sizes, (str, bytes)) or not isinstance(image_sizes, Sequence):
-            raise TypeError(f"image_sizes must be a list of (H, W) pairs, got {image_sizes!r}")
-        if len(image_sizes) != batch:
-            raise ValueError(f"image_sizes must hold {batch} (H, W) pairs, got {len(image_sizes)}")
-        image_sizes = [check_size(f"image_sizes[{i}]", s) for i, s in enumerate(image_sizes)]
+            return unpad_detections(padded, self.inference["max_detections"])
+        image_sizes = check_image_sizes(image_sizes, outputs["cls_logits"][0].shape[0])
         points, levels = self._locations(outputs, outputs["cls_logits"][0].device)
         per_level = [points[levels == i] for i in range(len(self.strides))]
         results = []
@@ -352,14 +342,7 @@ class FCOSHead(nn.Module):
         """
         cls_logits = outputs["cls_logits"]
         batch, device = cls_logits[0].shape[0], cls_logits[0].device
-        if image_sizes is None:
-            h, w = outputs["sizes"][0]
-            size = torch.stack(
-                [torch.full((), h * self.strides[0]), torch.full((), w * self.strides[0])]
-            )
-            image_sizes = size.to(device).expand(batch, 2)
-        elif not isinstance(image_sizes, Tensor):
-            image_sizes = torch.tensor([list(s) for s in image_sizes], device=device)
+        image_sizes = padded_sizes(image_sizes, outputs["sizes"][0], self.strides[0], batch, device)
         scores, boxes = [], []
         for level, (size, stride) in enumerate(zip(outputs["sizes"], self.strides)):
             points, _ = grid_locations([size], [stride], device)

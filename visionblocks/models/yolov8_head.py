@@ -24,10 +24,12 @@ from visionblocks.losses.bce import binary_cross_entropy_with_logits
 from visionblocks.losses.distribution_focal import distribution_focal_loss
 from visionblocks.losses.iou import complete_box_iou_loss
 from visionblocks.models._levels import (
+    check_image_sizes,
     check_levels,
     check_measured_strides,
-    check_size,
     check_strides,
+    padded_sizes,
+    unpad_detections,
 )
 from visionblocks.models._targets import prepare_targets
 from visionblocks.models.postprocess import postprocess_detections, postprocess_padded
@@ -287,20 +289,8 @@ class YOLOv8Head(nn.Module):
         """
         if torch.compiler.is_exporting():
             padded = self.predict_padded(outputs, image_sizes)
-            results = []
-            for b, count in enumerate(padded["num_detections"].unbind(0)):
-                n = count.item()
-                torch._check(n >= 0)
-                torch._check(n <= self.inference["max_detections"])
-                keys = ("boxes", "scores", "labels")
-                results.append({k: padded[k][b].narrow(0, 0, n) for k in keys})
-            return results
-        batch = outputs["cls_logits"][0].shape[0]
-        if isinstance(image_sizes, (str, bytes)) or not isinstance(image_sizes, Sequence):
-            raise TypeError(f"image_sizes must be a list of (H, W) pairs, got {image_sizes!r}")
-        if len(image_sizes) != batch:
-            raise ValueError(f"image_sizes must hold {batch} (H, W) pairs, got {len(image_sizes)}")
-        image_sizes = [check_size(f"image_sizes[{i}]", s) for i, s in enumerate(image_sizes)]
+            return unpad_detections(padded, self.inference["max_detections"])
+        image_sizes = check_image_sizes(image_sizes, outputs["cls_logits"][0].shape[0])
         scores = [torch.sigmoid(c.float()) for c in outputs["cls_logits"]]
         boxes = [self._level_boxes(outputs, level) for level in range(len(self.strides))]
         return [
@@ -328,14 +318,7 @@ class YOLOv8Head(nn.Module):
         """
         cls_logits = outputs["cls_logits"]
         batch, device = cls_logits[0].shape[0], cls_logits[0].device
-        if image_sizes is None:
-            h, w = outputs["sizes"][0]
-            size = torch.stack(
-                [torch.full((), h * self.strides[0]), torch.full((), w * self.strides[0])]
-            )
-            image_sizes = size.to(device).expand(batch, 2)
-        elif not isinstance(image_sizes, Tensor):
-            image_sizes = torch.tensor([list(s) for s in image_sizes], device=device)
+        image_sizes = padded_sizes(image_sizes, outputs["sizes"][0], self.strides[0], batch, device)
         scores = [torch.sigmoid(c.float()) for c in cls_logits]
         boxes = [self._level_boxes(outputs, level) for level in range(len(self.strides))]
         return postprocess_padded(scores, boxes, image_sizes, **self.inference)
