@@ -117,3 +117,21 @@ def test_cuda_matches_cpu():
     boxes, scores, idxs = clustered(3000, 6)
     got = batched_nms(boxes.cuda(), scores.cuda(), idxs.cuda(), 0.5).cpu()
     assert torch.equal(got, batched_nms(boxes, scores, idxs, 0.5))
+
+
+def test_exported_nms_keeps_zero_one_and_two_boxes():
+    # torchvision's fake nms assumes >= 2 kept boxes: an exported program asserted it at run time
+    class Keep(torch.nn.Module):
+        def forward(self, boxes, scores, idxs):
+            return nms(boxes, scores, 0.5), batched_nms(boxes, scores, idxs, 0.5)
+
+    n = torch.export.Dim("n", min=0, max=100)
+    example = (torch.tensor([[0.0, 0, 10, 10], [20, 20, 30, 30], [40, 40, 50, 50]]),
+               torch.tensor([0.9, 0.8, 0.7]), torch.tensor([0, 1, 0]))  # fmt: skip
+    program = torch.export.export(Keep(), example, dynamic_shapes=({0: n}, {0: n}, {0: n}))
+    overlapping = torch.tensor([[0.0, 0, 10, 10], [1, 1, 11, 11]])
+    for boxes in (example[0], example[0][:1], overlapping):
+        count = boxes.shape[0]
+        inputs = (boxes, torch.linspace(0.9, 0.1, count), torch.zeros(count, dtype=torch.long))
+        for got, want in zip(program.module()(*inputs), Keep()(*inputs), strict=True):
+            assert torch.equal(got, want)

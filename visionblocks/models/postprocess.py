@@ -238,7 +238,7 @@ def postprocess_padded(
         >>> out["scores"], out["labels"], out["num_detections"]
         (tensor([[0.9000, 0.1000, 0.0000]]), tensor([[ 0,  1, -1]]), tensor([2]))
     """
-    from torchvision.ops import nms
+    from visionblocks.ops.nms import nms
 
     _check_levels(scores, boxes, batched=True)
     if not isinstance(image_sizes, Tensor):
@@ -285,20 +285,8 @@ def postprocess_padded(
     kept_scores, kept_labels = all_scores[image, slot], all_labels[image, slot]
     kept_boxes = all_boxes[image, slot]
     group = (image * num_classes + kept_labels).to(kept_boxes.dtype)
-    nms_boxes, nms_scores = kept_boxes, kept_scores.float()
-    tracing = torch.compiler.is_compiling()
-    if tracing:
-        # torchvision's fake nms assumes >= 2 kept boxes (a runtime assert in an exported
-        # program): add two unit boxes in groups of their own, scored below every
-        # candidate, which NMS keeps, last.
-        extra = torch.arange(2, device=group.device, dtype=group.dtype) + batch * num_classes
-        group = torch.cat([group, extra])
-        nms_boxes = torch.cat([nms_boxes, nms_boxes.new_tensor([[0.0, 0, 1, 1], [0, 0, 1, 1]])])
-        nms_scores = torch.cat([nms_scores, nms_scores.new_full((2,), -1.0)])
     offset = group[:, None] * (all_boxes.max() + 1.0)  # boxes of two groups never overlap
-    keep = nms(nms_boxes + offset, nms_scores, nms_thresh)  # by decreasing score
-    if tracing:
-        keep = keep[:-2]
+    keep = nms(kept_boxes + offset, kept_scores.float(), nms_thresh)  # by decreasing score
     image = image[keep]
     one_hot = image[:, None] == torch.arange(batch, device=image.device)[None, :]
     rank = (one_hot.cumsum(0) * one_hot).sum(1) - 1  # rank of a detection in its image

@@ -83,6 +83,22 @@ def _kernels() -> Any:
     return torch.ops.torchvision
 
 
+def _kernel_nms(boxes: Tensor, scores: Tensor, threshold: float) -> Tensor:
+    """torchvision's NMS kernel on checked inputs. While tracing (``torch.export``,
+    ``torch.compile``), two boxes apart from all others are added and filtered out again:
+    torchvision's fake ``nms`` assumes at least two kept boxes, which an exported program
+    then asserts at run time (it failed on 0 or 1 kept box)."""
+    if not torch.compiler.is_compiling():
+        return _kernels().nms(boxes, scores, threshold)
+    n = boxes.shape[0]
+    far = torch.cat([boxes.detach().flatten(), boxes.new_zeros(1)]).max() + 1  # beyond all
+    unit = boxes.new_tensor([[0, 0, 1, 1], [2, 2, 3, 3]])
+    keep = _kernels().nms(
+        torch.cat([boxes, unit + far]), torch.cat([scores, scores.new_zeros(2)]), threshold
+    )
+    return keep[keep < n]
+
+
 def nms(boxes: Tensor, scores: Tensor, iou_threshold: float) -> Tensor:
     """Greedy non-maximum suppression (``torchvision.ops.nms``); the kept indices, best first.
 
@@ -109,7 +125,7 @@ def nms(boxes: Tensor, scores: Tensor, iou_threshold: float) -> Tensor:
         tensor([0, 2])
     """
     boxes, scores, threshold = check_nms_inputs(boxes, scores, None, iou_threshold, False)
-    return _kernels().nms(boxes, scores, threshold)
+    return _kernel_nms(boxes, scores, threshold)
 
 
 def batched_nms(boxes: Tensor, scores: Tensor, idxs: Tensor, iou_threshold: float) -> Tensor:
@@ -147,4 +163,4 @@ def batched_nms(boxes: Tensor, scores: Tensor, idxs: Tensor, iou_threshold: floa
         return idxs.new_empty(0, dtype=torch.int64)
     # torchvision's trick below those sizes: categories moved apart never overlap
     offsets = idxs.to(boxes) * (boxes.max() + 1)
-    return _kernels().nms(boxes + offsets[:, None], scores, threshold)
+    return _kernel_nms(boxes + offsets[:, None], scores, threshold)
