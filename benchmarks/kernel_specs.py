@@ -295,6 +295,59 @@ def _cases_rotated_iou(torch) -> Iterator[Callable[[], None]]:
         yield case
 
 
+def _cases_ms_deform_attn(torch) -> Iterator[Callable[[], None]]:
+    from visionblocks.ops.ms_deform_attn import ms_deform_attn
+
+    shapes = torch.tensor([[3, 4], [1, 2]])
+    grads = ((True, False, False), (False, True, True), (True, True, True))
+    for dtype, c, grad in itertools.product(FLOATS, (3, 16, 32, 64, 100), grads):
+        dt = getattr(torch, dtype)
+
+        def case(dt=dt, c=c, grad=grad):
+            value = torch.randn(1, 14, 2, c, dtype=dt).requires_grad_(grad[0])
+            loc = torch.rand(1, 5, 2, 2, 3, 2, dtype=dt).requires_grad_(grad[1])
+            weights = torch.rand(1, 5, 2, 2, 3, dtype=dt).requires_grad_(grad[2])
+            ms_deform_attn(value, shapes, loc, weights, impl="triton").sum().backward()
+
+        yield case
+
+
+def _cases_roi_pool(torch) -> Iterator[Callable[[], None]]:
+    import visionblocks.ops as R
+
+    rois = torch.tensor([[0.0, 0.5, 0.5, 3.0, 2.5], [0.0, 1.0, 0.0, 4.0, 3.0]])
+    calls = (
+        lambda x, r: R.roi_align(x, r, 2, 1.0, -1, False, impl="triton"),
+        lambda x, r: R.roi_align(x, r, 2, 1.0, 2, True, impl="triton"),
+        lambda x, r: R.ps_roi_align(x, r, 2, impl="triton"),
+        lambda x, r: R.roi_pool(x, r, 2, impl="triton"),
+        lambda x, r: R.ps_roi_pool(x, r, 2, impl="triton"),
+    )
+    for dtype, c, call in itertools.product(("float32", "float64"), (4, 64), calls):
+
+        def case(dtype=dtype, c=c, call=call):
+            dt = getattr(torch, dtype)
+            x = torch.randn(1, c, 4, 5, dtype=dt, requires_grad=True)
+            call(x, rois.to(dt)).sum().backward()
+
+        yield case
+
+
+def _cases_rotated_roi_align(torch) -> Iterator[Callable[[], None]]:
+    from visionblocks.ops.rotated_roi_align import rotated_roi_align
+
+    rois = torch.tensor([[0.0, 2.0, 2.5, 3.0, 2.0, 30.0], [0.0, 3.0, 1.0, 4.0, 3.0, -60.0]])
+    sizes = ((2, 2), (5, 6), (7, 7))  # BLOCK_B 16, 32, 64
+    for dtype, c, size in itertools.product(FLOATS, (4, 64), sizes):
+        dt = getattr(torch, dtype)
+
+        def case(dt=dt, c=c, size=size):
+            x = torch.randn(1, c, 4, 5, dtype=dt, requires_grad=True)
+            rotated_roi_align(x, rois.to(dt), size, impl="triton").sum().backward()
+
+        yield case
+
+
 CASES = {
     "sigmoid_focal_loss": _cases_focal,
     "box_iou_losses": _cases_iou,
@@ -302,6 +355,9 @@ CASES = {
     "local_attention2d": _cases_local_attention,
     "assign": _cases_assign,
     "rotated_box_iou": _cases_rotated_iou,
+    "roi_pool": _cases_roi_pool,
+    "ms_deform_attn": _cases_ms_deform_attn,
+    "rotated_roi_align": _cases_rotated_roi_align,
 }
 
 

@@ -22,6 +22,11 @@ _F32 = 4
 _ANCHORS, _CLASSES = 50_000, 80
 _PAIRS = 1_000_000
 _B, _C, _H, _W, _K, _G, _HEADS = 2, 64, 128, 128, 7, 16, 8
+# Deformable DETR's encoder on an 800 x 1200 image: 4 levels, every key a query.
+_MSDA_LEVELS = ((100, 150), (50, 75), (25, 38), (13, 19))
+_MSDA_KEYS = sum(h * w for h, w in _MSDA_LEVELS)
+_MSDA_VALUE = 2 * _MSDA_KEYS * 8 * 32  # B = 2, 8 heads of 32 channels; also the output
+_MSDA_SAMPLES = 2 * _MSDA_KEYS * 8 * 4 * 4  # 4 levels x 4 points per query and head
 
 PERFORMANCE_MODEL: dict[str, int] = {
     # Focal, forward + backward, sum: forward reads x (and float targets), backward reads
@@ -41,6 +46,11 @@ PERFORMANCE_MODEL: dict[str, int] = {
         + (6 * _B * _C * _H * _W + 2 * _B * _HEADS * _H * _W)
     )
     * _F32,
+    # Deformable attention forward (value, locations, weights in; output out) + backward
+    # (the same and grad_out in; the three gradients out): value and output V elements
+    # each, locations 2 S, weights S. The gathers' re-reads of value and grad_out and the
+    # backward's bucket sort are not counted.
+    "cuda_ms_deform_attn_fwd_bwd": (5 * _MSDA_VALUE + 9 * _MSDA_SAMPLES) * _F32,
 }
 """Case name → least bytes one call reads and writes (float32)."""
 
@@ -128,6 +138,35 @@ def _local_attention(impl: str):
     return run
 
 
+def _msda_setup() -> dict[str, Any]:
+    gen = torch.Generator().manual_seed(0)
+    b, q, heads, c = 2, _MSDA_KEYS, 8, 32
+    value = torch.randn(b, _MSDA_KEYS, heads, c, generator=gen)
+    loc = torch.rand(b, q, heads, len(_MSDA_LEVELS), 4, 2, generator=gen)
+    weights = torch.rand(b, q, heads, len(_MSDA_LEVELS), 4, generator=gen).softmax(-1)
+    state = {
+        k: t.cuda().requires_grad_(True) for k, t in (("v", value), ("x", loc), ("a", weights))
+    }
+    state["grad"] = torch.randn(b, q, heads * c, generator=gen).cuda()
+    return state
+
+
+def _msda(impl: str | None):
+    def run(state: dict[str, Any]) -> tuple[torch.Tensor, ...]:
+        inputs = (state["v"], state["x"], state["a"])
+        if impl is None:
+            from benchmarks.cases.deformable_detr import mmcv_ms_deform_attn
+
+            out = mmcv_ms_deform_attn(inputs[0], list(_MSDA_LEVELS), *inputs[1:])
+        else:
+            from visionblocks.ops.ms_deform_attn import ms_deform_attn
+
+            out = ms_deform_attn(inputs[0], list(_MSDA_LEVELS), *inputs[1:], impl=impl)
+        return torch.autograd.grad(out, inputs, state["grad"])
+
+    return run
+
+
 def _case(name: str, **kwargs: Any) -> BenchCase:
     return register_case(
         BenchCase(
@@ -180,5 +219,15 @@ _case(
     peer_name="torch path",
     description=f"local_attention2d {_B}x{_C}x{_H}x{_W} float32, k={_K}, {_HEADS} heads on "
     "CUDA, fwd+bwd",
+    min_speedup=1.0,
+)
+_case(
+    "cuda_ms_deform_attn_fwd_bwd",
+    setup=_msda_setup,
+    ours=_msda("triton"),
+    peer=_msda(None),
+    peer_name="mmcv formula",
+    description=f"ms_deform_attn 2x{_MSDA_KEYS} queries and keys, 8 heads x 32, 4 levels x 4 "
+    "points float32 on CUDA, fwd+bwd",
     min_speedup=1.0,
 )

@@ -25,6 +25,8 @@ SLOW_CASES = {
     "workload_local_attention_fwd_bwd",
     "workload_yolov8n_train_step",  # a whole YOLOv8n step each side; the loss cases stay fast
     "workload_yolov8n_crowded_train_step",
+    "workload_maskrcnn_eval",  # torchvision's Mask R-CNN (ResNet-50) forward, each side
+    "workload_maskrcnn_train_step",
 }
 """Cases whose check takes more than about 5 s on 2 cores (``make test-all`` runs them)."""
 

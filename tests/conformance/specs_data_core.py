@@ -539,7 +539,14 @@ EXEMPT: dict[object, str] = {
 
 
 def _kernel_entry_points() -> dict[object, str]:
-    from visionblocks.kernels import focal, iou, local_attention, local_filter
+    from visionblocks.kernels import (
+        focal,
+        iou,
+        local_attention,
+        local_filter,
+        ms_deform_attn,
+        rotated_roi_align,
+    )
 
     why = (
         "a Triton kernel entry point, reached through the op's impl= dispatch, which validates "
@@ -554,6 +561,8 @@ def _kernel_entry_points() -> dict[object, str]:
             iou.complete_box_iou_loss_triton,
             local_attention.local_attention2d_triton,
             local_filter.local_filter_triton,
+            ms_deform_attn.ms_deform_attn_triton,
+            rotated_roi_align.rotated_roi_align_triton,
         )
     }
 

@@ -24,7 +24,8 @@ def test_report_fields_and_types():
     report = kernels.available()
     assert set(report) == {"triton", "reason", "interpret", "cuda", "default_impl", "kernels"}
     assert report["kernels"] == [
-        "assign", "focal", "iou", "local_attention", "local_filter", "rotated_iou"
+        "assign", "focal", "iou", "local_attention", "local_filter", "ms_deform_attn",
+        "roi_align", "rotated_iou", "rotated_roi_align"
     ]  # fmt: skip
     assert isinstance(report["interpret"], bool)
     assert report["default_impl"] == "auto"

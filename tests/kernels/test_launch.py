@@ -6,6 +6,7 @@ raises (a simulated compile error), under the interpreter on CPU.
 
 from __future__ import annotations
 
+import importlib
 import warnings
 
 import pytest
@@ -246,17 +247,21 @@ def test_a_failing_backward_kernel_falls_back_to_the_torch_gradient(monkeypatch)
 @pytest.mark.parametrize(
     "op",
     ["sigmoid_focal_loss", "local_filter", "local_attention2d", "generalized_box_iou_loss",
-     "rotated_box_iou", "best_box_iou", "match_anchors"],
+     "rotated_box_iou", "best_box_iou", "match_anchors", "rotated_roi_align", "ms_deform_attn"],
 )  # fmt: skip
 def test_every_op_falls_back_when_its_kernel_fails(op, monkeypatch):
     """Each op passes its formula to its kernel entry: under "auto" (as on a GPU) a broken
     kernel warns and gives the formula's result, gradients included; forced, it raises."""
     from visionblocks.kernels import assign, focal, iou, local_attention, local_filter, rotated_iou
+    from visionblocks.kernels import ms_deform_attn as msda
+    from visionblocks.kernels import rotated_roi_align as rroi
     from visionblocks.losses.focal import sigmoid_focal_loss
     from visionblocks.losses.iou import generalized_box_iou_loss
     from visionblocks.ops import best_box_iou, match_anchors, rotated_box_iou
     from visionblocks.ops.local import local_filter2d as lf
     from visionblocks.ops.local_attention import local_attention2d
+    from visionblocks.ops.ms_deform_attn import ms_deform_attn
+    from visionblocks.ops.rotated_roi_align import rotated_roi_align
 
     boxes = (torch.tensor([[0.0, 0, 2, 2], [1, 1, 4, 5]]), torch.tensor([[1.0, 1, 3, 3]]))
     module, names, where, inputs, call = {
@@ -293,6 +298,18 @@ def test_every_op_falls_back_when_its_kernel_fails(op, monkeypatch):
             lambda impl, a, b: match_anchors(a, boxes=b, high_threshold=0.5, low_threshold=0.4,
                                              allow_low_quality_matches=True, impl=impl),
         ),
+        "rotated_roi_align": (
+            rroi, ["_rroi_fwd_kernel", "_rroi_bwd_kernel"], "ops.rotated_roi_align",
+            (torch.randn(1, 2, 4, 5), torch.tensor([[0, 2.0, 2.0, 3.0, 2.0, 30.0]])),
+            lambda impl, *a: rotated_roi_align(*a, 2, impl=impl),
+        ),
+        "ms_deform_attn": (
+            msda, ["_msda_fwd_kernel", "_msda_sample_kernel", "_msda_value_kernel"],
+            "ops.ms_deform_attn",
+            (torch.randn(1, 5, 2, 3), torch.rand(1, 4, 2, 2, 2, 2), torch.rand(1, 4, 2, 2, 2)),
+            lambda impl, v, x, a: ms_deform_attn(v, torch.tensor([[2, 2], [1, 1]]), x, a,
+                                                 impl=impl),
+        ),
     }[op]  # fmt: skip
     for name in names:
         monkeypatch.setattr(module, name, _Broken(getattr(module, name)))
@@ -304,7 +321,9 @@ def test_every_op_falls_back_when_its_kernel_fails(op, monkeypatch):
         if out.requires_grad:
             out.sum().backward()
     # "auto" never picks triton on CPU; decide as "auto" would on a GPU.
-    monkeypatch.setattr(f"visionblocks.{where}.use_triton", lambda *a, **k: True)
+    # by module: visionblocks.ops.rotated_roi_align (an attribute) is the op, not its module
+    op_module = importlib.import_module(f"visionblocks.{where}")
+    monkeypatch.setattr(op_module, "use_triton", lambda *a, **k: True)
     with pytest.warns(RuntimeWarning, match=f"'{op}' failed on cpu"):
         out = call("auto", *inputs)
     assert_close(out, expected)

@@ -35,6 +35,18 @@ from visionblocks.nn.layers import ACTIVATIONS
 CUDA_AUTOCASTS = cuda_autocast_dtypes("CUDA not available: the CUDA autocast checks need a GPU")
 NOT_APPLICABLE = {
     "find_conv_bn_pairs": "returns module names: no tensor computation",
+    **{
+        name: "random masks of element-wise ops (none lowered by autocast): seeded bitwise "
+        "checks under autocast in tests/nn/test_stochastic_depth.py and test_drop_block.py"
+        for name in (
+            "StochasticDepth",
+            "drop_path",
+            "DropBlock2d",
+            "DropBlock3d",
+            "drop_block2d",
+            "drop_block3d",
+        )
+    },
 }
 OUT_TOL, GRAD_TOL = 1e-2, 1e-1
 
@@ -67,10 +79,31 @@ def _fused_model() -> nn.Module:
     return vnn.fuse_modules(_eval_bn(model).eval())
 
 
+def _frozen_bn() -> nn.Module:
+    norm, gen = vnn.FrozenBatchNorm2d(16), torch.Generator().manual_seed(5)
+    for buffer in norm.buffers():
+        buffer.copy_(torch.rand(16, generator=gen) + 0.5)
+    return norm
+
+
 def _given_kernels() -> Callable[[Tensor], Tensor]:
     layer = vnn.LocalFilter2d(16, 3, groups=4, predict=False)
     kernels = torch.randn(2, 36, 12, 13, generator=torch.Generator().manual_seed(6))
     return lambda x: layer(x, kernels.to(x))
+
+
+class _DeformableOverPixels(nn.Module):
+    """`MultiScaleDeformableAttention` of 20 queries over the image's pixels (one level)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.attn = vnn.MultiScaleDeformableAttention(16, num_heads=2, num_levels=1, num_points=3)
+        self.ref = torch.rand(1, 20, 1, 2, generator=torch.Generator().manual_seed(9))
+
+    def forward(self, x: Tensor) -> Tensor:
+        tokens = x.flatten(2).transpose(1, 2)  # (B, H * W, C)
+        ref = self.ref.to(x).expand(x.shape[0], -1, -1, -1)
+        return self.attn(tokens[:, :20], ref, tokens, [tuple(x.shape[-2:])])
 
 
 CASES = [
@@ -84,6 +117,8 @@ CASES = [
     Case("fuse_conv_bn", _fused_conv, "bf16"),
     Case("fuse_modules", _fused_model, "bf16"),
     Case("LocalAttention2d", lambda: vnn.LocalAttention2d(16, 5, num_heads=2), "bf16"),
+    # Its linear layers run in bfloat16, the sampling in float32 on their outputs.
+    Case("MultiScaleDeformableAttention", _DeformableOverPixels, "bf16"),
     Case("Involution2d", lambda: vnn.Involution2d(16, 5, groups=4), "float32"),
     Case("Involution2d", lambda: vnn.Involution2d(16, 3, stride=2, groups=4), "float32"),
     Case("LocalFilter2d", lambda: vnn.LocalFilter2d(16, 3, groups=4), "float32"),
@@ -92,6 +127,9 @@ CASES = [
     Case("ChannelShuffle", lambda: vnn.ChannelShuffle(4), "exact"),
     Case("channel_shuffle", lambda: lambda x: vnn.channel_shuffle(x, 4), "exact"),
     Case("LayerNorm2d", lambda: vnn.LayerNorm2d(16), "exact"),
+    Case("FrozenBatchNorm2d", lambda: _frozen_bn(), "exact"),
+    Case("SqueezeExcitation", lambda: vnn.SqueezeExcitation(16, 4), "float32"),
+    Case("MLP", lambda: vnn.MLP(13, [8, 13], norm_layer=nn.LayerNorm), "bf16"),
     *(Case("make_norm", lambda n=n: vnn.make_norm(n, 16), "exact") for n in ("bn", "gn", "ln2d")),
     *(Case("make_activation", lambda a=a: vnn.make_activation(a), "exact") for a in ACTIVATIONS),
 ]

@@ -76,6 +76,18 @@ def _rboxes(n: int, device: torch.device, seed: int) -> Tensor:
     return boxes.bfloat16().float().to(device)
 
 
+def _rrois(device: torch.device) -> Tensor:
+    """``(6, 6)`` rotated RoIs (batch index, then a rotated box) on two images of 20 x 18."""
+    batch = torch.tensor([[0.0], [1], [1], [0], [0], [1]])
+    return torch.cat((batch, _rboxes(6, torch.device("cpu"), 7) / 15), 1).to(device)
+
+
+def _rois(device: torch.device) -> Tensor:
+    """``(6, 5)`` RoIs (batch index, then an ``"xyxy"`` box) on two images of 20 x 18."""
+    batch = torch.tensor([[0.0], [1], [1], [0], [0], [1]])
+    return torch.cat((batch, _boxes(6, torch.device("cpu"), 8) / 40), 1).to(device)
+
+
 def _matrices(device: torch.device, batch: int = 2) -> Tensor:
     gen = torch.Generator().manual_seed(3)
     return ops.affine_matrix(
@@ -159,6 +171,57 @@ def _local(impl: str) -> list[Case]:
                 [_randn(d, 2, 8, 10, 9, seed=s) for s in range(3)],
             ),
             "rounded",
+        ),
+        Case(
+            "ms_deform_attn",
+            lambda d: (
+                lambda v, x, a: ops.ms_deform_attn(v, [(5, 6), (2, 3)], x, a, impl=impl),
+                [
+                    _randn(d, 2, 36, 2, 4),
+                    _randn(d, 2, 7, 2, 2, 3, 2, seed=1).sigmoid(),
+                    _randn(d, 2, 7, 2, 2, 3, seed=2).softmax(-1),
+                ],
+            ),
+            "rounded",
+        ),
+        Case(
+            "rotated_roi_align",
+            lambda d: (
+                lambda x, r: ops.rotated_roi_align(x, r, 3, 0.5, impl=impl),
+                [_randn(d, 2, 4, 10, 9), _rrois(d)],
+            ),
+            "rounded",
+        ),
+        Case(
+            "RotatedRoIAlign",
+            lambda d: (
+                lambda x, r: ops.RotatedRoIAlign(2, 0.5, 2)(x, r),
+                [_randn(d, 2, 4, 10, 9), _rrois(d)],
+            ),
+            "rounded",
+        ),
+        *(
+            Case(
+                name,
+                lambda d, call=call: (call, [_randn(d, 2, 8, 10, 9), _rois(d)]),
+                "rounded",
+            )
+            for name, call in (
+                ("roi_align", lambda x, r: ops.roi_align(x, r, 3, 0.5, 2, True, impl=impl)),
+                ("roi_pool", lambda x, r: ops.roi_pool(x, r, 2, 0.5, impl=impl)),
+                ("ps_roi_align", lambda x, r: ops.ps_roi_align(x, r, 2, 0.5, impl=impl)),
+                ("ps_roi_pool", lambda x, r: ops.ps_roi_pool(x, r, 2, 0.5, impl=impl)),
+                ("RoIAlign", lambda x, r: ops.RoIAlign(3, 0.5, 2, True)(x, r)),
+                ("RoIPool", lambda x, r: ops.RoIPool(2, 0.5)(x, r)),
+                ("PSRoIAlign", lambda x, r: ops.PSRoIAlign(2, 0.5, 2)(x, r)),
+                ("PSRoIPool", lambda x, r: ops.PSRoIPool(2, 0.5)(x, r)),
+                (
+                    "MultiScaleRoIAlign",
+                    lambda x, r: ops.MultiScaleRoIAlign(["a", "b"], 2, 2, canonical_scale=16)(
+                        {"a": x, "b": x[..., ::2, ::2]}, [r[:3, 1:], r[3:, 1:]], [(20, 18)] * 2
+                    ),
+                ),
+            )
         ),
     ]
 
@@ -279,6 +342,47 @@ CASES = [
     *_iou_cases(),
     *_detection_cases(),
     Case("box_area", lambda d: (ops.box_area, [_boxes(30, d, 5)]), "float32"),
+    # torchvision's kernel in float32 (its autocast wrapper); half inputs computed in float32.
+    # Forward only: a gradient taken inside an autocast region runs torchvision's backward,
+    # whose inner matrix products autocast lowers (outside the region, as torch advises, the
+    # backward is float32).
+    Case(
+        "deform_conv2d",
+        lambda d: (
+            lambda x, o, w: ops.deform_conv2d(x, o, w, padding=1),
+            [_randn(d, 1, 4, 6, 6), _randn(d, 1, 18, 6, 6, seed=1), _randn(d, 3, 4, 3, 3, seed=2)],
+        ),
+        "rounded",
+        grad=False,
+    ),
+    # Mask ops: products in float32 under autocast; pasted and cropped masks keep their dtype.
+    Case(
+        "paste_masks",
+        lambda d: (
+            lambda m, b: ops.paste_masks(m, b, (48, 40)),
+            [_randn(d, 6, 7, 7).sigmoid(), _boxes(6, d, 8) / 20],
+        ),
+        "rounded",
+    ),
+    Case(
+        "crop_masks",
+        lambda d: (ops.crop_masks, [_randn(d, 6, 9, 8), _boxes(6, d, 9) / 80]),
+        "rounded",
+    ),
+    Case(
+        "mask_iou",
+        lambda d: (
+            ops.mask_iou,
+            [_randn(d, 5, 9, 8).sigmoid(), _randn(d, 4, 9, 8, seed=1).sigmoid()],
+        ),
+        "float32",
+    ),
+    Case(
+        "masks_to_boxes",
+        lambda d: (ops.masks_to_boxes, [_randn(d, 5, 9, 8) > 1]),
+        "float32",
+        grad=False,
+    ),
     # Rotated boxes: IoUs in float32 (float64), as box_iou; NMS's int64 indices as float32.
     *(
         Case(

@@ -153,8 +153,20 @@ def _ce_inputs(d: torch.device) -> tuple[Tensor, Tensor]:
     return _randn(d, 2, 3, 4, 4, g=g), target.to(d)
 
 
+def _rrois(device: torch.device) -> Tensor:
+    """``(5, 6)`` rotated RoIs ``(batch index, cx, cy, w, h, angle)`` over two images."""
+    batch = torch.tensor([[0.0], [1.0], [1.0], [0.0], [1.0]], device=device)
+    return torch.cat((batch, _rboxes(device, 5, 2)), 1)
+
+
 def _image(d: torch.device, c: int = 4, h: int = 6, w: int = 7) -> Tensor:
     return _randn(d, 2, c, h, w)
+
+
+def _rois(d: torch.device) -> Tensor:
+    """Five ``(batch index, x1, y1, x2, y2)`` RoIs on two images, in 0.5-scale coordinates."""
+    index = torch.tensor([[0.0], [1.0], [0.0], [1.0], [1.0]], device="cpu")
+    return torch.cat([index, _boxes(torch.device("cpu"), 5, 2)], 1).to(d)
 
 
 def _conv_bn(d: torch.device) -> nn.Module:
@@ -220,16 +232,83 @@ CASES: dict[str, Case] = {
         lambda p, t: O.rotated_box_iou_loss(p, t, reduction="mean"),
         (_rboxes(d, 6, 0), _rboxes(d, 6, 1)),
     ),
+    "ops.rotated_roi_align": lambda d: (
+        lambda x, r: O.rotated_roi_align(x, r, 3),  # adaptive sampling
+        (_image(d), _rrois(d)),
+    ),
+    "ops.RotatedRoIAlign": lambda d: (
+        lambda x, r: O.RotatedRoIAlign((2, 3), 0.5, 2)(x, r),
+        (_image(d), _rrois(d)),
+    ),
+    "ops.roi_align": lambda d: (
+        lambda x, r: O.roi_align(x, r, 2, 0.5, -1, True),
+        (_image(d), _rois(d)),
+    ),
+    "ops.roi_pool": lambda d: (lambda x, r: O.roi_pool(x, r, (2, 3), 0.5), (_image(d), _rois(d))),
+    "ops.ps_roi_align": lambda d: (
+        lambda x, r: O.ps_roi_align(x, r, 2, 0.5, 2),
+        (_image(d, 8), _rois(d)),
+    ),
+    "ops.ps_roi_pool": lambda d: (
+        lambda x, r: O.ps_roi_pool(x, r, 2, 0.5),
+        (_image(d, 8), _rois(d)),
+    ),
+    "ops.RoIAlign": lambda d: (
+        lambda x, r: O.RoIAlign((2, 3), 0.5, 2, True)(x, r),
+        (_image(d), _rois(d)),
+    ),
+    "ops.RoIPool": lambda d: (lambda x, r: O.RoIPool(2, 0.5)(x, r), (_image(d), _rois(d))),
+    "ops.PSRoIAlign": lambda d: (
+        lambda x, r: O.PSRoIAlign(2, 0.5, 2)(x, r),
+        (_image(d, 8), _rois(d)),
+    ),
+    "ops.PSRoIPool": lambda d: (lambda x, r: O.PSRoIPool(2, 0.5)(x, r), (_image(d, 8), _rois(d))),
+    # Two levels: the sync-free merge on CUDA, torchvision's indexing on CPU.
+    "ops.MultiScaleRoIAlign": lambda d: (
+        lambda a, b, r: O.MultiScaleRoIAlign(["a", "b"], 2, 2, canonical_scale=8)(
+            {"a": a, "b": b}, [r[:3, 1:] * 2, r[3:, 1:] * 2], [(12, 14), (12, 12)]
+        ),
+        (_image(d), _image(d, 4, 3, 4), _rois(d)),
+    ),
     # Several blocks of anchors (block_bytes=1: one anchor a block) and the kernels' dispatch.
     "ops.best_box_iou": lambda d: (
         lambda a, b: tuple(O.best_box_iou(a, b, block_bytes=1)),
         (_boxes(d, 7, 0), _boxes(d, 3, 1)),
     ),
     # Without score_threshold: every box, fixed size (the threshold's case: test_matrix_nms.py).
+    # Sizes as a list (host ints: the grid_sample formula) and as a tensor on the device (the
+    # gather path: read on the device only).
+    "ops.ms_deform_attn": lambda d: (
+        lambda v, x, a, s: (
+            O.ms_deform_attn(v, [(3, 4), (1, 2)], x, a),
+            O.ms_deform_attn(v, s, x, a),
+        ),
+        (
+            _randn(d, 2, 14, 2, 3),
+            _randn(d, 2, 5, 2, 2, 3, 2).sigmoid(),
+            _randn(d, 2, 5, 2, 2, 3).softmax(-1),
+            torch.tensor([[3, 4], [1, 2]], device=d),
+        ),
+    ),
     "ops.matrix_nms": lambda d: (
         lambda s, b, c: O.matrix_nms(s, boxes=b, labels=c),
         (_randn(d, 7).sigmoid(), _boxes(d, 7), torch.tensor([0, 1, 0, 0, 1, 0, 0], device=d)),
     ),
+    # One block (the chunked path compiled: tests/ops/test_masks.py).
+    "ops.paste_masks": lambda d: (
+        lambda m, b: O.paste_masks(m, b, (13, 11)),
+        (_randn(d, 5, 6, 6).sigmoid(), _boxes(d, 5)),
+    ),
+    "ops.crop_masks": lambda d: (O.crop_masks, (_randn(d, 5, 12, 14), _boxes(d, 5))),
+    "ops.deform_conv2d": lambda d: (
+        lambda x, o, w, m: O.deform_conv2d(x, o, w, padding=1, mask=m),
+        (_image(d), _randn(d, 2, 18, 6, 7), _randn(d, 3, 4, 3, 3), _randn(d, 2, 9, 6, 7).sigmoid()),
+    ),
+    "ops.mask_iou": lambda d: (
+        lambda a, b: O.mask_iou(a > 0, b > 0.5),
+        (_randn(d, 4, 9, 8), _randn(d, 3, 9, 8, g=torch.Generator().manual_seed(1))),
+    ),
+    "ops.masks_to_boxes": lambda d: (lambda m: O.masks_to_boxes(m > 1), (_randn(d, 4, 9, 8),)),
     "ops.match_anchors": lambda d: (
         lambda a, b: O.match_anchors(
             a,
@@ -407,6 +486,25 @@ CASES: dict[str, Case] = {
         d, vnn.LocalAttention2d(4, kernel_size=3, num_heads=2), _image(d)
     ),
     "nn.LocalFilter2d": lambda d: _module(d, vnn.LocalFilter2d(4, kernel_size=3), _image(d)),
+    # torchvision.ops' blocks: the modules in eval mode; the random functions with p=1, which
+    # runs every op of the training path and gives values that do not depend on the draws.
+    "nn.DropBlock2d": lambda d: _module(d, vnn.DropBlock2d(0.2, 3), _image(d)),
+    "nn.DropBlock3d": lambda d: _module(d, vnn.DropBlock3d(0.2, 3), _image(d)[:, None]),
+    "nn.drop_block2d": lambda d: (lambda x: vnn.drop_block2d(x, 1.0, 1), (_image(d),)),
+    "nn.drop_block3d": lambda d: (lambda x: vnn.drop_block3d(x, 1.0, 1), (_image(d)[:, None],)),
+    "nn.StochasticDepth": lambda d: _module(d, vnn.StochasticDepth(0.2), _image(d)),
+    "nn.drop_path": lambda d: (lambda x: vnn.drop_path(x, 1.0, "batch"), (_image(d),)),
+    "nn.FrozenBatchNorm2d": lambda d: _module(d, vnn.FrozenBatchNorm2d(4), _image(d)),
+    "nn.SqueezeExcitation": lambda d: _module(d, vnn.SqueezeExcitation(4, 2), _image(d)),
+    "nn.MLP": lambda d: _module(d, vnn.MLP(_image(d).shape[-1], [8, 3]), _image(d)),
+    "nn.MultiScaleDeformableAttention": lambda d: _module(
+        d,
+        vnn.MultiScaleDeformableAttention(8, num_heads=2, num_levels=2, num_points=3),
+        _randn(d, 2, 5, 8),
+        _randn(d, 2, 5, 2, 2).sigmoid(),
+        _randn(d, 2, 14, 8),
+        torch.tensor([[3, 4], [1, 2]], device=d),
+    ),
     "nn.make_activation": lambda d: _module(d, vnn.make_activation("silu"), _image(d)),
     "nn.make_norm": lambda d: _module(d, vnn.make_norm("gn", 4), _image(d)),
     # Fusion is arithmetic on the weights (run by the builder); then the fused forward.

@@ -124,6 +124,32 @@ def _local_attention() -> tuple:
     return _run(lambda a, b, c: ops.local_attention2d(a, b, c, 3, num_heads=2), q, k, v)
 
 
+def _ms_deform_attn() -> tuple:
+    g, shapes = _gen(71), [(4, 5), (2, 3), (1, 1)]
+    value = torch.randn(2, 27, 2, 4, generator=g)
+    locations = torch.rand(2, 6, 2, 3, 2, 2, generator=g) * 1.2 - 0.1
+    weights = torch.rand(2, 6, 2, 3, 2, generator=g)
+    return (
+        *_run(lambda v, x, a: ops.ms_deform_attn(v, shapes, x, a), value, locations, weights),
+        *_run(
+            lambda v, x, a: ops.ms_deform_attn(v, torch.tensor(shapes), x, a),
+            value,
+            locations,
+            weights,
+        ),
+    )
+
+
+def _ms_deform_attn_layer() -> tuple:
+    torch.manual_seed(0)
+    layer = nn.MultiScaleDeformableAttention(8, num_heads=2, num_levels=2, num_points=3)
+    g = _gen(72)
+    query, ref = torch.randn(2, 5, 8, generator=g), torch.rand(2, 5, 2, 2, generator=g)
+    value = torch.randn(2, 14, 8, generator=g)
+    fn = lambda q, r, v: layer(q, r, v, [(3, 4), (1, 2)])  # noqa: E731
+    return _run(fn, query, ref, value, params=tuple(layer.parameters()))
+
+
 def _sliding_windows() -> tuple:
     return _run(lambda x: ops.sliding_windows(x, 3, 2), torch.randn(1, 2, 5, 6, generator=_gen(17)))
 
@@ -338,6 +364,37 @@ def _nms_rotated() -> tuple:
     )
 
 
+def _rotated_roi_align(module: bool = False) -> Callable[[], tuple]:
+    def run() -> tuple:
+        x = torch.randn(2, 3, 9, 10, generator=_gen(49))
+        rois = torch.cat([torch.tensor([[0.0], [1], [0], [0]]), _rboxes(4, 50)], 1)
+        rois = torch.cat([rois, rois])  # overlapping RoIs: pixels shared by several
+        call = (
+            ops.RotatedRoIAlign(2, 1.0, 2)
+            if module
+            else lambda a, r: ops.rotated_roi_align(a, r, 2)
+        )
+        return _run(call, x, rois)
+
+    return run
+
+
+def _roi_pooling(call: Callable[..., Tensor]) -> Callable[[], tuple]:
+    def run() -> tuple:
+        x = torch.randn(2, 8, 9, 18, generator=_gen(62))
+        rois = torch.cat([torch.tensor([[0.0], [1], [0], [1]]), _boxes(4, 63) * 1.5], 1)
+        return _run(call, x, torch.cat([rois, rois]))  # overlapping RoIs share pixels
+
+    return run
+
+
+def _multiscale() -> tuple:
+    pool = ops.MultiScaleRoIAlign(["a", "b"], 2, 2, canonical_scale=8)
+    x = torch.randn(2, 4, 16, 16, generator=_gen(64))
+    boxes = [_boxes(3, 65) * 2, _boxes(2, 66) * 3]
+    return _run(lambda a, b: pool({"a": a, "b": b}, boxes, [(32, 32)] * 2), x, x[..., ::2, ::2])
+
+
 def _hungarian(match: Callable[..., list]) -> Callable[[], tuple]:
     def run() -> tuple:
         g = _gen(48)
@@ -366,6 +423,24 @@ def _nms() -> tuple:
         *_run(lambda b, s: ops.batched_soft_nms(b, s, idxs), boxes, scores),
         *_run(lambda b, s: ops.matrix_nms(s, boxes=b, labels=idxs), boxes, scores),
     )
+
+
+def _masks() -> tuple:
+    g = _gen(62)
+    masks, boxes = torch.rand(6, 7, 7, generator=g), _boxes(6, 63)
+    return (
+        *_run(lambda m, b: ops.paste_masks(m, b, (14, 12)), masks, boxes),
+        *_run(lambda m, b: ops.crop_masks(m, b), masks, boxes),
+        ops.mask_iou(masks > 0.5, masks > 0.3),
+        ops.masks_to_boxes(masks > 0.8),
+    )
+
+
+def _deform_conv() -> tuple:
+    g = _gen(64)
+    x, offset = torch.randn(1, 4, 6, 6, generator=g), torch.randn(1, 18, 6, 6, generator=g)
+    weight, mask = torch.randn(3, 4, 3, 3, generator=g), torch.rand(1, 9, 6, 6, generator=g)
+    return _run(lambda *t: ops.deform_conv2d(*t[:3], padding=1, mask=t[3]), x, offset, weight, mask)
 
 
 def _priors() -> tuple:
@@ -427,6 +502,11 @@ CASES: dict[str, Case] = {
     "soft_nms": Case(_nms),
     "batched_soft_nms": Case(_nms),
     "matrix_nms": Case(_nms),
+    "paste_masks": Case(_masks),
+    "deform_conv2d": Case(_deform_conv),
+    "crop_masks": Case(_masks),
+    "mask_iou": Case(_masks),
+    "masks_to_boxes": Case(_masks),
     "make_anchor_points": Case(_priors),
     "make_anchor_boxes": Case(_priors),
     "AnchorGenerator": Case(_priors),
@@ -447,6 +527,21 @@ CASES: dict[str, Case] = {
     "rotated_box_iou": Case(_rotated, kernel="rotated_iou"),
     "rotated_box_iou_loss": Case(_rotated_loss(ops.rotated_box_iou_loss)),
     "RotatedBoxIoULoss": Case(_rotated_loss(_loss_module(losses.RotatedBoxIoULoss))),
+    "rotated_roi_align": Case(_rotated_roi_align(), kernel="rotated_roi_align"),
+    "RotatedRoIAlign": Case(_rotated_roi_align(module=True), kernel="rotated_roi_align"),
+    "roi_align": Case(_roi_pooling(lambda x, r: ops.roi_align(x, r, 2, 0.5)), kernel="roi_align"),
+    "roi_pool": Case(_roi_pooling(lambda x, r: ops.roi_pool(x, r, 3, 0.5)), kernel="roi_align"),
+    "ps_roi_align": Case(
+        _roi_pooling(lambda x, r: ops.ps_roi_align(x, r, 2, 0.5, 2)), kernel="roi_align"
+    ),
+    "ps_roi_pool": Case(
+        _roi_pooling(lambda x, r: ops.ps_roi_pool(x, r, 2, 0.5)), kernel="roi_align"
+    ),
+    "RoIAlign": Case(_roi_pooling(ops.RoIAlign(2, 0.5, 2, True)), kernel="roi_align"),
+    "RoIPool": Case(_roi_pooling(ops.RoIPool(3, 0.5)), kernel="roi_align"),
+    "PSRoIAlign": Case(_roi_pooling(ops.PSRoIAlign(2, 0.5, 2)), kernel="roi_align"),
+    "PSRoIPool": Case(_roi_pooling(ops.PSRoIPool(2, 0.5)), kernel="roi_align"),
+    "MultiScaleRoIAlign": Case(_multiscale),
     "nms_rotated": Case(_nms_rotated),
     "batched_nms_rotated": Case(_nms_rotated),
     "best_box_iou": Case(
@@ -498,6 +593,7 @@ CASES: dict[str, Case] = {
     "RandomAffine": Case(_random_affine, native=WARP),
     "local_filter2d": Case(_local_filter, kernel=LF),
     "local_attention2d": Case(_local_attention, kernel=LA),
+    "ms_deform_attn": Case(_ms_deform_attn, kernel="ms_deform_attn"),
     "softmax_focal_loss": Case(_softmax_focal(losses.softmax_focal_loss)),
     "SoftmaxFocalLoss": Case(_softmax_focal(_loss_module(losses.SoftmaxFocalLoss))),
     "cross_entropy": Case(_cross_entropy(losses.cross_entropy)),
@@ -518,6 +614,7 @@ CASES: dict[str, Case] = {
     "Involution2d": _layer(lambda: nn.Involution2d(8, 3, 2, groups=2), LF, 1, 8, 6, 6),
     "LocalFilter2d": _layer(lambda: nn.LocalFilter2d(4, 3, groups=2), LF, 1, 4, 5, 6),
     "LocalAttention2d": _layer(lambda: nn.LocalAttention2d(8, 3, 2), LA, 1, 8, 5, 5),
+    "MultiScaleDeformableAttention": Case(_ms_deform_attn_layer, kernel="ms_deform_attn"),
 }
 for _name in ("box_iou", "generalized_box_iou", "distance_box_iou", "complete_box_iou"):
     CASES[_name] = Case(_iou(getattr(ops, _name)))
@@ -530,6 +627,8 @@ for _name, _cls in (
     CASES[_cls.__name__] = Case(_iou_loss(_loss_module(_cls)), kernel="iou")
 NN_PLAIN = {
     "ChannelShuffle", "ConvNormAct", "DepthwiseConv2d", "DepthwiseSeparableConv2d", "LayerNorm2d",
+    "DropBlock2d", "DropBlock3d", "FrozenBatchNorm2d", "MLP", "SqueezeExcitation",
+    "StochasticDepth", "drop_block2d", "drop_block3d", "drop_path",
     "channel_shuffle", "find_conv_bn_pairs", "fuse_conv_bn", "fuse_modules", "make_activation",
     "make_norm",
 }  # fmt: skip

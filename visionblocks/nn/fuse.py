@@ -8,9 +8,9 @@ model, and `find_conv_bn_pairs` says which pairs those are.
 
 Which pairs fold: a ``nn.Conv2d`` (or a subclass that keeps ``Conv2d``'s ``forward``, or
 `visionblocks.nn.conv.DepthwiseConv2d`) whose output goes **only** into a ``nn.BatchNorm2d``,
-``nn.SyncBatchNorm`` or torchvision ``FrozenBatchNorm2d`` that keeps running statistics and
-the stock ``forward`` (norm subclasses that do more, such as timm's ``BatchNormAct2d``, are
-left alone). Pairs are found on the model's ``torch.fx`` graph (any wiring); a (sub)module
+``nn.SyncBatchNorm`` or ``FrozenBatchNorm2d`` (torchvision's or
+`visionblocks.nn.FrozenBatchNorm2d`) that keeps running statistics and the stock ``forward``
+(norm subclasses that do more, such as timm's ``BatchNormAct2d``, are left alone). Pairs are found on the model's ``torch.fx`` graph (any wiring); a (sub)module
 ``torch.fx`` cannot trace is searched by structure (``nn.Sequential`` neighbours, a
 `visionblocks.nn.conv.ConvNormAct`'s ``conv``/``norm``), then its children are traced. A
 pair is left alone when the conv or the norm is called more than once, reachable under two
@@ -34,6 +34,7 @@ from torch.nn.modules.batchnorm import _BatchNorm
 from visionblocks._core.checks import check_type
 from visionblocks._core.namespace import public_dir
 from visionblocks.nn.conv import ConvNormAct, DepthwiseConv2d
+from visionblocks.nn.frozen_batch_norm import FrozenBatchNorm2d
 
 __all__ = ["find_conv_bn_pairs", "fuse_conv_bn", "fuse_modules"]
 __dir__ = public_dir(__name__, __all__)
@@ -41,9 +42,9 @@ __dir__ = public_dir(__name__, __all__)
 
 @cache
 def _bn_types() -> tuple[type[nn.Module], ...]:
-    from torchvision.ops.misc import FrozenBatchNorm2d
+    from torchvision.ops.misc import FrozenBatchNorm2d as TorchvisionFrozenBatchNorm2d
 
-    return (nn.BatchNorm2d, nn.SyncBatchNorm, FrozenBatchNorm2d)
+    return (nn.BatchNorm2d, nn.SyncBatchNorm, TorchvisionFrozenBatchNorm2d, FrozenBatchNorm2d)
 
 
 def _is_plain_conv(module: nn.Module) -> bool:
@@ -86,7 +87,7 @@ def fuse_conv_bn(conv: nn.Conv2d, bn: nn.Module) -> nn.Conv2d:
         conv: A ``nn.Conv2d`` (or a subclass that does not override ``forward``, or a
             `visionblocks.nn.conv.DepthwiseConv2d`).
         bn: A ``nn.BatchNorm2d`` / ``nn.SyncBatchNorm`` in eval mode with running statistics,
-            or a torchvision ``FrozenBatchNorm2d``, with ``conv.out_channels`` features.
+            or a ``FrozenBatchNorm2d`` (torchvision's or ours), with ``conv.out_channels`` features.
 
     Returns:
         nn.Conv2d: The fused convolution, on ``conv``'s device and dtype.

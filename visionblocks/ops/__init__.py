@@ -1,6 +1,7 @@
 """Functional tensor ops: boxes and IoUs, NMS (greedy, soft, matrix), detection priors and
 box coders, affine warping (with key points and their left/right pairs), key point
-similarity (OKS) and unfold-based local ops.
+similarity (OKS), instance masks (paste, crop, IoU, boxes), deformable convolution and
+unfold-based local ops.
 
 The box losses live in `visionblocks.losses`; ``generalized_box_iou_loss``,
 ``distance_box_iou_loss``, ``complete_box_iou_loss`` and ``rotated_box_iou_loss`` are served
@@ -43,16 +44,31 @@ from visionblocks.ops.boxes import (
     distance_box_iou,
     generalized_box_iou,
 )
+from visionblocks.ops.deform_conv import deform_conv2d
 from visionblocks.ops.dynamic_soft_label import dynamic_soft_label_assign
 from visionblocks.ops.hungarian import HungarianMatcher, hungarian_match
 from visionblocks.ops.keypoints import flip_permutation, keypoint_flip_pairs
 from visionblocks.ops.local import local_filter2d, sliding_windows
 from visionblocks.ops.local_attention import local_attention2d
+from visionblocks.ops.masks import crop_masks, mask_iou, masks_to_boxes, paste_masks
 from visionblocks.ops.matrix_nms import matrix_nms
+from visionblocks.ops.ms_deform_attn import ms_deform_attn
 from visionblocks.ops.nms import batched_nms, nms
 from visionblocks.ops.oks import COCO_PERSON_SIGMAS, keypoint_oks
 from visionblocks.ops.priors import AnchorGenerator, make_anchor_boxes, make_anchor_points
+from visionblocks.ops.roi_align import (
+    MultiScaleRoIAlign,
+    PSRoIAlign,
+    PSRoIPool,
+    RoIAlign,
+    RoIPool,
+    ps_roi_align,
+    ps_roi_pool,
+    roi_align,
+    roi_pool,
+)
 from visionblocks.ops.rotated import batched_nms_rotated, nms_rotated, rotated_box_iou
+from visionblocks.ops.rotated_roi_align import RotatedRoIAlign, rotated_roi_align
 from visionblocks.ops.simota import DynamicKAssignment, simota_assign
 from visionblocks.ops.soft_nms import batched_soft_nms, soft_nms
 from visionblocks.ops.task_aligned import (
@@ -84,6 +100,12 @@ __all__ = [
     "BestIoU",
     "DynamicKAssignment",
     "HungarianMatcher",
+    "MultiScaleRoIAlign",
+    "PSRoIAlign",
+    "PSRoIPool",
+    "RoIAlign",
+    "RoIPool",
+    "RotatedRoIAlign",
     "TaskAlignedAssigner",
     "TaskAlignedTargets",
     "affine_matrix",
@@ -98,8 +120,10 @@ __all__ = [
     "complete_box_iou",
     "complete_box_iou_loss",
     "compose_affine",
+    "crop_masks",
     "decode_deltas",
     "decode_distances",
+    "deform_conv2d",
     "distance_box_iou",
     "distance_box_iou_loss",
     "dynamic_soft_label_assign",
@@ -116,13 +140,22 @@ __all__ = [
     "local_filter2d",
     "make_anchor_boxes",
     "make_anchor_points",
+    "mask_iou",
+    "masks_to_boxes",
     "match_anchors",
     "matrix_nms",
     "matrix_to_theta",
+    "ms_deform_attn",
     "nms",
     "nms_rotated",
+    "paste_masks",
+    "ps_roi_align",
+    "ps_roi_pool",
+    "roi_align",
+    "roi_pool",
     "rotated_box_iou",
     "rotated_box_iou_loss",
+    "rotated_roi_align",
     "simota_assign",
     "sliding_windows",
     "soft_nms",

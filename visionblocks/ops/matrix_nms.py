@@ -15,8 +15,8 @@ Convention:
     (``"gaussian"``: mmdet's ``sigma``, which multiplies, where soft-NMS's divides) or
     ``f(x) = 1 - x`` (``"linear"``; a zero ``1 - c[i]`` counts as the smallest positive
     number, where mmdet divides by zero); the new score is the score times the decay.
-    Mask IoUs are ``|A ∩ B| / |A ∪ B|`` of the masks' values (0 for two empty masks); box
-    IoUs `visionblocks.ops.box_iou`'s. Compiles with ``torch.compile(fullgraph=True)``
+    Mask IoUs are `visionblocks.ops.mask_iou`'s (of the masks' values; 0 for two empty
+    masks); box IoUs `visionblocks.ops.box_iou`'s. Compiles with ``torch.compile(fullgraph=True)``
     and reads no CUDA tensor values, unless ``score_threshold`` is given (the output's
     length then depends on the values, as `visionblocks.ops.nms`).
 """
@@ -38,19 +38,12 @@ from visionblocks._core.tensor_checks import (
     compute_dtype,
 )
 from visionblocks.ops.boxes import box_iou
+from visionblocks.ops.masks import mask_iou
 
 __all__ = ["matrix_nms"]
 __dir__ = public_dir(__name__, __all__)
 
 KERNELS = ("gaussian", "linear")
-
-
-def _mask_iou(masks: Tensor, dtype: torch.dtype) -> Tensor:
-    flat = masks.flatten(1).to(dtype)
-    inter = flat @ flat.T
-    area = flat.sum(1)
-    union = area[:, None] + area[None, :] - inter
-    return torch.where(union > 0, inter / union.masked_fill(union <= 0, 1), 0)
 
 
 def _checked(scores: Any, boxes: Any, masks: Any, labels: Any) -> Tensor:
@@ -159,7 +152,8 @@ def matrix_nms(
     if boxes is not None:
         iou = box_iou(regions, regions).to(dtype)
     else:
-        iou = _mask_iou(regions, dtype)
+        regions = regions.to(dtype)
+        iou = mask_iou(regions, regions)
     iou = iou.triu(1)  # [i, j]: i before j
     if labels is not None:
         ranked = labels[order]

@@ -1,0 +1,565 @@
+"""RoI pooling: `roi_align`, `roi_pool`, `ps_roi_align`, `ps_roi_pool` and `MultiScaleRoIAlign`.
+
+Each function takes torchvision's arguments in torchvision's order and runs its compiled
+kernels (``torch.ops.torchvision``, loaded on first use) after checking the arguments with
+errors that name them. half and bfloat16 inputs are computed in float32 (torchvision's
+autocast rule; its kernels have no bfloat16) and returned in the input's dtype; boxes are
+cast to that compute dtype. Box values are not read on the host except by the CPU value
+check of the batch indices.
+
+Deterministic backward: torchvision's CUDA backward kernels add with atomics, so under
+``torch.use_deterministic_algorithms(True)`` they raise (its ``roi_align`` switches to a
+``torch.compile``'d formula instead). Here, with ``impl="auto"``, a CUDA call made while
+deterministic algorithms are enabled (a host flag, read when the forward runs) keeps
+torchvision's forward and takes a Triton backward that gathers instead of scattering
+(`visionblocks.kernels.roi_align`): bitwise reproducible, equal to torchvision's gradients to
+float rounding. Without deterministic mode, and on CPU, torchvision's backward runs.
+``impl="triton"`` forces the Triton backward (on CPU tensors with ``TRITON_INTERPRET=1``);
+``impl="torch"`` always takes torchvision's.
+
+Convention:
+    Boxes are ``"xyxy"`` in continuous coordinates (`visionblocks.ops.boxes`): pixel ``i``
+    covers ``[i, i + 1)`` and its centre is ``i + 0.5``. torchvision samples the feature map
+    at continuous coordinates where pixel ``i``'s value sits at ``i``, after mapping a box
+    coordinate ``u`` to ``u * spatial_scale - offset``: ``aligned=True`` (``offset = 0.5``,
+    Detectron2's RoIAlign) is exactly our convention; ``aligned=False`` (torchvision's
+    default, the original Mask R-CNN) samples half a pixel down and right of it and
+    stretches boxes smaller than one feature pixel to one. ``ps_roi_align`` always takes
+    ``offset = 0.5``. ``roi_pool`` and ``ps_roi_pool`` round box coordinates to whole pixels
+    (``roi_pool`` counts the end pixel in, ``+ 1``). ``rois`` are ``(K, 5)`` rows
+    ``(batch index, x1, y1, x2, y2)``, or one ``(L, 4)`` tensor of boxes per image.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any, Literal
+
+import torch
+from torch import Tensor, nn
+
+from visionblocks._core.checks import check_finite, check_int, check_number, check_type
+from visionblocks._core.dispatch import forced_triton, reads_values, recording, use_triton
+from visionblocks._core.namespace import public_dir
+from visionblocks._core.tensor_checks import (
+    check_allocation,
+    check_floating,
+    check_real,
+    compute_dtype,
+)
+
+__all__ = [
+    "MultiScaleRoIAlign",
+    "PSRoIAlign",
+    "PSRoIPool",
+    "RoIAlign",
+    "RoIPool",
+    "ps_roi_align",
+    "ps_roi_pool",
+    "roi_align",
+    "roi_pool",
+]
+__dir__ = public_dir(__name__, __all__)
+
+Impl = Literal["auto", "torch", "triton"]
+
+
+def _pair(output_size: Any) -> tuple[int, int]:
+    """``output_size`` as ``(height, width)`` of positive ints."""
+    if type(output_size) is int and output_size > 0:  # the usual call
+        return output_size, output_size
+    if isinstance(output_size, int) and not isinstance(output_size, bool):
+        output_size = (output_size, output_size)
+    if (
+        not isinstance(output_size, (tuple, list))
+        or len(output_size) != 2
+        or not all(isinstance(s, int) and not isinstance(s, bool) for s in output_size)
+    ):
+        raise TypeError(f"output_size must be an int or a pair of ints, got {output_size!r}")
+    if min(output_size) < 1:
+        raise ValueError(f"output_size must be positive, got {tuple(output_size)}")
+    return int(output_size[0]), int(output_size[1])
+
+
+def _rois(input: Tensor, boxes: Any, dtype: torch.dtype) -> Tensor:
+    """``boxes`` as checked ``(K, 5)`` rois of ``dtype`` on ``input``'s device."""
+    if isinstance(boxes, Tensor):
+        if boxes.dtype != dtype:
+            boxes = check_real("boxes", boxes).to(dtype)
+        if boxes.dim() != 2 or boxes.shape[1] != 5:
+            raise ValueError(
+                "boxes must be a Tensor[K, 5] of (batch index, x1, y1, x2, y2) or a list of "
+                f"Tensor[L, 4], got a tensor of shape {tuple(boxes.shape)}"
+            )
+        if boxes.device != input.device:
+            raise ValueError(f"boxes are on {boxes.device} but input is on {input.device}")
+        if boxes.shape[0] and reads_values(boxes):  # an index out of range reads any memory
+            index = boxes.select(1, 0)
+            if boxes.shape[0] <= 64:  # the cheaper read for few boxes
+                index = index.tolist()
+                low, high = min(index), max(index)
+                low = low if sum(index) == sum(index) else math.nan  # min and max skip NaN
+            else:
+                low, high = (v.item() for v in index.aminmax())
+            if not 0 <= low <= high < input.shape[0]:
+                raise ValueError(
+                    f"boxes[:, 0] must hold batch indices of input, in [0, {input.shape[0] - 1}]"
+                    f", got values in [{low}, {high}]"
+                )
+        return boxes
+    if not isinstance(boxes, (list, tuple)):
+        raise TypeError(
+            f"boxes must be a Tensor[K, 5] or a list of Tensor[L, 4], got {type(boxes).__name__}"
+        )
+    for i, b in enumerate(boxes):
+        check_real(f"boxes[{i}]", b)
+        if b.dim() != 2 or b.shape[1] != 4:
+            raise ValueError(f"boxes[{i}] must be a Tensor[L, 4], got shape {tuple(b.shape)}")
+        if b.device != input.device:
+            raise ValueError(f"boxes[{i}] is on {b.device} but input is on {input.device}")
+    if len(boxes) > input.shape[0]:
+        raise ValueError(f"boxes has {len(boxes)} tensors but input has {input.shape[0]} images")
+    if not boxes:
+        return input.new_zeros((0, 5), dtype=dtype)
+    index = [
+        torch.full((b.shape[0], 1), i, dtype=dtype, device=b.device) for i, b in enumerate(boxes)
+    ]
+    return torch.cat([torch.cat(index), torch.cat(list(boxes)).to(dtype)], 1)
+
+
+def _prepare(
+    input: Any, boxes: Any, output_size: Any, spatial_scale: Any
+) -> tuple[Tensor, Tensor, tuple[int, int], float, torch.dtype]:
+    """Checked input in its compute dtype, ``(K, 5)`` rois, ``(PH, PW)``, the scale and
+    the input's dtype."""
+    check_floating("input", input)
+    if input.dim() != 4:
+        raise ValueError(f"input must have shape (N, C, H, W), got {tuple(input.shape)}")
+    size = _pair(output_size)
+    if type(spatial_scale) is not float or not 0 < spatial_scale < math.inf:
+        scale = check_number("spatial_scale", spatial_scale, 0.0, low_inclusive=False)
+        spatial_scale = check_finite("spatial_scale", scale)
+    dtype = compute_dtype(input.dtype)
+    rois = _rois(input, boxes, dtype)
+    if size[0] * size[1] > 2**16:  # beyond any real use: before torchvision allocates
+        check_allocation(f"output_size={size}", (rois.shape[0], input.shape[1], *size), dtype)
+    x = input if input.dtype == dtype else input.to(dtype)
+    return x, rois, size, spatial_scale, input.dtype
+
+
+def _sampling(sampling_ratio: Any) -> int:
+    """An int; at most 1024 samples per bin axis (a million per bin), so no call runs for hours."""
+    return check_int("sampling_ratio", sampling_ratio, None, 1024)
+
+
+def _check_ps(input: Tensor, size: tuple[int, int]) -> None:
+    if input.shape[1] % (size[0] * size[1]):
+        raise ValueError(
+            f"input's channels ({input.shape[1]}) must be a multiple of output_size[0] * "
+            f"output_size[1] = {size[0] * size[1]}"
+        )
+
+
+def _run(op: str, dtype: torch.dtype, impl: str, input: Tensor, rois: Tensor, *args: Any) -> Tensor:
+    """torchvision's op, with the Triton backward where dispatch picks it."""
+    deterministic = torch.are_deterministic_algorithms_enabled()
+    if use_triton(op, impl, input, rois, auto=deterministic):
+        from visionblocks.kernels.roi_align import roi_pool_triton
+
+        out = roi_pool_triton(op, input, rois, *args, forced=forced_triton(impl))
+    else:
+        import torchvision.ops
+
+        if deterministic and input.is_cuda and op == "roi_align":  # its deterministic formula
+            out = torchvision.ops.roi_align(input, rois, args[1:3], args[0], *args[3:])
+        else:
+            out = getattr(torch.ops.torchvision, op)(input, rois, *args)
+            out = out if op == "roi_align" else out[0]
+    return out if out.dtype == dtype else out.to(dtype)
+
+
+def roi_align(
+    input: Tensor,
+    boxes: Tensor | list[Tensor],
+    output_size: int | tuple[int, int],
+    spatial_scale: float = 1.0,
+    sampling_ratio: int = -1,
+    aligned: bool = False,
+    *,
+    impl: Impl = "auto",
+) -> Tensor:
+    """RoI Align (Mask R-CNN): the average of bilinear samples in each bin of each box.
+
+    Args:
+        input (Tensor[N, C, H, W]): Feature maps, floating point.
+        boxes (Tensor[K, 5] or list[Tensor[L, 4]]): ``(batch index, x1, y1, x2, y2)`` rows,
+            or one tensor of ``"xyxy"`` boxes per image; on ``input``'s device.
+        output_size: Bins per box, ``int`` or ``(height, width)``.
+        spatial_scale: Feature-map pixels per box unit (``1/16`` for stride 16); ``> 0``.
+        sampling_ratio: Samples per bin along each axis (at most 1024); ``<= 0``:
+            ``ceil(box size / bins)``.
+        aligned: True: pixel centres at ``+ 0.5`` (our convention, see the module notes).
+        impl: ``"auto"`` | ``"torch"`` | ``"triton"``: the backward (module notes).
+
+    Returns:
+        Tensor[K, C, output_size[0], output_size[1]]: In ``input``'s dtype.
+
+    Raises:
+        TypeError: A non-floating ``input``, boxes that are not a tensor or a list of
+            tensors, a non-int ``output_size``/``sampling_ratio``, a non-bool ``aligned``.
+        ValueError: Shapes other than the above, boxes on another device, batch indices
+            out of range (CPU), ``spatial_scale <= 0`` or non-finite, ``sampling_ratio >
+            1024``, an output too large to allocate, an unknown ``impl``.
+
+    Examples:
+        >>> x = torch.arange(16.0).view(1, 1, 4, 4)
+        >>> roi_align(x, [torch.tensor([[0.0, 0.0, 2.0, 2.0]])], 1, aligned=True)
+        tensor([[[[2.5000]]]])
+    """
+    input, rois, (ph, pw), scale, dtype = _prepare(input, boxes, output_size, spatial_scale)
+    _sampling(sampling_ratio)
+    check_type("aligned", aligned, bool)
+    return _run("roi_align", dtype, impl, input, rois, scale, ph, pw, sampling_ratio, aligned)
+
+
+def roi_pool(
+    input: Tensor,
+    boxes: Tensor | list[Tensor],
+    output_size: int | tuple[int, int],
+    spatial_scale: float = 1.0,
+    *,
+    impl: Impl = "auto",
+) -> Tensor:
+    """RoI max pooling (Fast R-CNN) over boxes rounded to whole feature pixels.
+
+    Args:
+        input (Tensor[N, C, H, W]): Feature maps, floating point.
+        boxes (Tensor[K, 5] or list[Tensor[L, 4]]): As `roi_align`.
+        output_size: Bins per box, ``int`` or ``(height, width)``.
+        spatial_scale: Feature-map pixels per box unit; ``> 0``.
+        impl: ``"auto"`` | ``"torch"`` | ``"triton"``: the backward (module notes).
+
+    Returns:
+        Tensor[K, C, output_size[0], output_size[1]]: The maxima (0 for an empty bin).
+
+    Raises:
+        TypeError, ValueError: As `roi_align`.
+
+    Examples:
+        >>> x = torch.arange(16.0).view(1, 1, 4, 4)
+        >>> roi_pool(x, torch.tensor([[0.0, 0.0, 0.0, 3.0, 3.0]]), 2)
+        tensor([[[[ 5.,  7.],
+                  [13., 15.]]]])
+    """
+    input, rois, (ph, pw), scale, dtype = _prepare(input, boxes, output_size, spatial_scale)
+    return _run("roi_pool", dtype, impl, input, rois, scale, ph, pw)
+
+
+def ps_roi_align(
+    input: Tensor,
+    boxes: Tensor | list[Tensor],
+    output_size: int | tuple[int, int],
+    spatial_scale: float = 1.0,
+    sampling_ratio: int = -1,
+    *,
+    impl: Impl = "auto",
+) -> Tensor:
+    """Position-sensitive RoI Align (R-FCN): bin ``(i, j)`` of output channel ``c`` samples
+    input channel ``(c * PH + i) * PW + j``.
+
+    Args:
+        input (Tensor[N, C, H, W]): Feature maps; ``C`` a multiple of ``PH * PW``.
+        boxes (Tensor[K, 5] or list[Tensor[L, 4]]): As `roi_align`.
+        output_size: ``(PH, PW)`` bins per box, or one int.
+        spatial_scale: Feature-map pixels per box unit; ``> 0``.
+        sampling_ratio: As `roi_align`.
+        impl: ``"auto"`` | ``"torch"`` | ``"triton"``: the backward (module notes).
+
+    Returns:
+        Tensor[K, C / (PH * PW), PH, PW]: In ``input``'s dtype.
+
+    Raises:
+        TypeError, ValueError: As `roi_align`, or ``C`` not a multiple of ``PH * PW``.
+
+    Examples:
+        >>> x = torch.ones(1, 8, 5, 5)
+        >>> ps_roi_align(x, torch.tensor([[0.0, 1.0, 1.0, 3.0, 3.0]]), 2).shape
+        torch.Size([1, 2, 2, 2])
+    """
+    input, rois, (ph, pw), scale, dtype = _prepare(input, boxes, output_size, spatial_scale)
+    _sampling(sampling_ratio)
+    _check_ps(input, (ph, pw))
+    return _run("ps_roi_align", dtype, impl, input, rois, scale, ph, pw, sampling_ratio)
+
+
+def ps_roi_pool(
+    input: Tensor,
+    boxes: Tensor | list[Tensor],
+    output_size: int | tuple[int, int],
+    spatial_scale: float = 1.0,
+    *,
+    impl: Impl = "auto",
+) -> Tensor:
+    """Position-sensitive RoI average pooling (R-FCN) over boxes rounded to whole pixels.
+
+    Args:
+        input (Tensor[N, C, H, W]): Feature maps; ``C`` a multiple of ``PH * PW``.
+        boxes (Tensor[K, 5] or list[Tensor[L, 4]]): As `roi_align`.
+        output_size: ``(PH, PW)`` bins per box, or one int.
+        spatial_scale: Feature-map pixels per box unit; ``> 0``.
+        impl: ``"auto"`` | ``"torch"`` | ``"triton"``: the backward (module notes).
+
+    Returns:
+        Tensor[K, C / (PH * PW), PH, PW]: In ``input``'s dtype.
+
+    Raises:
+        TypeError, ValueError: As `ps_roi_align`.
+
+    Examples:
+        >>> x = torch.ones(1, 4, 5, 5)
+        >>> ps_roi_pool(x, torch.tensor([[0.0, 0.0, 0.0, 4.0, 4.0]]), 2)
+        tensor([[[[1., 1.],
+                  [1., 1.]]]])
+    """
+    input, rois, (ph, pw), scale, dtype = _prepare(input, boxes, output_size, spatial_scale)
+    _check_ps(input, (ph, pw))
+    return _run("ps_roi_pool", dtype, impl, input, rois, scale, ph, pw)
+
+
+class _RoIModule(nn.Module):
+    """The options of one RoI pooling function, checked once; ``forward(input, boxes)``."""
+
+    _fn: Any
+    _options: tuple[str, ...] = ("output_size", "spatial_scale")
+
+    def __init__(self, output_size: int | tuple[int, int], spatial_scale: float, **options: Any):
+        super().__init__()
+        self.output_size = _pair(
+            tuple(output_size) if isinstance(output_size, list) else output_size
+        )
+        check_finite(
+            "spatial_scale", check_number("spatial_scale", spatial_scale, 0.0, low_inclusive=False)
+        )
+        self.spatial_scale = float(spatial_scale)
+        if "sampling_ratio" in options:
+            options["sampling_ratio"] = _sampling(options["sampling_ratio"])
+        if "aligned" in options:
+            check_type("aligned", options["aligned"], bool)
+        self.options = options
+
+    def forward(self, input: Tensor, boxes: Tensor | list[Tensor]) -> Tensor:
+        """Pool ``boxes`` (``(K, 5)`` rows or a list of ``(L, 4)``) from ``input``."""
+        return type(self)._fn(input, boxes, self.output_size, self.spatial_scale, **self.options)
+
+    def extra_repr(self) -> str:
+        extra = "".join(f", {k}={v}" for k, v in self.options.items())
+        return f"output_size={self.output_size}, spatial_scale={self.spatial_scale}{extra}"
+
+
+class RoIAlign(_RoIModule):
+    """Module form of `roi_align` (torchvision's ``RoIAlign``, the same arguments).
+
+    Examples:
+        >>> layer = RoIAlign(2, spatial_scale=0.5, sampling_ratio=2, aligned=True)
+        >>> layer(torch.rand(1, 3, 8, 8), torch.tensor([[0.0, 0.0, 0.0, 8.0, 8.0]])).shape
+        torch.Size([1, 3, 2, 2])
+    """
+
+    _fn = staticmethod(roi_align)
+
+    def __init__(
+        self,
+        output_size: int | tuple[int, int],
+        spatial_scale: float,
+        sampling_ratio: int,
+        aligned: bool = False,
+    ) -> None:
+        super().__init__(output_size, spatial_scale, sampling_ratio=sampling_ratio, aligned=aligned)
+
+
+class RoIPool(_RoIModule):
+    """Module form of `roi_pool` (torchvision's ``RoIPool``).
+
+    Examples:
+        >>> layer = RoIPool(2, spatial_scale=1.0)
+        >>> layer(torch.rand(1, 3, 8, 8), [torch.tensor([[0.0, 0.0, 4.0, 4.0]])]).shape
+        torch.Size([1, 3, 2, 2])
+    """
+
+    _fn = staticmethod(roi_pool)
+
+    def __init__(self, output_size: int | tuple[int, int], spatial_scale: float) -> None:
+        super().__init__(output_size, spatial_scale)
+
+
+class PSRoIAlign(_RoIModule):
+    """Module form of `ps_roi_align` (torchvision's ``PSRoIAlign``).
+
+    Examples:
+        >>> layer = PSRoIAlign(2, spatial_scale=1.0, sampling_ratio=2)
+        >>> layer(torch.rand(1, 8, 8, 8), [torch.tensor([[0.0, 0.0, 4.0, 4.0]])]).shape
+        torch.Size([1, 2, 2, 2])
+    """
+
+    _fn = staticmethod(ps_roi_align)
+
+    def __init__(
+        self, output_size: int | tuple[int, int], spatial_scale: float, sampling_ratio: int
+    ) -> None:
+        super().__init__(output_size, spatial_scale, sampling_ratio=sampling_ratio)
+
+
+class PSRoIPool(_RoIModule):
+    """Module form of `ps_roi_pool` (torchvision's ``PSRoIPool``).
+
+    Examples:
+        >>> layer = PSRoIPool(2, spatial_scale=1.0)
+        >>> layer(torch.rand(1, 8, 8, 8), [torch.tensor([[0.0, 0.0, 4.0, 4.0]])]).shape
+        torch.Size([1, 2, 2, 2])
+    """
+
+    _fn = staticmethod(ps_roi_pool)
+
+    def __init__(self, output_size: int | tuple[int, int], spatial_scale: float) -> None:
+        super().__init__(output_size, spatial_scale)
+
+
+def _level_scale(feature: Tensor, image_size: tuple[int, int]) -> float:
+    """torchvision's ``_infer_scale``: the power of two nearest the feature/image ratio."""
+    return 2.0 ** round(math.log2(float(feature.shape[-2]) / float(image_size[0])))
+
+
+class MultiScaleRoIAlign(nn.Module):
+    """torchvision's ``MultiScaleRoIAlign``: `roi_align` of each box on the FPN level of
+    its size (Lin et al., 2017, eq. 1), without waiting for the GPU.
+
+    A box of area ``w * h`` goes to level ``floor(canonical_level + log2(sqrt(w * h) /
+    canonical_scale) + 1e-6)``, clamped to the levels given, as torchvision's
+    ``LevelMapper``; the scale of each level is the power of two nearest its size over the
+    largest image's. torchvision indexes the boxes of each level (``torch.where(levels ==
+    level)``, a device-to-host wait on CUDA); here, on CUDA and while tracing, every level
+    pools every box, the boxes of other levels moved far outside the map (where a bin is
+    one sample, read as 0), and the levels are merged with ``torch.where``: the same values,
+    no wait. Eager CPU calls index the levels as torchvision. ``aligned`` is False, as there.
+
+    Args:
+        featmap_names: Names of the feature maps (keys of ``x``) to pool from, finest first.
+        output_size: Bins per box, ``int`` or ``(height, width)``.
+        sampling_ratio: As `roi_align`.
+        canonical_scale: The box size that maps to ``canonical_level``.
+        canonical_level: The level of a ``canonical_scale`` box (``k0`` in the paper).
+
+    Examples:
+        >>> pool = MultiScaleRoIAlign(["p2", "p3"], 7, 2)
+        >>> x = {"p2": torch.rand(1, 8, 64, 64), "p3": torch.rand(1, 8, 32, 32)}
+        >>> pool(x, [torch.tensor([[0.0, 0.0, 100.0, 100.0]])], [(256, 256)]).shape
+        torch.Size([1, 8, 7, 7])
+    """
+
+    def __init__(
+        self,
+        featmap_names: list[str],
+        output_size: int | tuple[int, int] | list[int],
+        sampling_ratio: int,
+        *,
+        canonical_scale: int = 224,
+        canonical_level: int = 4,
+    ) -> None:
+        super().__init__()
+        if isinstance(featmap_names, str) or not isinstance(featmap_names, (list, tuple)):
+            raise TypeError(f"featmap_names must be a list of str, got {featmap_names!r}")
+        if not featmap_names or not all(isinstance(n, str) for n in featmap_names):
+            raise ValueError(
+                f"featmap_names must be a non-empty list of str, got {featmap_names!r}"
+            )
+        self.featmap_names = list(featmap_names)
+        self.output_size = _pair(
+            tuple(output_size) if isinstance(output_size, list) else output_size
+        )
+        self.sampling_ratio = _sampling(sampling_ratio)
+        self.canonical_scale = check_number(
+            "canonical_scale", canonical_scale, 0.0, low_inclusive=False
+        )
+        check_type("canonical_level", canonical_level, int)
+        self.canonical_level = canonical_level
+
+    def forward(
+        self,
+        x: dict[str, Tensor],
+        boxes: list[Tensor],
+        image_shapes: Sequence[tuple[int, int]],
+    ) -> Tensor:
+        """Pool ``boxes`` (image coordinates, one ``(L, 4)`` tensor per image) from ``x``.
+
+        Args:
+            x: Feature maps by name, all with the same channels.
+            boxes: ``"xyxy"`` boxes per image, in the coordinates of ``image_shapes``.
+            image_shapes: ``(height, width)`` of each image before the backbone.
+
+        Returns:
+            Tensor[K, C, PH, PW]: One row per box, in the order of ``boxes``.
+
+        Raises:
+            TypeError, ValueError: ``x`` not a dict holding the feature maps named, no
+                ``image_shapes``, or the arguments `roi_align` refuses.
+        """
+        if not isinstance(x, dict):
+            raise TypeError(f"x must be a dict of feature maps, got {type(x).__name__}")
+        features = [v for k, v in x.items() if k in self.featmap_names]  # x's order, as torchvision
+        if not features:
+            raise ValueError(f"x holds none of featmap_names {self.featmap_names}; keys: {list(x)}")
+        if not isinstance(boxes, (list, tuple)):
+            raise TypeError(f"boxes must be a list of Tensor[L, 4], got {type(boxes).__name__}")
+        if not image_shapes:
+            raise ValueError("image_shapes must list the (height, width) of each image, got none")
+        original = (max(s[0] for s in image_shapes), max(s[1] for s in image_shapes))
+        scales = [_level_scale(f, original) for f in features]
+        if len(features) == 1:
+            return roi_align(features[0], boxes, self.output_size, scales[0], self.sampling_ratio)
+        rois = _rois(features[0], boxes, compute_dtype(features[0].dtype))
+        k_min, k_max = round(-math.log2(scales[0])), round(-math.log2(scales[-1]))
+        levels = self._levels(rois[:, 1:], k_min, k_max)
+        if features[0].is_cuda or recording():
+            return self._merge_masked(features, scales, rois, levels)
+        return self._merge_indexed(features, scales, rois, levels)
+
+    def _merge_masked(
+        self, features: list[Tensor], scales: list[float], rois: Tensor, levels: Tensor
+    ) -> Tensor:
+        """Every level pools every box, other levels' boxes moved far away: no host wait."""
+        out = None
+        for level, (feature, scale) in enumerate(zip(features, scales)):
+            mine = levels == level
+            far = torch.where(mine[:, None], rois[:, 1:], -1e6)  # others: one sample, read as 0
+            rows = torch.cat([rois[:, :1], far], 1)
+            pooled = roi_align(feature, rows, self.output_size, scale, self.sampling_ratio)
+            pooled = pooled.to(features[0].dtype)
+            out = pooled if out is None else torch.where(mine[:, None, None, None], pooled, out)
+        return out
+
+    def _merge_indexed(
+        self, features: list[Tensor], scales: list[float], rois: Tensor, levels: Tensor
+    ) -> Tensor:
+        """torchvision's merge: each level pools its own boxes (``torch.where`` indexing)."""
+        first = features[0]
+        out = first.new_zeros((rois.shape[0], first.shape[1], *self.output_size))
+        for level, (feature, scale) in enumerate(zip(features, scales)):
+            index = torch.where(levels == level)[0]
+            pooled = roi_align(feature, rois[index], self.output_size, scale, self.sampling_ratio)
+            out[index] = pooled.to(out.dtype)
+        return out
+
+    def _levels(self, boxes: Tensor, k_min: int, k_max: int) -> Tensor:
+        """torchvision's ``LevelMapper``: the level of each box, from 0 (``k_min``)."""
+        area = (boxes[:, 2] - boxes[:, 0]) * (boxes[:, 3] - boxes[:, 1])
+        s = torch.sqrt(area)
+        eps = torch.tensor(1e-6, dtype=s.dtype)  # a CPU scalar: no copy to the device
+        level = torch.floor(self.canonical_level + torch.log2(s / self.canonical_scale) + eps)
+        return torch.clamp(level, min=k_min, max=k_max).to(torch.int64) - k_min
+
+    def extra_repr(self) -> str:
+        return (
+            f"featmap_names={self.featmap_names}, output_size={self.output_size}, "
+            f"sampling_ratio={self.sampling_ratio}"
+        )
