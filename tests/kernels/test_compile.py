@@ -96,7 +96,16 @@ def test_every_constexpr_value_and_dtype_is_reached(rows):
         if name == "CDT":
             assert seen == {"tl.float32", "tl.float64"}, (kernel, seen)
     for kernel, seen in pointer_dtypes.items():
-        assert seen == {"*fp16", "*bf16", "*fp32", "*fp64"}, (kernel, seen)
+        expected = {"*fp32", "*fp64"} if kernel in COMPUTE_DTYPES_ONLY else ALL_POINTER_DTYPES
+        assert seen == expected, (kernel, seen)
+
+
+ALL_POINTER_DTYPES = {"*fp16", "*bf16", "*fp32", "*fp64"}
+COMPUTE_DTYPES_ONLY = {
+    # The RoI ops run torchvision's forward in float32 for half inputs and cast the output
+    # back, so their backward kernel only ever receives float32 or float64 gradients.
+    "visionblocks.kernels.roi_align:_roi_pool_bwd_kernel",
+}
 
 
 def test_kernels_page_shows_the_current_compile_table(rows):
