@@ -513,6 +513,13 @@ class MultiScaleRoIAlign(nn.Module):
             raise TypeError(f"boxes must be a list of Tensor[L, 4], got {type(boxes).__name__}")
         if not image_shapes:
             raise ValueError("image_shapes must list the (height, width) of each image, got none")
+        for feature in features:  # checked once here: the levels' calls skip the checks
+            check_floating("x", feature)
+            if feature.dim() != 4 or feature.device != features[0].device:
+                raise ValueError(
+                    f"x must hold (N, C, H, W) maps on one device, got {tuple(feature.shape)} "
+                    f"on {feature.device} beside {features[0].device}"
+                )
         original = (max(s[0] for s in image_shapes), max(s[1] for s in image_shapes))
         scales = [_level_scale(f, original) for f in features]
         if len(features) == 1:
@@ -533,8 +540,7 @@ class MultiScaleRoIAlign(nn.Module):
             mine = levels == level
             far = torch.where(mine[:, None], rois[:, 1:], -1e6)  # others: one sample, read as 0
             rows = torch.cat([rois[:, :1], far], 1)
-            pooled = roi_align(feature, rows, self.output_size, scale, self.sampling_ratio)
-            pooled = pooled.to(features[0].dtype)
+            pooled = self._pool(feature, rows, scale).to(features[0].dtype)
             out = pooled if out is None else torch.where(mine[:, None, None, None], pooled, out)
         return out
 
@@ -546,9 +552,17 @@ class MultiScaleRoIAlign(nn.Module):
         out = first.new_zeros((rois.shape[0], first.shape[1], *self.output_size))
         for level, (feature, scale) in enumerate(zip(features, scales)):
             index = torch.where(levels == level)[0]
-            pooled = roi_align(feature, rois[index], self.output_size, scale, self.sampling_ratio)
-            out[index] = pooled.to(out.dtype)
+            out[index] = self._pool(feature, rois[index], scale).to(out.dtype)
         return out
+
+    def _pool(self, feature: Tensor, rois: Tensor, scale: float) -> Tensor:
+        """`roi_align` of one checked level and the rois `_rois` built (their batch indices
+        are valid by construction: no second check, no host read)."""
+        dtype = compute_dtype(feature.dtype)
+        x = feature if feature.dtype == dtype else feature.to(dtype)
+        ph, pw = self.output_size
+        args = (scale, ph, pw, self.sampling_ratio, False)
+        return _run("roi_align", feature.dtype, "auto", x, rois.to(dtype), *args)
 
     def _levels(self, boxes: Tensor, k_min: int, k_max: int) -> Tensor:
         """torchvision's ``LevelMapper``: the level of each box, from 0 (``k_min``)."""
