@@ -15,7 +15,13 @@ from hypothesis import strategies as st
 from tests.helpers import assert_close
 from tests.ops.test_boxes import random_boxes
 from tests.reference import boxes as ref
+from visionblocks.losses.iou import (
+    complete_box_iou_loss,
+    distance_box_iou_loss,
+    generalized_box_iou_loss,
+)
 from visionblocks.ops.boxes import (
+    box_area,
     box_iou,
     complete_box_iou,
     distance_box_iou,
@@ -25,6 +31,7 @@ from visionblocks.ops.boxes import (
 FUNCTIONS = [box_iou, generalized_box_iou, distance_box_iou, complete_box_iou]
 IDS = ["iou", "giou", "diou", "ciou"]
 DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
+LOSSES = [generalized_box_iou_loss, distance_box_iou_loss, complete_box_iou_loss]
 
 
 def identical_ones(fn, boxes: torch.Tensor) -> None:
@@ -164,6 +171,60 @@ def test_huge_offset_keeps_small_boxes_in_float64():
     assert generalized_box_iou(boxes, boxes + 0.5).item() == pytest.approx(
         generalized_box_iou(boxes - 1e15, boxes - 1e15 + 0.5).item()
     )
+
+
+HUGE = [1e19, 1e30, -1e37, 1.1e38]  # finite float32 coordinates beyond the float32 range
+
+
+def _huge_pairs(scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Unit boxes (point-reflected for a negative scale) and the same boxes as float32 times
+    ``|scale|``, given as float64: the documented way past the float32 range."""
+    unit = torch.tensor([[0.0, 0.0, 2.0, 2.0], [1.0, 0.5, 3.0, 2.5], [-1.0, -3.0, 0.5, -1.0]])
+    if scale < 0:
+        unit = -unit[:, [2, 3, 0, 1]]
+    boxes = unit * abs(scale)
+    assert torch.isfinite(boxes).all()  # the inputs are finite float32 boxes
+    return unit.double(), boxes.double()
+
+
+@pytest.mark.parametrize("fn", FUNCTIONS, ids=IDS)
+@pytest.mark.parametrize("scale", HUGE)
+def test_float64_gives_every_finite_float32_box(fn, scale):
+    unit, boxes = _huge_pairs(scale)
+    huge = boxes.requires_grad_()
+    out = fn(huge, boxes.detach().flip(0))
+    (grad,) = torch.autograd.grad(out.sum(), huge)
+    small = unit.clone().requires_grad_()
+    expected = fn(small, unit.flip(0))
+    (expected_grad,) = torch.autograd.grad(expected.sum(), small)
+    torch.testing.assert_close(out, expected, rtol=1e-6, atol=1e-6)
+    assert torch.isfinite(grad).all()
+    torch.testing.assert_close(grad * abs(scale), expected_grad, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("loss", LOSSES, ids=["giou", "diou", "ciou"])
+@pytest.mark.parametrize("scale", HUGE)
+def test_float64_losses_of_every_finite_float32_box(loss, scale):
+    unit, boxes = _huge_pairs(scale)
+    huge = boxes.requires_grad_()
+    (grad,) = torch.autograd.grad(loss(huge, boxes.detach().flip(0), reduction="sum"), huge)
+    small = unit.clone().requires_grad_()
+    expected = loss(small, unit.flip(0), reduction="sum")
+    (expected_grad,) = torch.autograd.grad(expected, small)
+    torch.testing.assert_close(
+        loss(boxes.detach(), boxes.detach().flip(0), reduction="none"),
+        loss(unit, unit.flip(0), reduction="none"),
+        rtol=1e-6,
+        atol=1e-6,
+    )
+    torch.testing.assert_close(grad * abs(scale), expected_grad, rtol=1e-5, atol=1e-6)
+
+
+def test_box_area_beyond_the_dtype_is_inf():
+    # 2e19 x 2e19 = 4e38: above float32's maximum (no rescaling), exact in float64.
+    box = torch.tensor([0.0, 0.0, 2e19, 2e19])
+    assert box_area(box).item() == float("inf")
+    assert box_area(box.double()).item() == pytest.approx(4e38, rel=1e-6)
 
 
 # --- reproducibility -----------------------------------------------------------------------

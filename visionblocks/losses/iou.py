@@ -8,7 +8,8 @@ formula, `visionblocks.ops.boxes`'s `_measure`, and for CUDA tensors the fused T
 (`visionblocks.kernels.iou`), tested against it. The functions script with
 ``torch.jit.script`` (``impl`` ``"auto"`` or ``"torch"``; no input checks, gradients to half
 boxes not clamped) and compile with ``torch.compile(fullgraph=True)``. No value checks: a
-non-finite coordinate gives a NaN loss, as in torchvision.
+non-finite coordinate gives a NaN loss, as in torchvision, and so do float32 boxes beyond the
+box ops' range (about ``1e18``; float64 boxes cover every finite float32 box).
 
 Convention:
     The box ops' (`visionblocks.ops.boxes`: ``"xyxy"``, no ``+1``, the eps rule, zero-area

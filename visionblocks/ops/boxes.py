@@ -38,7 +38,12 @@ Convention:
     is 0, also against an identical box (torchvision: 0 / 0 = NaN).
 
     **Range**: for exact results areas (and DIoU/CIoU squared diagonals) must be finite normal
-    numbers: float32 sizes between about ``1e-18`` and ``1e18`` (float64: ``1e±150``).
+    numbers: float32 coordinates and sizes up to about ``1e18`` in magnitude, sizes down to
+    about ``1e-18`` (float64: ``1e±150``). Beyond, float32 results are NaN or ``±inf``, as
+    torchvision's, and `box_area` is ``inf`` where the area exceeds the dtype's maximum: no
+    value check (it would make the GPU wait) and no rescaling (it would slow every small call).
+    Every finite float32 box is inside float64's range: ``boxes.double()`` gives finite values
+    and gradients for all of them (the IoU losses too).
 
     An **inverted** box (``x2 < x1`` or ``y2 < y1``) is invalid but not rejected (a check would make
     the GPU wait): the IoU family collapses it to zero width (height) at ``x1`` (``y1``), so IoU is
