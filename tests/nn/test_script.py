@@ -19,6 +19,8 @@ from visionblocks.nn import (
     MLP,
     ChannelShuffle,
     ConvNormAct,
+    ConvNormAct3d,
+    DeformConv2d,
     DepthwiseConv2d,
     DepthwiseSeparableConv2d,
     DropBlock2d,
@@ -28,6 +30,7 @@ from visionblocks.nn import (
     LayerNorm2d,
     LocalAttention2d,
     LocalFilter2d,
+    Permute,
     SqueezeExcitation,
     StochasticDepth,
     channel_shuffle,
@@ -40,6 +43,20 @@ pytestmark = [
     pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:FutureWarning"),
     pytest.mark.filterwarnings("ignore:Using padding='same':UserWarning"),
 ]
+
+
+class _Deformable(nn.Module):
+    """`DeformConv2d` with its offsets and mask from a convolution, as models use it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.offset = nn.Conv2d(4, 27, 3, padding=1)
+        self.conv = DeformConv2d(4, 4, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        offset, mask = self.offset(x).split([18, 9], dim=1)
+        return self.conv(x, offset, mask.sigmoid())
+
 
 # name -> (factory of a block taking 4 channels, the LAYERS name it covers or None)
 CASES: dict[str, tuple[Callable[[], nn.Module], str | None]] = {
@@ -69,6 +86,12 @@ CASES: dict[str, tuple[Callable[[], nn.Module], str | None]] = {
         lambda: nn.Sequential(nn.Unflatten(1, (2, 2)), DropBlock3d(0.0, 3), nn.Flatten(1, 2)),
         "drop_block3d",
     ),
+    "deform_conv2d": (_Deformable, "deform_conv2d"),
+    "conv_norm_act3d": (
+        lambda: nn.Sequential(nn.Unflatten(1, (2, 2)), ConvNormAct3d(2, 2), nn.Flatten(1, 2)),
+        "conv_norm_act3d",
+    ),
+    "permute": (lambda: nn.Sequential(Permute([0, 2, 3, 1]), Permute([0, 3, 1, 2])), "permute"),
 }
 
 

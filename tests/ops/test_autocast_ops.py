@@ -41,6 +41,8 @@ NOT_APPLICABLE = {
     "BOX_FORMATS": "a tuple of format names: no computation",
     "keypoint_flip_pairs": "names to index pairs: no tensors",
     "flip_permutation": "index pairs to an int64 index: no floating computation",
+    "remove_small_boxes": "int64 indices from a subtraction and comparisons in the boxes' dtype "
+    "(no op autocast lowers); bfloat16 boxes in tests/ops/test_clip_remove_boxes.py",
     "COCO_PERSON_SIGMAS": "a tuple of 17 floats: no computation",
     "RandomAffine": "a random transform: its warp is warp_sample's (which has a case)",
     "TaskAlignedTargets": "a NamedTuple type: no computation (task_aligned_assign has cases)",
@@ -342,6 +344,12 @@ CASES = [
     *_iou_cases(),
     *_detection_cases(),
     Case("box_area", lambda d: (ops.box_area, [_boxes(30, d, 5)]), "float32"),
+    # A clamp in the boxes' dtype (no op autocast lowers).
+    Case(
+        "clip_boxes_to_image",
+        lambda d: (lambda b: ops.clip_boxes_to_image(b, (20, 30)), [_boxes(30, d, 5)]),
+        "native",
+    ),
     # torchvision's kernel in float32 (its autocast wrapper); half inputs computed in float32.
     # Forward only: a gradient taken inside an autocast region runs torchvision's backward,
     # whose inner matrix products autocast lowers (outside the region, as torch advises, the

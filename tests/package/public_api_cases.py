@@ -55,6 +55,8 @@ DATA_DEPENDENT_OPS = {
     "tests/ops/test_nms.py",
     "ops.batched_nms": "the number of kept boxes depends on the values (torchvision's op); "
     "tests/ops/test_nms.py",
+    "ops.remove_small_boxes": "the number of kept boxes depends on the values (torch.where); "
+    "tests/ops/test_clip_remove_boxes.py",
     "ops.soft_nms": "a host loop, one device read per kept box (the algorithm is sequential): "
     "not traceable; tests/ops/test_soft_nms.py",
     "ops.batched_soft_nms": "soft_nms per category (the same host loop)",
@@ -309,6 +311,10 @@ CASES: dict[str, Case] = {
         (_randn(d, 4, 9, 8), _randn(d, 3, 9, 8, g=torch.Generator().manual_seed(1))),
     ),
     "ops.masks_to_boxes": lambda d: (lambda m: O.masks_to_boxes(m > 1), (_randn(d, 4, 9, 8),)),
+    "ops.clip_boxes_to_image": lambda d: (
+        lambda b: O.clip_boxes_to_image(b, (6, 7)),
+        (_boxes(d, 5),),
+    ),
     "ops.match_anchors": lambda d: (
         lambda a, b: O.match_anchors(
             a,
@@ -474,6 +480,11 @@ CASES: dict[str, Case] = {
     "nn.ChannelShuffle": lambda d: _module(d, vnn.ChannelShuffle(2), _image(d)),
     "nn.channel_shuffle": lambda d: (lambda x: vnn.channel_shuffle(x, 2), (_image(d),)),
     "nn.ConvNormAct": lambda d: _module(d, vnn.ConvNormAct(4, 6, 3), _image(d)),
+    "nn.ConvNormAct3d": lambda d: _module(d, vnn.ConvNormAct3d(4, 6, 3), _image(d)[:, :, None]),
+    "nn.DeformConv2d": lambda d: _module(
+        d, vnn.DeformConv2d(4, 3, 3, padding=1), _image(d), _randn(d, 2, 18, 6, 7)
+    ),
+    "nn.Permute": lambda d: _module(d, vnn.Permute([0, 2, 3, 1]), _image(d)),
     "nn.DepthwiseConv2d": lambda d: _module(d, vnn.DepthwiseConv2d(4, 3, stride=2), _image(d)),
     "nn.DepthwiseSeparableConv2d": lambda d: _module(
         d, vnn.DepthwiseSeparableConv2d(4, 6), _image(d)

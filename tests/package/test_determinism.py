@@ -443,6 +443,14 @@ def _deform_conv() -> tuple:
     return _run(lambda *t: ops.deform_conv2d(*t[:3], padding=1, mask=t[3]), x, offset, weight, mask)
 
 
+def _deform_conv_layer() -> tuple:
+    g = _gen(65)
+    x, offset = torch.randn(1, 4, 6, 6, generator=g), torch.randn(1, 18, 6, 6, generator=g)
+    torch.manual_seed(0)
+    layer = nn.DeformConv2d(4, 3, 3, padding=1)
+    return _run(layer, x, offset, params=tuple(layer.parameters()))
+
+
 def _priors() -> tuple:
     levels = [torch.zeros(1, 1, 6, 5), torch.zeros(1, 1, 3, 3)]
     images = torch.zeros(2, 3, 48, 40)
@@ -507,6 +515,10 @@ CASES: dict[str, Case] = {
     "crop_masks": Case(_masks),
     "mask_iou": Case(_masks),
     "masks_to_boxes": Case(_masks),
+    "clip_boxes_to_image": Case(
+        lambda: _run(lambda b: ops.clip_boxes_to_image(b, (20, 25)), _boxes(8, 17))
+    ),
+    "remove_small_boxes": Case(lambda: (ops.remove_small_boxes(_boxes(8, 18), 5.0),)),
     "make_anchor_points": Case(_priors),
     "make_anchor_boxes": Case(_priors),
     "AnchorGenerator": Case(_priors),
@@ -615,6 +627,7 @@ CASES: dict[str, Case] = {
     "LocalFilter2d": _layer(lambda: nn.LocalFilter2d(4, 3, groups=2), LF, 1, 4, 5, 6),
     "LocalAttention2d": _layer(lambda: nn.LocalAttention2d(8, 3, 2), LA, 1, 8, 5, 5),
     "MultiScaleDeformableAttention": Case(_ms_deform_attn_layer, kernel="ms_deform_attn"),
+    "DeformConv2d": Case(_deform_conv_layer),
 }
 for _name in ("box_iou", "generalized_box_iou", "distance_box_iou", "complete_box_iou"):
     CASES[_name] = Case(_iou(getattr(ops, _name)))
@@ -626,7 +639,7 @@ for _name, _cls in (
     CASES[_name] = Case(_iou_loss(getattr(ops, _name)), kernel="iou")
     CASES[_cls.__name__] = Case(_iou_loss(_loss_module(_cls)), kernel="iou")
 NN_PLAIN = {
-    "ChannelShuffle", "ConvNormAct", "DepthwiseConv2d", "DepthwiseSeparableConv2d", "LayerNorm2d",
+    "ChannelShuffle", "ConvNormAct", "ConvNormAct3d", "Permute", "DepthwiseConv2d", "DepthwiseSeparableConv2d", "LayerNorm2d",
     "DropBlock2d", "DropBlock3d", "FrozenBatchNorm2d", "MLP", "SqueezeExcitation",
     "StochasticDepth", "drop_block2d", "drop_block3d", "drop_path",
     "channel_shuffle", "find_conv_bn_pairs", "fuse_conv_bn", "fuse_modules", "make_activation",

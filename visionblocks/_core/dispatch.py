@@ -79,7 +79,17 @@ OLD_TRITON_DTYPE_MIN_CAPABILITY: dict[tuple[int, int], dict[torch.dtype, tuple[i
 `MIN_CAPABILITY` with them: triton 3.0 to 3.2 convert bfloat16 with ``cvt.f32.bf16``, which
 ``ptxas`` accepts from ``sm_80`` only (the kernels page lists the releases checked)."""
 
-_state = threading.local()
+
+class _ThreadState(threading.local):
+    """This thread's `use_impl` and `value_checks` stacks, empty in a new thread (an attribute
+    that always exists: a missing one costs every op a caught AttributeError)."""
+
+    def __init__(self) -> None:
+        self.impl: list[str] = []
+        self.checks: list[bool] = []
+
+
+_state = _ThreadState()
 _defaults: dict[str, object] = {"impl": None, "checks": None}  # set_impl, set_value_checks
 _failures: dict[tuple[str, str], str] = {}
 _failures_lock = threading.Lock()
@@ -455,7 +465,9 @@ def reads_values(*tensors: Tensor | None) -> bool:
     if _checks_off():
         return False
     for t in tensors:  # a plain CPU tensor (fake tensors are a subclass) needs no other test
-        if t is not None and not (t.device.type == "cpu" and (type(t) is Tensor or not is_fake(t))):
+        if t is None or (type(t) is Tensor and t.is_cpu):
+            continue
+        if not (t.device.type == "cpu" and not is_fake(t)):
             return False
     return True
 

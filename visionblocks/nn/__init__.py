@@ -1,6 +1,6 @@
 """``nn.Module`` building blocks: convolution blocks, Conv+BN fusion, unfold-based local layers
 and the blocks of ``torchvision.ops`` (squeeze-excitation, stochastic depth, DropBlock, frozen
-BatchNorm, MLP).
+BatchNorm, MLP, deformable convolution, permute).
 
 Every block is registered in `visionblocks.registry.LAYERS`.
 """
@@ -9,10 +9,13 @@ from visionblocks._core.namespace import public_dir
 from visionblocks.nn.conv import (
     ChannelShuffle,
     ConvNormAct,
+    ConvNormAct3d,
     DepthwiseConv2d,
     DepthwiseSeparableConv2d,
+    Permute,
     channel_shuffle,
 )
+from visionblocks.nn.deform_conv import DeformConv2d
 from visionblocks.nn.drop_block import DropBlock2d, DropBlock3d, drop_block2d, drop_block3d
 from visionblocks.nn.frozen_batch_norm import FrozenBatchNorm2d
 from visionblocks.nn.fuse import find_conv_bn_pairs, fuse_conv_bn, fuse_modules
@@ -28,6 +31,8 @@ __all__ = [
     "MLP",
     "ChannelShuffle",
     "ConvNormAct",
+    "ConvNormAct3d",
+    "DeformConv2d",
     "DepthwiseConv2d",
     "DepthwiseSeparableConv2d",
     "DropBlock2d",
@@ -38,6 +43,7 @@ __all__ = [
     "LocalAttention2d",
     "LocalFilter2d",
     "MultiScaleDeformableAttention",
+    "Permute",
     "SqueezeExcitation",
     "StochasticDepth",
     "channel_shuffle",

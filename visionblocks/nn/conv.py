@@ -1,4 +1,5 @@
-"""Convolution blocks: conv + norm + activation, depthwise (separable) convs, channel shuffle.
+"""Convolution blocks: conv + norm + activation (2-D, and 3-D as torchvision's), depthwise
+(separable) convs, channel shuffle and permute.
 
 Every block keeps its convolution and norm as ``conv``/``norm`` attributes (or as plain
 ``nn.Conv2d`` children), so `visionblocks.nn.fuse.fuse_modules` can fold BatchNorms into the
@@ -10,8 +11,9 @@ scripts with ``torch.jit.script`` (alone or in a model) and gives the eager outp
 with a ``torch.nn.SyncBatchNorm`` norm (see `ConvNormAct`).
 
 Checks: sizes are ints ``>= 1`` (padding ``>= 0``), at most 65,536 channels, 1,024 for the other
-sizes and 2**31 weights per conv. ``forward`` takes a floating ``(B, C_in, H, W)`` tensor on the
-weights' device (and dtype, outside ``torch.autocast``); scripted or traced blocks skip that check.
+sizes and 2**31 weights per conv. ``forward`` takes a floating ``(B, C_in, H, W)`` tensor
+(`ConvNormAct3d`: ``(B, C_in, D, H, W)``) on the weights' device (and dtype, outside
+``torch.autocast``); scripted or traced blocks skip that check.
 
 Convention (``padding=None``): each side gets ``dilation * (k - 1) // 2``, which keeps the
 spatial size at stride 1 for odd kernels (``ceil(H / stride)`` at any stride). When
@@ -22,6 +24,8 @@ symmetric ``dilation * (k - 1) // 2`` (a 2x2 or 4x4 kernel at stride 2 halves an
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+
 import torch
 import torch.fx
 from torch import Tensor, nn
@@ -29,15 +33,23 @@ from torch import Tensor, nn
 from visionblocks._core.checks import check_int, check_type
 from visionblocks._core.namespace import public_dir
 from visionblocks._core.registries import LAYERS
-from visionblocks._core.tensor_checks import check_image_batch, check_tensor, is_tracing
+from visionblocks._core.tensor_checks import (
+    check_device,
+    check_floating,
+    check_image_batch,
+    check_tensor,
+    is_tracing,
+)
 from visionblocks.nn._limits import MAX_CHANNELS, MAX_KERNEL_SIZE, check_conv_weights
 from visionblocks.nn.layers import ActSpec, NormSpec, make_activation, make_norm
 
 __all__ = [
     "ChannelShuffle",
     "ConvNormAct",
+    "ConvNormAct3d",
     "DepthwiseConv2d",
     "DepthwiseSeparableConv2d",
+    "Permute",
     "channel_shuffle",
 ]
 __dir__ = public_dir(__name__, __all__)
@@ -313,6 +325,130 @@ class DepthwiseSeparableConv2d(nn.Module):
         return self.pointwise(self.depthwise(x))
 
 
+def _triple(name: str, value: object, minimum: int = 1) -> tuple[int, int, int]:
+    """``int`` or a triple of ints in ``[minimum, MAX_KERNEL_SIZE]`` as a tuple of three ints."""
+    values = value if isinstance(value, (tuple, list)) else (value,) * 3
+    if len(values) != 3:
+        raise ValueError(f"{name} must be an int or a triple of ints, got {value!r}")
+    first, second, third = (_check_int(name, v, minimum, MAX_KERNEL_SIZE) for v in values)
+    return (first, second, third)
+
+
+def _check_volume(x: Tensor, conv: nn.Conv3d) -> None:
+    """``x`` a ``(B, C_in, D, H, W)`` input fit for ``conv`` (`check_image_batch`'s rules)."""
+    if is_tracing(x):
+        return
+    check_floating("input", x)
+    if x.dim() != 5 or x.shape[1] != conv.in_channels:
+        raise ValueError(
+            f"input must have shape (B, {conv.in_channels}, D, H, W), got {tuple(x.shape)}"
+        )
+    check_device("input", x, conv.weight.device, "the module's parameters")
+    if x.dtype != conv.weight.dtype and not torch.is_autocast_enabled(x.device.type):
+        raise TypeError(
+            f"input has dtype {x.dtype} but the module's parameters have {conv.weight.dtype}; "
+            "cast one to the other (or run under torch.autocast)"
+        )
+
+
+@LAYERS.register(name="conv_norm_act3d")
+class ConvNormAct3d(nn.Sequential):
+    """``Conv3d -> norm -> activation`` on volumes: torchvision's ``Conv3dNormActivation``.
+
+    Its arguments, its ``nn.Sequential`` indices (``0`` the convolution, then the norm and the
+    activation when not ``None``: state dicts load both ways) and its outputs. Unlike
+    `ConvNormAct`, ``norm_layer`` is a factory ``f(C_out)`` (torchvision's, not a name) and
+    ``padding=None`` is torchvision's ``dilation * ((k - 1) // 2)`` per side (odd kernels keep
+    the size at stride 1).
+
+    Args:
+        in_channels: Input channels ``C_in``.
+        out_channels: Output channels ``C_out``.
+        kernel_size: Kernel size, an int or ``(kd, kh, kw)``.
+        stride: Stride, an int or a triple.
+        padding: ``None`` (above), an int, a triple, ``"same"`` or ``"valid"``.
+        groups: Convolution groups; must divide ``in_channels`` and ``out_channels``.
+        norm_layer: A factory ``f(C_out)`` of the norm (``nn.BatchNorm3d``) or ``None``.
+        activation_layer: A factory of the activation (``nn.ReLU``), a name in
+            `visionblocks.nn.layers.ACTIVATIONS` or ``None``.
+        dilation: Dilation, an int or a triple.
+        inplace: Passed as ``inplace=`` to a factory activation (``None``: not passed).
+        bias: Give the convolution a bias; ``None``: only when ``norm_layer`` is ``None``.
+
+    Shape:
+        - Input: ``(B, C_in, D, H, W)``; output ``(B, C_out, D_out, H_out, W_out)``, each side
+          as ``nn.Conv3d``.
+
+    Raises:
+        TypeError: Non-int sizes, factories of the wrong type; in ``forward``, an input that
+            is not a floating tensor of the weights' dtype.
+        ValueError: Sizes out of the module's bounds, ``groups`` not dividing the channels; in
+            ``forward``, a wrong shape or device.
+
+    Examples:
+        >>> import torch
+        >>> block = ConvNormAct3d(4, 8, kernel_size=3, stride=2)
+        >>> block(torch.randn(1, 4, 5, 9, 9)).shape
+        torch.Size([1, 8, 3, 5, 5])
+        >>> [type(m).__name__ for m in block]
+        ['Conv3d', 'BatchNorm3d', 'ReLU']
+    """
+
+    def __init__(
+        self,
+        in_channels: int,
+        out_channels: int,
+        kernel_size: int | tuple[int, int, int] = 3,
+        stride: int | tuple[int, int, int] = 1,
+        padding: int | tuple[int, int, int] | str | None = None,
+        groups: int = 1,
+        norm_layer: Callable[[int], nn.Module] | None = nn.BatchNorm3d,
+        activation_layer: ActSpec = nn.ReLU,
+        dilation: int | tuple[int, int, int] = 1,
+        inplace: bool | None = True,
+        bias: bool | None = None,
+    ) -> None:
+        _check_int("in_channels", in_channels, 1)
+        _check_int("out_channels", out_channels, 1)
+        _check_int("groups", groups, 1)
+        _check_groups(groups, in_channels, out_channels)
+        ks, st, dil = (_triple(n, v) for n, v in (("kernel_size", kernel_size),
+                                                   ("stride", stride), ("dilation", dilation)))  # fmt: skip
+        if padding is None:
+            padding = tuple(d * ((k - 1) // 2) for k, d in zip(ks, dil))
+        elif not isinstance(padding, str):
+            padding = _triple("padding", padding, minimum=0)
+        for name, value in (("inplace", inplace), ("bias", bias)):
+            if value is not None:
+                check_type(name, value, bool)
+        if norm_layer is not None and not callable(norm_layer):
+            raise TypeError(f"norm_layer must be a factory or None, got {norm_layer!r}")
+        check_conv_weights(in_channels, out_channels, (ks[0] * ks[1], ks[2]), groups)
+        use_bias = norm_layer is None if bias is None else bias
+        layers = [nn.Conv3d(in_channels, out_channels, ks, st, padding, dil, groups, use_bias)]
+        if norm_layer is not None:
+            layers.append(norm_layer(out_channels))
+        if isinstance(activation_layer, str):
+            try:
+                layers.append(make_activation(activation_layer, inplace=bool(inplace)))
+            except ValueError as exc:
+                raise ValueError(f"activation_layer: {exc}") from None
+        elif activation_layer is not None:
+            if not callable(activation_layer):
+                raise TypeError(f"activation_layer must be a factory, a name or None, got "
+                                f"{activation_layer!r}")  # fmt: skip
+            layers.append(activation_layer(**({} if inplace is None else {"inplace": inplace})))
+        super().__init__(*layers)
+        self.out_channels = out_channels
+
+    def forward(self, input: Tensor) -> Tensor:
+        if not torch.jit.is_scripting():  # Python-only checks: TorchScript skips the block
+            _check_volume(input, self[0])
+        for module in self:
+            input = module(input)
+        return input
+
+
 def _check_shuffle(x: Tensor, groups: int) -> None:
     if torch.jit.is_tracing():  # sizes are traced tensors there; checks would warn
         return
@@ -392,3 +528,51 @@ class ChannelShuffle(nn.Module):
 
     def extra_repr(self) -> str:
         return f"groups={self.groups}"
+
+
+def _check_permuted(x: Tensor, dims: list[int]) -> None:
+    if not is_tracing(x):  # proxies have no dims
+        check_tensor("x", x)
+        if x.dim() != len(dims):
+            raise ValueError(f"x must have {len(dims)} dims for dims={dims}, got {tuple(x.shape)}")
+
+
+@LAYERS.register(name="permute")
+class Permute(nn.Module):
+    """``torch.permute(x, dims)`` as a layer: torchvision's ``Permute`` (a view of ``x``).
+
+    Args:
+        dims: The new order of the input's dimensions, a permutation of ``0 .. n - 1``
+            (negative indices count from the end).
+
+    Shape:
+        - Input: ``n`` dims; output: the same sizes in the order ``dims``.
+
+    Raises:
+        TypeError: ``dims`` not a sequence of ints; in ``forward``, a non-tensor input.
+        ValueError: ``dims`` not a permutation; in ``forward``, an input without ``n`` dims.
+
+    Examples:
+        >>> import torch
+        >>> Permute([0, 2, 3, 1])(torch.zeros(2, 3, 4, 5)).shape
+        torch.Size([2, 4, 5, 3])
+    """
+
+    def __init__(self, dims: Sequence[int]) -> None:
+        super().__init__()
+        check_type("dims", dims, (list, tuple))
+        for d in dims:
+            check_int("dims", d)
+        if sorted(d % len(dims) for d in dims) != list(range(len(dims))) or any(
+            not -len(dims) <= d < len(dims) for d in dims
+        ):
+            raise ValueError(f"dims must be a permutation of 0 .. {len(dims) - 1}, got {dims!r}")
+        self.dims = list(dims)
+
+    def forward(self, x: Tensor) -> Tensor:
+        if not torch.jit.is_scripting():  # Python-only checks: TorchScript skips the block
+            _check_permuted(x, self.dims)
+        return torch.permute(x, self.dims)
+
+    def extra_repr(self) -> str:
+        return f"dims={self.dims}"

@@ -40,9 +40,11 @@ from visionblocks.ops.boxes import (
     box_area,
     box_convert,
     box_iou,
+    clip_boxes_to_image,
     complete_box_iou,
     distance_box_iou,
     generalized_box_iou,
+    remove_small_boxes,
 )
 from visionblocks.ops.deform_conv import deform_conv2d
 from visionblocks.ops.dynamic_soft_label import dynamic_soft_label_assign
@@ -117,6 +119,7 @@ __all__ = [
     "box_area",
     "box_convert",
     "box_iou",
+    "clip_boxes_to_image",
     "complete_box_iou",
     "complete_box_iou_loss",
     "compose_affine",
@@ -151,6 +154,7 @@ __all__ = [
     "paste_masks",
     "ps_roi_align",
     "ps_roi_pool",
+    "remove_small_boxes",
     "roi_align",
     "roi_pool",
     "rotated_box_iou",

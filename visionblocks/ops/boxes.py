@@ -1,4 +1,5 @@
-"""Axis-aligned boxes: format conversion, area, and the IoU family (IoU, GIoU, DIoU, CIoU).
+"""Axis-aligned boxes: format conversion, area, the IoU family (IoU, GIoU, DIoU, CIoU), clipping
+to the image and the removal of small boxes.
 
 Every function takes boxes with any number of leading dims, ``(..., 4)``. The four overlap
 measures are **pairwise** (``aligned=False``: ``(..., N, 4)`` against ``(..., M, 4)`` gives
@@ -9,7 +10,8 @@ pairwise): ground truths ``(M, 4)`` against predictions ``(B, N, 4)`` give ``(B,
 The pairwise results equal torchvision's for valid boxes, up to its ``eps`` (below); unlike
 torchvision, identical boxes give exactly 1 however small, and degenerate boxes give finite values
 and gradients. Every function scripts (without the input checks, and gradients to half boxes not
-clamped), compiles with ``torch.compile(fullgraph=True)`` and reads no tensor values on the host.
+clamped), compiles with ``torch.compile(fullgraph=True)`` and reads no tensor values on the host,
+except `remove_small_boxes`, whose output size depends on the values.
 ``ValueError``: a last dim other than 4, fewer than 2 dims (pairwise), leading dims that do not
 broadcast, boxes on different devices, or a negative or non-finite ``eps``.
 
@@ -74,7 +76,7 @@ import math
 import torch
 from torch import Tensor
 
-from visionblocks._core.checks import check_choice, check_type
+from visionblocks._core.checks import check_choice, check_int, check_number, check_type
 from visionblocks._core.namespace import public_dir
 from visionblocks._core.tensor_checks import check_last_dim, check_real, check_same_device
 
@@ -83,9 +85,11 @@ __all__ = [
     "box_area",
     "box_convert",
     "box_iou",
+    "clip_boxes_to_image",
     "complete_box_iou",
     "distance_box_iou",
     "generalized_box_iou",
+    "remove_small_boxes",
 ]
 __dir__ = public_dir(__name__, __all__)
 
@@ -494,3 +498,83 @@ def complete_box_iou(
     if not torch.jit.is_scripting():
         _check_iou_inputs(boxes1, boxes2, aligned, eps)
     return _overlap(boxes1, boxes2, 3, aligned, eps)
+
+
+def _check_clip(boxes: Tensor, size: tuple[int, int]) -> None:
+    check_real("boxes", boxes)
+    check_last_dim("boxes", boxes, 4, what="(x1, y1, x2, y2)")
+    check_type("size", size, (tuple, list))
+    if len(size) != 2:
+        raise ValueError(f"size must be (height, width), got {size!r}")
+    for side in size:
+        check_int("size", side, 0)
+
+
+def clip_boxes_to_image(boxes: Tensor, size: tuple[int, int]) -> Tensor:
+    """Clamp ``"xyxy"`` boxes into an image: ``x`` to ``[0, width]``, ``y`` to ``[0, height]``.
+
+    torchvision's ``clip_boxes_to_image`` (the same values and dtype).
+
+    Args:
+        boxes (Tensor[..., 4]): Boxes in ``(x1, y1, x2, y2)``; any leading dims.
+        size: The image's ``(height, width)``, ints ``>= 0``.
+
+    Returns:
+        Tensor[..., 4]: The clamped boxes, in ``boxes``' dtype.
+
+    Raises:
+        TypeError: ``boxes`` not a real tensor, ``size`` not a pair of ints.
+        ValueError: Last dim not 4, a negative side.
+
+    Examples:
+        >>> import torch
+        >>> clip_boxes_to_image(torch.tensor([[-2.0, 3.0, 12.0, 7.5]]), (6, 10))
+        tensor([[ 0.,  3., 10.,  6.]])
+    """
+    if not torch.jit.is_scripting():
+        _check_clip(boxes, size)
+    height, width = size
+    x = boxes[..., 0::2].clamp(min=0, max=width)
+    y = boxes[..., 1::2].clamp(min=0, max=height)
+    return torch.stack((x, y), dim=-1).reshape(boxes.shape)
+
+
+def _check_small(boxes: Tensor, min_size: float) -> None:
+    check_real("boxes", boxes)
+    if boxes.dim() != 2:
+        raise ValueError(f"boxes must have shape (N, 4), got {tuple(boxes.shape)}")
+    check_last_dim("boxes", boxes, 4, what="(x1, y1, x2, y2)")
+    if boxes.is_meta:
+        raise ValueError("boxes are on the meta device: the kept count needs their values")
+    check_number("min_size", min_size)
+
+
+def remove_small_boxes(boxes: Tensor, min_size: float) -> Tensor:
+    """Indices of the ``"xyxy"`` boxes whose width and height are both ``>= min_size``.
+
+    torchvision's ``remove_small_boxes``. Like `visionblocks.ops.nms`, the number of indices
+    depends on the values: on CUDA it waits for the GPU (one host read), and under
+    ``torch.compile`` it needs dynamic output shapes (a graph break without
+    ``capture_dynamic_output_shape_ops``). Inverted boxes have a negative side: removed.
+
+    Args:
+        boxes (Tensor[N, 4]): Boxes in ``(x1, y1, x2, y2)``.
+        min_size: The smallest side kept, a real number.
+
+    Returns:
+        Tensor[K]: int64 indices of the kept boxes, in increasing order.
+
+    Raises:
+        TypeError: ``boxes`` not a real tensor, ``min_size`` not a number.
+        ValueError: ``boxes`` not ``(N, 4)`` or on the meta device, a NaN ``min_size``.
+
+    Examples:
+        >>> import torch
+        >>> boxes = torch.tensor([[0.0, 0.0, 4.0, 4.0], [0.0, 0.0, 4.0, 0.5], [1.0, 1.0, 3.0, 2.0]])
+        >>> remove_small_boxes(boxes, 1.0)
+        tensor([0, 2])
+    """
+    if not torch.jit.is_scripting():
+        _check_small(boxes, min_size)
+    ws, hs = boxes[:, 2] - boxes[:, 0], boxes[:, 3] - boxes[:, 1]
+    return torch.where((ws >= min_size) & (hs >= min_size))[0]

@@ -76,7 +76,8 @@ def deform_conv2d(
     Raises:
         TypeError: Non-tensor or non-floating tensors, non-int sizes.
         ValueError: Shapes that do not fit together, tensors on different devices or of
-            different dtypes, sizes out of range.
+            different dtypes (outside ``torch.autocast``, where all are cast to the input's
+            compute dtype, as torchvision's), sizes out of range.
 
     Examples:
         >>> import torch
@@ -94,8 +95,9 @@ def deform_conv2d(
     if mask is not None:
         _check_4d("mask", mask, "(B, offset_groups * kh * kw, H_out, W_out)")
     check_same_device(input=input, offset=offset, weight=weight, bias=bias, mask=mask)
+    autocast = torch.is_autocast_enabled(input.device.type)  # mixed dtypes: all cast below
     for name, t in (("offset", offset), ("weight", weight), ("bias", bias), ("mask", mask)):
-        if t is not None and t.dtype != input.dtype:
+        if t is not None and t.dtype != input.dtype and not autocast:
             raise ValueError(f"{name} has dtype {t.dtype} but input has {input.dtype}")
     stride = _pair("stride", stride, 1)
     padding = _pair("padding", padding, 0)

@@ -58,9 +58,13 @@ def _check_args(
 ) -> list[tuple[int, int]] | Tensor:
     """Validate; return the level sizes as host ints where the host may read them, else as a
     ``(levels, 2)`` int64 tensor."""
-    check_floating("value", value)
-    check_floating("sampling_locations", locations)
-    check_floating("attention_weights", weights)
+    for name, x in (
+        ("value", value),
+        ("sampling_locations", locations),
+        ("attention_weights", weights),
+    ):
+        if type(x) is not Tensor or not x.is_floating_point():  # a plain float tensor: ok
+            check_floating(name, x)
     if value.dim() != 4:
         raise ValueError(f"value must have shape (B, keys, heads, C), got {_shape(value)}")
     b, keys, heads, _ = value.shape
@@ -139,7 +143,7 @@ def check_spatial_shapes(
             if not isinstance(pair, list | tuple) or len(pair) != 2:
                 break
             h, w = pair
-            if not (_is_size(h) and _is_size(w)):
+            if not (type(h) is int and type(w) is int) and not (_is_size(h) and _is_size(w)):
                 break
             sizes.append((h, w))
         if len(sizes) != levels or len(spatial_shapes) != levels:
@@ -248,7 +252,7 @@ def ms_deform_attn(
         out = _ms_deform_attn_gather(args[0], shapes.to(value.device, non_blocking=True), *args[1:])
     else:
         out = _ms_deform_attn(args[0], shapes, *args[1:])
-    return out.to(dtype)
+    return out if out.dtype == dtype else out.to(dtype)
 
 
 def _ms_deform_attn(

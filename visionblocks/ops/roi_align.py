@@ -92,16 +92,16 @@ def _rois(input: Tensor, boxes: Any, dtype: torch.dtype) -> Tensor:
                 "boxes must be a Tensor[K, 5] of (batch index, x1, y1, x2, y2) or a list of "
                 f"Tensor[L, 4], got a tensor of shape {tuple(boxes.shape)}"
             )
-        if boxes.device != input.device:
+        if not (boxes.is_cpu and input.is_cpu) and boxes.device != input.device:
             raise ValueError(f"boxes are on {boxes.device} but input is on {input.device}")
         if boxes.shape[0] and reads_values(boxes):  # an index out of range reads any memory
-            index = boxes.select(1, 0)
-            if boxes.shape[0] <= 64:  # the cheaper read for few boxes
-                index = index.tolist()
+            if boxes.shape[0] <= 64:  # few boxes: one read of all, no view (cheaper)
+                index = [row[0] for row in boxes.tolist()]
                 low, high = min(index), max(index)
-                low = low if sum(index) == sum(index) else math.nan  # min and max skip NaN
+                total = sum(index)
+                low = low if total == total else math.nan  # min and max may skip NaN
             else:
-                low, high = (v.item() for v in index.aminmax())
+                low, high = (v.item() for v in boxes.select(1, 0).aminmax())
             if not 0 <= low <= high < input.shape[0]:
                 raise ValueError(
                     f"boxes[:, 0] must hold batch indices of input, in [0, {input.shape[0] - 1}]"
@@ -133,14 +133,17 @@ def _prepare(
 ) -> tuple[Tensor, Tensor, tuple[int, int], float, torch.dtype]:
     """Checked input in its compute dtype, ``(K, 5)`` rois, ``(PH, PW)``, the scale and
     the input's dtype."""
-    check_floating("input", input)
+    if type(input) is not Tensor or not input.is_floating_point():  # a plain float tensor: ok
+        check_floating("input", input)
     if input.dim() != 4:
         raise ValueError(f"input must have shape (N, C, H, W), got {tuple(input.shape)}")
     size = _pair(output_size)
     if type(spatial_scale) is not float or not 0 < spatial_scale < math.inf:
         scale = check_number("spatial_scale", spatial_scale, 0.0, low_inclusive=False)
         spatial_scale = check_finite("spatial_scale", scale)
-    dtype = compute_dtype(input.dtype)
+    dtype = input.dtype
+    if dtype is not torch.float32 and dtype is not torch.float64:
+        dtype = compute_dtype(dtype)
     rois = _rois(input, boxes, dtype)
     if size[0] * size[1] > 2**16:  # beyond any real use: before torchvision allocates
         check_allocation(f"output_size={size}", (rois.shape[0], input.shape[1], *size), dtype)
@@ -150,6 +153,8 @@ def _prepare(
 
 def _sampling(sampling_ratio: Any) -> int:
     """An int; at most 1024 samples per bin axis (a million per bin), so no call runs for hours."""
+    if type(sampling_ratio) is int and sampling_ratio <= 1024:  # the usual call
+        return sampling_ratio
     return check_int("sampling_ratio", sampling_ratio, None, 1024)
 
 
@@ -219,7 +224,8 @@ def roi_align(
     """
     input, rois, (ph, pw), scale, dtype = _prepare(input, boxes, output_size, spatial_scale)
     _sampling(sampling_ratio)
-    check_type("aligned", aligned, bool)
+    if aligned is not False and aligned is not True:
+        check_type("aligned", aligned, bool)
     return _run("roi_align", dtype, impl, input, rois, scale, ph, pw, sampling_ratio, aligned)
 
 
