@@ -16,8 +16,13 @@ import torch
 
 from visionblocks import distributed as dist_utils
 
-LEARNING_RATE = 6e-3
+LEARNING_RATE = 1.2e-2
+"""The detection demo's peak learning rate."""
 WARMUP_STEPS = 50
+EMA_DECAY = 0.99
+"""Decay of the weights' moving average that the demo evaluates, draws and saves."""
+EMA_TAU = 50.0
+"""Steps over which the average's decay ramps up (ultralytics' ``tau``)."""
 LOG_EVERY = 10
 """Steps between two host reads of the losses (the progress bar's loss is refreshed then)."""
 
@@ -28,10 +33,17 @@ def schedule(step: int, steps: int) -> float:
     return warm * 0.5 * (1.0 + math.cos(math.pi * min(step, steps) / steps))
 
 
-def make_optimizer(model: Any) -> torch.optim.Optimizer:
-    """AdamW, with its fused kernel (one pass per tensor instead of a dozen small operations)
-    where this torch has one for the parameters' device."""
-    options = {"lr": LEARNING_RATE, "weight_decay": 1e-4}
+def make_ema(model: Any) -> Any:
+    """The moving average of ``model``'s weights the demo keeps (`EMA_DECAY`, `EMA_TAU`)."""
+    from visionblocks.training import ModelEMA
+
+    return ModelEMA(model, EMA_DECAY, tau=EMA_TAU)
+
+
+def make_optimizer(model: Any, lr: float = 6e-3) -> torch.optim.Optimizer:
+    """AdamW at peak learning rate ``lr``, with its fused kernel (one pass per tensor instead
+    of a dozen small operations) where this torch has one for the parameters' device."""
+    options = {"lr": lr, "weight_decay": 1e-4}
     try:
         return torch.optim.AdamW(model.parameters(), fused=True, **options)
     except (RuntimeError, TypeError, ValueError):
@@ -57,15 +69,17 @@ def train(
     amp: bool,
     tune_threads: bool,
     detect_nonfinite: bool,
+    ema: Any = None,
 ) -> tuple[dict[str, list[float]], float]:
     """Train for ``steps`` steps; the loss history (one value per step and loss, the mean
-    over the ranks) and the training time in seconds."""
+    over the ranks) and the training time in seconds. ``ema``: a
+    `visionblocks.training.ModelEMA` of ``model``, updated after every step."""
     from tqdm.auto import tqdm
 
     from visionblocks.cli._demo_threads import ThreadTuner
     from visionblocks.training import find_nonfinite
 
-    optimizer = make_optimizer(model)
+    optimizer = make_optimizer(model, LEARNING_RATE)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: schedule(s, steps))
     dtype = amp_dtype(device, amp)
     scaler = torch.amp.GradScaler(device.type, enabled=dtype == torch.float16)
@@ -97,6 +111,8 @@ def train(
                         break
                     losses = _step(model, batch, device, optimizer, scaler, dtype, finder)
                     scheduler.step()
+                    if ema is not None:
+                        ema.update(model)
                     pending.append(torch.stack([v.detach().float() for v in losses.values()]))
                     tuner.end_step(time.perf_counter() - began)
                     step += 1

@@ -4,11 +4,12 @@ Offline, end to end: `make_synthetic_coco` writes train and val splits (once),
 `CocoInstances` and `collate_detection` feed a `Detector` built from the registries
 (``vb_tiny``, `FPN`, `FCOSHead`), AdamW trains it (linear warm-up, cosine decay, AMP on
 CUDA; each batch mirrored, scaled and shifted by one `visionblocks.transforms.RandomAffine`
-draw), and `coco_evaluate` scores the val split,
-overall and per class. The deployed score threshold is the one of highest F1 at IoU 0.5
-(class-aware, after the head's class-aware NMS) on the val split; the picture draws the val
-predictions above it. Under ``torchrun`` with ``--distributed``
-it trains with ``DistributedDataParallel``. On the CPU without ``--seed`` the thread count
+draw), and `coco_evaluate` scores the moving average of its weights
+(`visionblocks.training.ModelEMA`) on the val split, overall and per class; the average is
+also what the picture draws and ``model.pt`` holds. The deployed score threshold is the
+one of highest F1 at IoU 0.5 (class-aware, after the head's class-aware NMS) on the val
+split; the picture draws the val predictions above it. Under ``torchrun`` with
+``--distributed`` it trains with ``DistributedDataParallel``. On the CPU without ``--seed`` the thread count
 follows what the machine offers (`visionblocks.cli._demo_threads`); with ``--seed`` the run
 is repeatable.
 
@@ -39,7 +40,7 @@ from visionblocks._core.checks import check_choice, check_range, check_type
 from visionblocks._core.namespace import public_dir
 from visionblocks.cli._demo_data import NUM_CLASSES, demo_data, demo_loaders
 from visionblocks.cli._demo_eval import above, found_once, hits, per_class_ap, score_threshold
-from visionblocks.cli._demo_train import train
+from visionblocks.cli._demo_train import make_ema, train
 from visionblocks.training import seed_everything
 
 __all__ = ["DEFAULT_STEPS", "DEMO_MODEL", "run_demo"]
@@ -287,12 +288,13 @@ def _run(o: _Options) -> dict[str, Any]:
     _log(f"visionblocks demo: {steps} steps on {device} x {world}, "
          f"{sum(p.numel() for p in model.parameters()):,} parameters, {seeded}"
          f"{', bf16/fp16 autocast' if o.amp else ''}")  # fmt: skip
+    ema = make_ema(model)
     history, seconds = train(
         model, train_loader, steps, device, amp=o.amp, detect_nonfinite=o.detect_nonfinite,
-        tune_threads=device.type == "cpu" and world == 1 and not o.seeded,
+        tune_threads=device.type == "cpu" and world == 1 and not o.seeded, ema=ema,
     )  # fmt: skip
     _log(f"trained {steps} steps in {seconds:.1f} s: {steps / seconds:.2f} steps/s")
-    detector = model.module if world > 1 else model
+    detector = ema.module  # the moving average of the weights is evaluated, drawn and saved
     predictions, targets = _predict(detector, val_loader, device)
     stats = coco_evaluate(predictions, val)  # a collective under DDP: rank 0 evaluates all
     per_class = per_class_ap(predictions, val)
