@@ -56,6 +56,9 @@ CASES = Registry(
         "benchmarks.cases.modern_assign",
         "benchmarks.cases.modern_blocks",
         "benchmarks.cases.deformable_detr",
+        "benchmarks.cases.seg_metrics",
+        "benchmarks.cases.lovasz",
+        "benchmarks.cases.seg_losses",
     ),
     description="BenchCase, or a zero-argument callable returning one",
 )

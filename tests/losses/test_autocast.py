@@ -109,6 +109,17 @@ CASES = [
     Case("quality_focal_loss", "soft"),
     Case("quality_focal_loss", "soft", {"weight": _w(), "beta": 0.5}),
     Case("QualityFocalLoss", "soft", {"beta": 1.0}),
+    # The segmentation losses (a "mode"): no reduction argument, always a scalar.
+    Case("dice_loss", "dense", {"mode": "multiclass"}),
+    Case("dice_loss", "dense", {"mode": "multiclass", "ignore_index": 255, "per_image": True}),
+    Case("DiceLoss", "binary", {"mode": "multilabel", "smooth": 1.0}),
+    Case("jaccard_loss", "binary", {"mode": "multilabel", "log_loss": True}),
+    Case("JaccardLoss", "dense", {"mode": "multiclass", "class_weights": _w()}),
+    Case("tversky_loss", "dense", {"mode": "multiclass", "alpha": 0.3, "beta": 0.7, "gamma": 0.75}),
+    Case("TverskyLoss", "binary", {"mode": "multilabel", "ignore_index": -1, "per_image": True}),
+    Case("lovasz_loss", "dense", {"mode": "multiclass"}),
+    Case("lovasz_loss", "dense", {"mode": "multiclass", "ignore_index": 255, "per_image": True}),
+    Case("LovaszLoss", "binary", {"mode": "multilabel", "ignore_index": -1, "per_image": True}),
 ]
 
 
@@ -149,9 +160,11 @@ def _data(case: Case, round_to: torch.dtype) -> tuple[torch.Tensor, torch.Tensor
 
 def _call(case: Case, inputs, targets, reduction: str, options: dict) -> torch.Tensor:
     loss = getattr(L, case.name)
+    if "mode" not in options:  # the segmentation losses take no reduction
+        options = {"reduction": reduction, **options}
     if isinstance(loss, type):  # a module: the options go to its constructor
-        return loss(reduction=reduction, **options)(inputs, targets)
-    return loss(inputs, targets, reduction=reduction, **options)
+        return loss(**options)(inputs, targets)
+    return loss(inputs, targets, **options)
 
 
 def _options(case: Case, dtype: torch.dtype, device: str) -> dict:
@@ -166,7 +179,7 @@ def _expected_dtype(case: Case, reduction: str, x: torch.Tensor, t: torch.Tensor
     if case.rule == "torch":  # PyTorch's: float32 under autocast, else promoted
         return torch.float32 if amp else torch.promote_types(x.dtype, t_dtype)
     dtype = torch.promote_types(x.dtype, t.dtype) if case.kind == "boxes" else x.dtype
-    return dtype if reduction == "none" else torch.float32
+    return dtype if reduction == "none" and "mode" not in case.options else torch.float32
 
 
 def _near(actual, expected, rtol: float, what: str, atol_frac: float = 1e-6) -> None:

@@ -1,4 +1,5 @@
-"""Segmenter and FPNSegHead: shapes, the three losses against F.cross_entropy, learning."""
+"""Segmenter and FPNSegHead: shapes, the losses against the loss functions (alone and summed),
+ignored pixels, learning."""
 
 from __future__ import annotations
 
@@ -6,6 +7,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from visionblocks.losses import (
+    cross_entropy,
+    dice_loss,
+    jaccard_loss,
+    lovasz_loss,
+    softmax_focal_loss,
+    tversky_loss,
+)
 from visionblocks.models import FPNSegHead, Segmenter, build_segmenter
 from visionblocks.registry import HEADS, MODELS
 
@@ -128,3 +137,98 @@ def test_levels_that_disagree_with_the_strides_are_rejected():
     with pytest.raises(ValueError, match=r"features\[0\] of size \(8, 8\) and features\[1\] of "
                        r"size \(2, 2\) are 4 x 4 apart"):  # fmt: skip
         head([torch.randn(1, 8, 8, 8), torch.randn(1, 8, 2, 2)], size=(32, 32))
+
+
+# ------------------------------------------------------------- the losses of issue 43
+REGION = {
+    "dice": lambda x, y, i: dice_loss(x, y, "multiclass", ignore_index=i),
+    "jaccard": lambda x, y, i: jaccard_loss(x, y, "multiclass", ignore_index=i),
+    "tversky": lambda x, y, i: tversky_loss(x, y, "multiclass", ignore_index=i),
+    "lovasz": lambda x, y, i: lovasz_loss(x, y, "multiclass", ignore_index=i),
+    "ce": lambda x, y, i: F.cross_entropy(x, y, ignore_index=i),
+    "softmax_focal": lambda x, y, i: softmax_focal_loss(x, y, ignore_index=i),
+}
+
+
+def _logits_labels(ignore: int = 255) -> tuple[torch.Tensor, torch.Tensor]:
+    torch.manual_seed(0)
+    logits = torch.randn(2, 3, 16, 16)
+    labels = torch.randint(0, 3, (2, 16, 16))
+    labels[:, :3] = ignore
+    return logits, labels
+
+
+@pytest.mark.parametrize("name", sorted(REGION))
+def test_each_loss_equals_the_loss_function(name):
+    logits, labels = _logits_labels()
+    got = FPNSegHead(8, 3, [4], loss=name).loss(logits, labels)
+    assert list(got) == ["loss_seg"]
+    torch.testing.assert_close(got["loss_seg"], REGION[name](logits, labels, 255))
+
+
+def test_a_sequence_of_losses_is_their_sum_with_one_entry_each():
+    logits, labels = _logits_labels(ignore=-1)
+    head = FPNSegHead(8, 3, [4], loss=("ce", "dice", "lovasz"), ignore_index=-1)
+    got = head.loss(logits, labels)
+    assert list(got) == ["loss_ce", "loss_dice", "loss_lovasz"]
+    for name in ("ce", "dice", "lovasz"):
+        torch.testing.assert_close(got[f"loss_{name}"], REGION[name](logits, labels, -1))
+    assert head.loss_type == ("ce", "dice", "lovasz") and "'dice'" in repr(head)
+    # top_k and label_smoothing go to the cross-entropy term only
+    ohem = FPNSegHead(8, 3, [4], loss=["dice", "ce"], ignore_index=-1, top_k=0.5,
+                      label_smoothing=0.1).loss(logits, labels)  # fmt: skip
+    expected = cross_entropy(logits, labels, ignore_index=-1, top_k=0.5, label_smoothing=0.1)
+    torch.testing.assert_close(ohem["loss_ce"], expected)
+    torch.testing.assert_close(ohem["loss_dice"], got["loss_dice"])
+    model = build_segmenter(CFG, head={**CFG["head"], "loss": ["ce", "dice"]})
+    image, scene_labels = scene()
+    losses = model(image[None], scene_labels[None])
+    assert set(losses) == {"loss_ce", "loss_dice", "loss"}
+    torch.testing.assert_close(losses["loss"], losses["loss_ce"] + losses["loss_dice"])
+
+
+@pytest.mark.parametrize("loss", [*sorted(REGION), ("ce", "dice"), ("ce", "lovasz")])
+def test_ignored_pixels_take_no_part(loss):
+    logits, labels = _logits_labels()
+    logits.requires_grad_(True)
+    head = FPNSegHead(8, 3, [4], loss=loss)
+    total = sum(head.loss(logits, labels).values())
+    (grad,) = torch.autograd.grad(total, logits)
+    ignored = (labels == 255)[:, None].expand_as(grad)
+    assert grad[ignored].abs().max() == 0 and grad[~ignored].abs().max() > 0
+    changed = logits.detach().masked_fill(ignored, 50.0)
+    torch.testing.assert_close(sum(head.loss(changed, labels).values()), total.detach())
+
+
+@pytest.mark.parametrize("loss", [*sorted(REGION), ("ce", "dice")])
+def test_each_loss_trains(loss):
+    torch.manual_seed(0)
+    model = build_segmenter(CFG, head={**CFG["head"], "loss": loss})
+    image, labels = scene()
+    images, labels = image[:, ::2, ::2], labels[::2, ::2]  # two 32 x 32 scenes
+    images, labels = torch.stack([images, images.flip(-1)]), torch.stack([labels, labels.flip(-1)])
+    optimizer = torch.optim.AdamW(model.parameters(), lr=5e-3)
+    values = []
+    for _ in range(8):
+        value = model(images, labels)["loss"]
+        optimizer.zero_grad()
+        value.backward()
+        optimizer.step()
+        values.append(value.item())
+    assert values[-1] < 0.9 * values[0], values
+
+
+def test_bad_loss_names_are_refused_naming_the_choices():
+    choices = "'ce', 'softmax_focal', 'dice', 'jaccard', 'tversky', 'lovasz'"
+    with pytest.raises(ValueError, match=f"loss must be one of {choices}; got 'dic'"):
+        FPNSegHead(8, 3, [4], loss="dic")
+    with pytest.raises(ValueError, match=rf"loss\[1\] must be one of {choices}; got 'focal'"):
+        FPNSegHead(8, 3, [4], loss=("ce", "focal"))
+    with pytest.raises(ValueError, match="loss must be one of"):
+        FPNSegHead(8, 3, [4], loss=None)
+    with pytest.raises(ValueError, match="non-empty sequence"):
+        FPNSegHead(8, 3, [4], loss=[])
+    with pytest.raises(ValueError, match=r"each loss once, got \('ce', 'ce'\)"):
+        FPNSegHead(8, 3, [4], loss=["ce", "ce"])
+    with pytest.raises(ValueError, match=r"apply to loss='ce', not \('dice', 'lovasz'\)"):
+        FPNSegHead(8, 3, [4], loss=("dice", "lovasz"), label_smoothing=0.1)

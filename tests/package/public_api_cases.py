@@ -1,7 +1,7 @@
 """One small call of every public op, loss and layer, for the whole-API tests.
 
 `CASES` maps each name of ``visionblocks.ops.__all__``, ``visionblocks.losses.__all__``,
-``visionblocks.nn.__all__`` and ``visionblocks.transforms.__all__`` to a builder: ``build(device)`` returns ``(fn, inputs)``, where
+``visionblocks.nn.__all__``, ``visionblocks.transforms.__all__`` and ``visionblocks.metrics.__all__`` to a builder: ``build(device)`` returns ``(fn, inputs)``, where
 ``fn(*inputs)`` is one typical call (a module is built, on ``device``, inside the builder)
 and returns a tensor or a tuple of tensors. `NOT_TENSOR_OPS` holds the names that take no
 tensors, with the reason. `test_fake_cuda.py` runs every case on fake CUDA tensors and
@@ -20,6 +20,7 @@ import torch
 from torch import Tensor, nn
 
 import visionblocks.losses as L
+import visionblocks.metrics as M
 import visionblocks.nn as vnn
 import visionblocks.ops as O
 import visionblocks.transforms as T
@@ -43,6 +44,7 @@ NOT_TENSOR_OPS = {
     "ops.HungarianMatcher": "hungarian_match's module (the same host solve)",
     "transforms.RandomAffine": "a random transform: draws its parameters on the host with "
     ".item(), as v2.RandomAffine does; its warp is transforms.warp_sample's case",
+    "metrics.format_metrics": "formats results as text: reads every value on the host by design",
 }
 
 # Names whose output size depends on the input values (like torchvision's nms), with the reason:
@@ -60,6 +62,8 @@ DATA_DEPENDENT_OPS = {
     "ops.soft_nms": "a host loop, one device read per kept box (the algorithm is sequential): "
     "not traceable; tests/ops/test_soft_nms.py",
     "ops.batched_soft_nms": "soft_nms per category (the same host loop)",
+    "metrics.panoptic_quality": "the number of segments depends on the values (nonzero, "
+    "torch.unique): an evaluation metric that reads the device; tests/metrics/test_panoptic.py",
 }
 
 # Names whose case is the losses' backward as well as their forward.
@@ -182,6 +186,21 @@ def _conv_bn(d: torch.device) -> nn.Module:
 def _found(model: nn.Module) -> nn.Module:
     assert vnn.find_conv_bn_pairs(model) == [("0", "1")]
     return model
+
+
+def _segmentation_metrics(d: torch.device) -> tuple:
+    """A fresh stream (reset) of two updates, logits and indices, then compute."""
+    metric = M.SegmentationMetrics(4, ignore_index=255)  # built on `d`
+
+    def run(logits: Tensor, target: Tensor) -> tuple[Tensor, ...]:
+        metric.reset()
+        metric.update(logits, target)
+        metric.update(logits.argmax(1), target)
+        return tuple(metric.compute().values())
+
+    target = torch.randint(0, 4, (2, 6, 5), generator=_gen(), device="cpu")
+    target[0, 0] = 255
+    return run, (_randn(d, 2, 4, 6, 5), target.to(d))
 
 
 CASES: dict[str, Case] = {
@@ -472,6 +491,41 @@ CASES: dict[str, Case] = {
         (*_soft_inputs(d), _randn(d, 3).abs()),
     ),
     "losses.QualityFocalLoss": lambda d: _module(d, L.QualityFocalLoss(), *_soft_inputs(d)),
+    "losses.DiceLoss": lambda d: _module(
+        d, L.DiceLoss("multiclass", ignore_index=-100), *_ce_inputs(d)
+    ),
+    "losses.dice_loss": lambda d: (
+        lambda x, t: L.dice_loss(x, t, "multiclass", smooth=1.0, ignore_index=-100, per_image=True),
+        _ce_inputs(d),
+    ),
+    "losses.JaccardLoss": lambda d: _module(
+        d,
+        L.JaccardLoss("multilabel", classes=[0, 2], class_weights=[1.0, 2.0, 0.5]),
+        *_focal_inputs(d),
+    ),
+    "losses.jaccard_loss": lambda d: (
+        lambda x, t: L.jaccard_loss(x, t, "multilabel", log_loss=True),
+        _focal_inputs(d),
+    ),
+    "losses.TverskyLoss": lambda d: _module(
+        d,
+        L.TverskyLoss("binary", alpha=0.3, beta=0.7, gamma=0.75),
+        _randn(d, 2, 1, 4, 4),
+        (_randn(d, 2, 4, 4) > 0).float(),
+    ),
+    "losses.tversky_loss": lambda d: (
+        lambda x, t, w: L.tversky_loss(
+            x.softmax(1), t, "multiclass", from_logits=False, classes=[0, 1], class_weights=w
+        ),
+        (*_ce_inputs(d)[:1], _ce_inputs(d)[1].clamp_min(0), _randn(d, 3).abs() + 0.1),
+    ),
+    "losses.LovaszLoss": lambda d: _module(
+        d, L.LovaszLoss("multilabel", per_image=True), *_focal_inputs(d)
+    ),
+    "losses.lovasz_loss": lambda d: (
+        lambda x, t: L.lovasz_loss(x, t, "multiclass", ignore_index=-100),
+        _ce_inputs(d),
+    ),
     "losses.quality_focal_loss": lambda d: (
         lambda x, t: L.quality_focal_loss(x, t, beta=0.5, reduction="sum", normalizer=2.0),
         _soft_inputs(d),
@@ -522,6 +576,7 @@ CASES: dict[str, Case] = {
     "nn.fuse_conv_bn": lambda d: _module(d, vnn.fuse_conv_bn(*_conv_bn(d)[:2]), _image(d)),
     "nn.fuse_modules": lambda d: _module(d, vnn.fuse_modules(_conv_bn(d)), _image(d)),
     "nn.find_conv_bn_pairs": lambda d: _module(d, _found(_conv_bn(d)), _image(d)),
+    "metrics.SegmentationMetrics": lambda d: _segmentation_metrics(d),
 }
 
 
@@ -543,6 +598,30 @@ OPTION_CASES: dict[str, Case] = {
         lambda x, t, w: L.binary_cross_entropy_with_logits(x, t, weight=w, pos_weight=w[0]),
         (*_focal_inputs(d), _randn(d, 4, 3).abs()),
     ),
+    "dice_loss(binary, ignore, per image)": lambda d: (
+        lambda x, t: L.dice_loss(x, t, "binary", ignore_index=-1, per_image=True),
+        (
+            _randn(d, 4, 1, 3),
+            torch.tensor([[0, 1, -1], [1, 1, 0], [-1, -1, -1], [0, 0, 0]], device=d),
+        ),
+    ),
+    "tversky_loss(multilabel, ignore, per image, log)": lambda d: (
+        lambda x, t: L.tversky_loss(
+            x, t, "multilabel", ignore_index=-1, per_image=True, log_loss=True
+        ),
+        (_randn(d, 4, 3), torch.tensor([[0, 1, -1], [1, 1, 0], [-1, -1, 1], [0, 1, 0]], device=d)),
+    ),
+    "lovasz_loss(multiclass, per image, classes)": lambda d: (
+        lambda x, t: L.lovasz_loss(x, t, "multiclass", True, -100, classes=[0, 2]),
+        _ce_inputs(d),
+    ),
+    "lovasz_loss(binary, ignore, probabilities)": lambda d: (
+        lambda x, t: L.lovasz_loss(x.sigmoid(), t, "binary", True, -1, from_logits=False),
+        (
+            _randn(d, 4, 1, 3),
+            torch.tensor([[0, 1, -1], [1, 1, 0], [-1, -1, -1], [0, 0, 0]], device=d),
+        ),
+    ),
     "sigmoid_focal_loss(index targets, ignore, weight, mean)": lambda d: (
         lambda x, t, w: L.sigmoid_focal_loss(x, t, weight=w, ignore_index=-1, reduction="mean"),
         (_randn(d, 4, 3), torch.tensor([0, 2, -1, 3], device=d), _randn(d, 4, 3).abs()),
@@ -551,10 +630,10 @@ OPTION_CASES: dict[str, Case] = {
 
 
 def public_names() -> list[str]:
-    """Every public name of ops, losses, nn and transforms, as ``"<package>.<name>"``."""
+    """Every public name of ops, losses, nn, transforms and metrics, as ``"<package>.<name>"``."""
     return [
         f"{package.__name__.rsplit('.', 1)[-1]}.{name}"
-        for package in (O, L, vnn, T)
+        for package in (O, L, vnn, T, M)
         for name in package.__all__
     ]
 

@@ -23,7 +23,7 @@ from .public_api_cases import CASES, LOSS_NAMES, NOT_TENSOR_OPS, missing_cases
 CPU = torch.device("cpu")
 GROUPS = {
     package: sorted(n for n in CASES if n.startswith(f"{package}."))
-    for package in ("ops", "losses", "nn", "transforms")
+    for package in ("ops", "losses", "nn", "transforms", "metrics")
 }
 
 

@@ -238,6 +238,47 @@ def _softmax_focal(fn: Callable[..., Tensor]) -> Callable[[], tuple]:
     return run
 
 
+def _overlap(fn: Callable[..., Tensor]) -> Callable[[], tuple]:
+    """``fn(pred, target, mode, **options)`` (or a module class): the three modes, ignored
+    pixels, per image (the multiclass statistics are sums scattered into class bins)."""
+
+    def run() -> tuple:
+        g = _gen(17)
+        x, t = torch.randn(3, 4, 6, 5, generator=g), torch.randint(0, 4, (3, 6, 5), generator=g)
+        t[0, 0] = 255
+        tl = torch.randint(0, 2, (3, 4, 6, 5), generator=g)
+        call = (lambda a, b, mode, **kw: fn(mode, **kw)(a, b)) if isinstance(fn, type) else fn
+        return (
+            *_run(lambda a: call(a, t, "multiclass", ignore_index=255), x),
+            *_run(lambda a: call(a, t, "multiclass", ignore_index=255, per_image=True), x),
+            *_run(lambda a: call(a, tl, "multilabel", smooth=1.0), x),
+            *_run(lambda a: call(a[:, :1], tl[:, 0], "binary", per_image=True), x),
+        )
+
+    return run
+
+
+def _lovasz(fn: Callable[..., Tensor]) -> Callable[[], tuple]:
+    """``fn(pred, target, mode, per_image, ignore_index)`` (or the module class): the three
+    modes, ignored pixels, per image; the large multiclass call takes the CPU radix sort."""
+
+    def run() -> tuple:
+        g = _gen(18)
+        x, t = torch.randn(2, 4, 64, 64, generator=g), torch.randint(0, 4, (2, 64, 64), generator=g)
+        t[0, 0] = 255
+        tl = torch.randint(0, 2, (2, 4, 6, 5), generator=g)
+        call = (lambda a, b, *args: fn(*args)(a, b)) if isinstance(fn, type) else fn
+        s = x[:, :, :6, :5]
+        return (
+            *_run(lambda a: call(a, t, "multiclass", False, 255), x),
+            *_run(lambda a: call(a, t[:, :6, :5], "multiclass", True, 255), s),
+            *_run(lambda a: call(a, tl, "multilabel", False, None), s),
+            *_run(lambda a: call(a[:, :1], tl[:, 0], "binary", True, 1), s),
+        )
+
+    return run
+
+
 def _dfl(fn: Callable[..., Tensor]) -> Callable[[], tuple]:
     """``fn(pred, target, weight)``: distances in bins, a per-box weight."""
 
@@ -607,6 +648,14 @@ CASES: dict[str, Case] = {
     "local_attention2d": Case(_local_attention, kernel=LA),
     "ms_deform_attn": Case(_ms_deform_attn, kernel="ms_deform_attn"),
     "softmax_focal_loss": Case(_softmax_focal(losses.softmax_focal_loss)),
+    "dice_loss": Case(_overlap(losses.dice_loss)),
+    "DiceLoss": Case(_overlap(losses.DiceLoss)),
+    "jaccard_loss": Case(_overlap(losses.jaccard_loss)),
+    "JaccardLoss": Case(_overlap(losses.JaccardLoss)),
+    "tversky_loss": Case(_overlap(losses.tversky_loss)),
+    "TverskyLoss": Case(_overlap(losses.TverskyLoss)),
+    "lovasz_loss": Case(_lovasz(losses.lovasz_loss)),
+    "LovaszLoss": Case(_lovasz(losses.LovaszLoss)),
     "SoftmaxFocalLoss": Case(_softmax_focal(_loss_module(losses.SoftmaxFocalLoss))),
     "cross_entropy": Case(_cross_entropy(losses.cross_entropy)),
     "CrossEntropyLoss": Case(_cross_entropy(_loss_module(losses.CrossEntropyLoss))),

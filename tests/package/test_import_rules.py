@@ -13,7 +13,7 @@ The layers, lowest first (docs/architecture.md explains them):
 1. ``kernels``: Triton kernels and the routing of an op to its kernel.
 2. ``ops``: functional tensor ops.
 3. ``losses``, ``nn``, ``init``, ``weights``, ``distributed``, ``transforms``, ``training``.
-4. ``features``.
+4. ``features``, ``metrics``.
 5. ``backbones``, ``data``.
 6. ``models``.
 7. ``registry`` (the public facade), ``deploy``.
@@ -48,6 +48,7 @@ LAYERS: dict[str, int] = {
     "transforms": 3,
     "training": 4,
     "features": 4,
+    "metrics": 4,
     "backbones": 5,
     "data": 5,
     "models": 6,

@@ -2,8 +2,9 @@
 
 Subcommands:
 
-- ``visionblocks demo [--steps N] [--out DIR] [--device auto|cpu|cuda] [--distributed]
-  [--seed S] [--amp | --no-amp] [--detect-nonfinite]``: train the reference detector on synthetic COCO and evaluate it.
+- ``visionblocks demo [--task detection|segmentation] [--steps N] [--out DIR] [--device
+  auto|cpu|cuda] [--distributed] [--seed S] [--amp | --no-amp] [--detect-nonfinite]``: train
+  the reference detector (or segmenter) on synthetic COCO and evaluate it.
 - ``visionblocks list [REGISTRY|kernels]``: registered names per registry, or the fast-path
   report.
 - ``visionblocks inspect CHECKPOINT [--model NAME]``: what a checkpoint holds, and how it
@@ -96,13 +97,28 @@ def _cmd_check_coco(args: argparse.Namespace) -> int:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from visionblocks.cli.demo import run_demo
+    from visionblocks.cli.demo import DEFAULT_STEPS, run_demo
 
     try:
+        if args.task == "segmentation":
+            from visionblocks.cli._demo_seg import DEFAULT_STEPS as SEG_STEPS
+            from visionblocks.cli._demo_seg import run_segmentation_demo
+
+            for flag, given in (("--distributed", args.distributed),
+                                ("--detect-nonfinite", args.detect_nonfinite)):  # fmt: skip
+                if given:
+                    raise ValueError(f"{flag} is for --task detection")
+            run_segmentation_demo(
+                steps=SEG_STEPS if args.steps is None else args.steps,
+                out="demo-seg-out" if args.out is None else args.out, device=args.device,
+                seed=args.seed, amp=args.amp,
+            )  # fmt: skip
+            return 0
         run_demo(
-            steps=args.steps, out=args.out, device=args.device, distributed=args.distributed,
-            seed=args.seed, amp=args.amp, detect_nonfinite=args.detect_nonfinite,
-            export=args.export,
+            steps=DEFAULT_STEPS if args.steps is None else args.steps,
+            out="demo-out" if args.out is None else args.out, device=args.device,
+            distributed=args.distributed, seed=args.seed, amp=args.amp,
+            detect_nonfinite=args.detect_nonfinite, export=args.export,
         )  # fmt: skip
     except (RuntimeError, ValueError, OSError, FloatingPointError) as exc:
         print(f"visionblocks demo: {exc}", file=sys.stderr)
@@ -150,16 +166,23 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"visionblocks {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
+    from visionblocks.cli._demo_seg import DEFAULT_STEPS as SEG_STEPS
     from visionblocks.cli.demo import DEFAULT_STEPS
 
     p_demo = sub.add_parser(
         "demo", help="train and evaluate the reference detector on synthetic COCO"
     )
-    p_demo.add_argument("--steps", type=int, default=DEFAULT_STEPS, metavar="N",
-                        help=f"training steps of 16 images (default {DEFAULT_STEPS})")  # fmt: skip
-    p_demo.add_argument("--out", default="demo-out", metavar="DIR",
+    p_demo.add_argument("--task", choices=("detection", "segmentation"), default="detection",
+                        help="detection (default): an FCOS detector scored by COCO AP; "
+                        "segmentation: a semantic FPN segmenter trained with CE + Dice, "
+                        "scored by mIoU")  # fmt: skip
+    p_demo.add_argument("--steps", type=int, default=None, metavar="N",
+                        help=f"training steps of 16 images (default {DEFAULT_STEPS}; "
+                        f"{SEG_STEPS} for segmentation)")  # fmt: skip
+    p_demo.add_argument("--out", default=None, metavar="DIR",
                         help="output folder: metrics.json, model.pt, model.onnx, predictions.png, "
-                        "loss.png and the synthetic data (default demo-out)")  # fmt: skip
+                        "loss.png and the synthetic data (default demo-out); for segmentation "
+                        "metrics.json, predictions.png and the data (default demo-seg-out)")  # fmt: skip
     p_demo.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
                         help="auto: CUDA when available (default)")  # fmt: skip
     p_demo.add_argument("--distributed", action="store_true",

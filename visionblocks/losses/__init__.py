@@ -5,7 +5,8 @@ Every loss is a function plus a thin ``nn.Module`` of the same stem
 (``sigmoid_focal_loss`` / `SigmoidFocalLoss`, ``generalized_box_iou_loss`` /
 `GeneralizedBoxIoULoss`, ...), registered in `visionblocks.registry.LOSSES` (``focal``,
 ``softmax_focal``, ``bce``, ``ce``, ``giou``, ``diou``, ``ciou``, ``rotated_iou``,
-``distribution_focal``, ``varifocal``, ``quality_focal``). The box-loss
+``distribution_focal``, ``varifocal``, ``quality_focal``, ``dice``, ``jaccard``, ``tversky``,
+``lovasz``). The box-loss
 functions are served by `visionblocks.ops` too, where torchvision users look for them. Dtype
 policy: half inputs are
 computed in float32; ``reduction="none"`` returns the input dtype, ``"sum"``/``"mean"`` the
@@ -34,6 +35,15 @@ from visionblocks.losses.iou import (
     distance_box_iou_loss,
     generalized_box_iou_loss,
 )
+from visionblocks.losses.lovasz import LovaszLoss, lovasz_loss
+from visionblocks.losses.overlap import (
+    DiceLoss,
+    JaccardLoss,
+    TverskyLoss,
+    dice_loss,
+    jaccard_loss,
+    tversky_loss,
+)
 from visionblocks.losses.quality_focal import QualityFocalLoss, quality_focal_loss
 from visionblocks.losses.rotated_iou import RotatedBoxIoULoss, rotated_box_iou_loss
 from visionblocks.losses.softmax_focal import SoftmaxFocalLoss, softmax_focal_loss
@@ -43,24 +53,32 @@ __all__ = [
     "BCEWithLogitsLoss",
     "CompleteBoxIoULoss",
     "CrossEntropyLoss",
+    "DiceLoss",
     "DistanceBoxIoULoss",
     "DistributionFocalLoss",
     "GeneralizedBoxIoULoss",
+    "JaccardLoss",
+    "LovaszLoss",
     "QualityFocalLoss",
     "RotatedBoxIoULoss",
     "SigmoidFocalLoss",
     "SoftmaxFocalLoss",
+    "TverskyLoss",
     "VarifocalLoss",
     "binary_cross_entropy_with_logits",
     "complete_box_iou_loss",
     "cross_entropy",
+    "dice_loss",
     "distance_box_iou_loss",
     "distribution_focal_loss",
     "generalized_box_iou_loss",
+    "jaccard_loss",
+    "lovasz_loss",
     "quality_focal_loss",
     "rotated_box_iou_loss",
     "sigmoid_focal_loss",
     "softmax_focal_loss",
+    "tversky_loss",
     "varifocal_loss",
 ]
 __dir__ = public_dir(__name__, __all__)

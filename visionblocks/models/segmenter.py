@@ -14,7 +14,7 @@ from torch import Tensor, nn
 from visionblocks._core.checks import check_choice, check_int, check_number, check_type
 from visionblocks._core.dispatch import assert_on_device, asserts_on_device, reads_values
 from visionblocks._core.namespace import public_dir
-from visionblocks._core.registries import HEADS, MODELS
+from visionblocks._core.registries import HEADS, LOSSES, MODELS
 from visionblocks._core.tensor_checks import check_device
 from visionblocks.init import kaiming_init, normal_init
 from visionblocks.losses.ce import cross_entropy
@@ -65,6 +65,23 @@ def check_label_maps(
             raise ValueError(f"{rule}, got {labels[bad][0].item()}")
 
 
+_SEG_LOSSES = ("ce", "softmax_focal", "dice", "jaccard", "tversky", "lovasz")
+
+
+def _loss_names(loss: Any) -> list[str]:
+    """``loss`` (a name or a sequence of distinct names of ``_SEG_LOSSES``) as a list."""
+    if isinstance(loss, str) or not isinstance(loss, Sequence):
+        check_choice("loss", loss, _SEG_LOSSES)
+        return [loss]
+    if not loss:
+        raise ValueError(f"loss must be a name or a non-empty sequence of names of {_SEG_LOSSES}")
+    for i, name in enumerate(loss):
+        check_choice(f"loss[{i}]", name, _SEG_LOSSES)
+    if len(set(loss)) < len(loss):
+        raise ValueError(f"loss must name each loss once, got {tuple(loss)}")
+    return list(loss)
+
+
 @HEADS.register(name="fpn_seg")
 class FPNSegHead(nn.Module):
     """Semantic FPN head (Kirillov et al., 2019): every level brought to the finest stride,
@@ -72,9 +89,11 @@ class FPNSegHead(nn.Module):
 
     A level of stride ``s`` goes through ``log2(s / s_0)`` blocks of 3x3 ``ConvNormAct`` +
     2x bilinear upsampling (one without upsampling for the finest level); the sums feed a
-    1x1 classifier, whose logits are upsampled to the input size. The loss is
-    `visionblocks.losses.cross_entropy` (``"ce"``) or `visionblocks.losses.
-    softmax_focal_loss`; pixels equal to ``ignore_index`` are skipped.
+    1x1 classifier, whose logits are upsampled to the input size. The loss is one of
+    `visionblocks.losses.cross_entropy` (``"ce"``), `visionblocks.losses.softmax_focal_loss`
+    (``"softmax_focal"``) and the ``LOSSES`` entries ``"dice"``, ``"jaccard"``, ``"tversky"``
+    and ``"lovasz"`` (built in ``"multiclass"`` mode with the head's ``ignore_index``), or
+    the sum of several; pixels equal to ``ignore_index`` are skipped.
 
     Args:
         in_channels: Channels of every input level (an FPN's ``out_channels``).
@@ -82,17 +101,20 @@ class FPNSegHead(nn.Module):
         strides: Strides of the input levels, finest first (powers of two).
         channels: Width of the upsampling branches.
         norm: Norm of the branch convolutions.
-        loss: ``"ce"`` or ``"softmax_focal"``.
+        loss: One of the names above (the loss dict's entry is ``loss_seg``), or a sequence
+            of distinct names whose losses are summed (one entry ``loss_<name>`` each), such
+            as ``("ce", "dice")``.
         ignore_index: Label of pixels the loss skips.
-        top_k: With ``"ce"``: the hardest fraction of pixels (OHEM), or ``None`` for all.
-        gamma: With ``"softmax_focal"``: the focusing parameter.
-        label_smoothing: With ``"ce"``, in ``[0, 1)``.
+        top_k: For ``"ce"``: the hardest fraction of pixels (OHEM), or ``None`` for all.
+        gamma: For ``"softmax_focal"``: the focusing parameter.
+        label_smoothing: For ``"ce"``, in ``[0, 1)``.
 
     Raises:
         TypeError: An option of the wrong type; in ``forward``, ``features`` that is not a
             dict or list of floating-point tensors.
-        ValueError: An option out of range; in ``forward``, levels that do not match
-            ``strides`` and ``in_channels``, a bad ``size``.
+        ValueError: An option out of range, an unknown loss name (or one given twice),
+            ``top_k`` or ``label_smoothing`` without ``"ce"``; in ``forward``, levels that
+            do not match ``strides`` and ``in_channels``, a bad ``size``.
 
     Examples:
         >>> import torch
@@ -110,7 +132,7 @@ class FPNSegHead(nn.Module):
         *,
         channels: int = 128,
         norm: NormSpec = "gn",
-        loss: str = "ce",
+        loss: str | Sequence[str] = "ce",
         ignore_index: int = 255,
         top_k: float | None = None,
         gamma: float = 2.0,
@@ -120,17 +142,24 @@ class FPNSegHead(nn.Module):
         check_channels("in_channels", in_channels)
         check_int("num_classes", num_classes, 1, MAX_CHANNELS)
         check_channels("channels", channels)
-        check_choice("loss", loss, ("ce", "softmax_focal"))
+        names = _loss_names(loss)
         check_type("ignore_index", ignore_index, int)
         if top_k is not None:
             check_number("top_k", top_k, 0.0, 1.0, low_inclusive=False)
         check_number("gamma", gamma, 0.0, math.inf, high_inclusive=False)
         check_number("label_smoothing", label_smoothing, 0.0, 1.0, high_inclusive=False)
-        if loss == "softmax_focal" and (top_k is not None or label_smoothing):
-            raise ValueError("top_k and label_smoothing apply to loss='ce', not 'softmax_focal'")
+        if "ce" not in names and (top_k is not None or label_smoothing):
+            raise ValueError(f"top_k and label_smoothing apply to loss='ce', not {loss!r}")
         strides = check_strides(strides, powers_of_two=True)
         base = strides[0]
-        self.num_classes, self.strides, self.loss_type = num_classes, strides, loss
+        self.num_classes, self.strides = num_classes, strides
+        self.loss_type = loss if isinstance(loss, str) else tuple(names)
+        # Region losses from the registry, in a plain dict: no state, not submodules.
+        self._region_losses = {
+            name: LOSSES.build({"type": name, "mode": "multiclass", "ignore_index": ignore_index})
+            for name in names
+            if name not in ("ce", "softmax_focal")
+        }
         self.ignore_index, self.top_k, self.gamma = ignore_index, top_k, gamma
         self.label_smoothing = label_smoothing
         self.branches = nn.ModuleList()
@@ -178,7 +207,8 @@ class FPNSegHead(nn.Module):
         return F.interpolate(logits, size=tuple(size), mode="bilinear", align_corners=False)
 
     def loss(self, logits: Tensor, labels: Tensor) -> dict[str, Tensor]:
-        """``{"loss_seg": ...}`` of ``logits (B, K, H, W)`` against ``labels (B, H, W)``.
+        """The losses of ``logits (B, K, H, W)`` against ``labels (B, H, W)``: ``{"loss_seg":
+        ...}`` for one loss name, ``{"loss_<name>": ...}`` for each of a sequence.
 
         Examples:
             >>> import torch
@@ -186,24 +216,32 @@ class FPNSegHead(nn.Module):
             >>> labels = torch.tensor([[[0, 1], [1, 255]]])
             >>> round(head.loss(torch.zeros(1, 2, 2, 2), labels)["loss_seg"].item(), 4)  # log 2
             0.6931
+            >>> both = FPNSegHead(8, num_classes=2, strides=[4], loss=("ce", "dice"))
+            >>> sorted(both.loss(torch.zeros(1, 2, 2, 2), labels))
+            ['loss_ce', 'loss_dice']
         """
         check_label_maps(
             "labels", labels, (logits.shape[0], *logits.shape[-2:]), logits.device, self
         )
-        labels = labels.as_subclass(Tensor).long()
-        if self.loss_type == "softmax_focal":
-            value = softmax_focal_loss(
-                logits.float(), labels, gamma=self.gamma, ignore_index=self.ignore_index
-            )
-        else:
-            # top_k=1.0 (every valid pixel) rather than None: a batch with every pixel
-            # ignored gives a zero loss, where F.cross_entropy's "mean" gives NaN.
-            value = cross_entropy(
-                logits.float(), labels, ignore_index=self.ignore_index,
-                top_k=1.0 if self.top_k is None else self.top_k,
-                label_smoothing=self.label_smoothing,
-            )  # fmt: skip
-        return {"loss_seg": value}
+        labels, logits = labels.as_subclass(Tensor).long(), logits.float()
+        values = {}
+        for name in _loss_names(self.loss_type):
+            if name == "softmax_focal":
+                value = softmax_focal_loss(
+                    logits, labels, gamma=self.gamma, ignore_index=self.ignore_index
+                )
+            elif name == "ce":
+                # top_k=1.0 (every valid pixel) rather than None: a batch with every pixel
+                # ignored gives a zero loss, where F.cross_entropy's "mean" gives NaN.
+                value = cross_entropy(
+                    logits, labels, ignore_index=self.ignore_index,
+                    top_k=1.0 if self.top_k is None else self.top_k,
+                    label_smoothing=self.label_smoothing,
+                )  # fmt: skip
+            else:
+                value = self._region_losses[name](logits, labels)
+            values["loss_seg" if isinstance(self.loss_type, str) else f"loss_{name}"] = value
+        return values
 
     def extra_repr(self) -> str:
         return f"num_classes={self.num_classes}, strides={self.strides}, loss={self.loss_type!r}"
