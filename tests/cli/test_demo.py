@@ -77,7 +77,10 @@ def test_the_default_demo_meets_its_ap_and_draws_only_right_boxes(tmp_path, caps
     assert drawn["objects"] > 8 and drawn["found"] >= drawn["objects"] - 1, drawn
     assert drawn["boxes"] <= drawn["found"] + 1, drawn
     printed = capsys.readouterr().out
-    assert "AP per class: circle" in printed and "score threshold" in printed
+    assert "score threshold" in printed
+    rows = {line.split()[0]: line.split()[1:] for line in printed.splitlines() if line.strip()}
+    for name in ("circle", "square", "triangle"):  # the per-class table: AP and AP50
+        assert rows[name] == [f"{metrics['per_class'][name][k]:.3f}" for k in ("AP", "AP50")]
 
 
 def test_demo_errors(tmp_path, capsys, monkeypatch):

@@ -41,6 +41,7 @@ from visionblocks._core.namespace import public_dir
 from visionblocks.cli._demo_data import NUM_CLASSES, demo_data, demo_loaders
 from visionblocks.cli._demo_eval import above, found_once, hits, per_class_ap, score_threshold
 from visionblocks.cli._demo_train import make_ema, train
+from visionblocks.metrics import format_metrics
 from visionblocks.training import seed_everything
 
 __all__ = ["DEFAULT_STEPS", "DEMO_MODEL", "run_demo"]
@@ -197,7 +198,12 @@ def run_demo(
         >>> metrics = run_demo(steps=2, out=folder.name, device="cpu", seed=0, export=False)  # doctest: +ELLIPSIS
         visionblocks demo: 2 steps on cpu x 1, 315,675 parameters, seed 0 (repeatable: ... threads)
         trained 2 steps in ... s: ... steps/s
-        AP ...  AP50 ...  AP75 ...; AP per class: circle ..., square ..., triangle ...
+        AP ...  AP50 ...  AP75 ...
+        class ...
+        ---...
+        circle ...
+        square ...
+        triangle ...
         score threshold ... (...); the 8 images drawn: ... objects, ... boxes, ... found ...
         >>> sorted(k for k in metrics if k != "stats")  # doctest: +NORMALIZE_WHITESPACE
         ['AP', 'AP50', 'AP75', 'amp', 'device', 'drawn', 'per_class', 'score_thresh', 'seconds',
@@ -335,9 +341,9 @@ def _run(o: _Options) -> dict[str, Any]:
         )  # fmt: skip
         plot_losses({k: v for k, v in history.items() if k != "loss"} | {"loss": history["loss"]},
                     out / "loss.png")  # fmt: skip
-        classes = ", ".join(f"{name} {ap['AP']:.3f}" for name, ap in per_class.items())
-        _log(f"AP {stats['AP']:.3f}  AP50 {stats['AP50']:.3f}  AP75 {stats['AP75']:.3f}; "
-             f"AP per class: {classes}")  # fmt: skip
+        _log(f"AP {stats['AP']:.3f}  AP50 {stats['AP50']:.3f}  AP75 {stats['AP75']:.3f}")
+        by_class = {k: [ap[k] for ap in per_class.values()] for k in ("AP", "AP50")}
+        _log(format_metrics(by_class, class_names=list(per_class), digits=3))
         source = "the head's default" if found is None else "highest F1 on the val split"
         _log(f"score threshold {threshold:.3f} ({source}); the {drawn['images']} images drawn: "
              f"{drawn['objects']} objects, {drawn['boxes']} boxes, {drawn['found']} objects "
