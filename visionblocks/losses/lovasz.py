@@ -204,6 +204,8 @@ def lovasz_loss(
     if classes is not None:
         x, t = x[:, list(classes)], t[:, list(classes)]
         keep = None if keep is None else keep[:, list(classes)]
+    elif x.dtype is pred.dtype:  # x is a view of pred: one view less to backpropagate through
+        x = pred
     shape = (n, -1) if per_image else (-1,)
     x, t = x.reshape(shape), t.reshape(shape)
     keep = None if keep is None else keep.reshape(shape)
