@@ -299,8 +299,9 @@ def test_modules_registry_and_repr():
 
 
 # ----------------------------------------------------------------------------- errors
-_X, _T = torch.randn(2, 3, 4, 4), torch.randint(0, 3, (2, 4, 4))
-_XB = torch.randn(2, 1, 4, 4)
+_G = torch.Generator().manual_seed(43)  # seeded: xdist workers must collect the same tests
+_X, _T = torch.randn(2, 3, 4, 4, generator=_G), torch.randint(0, 3, (2, 4, 4), generator=_G)
+_XB = torch.randn(2, 1, 4, 4, generator=_G)
 ERRORS = [
     ({"mode": "multi"}, ValueError, "mode must be one of 'binary', 'multiclass', 'multilabel'"),
     ({"mode": 1}, TypeError, "mode must be str"),
@@ -328,7 +329,7 @@ ERRORS = [
     ({"target": _T + 3}, ValueError, "target must be in [0, 2]"),
     ({"target": _T.masked_fill(_T == 0, -1), "ignore_index": 255}, ValueError, "target must be"),
     ({"pred": _X.long()}, TypeError, "pred must be a floating-point tensor"),
-    ({"pred": torch.randn(3)}, ValueError, "pred must have shape (N, C, ...)"),
+    ({"pred": torch.randn(3, generator=_G)}, ValueError, "pred must have shape (N, C, ...)"),
     ({"pred": _X.to("meta")}, ValueError, "pred and target must be on the same device"),
     ({"mode": "binary"}, ValueError, "pred must have one channel (N, 1, ...) with mode='binary'"),
     ({"mode": "binary", "pred": _XB, "classes": [0]}, ValueError, "classes must be None with"),
@@ -338,7 +339,11 @@ ERRORS = [
 ]
 
 
-@pytest.mark.parametrize(("options", "error", "match"), ERRORS, ids=lambda v: str(v)[:40])
+@pytest.mark.parametrize(
+    ("options", "error", "match"),
+    ERRORS,
+    ids=[f"{i}-{m[:32]}" for i, (_, _, m) in enumerate(ERRORS)],
+)
 def test_bad_input_is_refused(options, error, match):
     kwargs = {"pred": _X, "target": _T, "mode": "multiclass", **options}
     with pytest.raises(error, match=re.escape(match)):
