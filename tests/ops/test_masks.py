@@ -262,6 +262,7 @@ def _all(masks, boxes, size):
     )
 
 
+@pytest.mark.slow  # a dynamo compile of the chunked loop (~13 s); the public-name compile test stays quick
 def test_compiles_fullgraph_with_chunks(monkeypatch):
     monkeypatch.setattr(masks_module, "_CHUNK_ELEMENTS", 3000)
     masks = torch.rand(7, 6, 6, generator=torch.Generator().manual_seed(10))

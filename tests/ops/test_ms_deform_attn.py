@@ -167,6 +167,7 @@ def test_empty_batch_and_queries():
             assert ms_deform_attn(value, given, locations, weights).shape == (b, q, 3 * 5)
 
 
+@pytest.mark.slow  # two dynamo compiles (~20 s); tests/package/test_compile_fullgraph.py covers the op quickly
 def test_compiles_fullgraph_with_sequence_and_tensor_shapes():
     shapes = SHAPES["four-levels"]
     value, locations, weights = _inputs(shapes, dtype=torch.float32, seed=7)

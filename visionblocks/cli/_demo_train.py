@@ -40,10 +40,10 @@ def make_ema(model: Any) -> Any:
     return ModelEMA(model, EMA_DECAY, tau=EMA_TAU)
 
 
-def make_optimizer(model: Any, lr: float = 6e-3) -> torch.optim.Optimizer:
-    """AdamW at peak learning rate ``lr``, with its fused kernel (one pass per tensor instead
-    of a dozen small operations) where this torch has one for the parameters' device."""
-    options = {"lr": lr, "weight_decay": 1e-4}
+def make_optimizer(model: Any) -> torch.optim.Optimizer:
+    """AdamW at `LEARNING_RATE`, with its fused kernel (one pass per tensor instead of a dozen
+    small operations) where this torch has one for the parameters' device."""
+    options = {"lr": LEARNING_RATE, "weight_decay": 1e-4}
     try:
         return torch.optim.AdamW(model.parameters(), fused=True, **options)
     except (RuntimeError, TypeError, ValueError):
@@ -79,7 +79,7 @@ def train(
     from visionblocks.cli._demo_threads import ThreadTuner
     from visionblocks.training import find_nonfinite
 
-    optimizer = make_optimizer(model, LEARNING_RATE)
+    optimizer = make_optimizer(model)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: schedule(s, steps))
     dtype = amp_dtype(device, amp)
     scaler = torch.amp.GradScaler(device.type, enabled=dtype == torch.float16)
