@@ -516,21 +516,23 @@ def tversky_loss(
 
 # ---------------------------------------------------------------------------- modules
 class _OverlapLoss(nn.Module):
-    """The modules' shared constructor: smp's arguments, ``class_weights`` as a buffer."""
+    """The modules' shared constructor (`DiceLoss`'s and `JaccardLoss`'s own): smp's
+    arguments, ``class_weights`` as a buffer."""
 
     class_weights: Tensor | None
 
     def __init__(
         self,
         mode: Mode,
-        classes: Sequence[int] | None,
-        log_loss: bool,
-        from_logits: bool,
-        smooth: float,
-        ignore_index: int | None,
-        eps: float,
-        class_weights: ClassWeights,
-        per_image: bool,
+        classes: Sequence[int] | None = None,
+        log_loss: bool = False,
+        from_logits: bool = True,
+        smooth: float = 0.0,
+        ignore_index: int | None = None,
+        eps: float = 1e-7,
+        class_weights: ClassWeights = None,
+        *,
+        per_image: bool = False,
     ) -> None:
         super().__init__()
         classes = _check_options(
@@ -598,24 +600,6 @@ class DiceLoss(_OverlapLoss):
         torch.Size([])
     """
 
-    def __init__(
-        self,
-        mode: Mode,
-        classes: Sequence[int] | None = None,
-        log_loss: bool = False,
-        from_logits: bool = True,
-        smooth: float = 0.0,
-        ignore_index: int | None = None,
-        eps: float = 1e-7,
-        class_weights: ClassWeights = None,
-        *,
-        per_image: bool = False,
-    ) -> None:
-        super().__init__(
-            mode, classes, log_loss, from_logits, smooth, ignore_index, eps, class_weights,
-            per_image,
-        )  # fmt: skip
-
     def forward(self, pred: Tensor, target: Tensor) -> Tensor:
         """Apply `dice_loss` with this module's options."""
         return dice_loss(pred, target, self.mode, **self._options())
@@ -643,24 +627,6 @@ class JaccardLoss(_OverlapLoss):
         >>> loss_fn(torch.randn(2, 3, 4, 4), torch.randint(0, 2, (2, 3, 4, 4))).shape
         torch.Size([])
     """
-
-    def __init__(
-        self,
-        mode: Mode,
-        classes: Sequence[int] | None = None,
-        log_loss: bool = False,
-        from_logits: bool = True,
-        smooth: float = 0.0,
-        ignore_index: int | None = None,
-        eps: float = 1e-7,
-        class_weights: ClassWeights = None,
-        *,
-        per_image: bool = False,
-    ) -> None:
-        super().__init__(
-            mode, classes, log_loss, from_logits, smooth, ignore_index, eps, class_weights,
-            per_image,
-        )  # fmt: skip
 
     def forward(self, pred: Tensor, target: Tensor) -> Tensor:
         """Apply `jaccard_loss` with this module's options."""
@@ -711,7 +677,7 @@ class TverskyLoss(_OverlapLoss):
     ) -> None:
         super().__init__(
             mode, classes, log_loss, from_logits, smooth, ignore_index, eps, class_weights,
-            per_image,
+            per_image=per_image,
         )  # fmt: skip
         _check_score_options(smooth, eps, alpha, beta, gamma)
         self.alpha = alpha
