@@ -68,6 +68,9 @@ ENV_IMPL = "VISIONBLOCKS_IMPL"
 ENV_DISABLE = "VISIONBLOCKS_DISABLE_TRITON"
 ENV_VALUE_CHECKS = "VISIONBLOCKS_VALUE_CHECKS"
 REPORT_URL = "https://github.com/visionblocks/visionblocks/issues"
+_ENV_KEYS: dict[str, object] = {}
+if hasattr(os.environ, "encodekey"):  # CPython's os._Environ: the keys of its private dict
+    _ENV_KEYS = {name: os.environ.encodekey(name) for name in (ENV_IMPL, ENV_VALUE_CHECKS)}
 
 MIN_CAPABILITY: tuple[int, int] = (7, 5)
 """Oldest CUDA compute capability the kernels are compiled and checked for (Turing)."""
@@ -95,8 +98,20 @@ _failures: dict[tuple[str, str], str] = {}
 _failures_lock = threading.Lock()
 
 
+def _env(name: str) -> str | None:
+    """``os.environ.get(name)``, read live on every call (a test or a user may set it after the
+    import) but as one lookup in CPython's own dict of it: ``os.environ``'s mapping methods
+    encode the key and cost a microsecond, which every op call would pay twice."""
+    environ = os.environ
+    try:
+        raw = environ._data.get(_ENV_KEYS[name])  # type: ignore[attr-defined]
+    except (AttributeError, KeyError):  # another mapping put in its place, or another name
+        return environ.get(name)
+    return None if raw is None else environ.decodevalue(raw)  # type: ignore[attr-defined]
+
+
 def _truthy(name: str) -> bool:
-    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
+    return (_env(name) or "").strip().lower() in ("1", "true", "yes", "on")
 
 
 def _stack(name: str) -> list:
@@ -149,12 +164,13 @@ def get_impl() -> str:
         ...     visionblocks.get_impl()
         'torch'
     """
-    stack = getattr(_state, "impl", None)
+    stack = _state.impl
     if stack:
         return stack[-1]
     if _defaults["impl"] is not None:
         return _defaults["impl"]  # type: ignore[return-value]
-    env = os.environ.get(ENV_IMPL, "").strip()
+    env = _env(ENV_IMPL)
+    env = env.strip() if env else ""
     return validate_impl(env, ENV_IMPL) if env else "auto"
 
 
@@ -372,12 +388,15 @@ def value_checks_enabled() -> bool:
         >>> value_checks_enabled()
         True
     """
-    stack = getattr(_state, "checks", None)
+    stack = _state.checks
     if stack:
         return stack[-1]
     if _defaults["checks"] is not None:
         return _defaults["checks"]  # type: ignore[return-value]
-    raw = os.environ.get(ENV_VALUE_CHECKS, "1").strip().lower()
+    raw = _env(ENV_VALUE_CHECKS)
+    if raw is None:
+        return True
+    raw = raw.strip().lower()
     if raw in ("1", "true", "yes", "on", ""):
         return True
     if raw in ("0", "false", "no", "off"):

@@ -57,41 +57,48 @@ def _check_args(
     value: Tensor, spatial_shapes: SpatialShapes, locations: Tensor, weights: Tensor
 ) -> list[tuple[int, int]] | Tensor:
     """Validate; return the level sizes as host ints where the host may read them, else as a
-    ``(levels, 2)`` int64 tensor."""
-    for name, x in (
-        ("value", value),
-        ("sampling_locations", locations),
-        ("attention_weights", weights),
-    ):
-        if type(x) is not Tensor or not x.is_floating_point():  # a plain float tensor: ok
-            check_floating(name, x)
-    if value.dim() != 4:
-        raise ValueError(f"value must have shape (B, keys, heads, C), got {_shape(value)}")
-    b, keys, heads, _ = value.shape
-    if locations.dim() != 6 or locations.shape[-1] != 2:
+    ``(levels, 2)`` int64 tensor. (Each shape is read once: every tensor attribute read is a
+    call into torch, which an op called among many others pays for in full.)"""
+    if not (
+        type(value) is Tensor
+        and type(locations) is Tensor
+        and type(weights) is Tensor
+        and value.is_floating_point()
+        and locations.is_floating_point()
+        and weights.is_floating_point()
+    ):  # plain float tensors: ok
+        check_floating("value", value)
+        check_floating("sampling_locations", locations)
+        check_floating("attention_weights", weights)
+    vs, ls = value.shape, locations.shape
+    if len(vs) != 4:
+        raise ValueError(f"value must have shape (B, keys, heads, C), got {tuple(vs)}")
+    if len(ls) != 6 or ls[5] != 2:
         raise ValueError(
             "sampling_locations must have shape (B, queries, heads, levels, points, 2), "
-            f"got {_shape(locations)}"
+            f"got {tuple(ls)}"
         )
-    if locations.shape[0] != b or locations.shape[2] != heads:
+    if ls[0] != vs[0] or ls[2] != vs[2]:
         raise ValueError(
-            f"sampling_locations must have shape ({b}, queries, {heads}, levels, points, 2) "
-            f"for value of shape {_shape(value)}, got {_shape(locations)}"
+            f"sampling_locations must have shape ({vs[0]}, queries, {vs[2]}, levels, points, 2) "
+            f"for value of shape {tuple(vs)}, got {tuple(ls)}"
         )
-    if weights.shape != locations.shape[:-1]:
+    if weights.shape != ls[:5]:
         raise ValueError(
-            f"attention_weights must have shape {_shape(locations)[:-1]} (sampling_locations' "
+            f"attention_weights must have shape {tuple(ls[:5])} (sampling_locations' "
             f"without the last dimension), got {_shape(weights)}"
         )
-    if not value.device == locations.device == weights.device:
+    device = value.device
+    if not (value.is_cpu and locations.is_cpu and weights.is_cpu) and not (
+        device == locations.device == weights.device
+    ):
         raise ValueError(
             "value, sampling_locations and attention_weights must be on the same device, got "
-            f"{value.device}, {locations.device} and {weights.device}"
+            f"{device}, {locations.device} and {weights.device}"
         )
-    levels = locations.shape[3]
-    if levels < 1:
-        raise ValueError(f"sampling_locations must have levels >= 1, got {_shape(locations)}")
-    return check_spatial_shapes(spatial_shapes, levels, keys, value.device)
+    if ls[3] < 1:
+        raise ValueError(f"sampling_locations must have levels >= 1, got {tuple(ls)}")
+    return check_spatial_shapes(spatial_shapes, ls[3], vs[1], device)
 
 
 def check_spatial_shapes(
@@ -139,18 +146,27 @@ def check_spatial_shapes(
                 f"{type(spatial_shapes).__name__}"
             )
         sizes = []
+        total = 0
         for pair in spatial_shapes:
-            if not isinstance(pair, list | tuple) or len(pair) != 2:
+            if (type(pair) is not tuple and not isinstance(pair, list | tuple)) or len(pair) != 2:
                 break
             h, w = pair
             if not (type(h) is int and type(w) is int) and not (_is_size(h) and _is_size(w)):
                 break
+            if h < 1 or w < 1:
+                raise ValueError(f"spatial_shapes must hold sizes >= 1, got {spatial_shapes!r}")
             sizes.append((h, w))
+            total += h * w
         if len(sizes) != levels or len(spatial_shapes) != levels:
             raise ValueError(
                 f"spatial_shapes must be {levels} (H, W) pairs of ints (the levels of "
                 f"sampling_locations), got {spatial_shapes!r}"
             )
+        if keys != total:
+            raise ValueError(
+                f"value must have sum(H * W) = {total} keys for spatial_shapes {sizes}, got {keys}"
+            )
+        return sizes
     total = 0
     for h, w in sizes:
         if h < 1 or w < 1:

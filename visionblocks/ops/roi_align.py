@@ -95,10 +95,9 @@ def _rois(input: Tensor, boxes: Any, dtype: torch.dtype) -> Tensor:
         if not (boxes.is_cpu and input.is_cpu) and boxes.device != input.device:
             raise ValueError(f"boxes are on {boxes.device} but input is on {input.device}")
         if boxes.shape[0] and reads_values(boxes):  # an index out of range reads any memory
-            if boxes.shape[0] <= 64:  # few boxes: one read of all, no view (cheaper)
-                index = [row[0] for row in boxes.tolist()]
-                low, high = min(index), max(index)
-                total = sum(index)
+            if boxes.shape[0] <= 64:  # few boxes: a list read (cheaper than a reduction)
+                index = boxes.select(1, 0).tolist()
+                low, high, total = min(index), max(index), sum(index)
                 low = low if total == total else math.nan  # min and max may skip NaN
             else:
                 low, high = (v.item() for v in boxes.select(1, 0).aminmax())
@@ -174,7 +173,7 @@ def _run(op: str, dtype: torch.dtype, impl: str, input: Tensor, rois: Tensor, *a
 
         out = roi_pool_triton(op, input, rois, *args, forced=forced_triton(impl))
     else:
-        import torchvision.ops
+        import torchvision.ops  # registers torch.ops.torchvision
 
         if deterministic and input.is_cuda and op == "roi_align":  # its deterministic formula
             out = torchvision.ops.roi_align(input, rois, args[1:3], args[0], *args[3:])
