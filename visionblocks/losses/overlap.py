@@ -56,6 +56,7 @@ __dir__ = public_dir(__name__, __all__)
 Mode = Literal["binary", "multiclass", "multilabel"]
 MODES = ("binary", "multiclass", "multilabel")
 ClassWeights = Sequence[float] | Tensor | None
+_BOOL = {bool}
 
 
 # ----------------------------------------------------------------------------- checks
@@ -73,7 +74,7 @@ def _check_options(
         and classes is None
         and class_weights is None
         and (ignore_index is None or type(ignore_index) is int)
-        and all(type(v) is bool for v in flags.values())
+        and set(map(type, flags.values())) <= _BOOL  # no generator: one C call
     ):  # the usual call
         return None
     check_type("mode", mode, str)
@@ -145,7 +146,8 @@ def _prepare_targets(
     """
     if type(pred) is not Tensor or not pred.is_floating_point():  # a plain float tensor: ok
         check_floating("pred", pred)
-    check_tensor("target", target)
+    if type(target) is not Tensor:
+        check_tensor("target", target)
     if not (pred.is_cpu and target.is_cpu):
         check_same_device(pred=pred, target=target)
     if pred.dim() < 2:
