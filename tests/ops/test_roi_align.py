@@ -211,6 +211,23 @@ def test_errors_name_the_argument():
         roi_align(x, torch.zeros(1, 5), 2, 0.0)
 
 
+@pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf])
+@pytest.mark.parametrize("boxes", ["tensor", "list", "many"])
+def test_non_finite_boxes_are_refused_on_cpu(value, boxes):
+    """torchvision's CPU kernel crashes on a NaN coordinate (and sizes its sampling grid from
+    an infinite one): every path refuses them, naming the argument and the row."""
+    x = torch.randn(2, 8, 5, 5)
+    row = [0.0, 1.0, value, 4.0, 4.0]
+    rois = {
+        "tensor": torch.tensor([row]),
+        "list": [torch.tensor([row[1:]])],
+        "many": torch.tensor([[1.0, 0.0, 0.0, 2.0, 2.0]] * 80 + [row]),  # the reduction path
+    }[boxes]
+    for fn, args in ((roi_align, (2, 1.0, 2)), (roi_pool, (2,)), (ps_roi_pool, (2,))):
+        with pytest.raises(ValueError, match=r"boxes must hold finite values, got \[\[0\.0, 1\.0"):
+            fn(x, rois, *args)
+
+
 def test_modules_equal_torchvision_modules():
     """RoIAlign, RoIPool, PSRoIAlign and PSRoIPool take torchvision's constructor arguments
     in its order and give its values; bad options fail when the module is built."""

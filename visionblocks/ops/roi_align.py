@@ -5,7 +5,8 @@ kernels (``torch.ops.torchvision``, loaded on first use) after checking the argu
 errors that name them. half and bfloat16 inputs are computed in float32 (torchvision's
 autocast rule; its kernels have no bfloat16) and returned in the input's dtype; boxes are
 cast to that compute dtype. Box values are not read on the host except by the CPU value
-check of the batch indices.
+check (`visionblocks.set_value_checks`) that refuses what torchvision's CPU kernels would read
+out of bounds on: batch indices out of range, and NaN or infinite coordinates (a crash there).
 
 Deterministic backward: torchvision's CUDA backward kernels add with atomics, so under
 ``torch.use_deterministic_algorithms(True)`` they raise (its ``roi_align`` switches to a
@@ -94,18 +95,8 @@ def _rois(input: Tensor, boxes: Any, dtype: torch.dtype) -> Tensor:
             )
         if not (boxes.is_cpu and input.is_cpu) and boxes.device != input.device:
             raise ValueError(f"boxes are on {boxes.device} but input is on {input.device}")
-        if boxes.shape[0] and reads_values(boxes):  # an index out of range reads any memory
-            if boxes.shape[0] <= 64:  # few boxes: a list read (cheaper than a reduction)
-                index = boxes.select(1, 0).tolist()
-                low, high, total = min(index), max(index), sum(index)
-                low = low if total == total else math.nan  # min and max may skip NaN
-            else:
-                low, high = (v.item() for v in boxes.select(1, 0).aminmax())
-            if not 0 <= low <= high < input.shape[0]:
-                raise ValueError(
-                    f"boxes[:, 0] must hold batch indices of input, in [0, {input.shape[0] - 1}]"
-                    f", got values in [{low}, {high}]"
-                )
+        if boxes.shape[0] and reads_values(boxes):
+            _check_values(boxes, input.shape[0])
         return boxes
     if not isinstance(boxes, (list, tuple)):
         raise TypeError(
@@ -124,7 +115,33 @@ def _rois(input: Tensor, boxes: Any, dtype: torch.dtype) -> Tensor:
     index = [
         torch.full((b.shape[0], 1), i, dtype=dtype, device=b.device) for i, b in enumerate(boxes)
     ]
-    return torch.cat([torch.cat(index), torch.cat(list(boxes)).to(dtype)], 1)
+    rois = torch.cat([torch.cat(index), torch.cat(list(boxes)).to(dtype)], 1)
+    if rois.shape[0] and reads_values(rois):
+        _check_values(rois, input.shape[0])
+    return rois
+
+
+def _check_values(rois: Tensor, images: int) -> None:
+    """Refuse what torchvision's CPU kernels read out of bounds on: a batch index out of
+    range, a NaN or infinite coordinate (a crash, or an allocation error far from its cause)."""
+    if rois.shape[0] <= 64:  # few boxes: a list read (cheaper than reductions)
+        values = rois.reshape(-1).tolist()
+        index = values[::5]
+        low, high, total = min(index), max(index), sum(values)
+    else:
+        low, high = (v.item() for v in rois.select(1, 0).aminmax())
+        total = rois.sum(dtype=torch.float64).item()  # no float32 box overflows it
+    if not math.isfinite(total):  # some value is NaN or infinite
+        bad = ~torch.isfinite(rois)
+        raise ValueError(
+            f"boxes must hold finite values, got {rois[bad.any(1)][:3].tolist()} (rows with "
+            "NaN or inf, as (batch index, x1, y1, x2, y2))"
+        )
+    if not 0 <= low <= high < images:
+        raise ValueError(
+            f"boxes[:, 0] must hold batch indices of input, in [0, {images - 1}], got values "
+            f"in [{low}, {high}]"
+        )
 
 
 def _prepare(
