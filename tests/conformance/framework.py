@@ -34,6 +34,7 @@ __all__ = [
     "Arg",
     "Outcome",
     "Spec",
+    "call",
     "compare",
     "mutate",
     "run_call",
@@ -122,6 +123,16 @@ class Spec:
         return (
             name + (".forward" if self.forward else "") + (f"[{self.label}]" if self.label else "")
         )
+
+
+def call(fn: Callable[..., Any], **kwargs: Any) -> Callable[[], tuple[Any, dict[str, Any]]]:
+    """A `Spec` ``build`` for ``fn(**kwargs)``: a callable value is called on every build, so
+    each test gets fresh tensors (pass a class or function itself through a lambda)."""
+
+    def build() -> tuple[Any, dict[str, Any]]:
+        return fn, {k: v() if callable(v) else v for k, v in kwargs.items()}
+
+    return build
 
 
 @dataclass

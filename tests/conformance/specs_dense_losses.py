@@ -11,19 +11,10 @@ from typing import Any
 
 import torch
 
-from tests.conformance.framework import Arg, Spec
+from tests.conformance.framework import Arg, Spec, call
 from visionblocks import losses
 
 _HALF = ("noncontiguous", "half", "bfloat16")
-
-
-def _call(fn: Callable[..., Any], **kwargs: Any) -> Callable[[], tuple[Any, dict[str, Any]]]:
-    """A ``build`` for ``fn(**kwargs)``, with tensors made fresh on every build."""
-
-    def build() -> tuple[Any, dict[str, Any]]:
-        return fn, {k: v() if callable(v) else v for k, v in kwargs.items()}
-
-    return build
 
 
 def _forward(cls: type, ctor: dict[str, Any], **kwargs: Any) -> Callable[[], tuple[Any, dict]]:
@@ -71,7 +62,7 @@ SPECS = [
     # ---------------------------------------------------------------- distribution focal
     Spec(
         losses.distribution_focal_loss,
-        _call(
+        call(
             losses.distribution_focal_loss,
             pred=_bins,
             target=_distances,
@@ -84,7 +75,7 @@ SPECS = [
     ),
     Spec(
         losses.DistributionFocalLoss,
-        _call(losses.DistributionFocalLoss, reduction="mean"),
+        call(losses.DistributionFocalLoss, reduction="mean"),
         args=[Arg("reduction", "choice")],
     ),
     Spec(
@@ -104,7 +95,7 @@ SPECS = [
     # ----------------------------------------------------------------------- varifocal
     Spec(
         losses.varifocal_loss,
-        _call(
+        call(
             losses.varifocal_loss,
             pred=_logits,
             target=_scores,
@@ -127,7 +118,7 @@ SPECS = [
     ),
     Spec(
         losses.VarifocalLoss,
-        _call(losses.VarifocalLoss, alpha=0.75, gamma=2.0, iou_weighted=False, reduction="sum"),
+        call(losses.VarifocalLoss, alpha=0.75, gamma=2.0, iou_weighted=False, reduction="sum"),
         args=[
             Arg("alpha", "float"),
             Arg("gamma", "float"),
@@ -152,7 +143,7 @@ SPECS = [
     # ------------------------------------------------------------------- quality focal
     Spec(
         losses.quality_focal_loss,
-        _call(
+        call(
             losses.quality_focal_loss,
             pred=_logits,
             target=_scores,
@@ -166,7 +157,7 @@ SPECS = [
     ),
     Spec(
         losses.QualityFocalLoss,
-        _call(losses.QualityFocalLoss, beta=2.0, reduction="mean"),
+        call(losses.QualityFocalLoss, beta=2.0, reduction="mean"),
         args=[Arg("beta", "float"), Arg("reduction", "choice")],
     ),
     Spec(

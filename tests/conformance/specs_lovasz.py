@@ -12,19 +12,10 @@ from typing import Any
 
 import torch
 
-from tests.conformance.framework import Arg, Spec
+from tests.conformance.framework import Arg, Spec, call
 from visionblocks import losses
 
 _HALF = ("noncontiguous", "half", "bfloat16")
-
-
-def _call(fn: Callable[..., Any], **kwargs: Any) -> Callable[[], tuple[Any, dict[str, Any]]]:
-    """A ``build`` for ``fn(**kwargs)``, with tensors made fresh on every build."""
-
-    def build() -> tuple[Any, dict[str, Any]]:
-        return fn, {k: v() if callable(v) else v for k, v in kwargs.items()}
-
-    return build
 
 
 def _forward(cls: type, ctor: dict[str, Any], **kwargs: Any) -> Callable[[], tuple[Any, dict]]:
@@ -74,13 +65,13 @@ _INPUTS = [Arg("pred", "tensor"), Arg("target", "int_tensor")]
 SPECS = [
     Spec(
         losses.lovasz_loss,
-        _call(losses.lovasz_loss, pred=_logits(), target=_indices, **_MULTICLASS),
+        call(losses.lovasz_loss, pred=_logits(), target=_indices, **_MULTICLASS),
         args=[*_INPUTS, *_OPTIONS],
         equivalences=_HALF,
     ),
     Spec(
         losses.lovasz_loss,
-        _call(
+        call(
             losses.lovasz_loss,
             pred=_logits(),
             target=_labels,
@@ -93,7 +84,7 @@ SPECS = [
     ),
     Spec(
         losses.lovasz_loss,
-        _call(losses.lovasz_loss, pred=_logits(1), target=_binary, mode="binary"),
+        call(losses.lovasz_loss, pred=_logits(1), target=_binary, mode="binary"),
         args=[
             Arg("pred", "tensor"),
             Arg("target", "int_tensor", accept={"dtype"}),  # float 0/1 labels are valid too
@@ -101,7 +92,7 @@ SPECS = [
         equivalences=_HALF,
         label="binary",
     ),
-    Spec(losses.LovaszLoss, _call(losses.LovaszLoss, **_MULTICLASS), args=_OPTIONS),
+    Spec(losses.LovaszLoss, call(losses.LovaszLoss, **_MULTICLASS), args=_OPTIONS),
     Spec(
         losses.LovaszLoss,
         _forward(

@@ -9,17 +9,10 @@ from typing import Any
 
 import torch
 
-from tests.conformance.framework import Arg, Spec
+from tests.conformance.framework import Arg, Spec, call
 from visionblocks import nn, ops
 
 _HALF = ("noncontiguous", "half", "bfloat16")
-
-
-def _call(fn: Callable[..., Any], **kwargs: Any) -> Callable[[], tuple[Any, dict[str, Any]]]:
-    def build() -> tuple[Any, dict[str, Any]]:
-        return fn, {k: v() if callable(v) else v for k, v in kwargs.items()}
-
-    return build
 
 
 def _boxes() -> torch.Tensor:
@@ -38,19 +31,19 @@ def _binary() -> torch.Tensor:
 _ANY_MASKS = {"dtype"}
 _MASK_SPECS = [
     Spec(ops.paste_masks,
-         _call(ops.paste_masks, masks=_soft, boxes=_boxes, image_size=(12, 13), padding=1),
+         call(ops.paste_masks, masks=_soft, boxes=_boxes, image_size=(12, 13), padding=1),
          args=[Arg("masks", "tensor"), Arg("boxes", "tensor", accept={"dtype"}),
                Arg("image_size", "sequence"), Arg("padding", "int")],
          equivalences=_HALF),
-    Spec(ops.crop_masks, _call(ops.crop_masks, masks=_soft, boxes=_boxes),
+    Spec(ops.crop_masks, call(ops.crop_masks, masks=_soft, boxes=_boxes),
          args=[Arg("masks", "tensor", accept=_ANY_MASKS), Arg("boxes", "tensor", accept={"dtype"})],
          equivalences=_HALF),
-    Spec(ops.mask_iou, _call(ops.mask_iou, masks1=_binary, masks2=lambda: _binary()[:2]),
+    Spec(ops.mask_iou, call(ops.mask_iou, masks1=_binary, masks2=lambda: _binary()[:2]),
          args=[Arg("masks1", "tensor", accept=_ANY_MASKS),
                Arg("masks2", "tensor", accept=_ANY_MASKS)],
          equivalences=_HALF),
     # One tensor: any device (meta gives meta boxes) and any real dtype.
-    Spec(ops.masks_to_boxes, _call(ops.masks_to_boxes, masks=_binary),
+    Spec(ops.masks_to_boxes, call(ops.masks_to_boxes, masks=_binary),
          args=[Arg("masks", "tensor", accept={"dtype", "meta"})], equivalences=_HALF),
 ]  # fmt: skip
 
@@ -63,7 +56,7 @@ _DEFORM = {
     "mask": lambda: torch.rand(2, 9, 6, 7, generator=torch.Generator().manual_seed(5)),
 }
 _MASK_SPECS.append(
-    Spec(ops.deform_conv2d, _call(ops.deform_conv2d, **_DEFORM, stride=1, padding=1, dilation=1),
+    Spec(ops.deform_conv2d, call(ops.deform_conv2d, **_DEFORM, stride=1, padding=1, dilation=1),
          args=[*(Arg(n, "tensor") for n in ("input", "offset", "weight")),
                *(Arg(n, "tensor", optional=True) for n in ("bias", "mask")),
                *(Arg(n, "int") for n in ("stride", "dilation")),
@@ -89,34 +82,34 @@ _ALL = ("noncontiguous", "channels_last", "half", "bfloat16")
 _P = Arg("p", "float")
 _DROP_BLOCK_OPTIONS = [_P, Arg("block_size", "int"), Arg("inplace", "bool"), Arg("eps", "float")]
 _NN_SPECS = [
-    Spec(nn.StochasticDepth, _call(nn.StochasticDepth, p=0.2, mode="row"),
+    Spec(nn.StochasticDepth, call(nn.StochasticDepth, p=0.2, mode="row"),
          args=[_P, Arg("mode", "choice")]),
     Spec(nn.StochasticDepth, _forward(lambda: nn.StochasticDepth(0.2).eval(), input=lambda: _x(4, 3, 5, 5)),
          args=[Arg("input", "tensor", accept={"rank_up", "rank_down", "meta"})], forward=True,
          equivalences=_ALL),
     Spec(nn.drop_path,
-         _call(nn.drop_path, input=lambda: _x(4, 3, 5, 5), p=1.0, mode="batch", training=True),
+         call(nn.drop_path, input=lambda: _x(4, 3, 5, 5), p=1.0, mode="batch", training=True),
          args=[Arg("input", "tensor", accept={"rank_up", "rank_down", "meta"}), _P,
                Arg("mode", "choice"), Arg("training", "bool")],
          equivalences=_ALL),
-    *(Spec(cls, _call(cls, p=0.2, block_size=3, inplace=False, eps=1e-6), args=_DROP_BLOCK_OPTIONS)
+    *(Spec(cls, call(cls, p=0.2, block_size=3, inplace=False, eps=1e-6), args=_DROP_BLOCK_OPTIONS)
       for cls in (nn.DropBlock2d, nn.DropBlock3d)),
     Spec(nn.DropBlock2d, _forward(lambda: nn.DropBlock2d(0.2, 3).eval(), input=lambda: _x(2, 3, 6, 6)),
          args=[Arg("input", "tensor", accept={"meta"})], forward=True, equivalences=_ALL),
     Spec(nn.DropBlock3d, _forward(lambda: nn.DropBlock3d(0.2, 3).eval(), input=lambda: _x(2, 3, 4, 6, 6)),
          args=[Arg("input", "tensor", accept={"meta"})], forward=True, equivalences=_HALF),
-    *(Spec(fn, _call(fn, input=lambda s=shape: _x(*s), p=1.0, block_size=1, inplace=False, eps=1e-6,
+    *(Spec(fn, call(fn, input=lambda s=shape: _x(*s), p=1.0, block_size=1, inplace=False, eps=1e-6,
                      training=True),
            args=[Arg("input", "tensor", accept={"meta"}), *_DROP_BLOCK_OPTIONS,
                  Arg("training", "bool")],
            equivalences=("noncontiguous",))
       for fn, shape in ((nn.drop_block2d, (2, 3, 6, 6)), (nn.drop_block3d, (2, 3, 4, 6, 6)))),
-    Spec(nn.FrozenBatchNorm2d, _call(nn.FrozenBatchNorm2d, num_features=8, eps=1e-5),
+    Spec(nn.FrozenBatchNorm2d, call(nn.FrozenBatchNorm2d, num_features=8, eps=1e-5),
          args=[Arg("num_features", "int"), Arg("eps", "float")]),
     Spec(nn.FrozenBatchNorm2d, _forward(lambda: nn.FrozenBatchNorm2d(8), x=lambda: _x(2, 8, 5, 5)),
          args=[Arg("x", "tensor")], forward=True, equivalences=_ALL),
     Spec(nn.SqueezeExcitation,
-         _call(nn.SqueezeExcitation, input_channels=8, squeeze_channels=2, activation="relu",
+         call(nn.SqueezeExcitation, input_channels=8, squeeze_channels=2, activation="relu",
                scale_activation=lambda: torch.nn.Sigmoid),
          args=[Arg("input_channels", "int"), Arg("squeeze_channels", "int"),
                Arg("activation", "choice", optional=True),
@@ -124,7 +117,7 @@ _NN_SPECS = [
     Spec(nn.SqueezeExcitation, _forward(lambda: nn.SqueezeExcitation(8, 2), input=lambda: _x(2, 8, 5, 5)),
          args=[Arg("input", "tensor")], forward=True, equivalences=_ALL),
     Spec(nn.MLP,
-         _call(nn.MLP, in_channels=16, hidden_channels=[32, 8], norm_layer=lambda: torch.nn.LayerNorm,
+         call(nn.MLP, in_channels=16, hidden_channels=[32, 8], norm_layer=lambda: torch.nn.LayerNorm,
                activation_layer=lambda: torch.nn.ReLU, inplace=None, bias=True, dropout=0.1),
          args=[Arg("in_channels", "int"), Arg("hidden_channels", "sequence", accept={"longer"}),
                Arg("norm_layer", "callable", optional=True),

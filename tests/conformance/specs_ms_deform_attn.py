@@ -3,12 +3,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
-
 import torch
 
-from tests.conformance.framework import Arg, Spec
+from tests.conformance.framework import Arg, Spec, call
 from visionblocks import ops
 from visionblocks.nn import MultiScaleDeformableAttention
 
@@ -17,13 +14,6 @@ _SHAPES = [(3, 4), (1, 2)]
 
 def _rand(*shape: int, seed: int = 0) -> torch.Tensor:
     return torch.rand(*shape, generator=torch.Generator().manual_seed(seed))
-
-
-def _call(fn: Callable[..., Any], **kwargs: Any) -> Callable[[], tuple[Any, dict[str, Any]]]:
-    def build() -> tuple[Any, dict[str, Any]]:
-        return fn, {k: v() if callable(v) else v for k, v in kwargs.items()}
-
-    return build
 
 
 _OP = {
@@ -44,11 +34,11 @@ def _layer() -> MultiScaleDeformableAttention:
 
 SPECS = [
     # spatial_shapes as a list (the "list" of a tensor is a legitimate value) or a tensor.
-    Spec(ops.ms_deform_attn, _call(ops.ms_deform_attn, **_OP, spatial_shapes=_SHAPES, impl="auto"),
+    Spec(ops.ms_deform_attn, call(ops.ms_deform_attn, **_OP, spatial_shapes=_SHAPES, impl="auto"),
          args=[*_TENSORS, Arg("spatial_shapes", "sequence"), Arg("impl", "choice")],
          equivalences=("noncontiguous", "channels_last", "half", "bfloat16")),
     Spec(ops.ms_deform_attn,
-         _call(ops.ms_deform_attn, **_OP, spatial_shapes=lambda: torch.tensor(_SHAPES)),
+         call(ops.ms_deform_attn, **_OP, spatial_shapes=lambda: torch.tensor(_SHAPES)),
          args=[Arg("spatial_shapes", "int_tensor", accept={"list"})],
          equivalences=("noncontiguous",), label="tensor shapes"),
     Spec(MultiScaleDeformableAttention, lambda: (MultiScaleDeformableAttention, {

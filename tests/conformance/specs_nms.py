@@ -3,22 +3,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
-
 import torch
 
-from tests.conformance.framework import Arg, Spec
+from tests.conformance.framework import Arg, Spec, call
 from visionblocks import ops
 
 _HALF = ("noncontiguous", "half", "bfloat16")
-
-
-def _call(fn: Callable[..., Any], **kwargs: Any) -> Callable[[], tuple[Any, dict[str, Any]]]:
-    def build() -> tuple[Any, dict[str, Any]]:
-        return fn, {k: v() if callable(v) else v for k, v in kwargs.items()}
-
-    return build
 
 
 def _boxes() -> torch.Tensor:
@@ -52,19 +42,19 @@ _SOFT = [
 SPECS: list[Spec] = [
     Spec(
         ops.nms,
-        _call(ops.nms, boxes=_boxes, scores=_scores, iou_threshold=0.3),
+        call(ops.nms, boxes=_boxes, scores=_scores, iou_threshold=0.3),
         args=[_BOXES, Arg("scores", "tensor"), _THRESHOLD],
         equivalences=_HALF,
     ),
     Spec(
         ops.batched_nms,
-        _call(ops.batched_nms, boxes=_boxes, scores=_scores, idxs=_idxs, iou_threshold=0.3),
+        call(ops.batched_nms, boxes=_boxes, scores=_scores, idxs=_idxs, iou_threshold=0.3),
         args=[_BOXES, Arg("scores", "tensor"), Arg("idxs", "int_tensor"), _THRESHOLD],
         equivalences=_HALF,
     ),
     Spec(
         ops.soft_nms,
-        _call(
+        call(
             ops.soft_nms,
             boxes=_boxes,
             scores=_scores,
@@ -79,7 +69,7 @@ SPECS: list[Spec] = [
     ),
     Spec(
         ops.batched_soft_nms,
-        _call(
+        call(
             ops.batched_soft_nms,
             boxes=_boxes,
             scores=_scores,
@@ -95,7 +85,7 @@ SPECS: list[Spec] = [
     # A negative score_threshold is legitimate (scores need not be probabilities).
     Spec(
         ops.matrix_nms,
-        _call(
+        call(
             ops.matrix_nms,
             scores=_scores,
             boxes=_boxes,
@@ -117,7 +107,7 @@ SPECS: list[Spec] = [
     # Masks of any real dtype or bool (the dtype mutation gives float masks: the same masks).
     Spec(
         ops.matrix_nms,
-        _call(ops.matrix_nms, scores=_scores, masks=_masks, kernel="linear"),
+        call(ops.matrix_nms, scores=_scores, masks=_masks, kernel="linear"),
         args=[Arg("scores", "tensor"), Arg("masks", "tensor", accept={"dtype"})],
         equivalences=_HALF,
         label="masks",

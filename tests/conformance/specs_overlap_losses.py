@@ -11,19 +11,10 @@ from typing import Any
 
 import torch
 
-from tests.conformance.framework import Arg, Spec
+from tests.conformance.framework import Arg, Spec, call
 from visionblocks import losses
 
 _HALF = ("noncontiguous", "half", "bfloat16")
-
-
-def _call(fn: Callable[..., Any], **kwargs: Any) -> Callable[[], tuple[Any, dict[str, Any]]]:
-    """A ``build`` for ``fn(**kwargs)``, with tensors made fresh on every build."""
-
-    def build() -> tuple[Any, dict[str, Any]]:
-        return fn, {k: v() if callable(v) else v for k, v in kwargs.items()}
-
-    return build
 
 
 def _forward(cls: type, ctor: dict[str, Any], **kwargs: Any) -> Callable[[], tuple[Any, dict]]:
@@ -87,13 +78,13 @@ _INPUTS = [Arg("pred", "tensor"), Arg("target", "int_tensor")]
 SPECS = [
     Spec(
         losses.dice_loss,
-        _call(losses.dice_loss, pred=_logits(), target=_indices, **_MULTICLASS),
+        call(losses.dice_loss, pred=_logits(), target=_indices, **_MULTICLASS),
         args=[*_INPUTS, *_OPTIONS],
         equivalences=_HALF,
     ),
     Spec(
         losses.jaccard_loss,
-        _call(
+        call(
             losses.jaccard_loss,
             pred=_logits(),
             target=_labels(),
@@ -105,7 +96,7 @@ SPECS = [
     ),
     Spec(
         losses.tversky_loss,
-        _call(
+        call(
             losses.tversky_loss,
             pred=_logits(),
             target=_indices,
@@ -119,7 +110,7 @@ SPECS = [
     ),
     Spec(
         losses.tversky_loss,
-        _call(losses.tversky_loss, pred=_logits(1), target=_binary, mode="binary", gamma=2.0),
+        call(losses.tversky_loss, pred=_logits(1), target=_binary, mode="binary", gamma=2.0),
         args=[
             Arg("pred", "tensor"),
             Arg("target", "int_tensor", accept={"dtype"}),  # float 0/1 labels are valid too
@@ -130,12 +121,12 @@ SPECS = [
     ),
     # ----------------------------------------------------------------------- modules
     *(
-        Spec(cls, _call(cls, **_MULTICLASS), args=_CTOR_OPTIONS)
+        Spec(cls, call(cls, **_MULTICLASS), args=_CTOR_OPTIONS)
         for cls in (losses.DiceLoss, losses.JaccardLoss)
     ),
     Spec(
         losses.TverskyLoss,
-        _call(losses.TverskyLoss, alpha=0.3, beta=0.7, gamma=0.75, **_MULTICLASS),
+        call(losses.TverskyLoss, alpha=0.3, beta=0.7, gamma=0.75, **_MULTICLASS),
         args=[*_CTOR_OPTIONS, *_TVERSKY],
     ),
     *(

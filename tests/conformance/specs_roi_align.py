@@ -6,11 +6,10 @@ them."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 import torch
 
-from tests.conformance.framework import Arg, Spec
+from tests.conformance.framework import Arg, Spec, call
 from visionblocks import ops
 
 _ALL = ("noncontiguous", "channels_last", "half", "bfloat16")
@@ -26,13 +25,6 @@ def _boxes() -> torch.Tensor:
     )
 
 
-def _call(fn: Callable[..., Any], **kwargs: Any) -> Callable[[], tuple[Any, dict[str, Any]]]:
-    def build() -> tuple[Any, dict[str, Any]]:
-        return fn, {k: v() if callable(v) else v for k, v in kwargs.items()}
-
-    return build
-
-
 _TENSORS = [Arg("input", "tensor"), Arg("boxes", "tensor", accept={"dtype"})]  # integer boxes
 _SIZE = [Arg("output_size", "int"), Arg("spatial_scale", "float")]
 _SAMPLING = Arg("sampling_ratio", "int", accept={"negative"})  # <= 0: adaptive
@@ -40,7 +32,7 @@ _SAMPLING = Arg("sampling_ratio", "int", accept={"negative"})  # <= 0: adaptive
 SPECS: list[Spec] = [
     Spec(
         ops.roi_align,
-        _call(
+        call(
             ops.roi_align,
             input=_input(),
             boxes=_boxes,
@@ -54,7 +46,7 @@ SPECS: list[Spec] = [
     ),
     Spec(
         ops.ps_roi_align,
-        _call(
+        call(
             ops.ps_roi_align,
             input=_input(8),
             boxes=_boxes,
@@ -67,13 +59,13 @@ SPECS: list[Spec] = [
     ),
     Spec(
         ops.roi_pool,
-        _call(ops.roi_pool, input=_input(), boxes=_boxes, output_size=3, spatial_scale=1.0),
+        call(ops.roi_pool, input=_input(), boxes=_boxes, output_size=3, spatial_scale=1.0),
         args=[*_TENSORS, *_SIZE],
         equivalences=_ALL,
     ),
     Spec(
         ops.ps_roi_pool,
-        _call(ops.ps_roi_pool, input=_input(8), boxes=_boxes, output_size=2, spatial_scale=1.0),
+        call(ops.ps_roi_pool, input=_input(8), boxes=_boxes, output_size=2, spatial_scale=1.0),
         args=[*_TENSORS, *_SIZE],
         equivalences=_ALL,
     ),
@@ -93,7 +85,7 @@ SPECS: list[Spec] = [
         for spec in (
             Spec(
                 module,
-                _call(module, output_size=2, spatial_scale=0.5, **options),
+                call(module, output_size=2, spatial_scale=0.5, **options),
                 args=[*_SIZE, *extra],
             ),
             Spec(
@@ -110,7 +102,7 @@ SPECS: list[Spec] = [
     ),
     Spec(
         ops.MultiScaleRoIAlign,
-        _call(ops.MultiScaleRoIAlign, featmap_names=["p2", "p3"], output_size=3, sampling_ratio=2),
+        call(ops.MultiScaleRoIAlign, featmap_names=["p2", "p3"], output_size=3, sampling_ratio=2),
         args=[Arg("output_size", "int"), _SAMPLING],
     ),
     Spec(

@@ -3,12 +3,9 @@ are exact in float16 and bfloat16 (the angles' sines and cosines are computed fr
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
-
 import torch
 
-from tests.conformance.framework import Arg, Spec
+from tests.conformance.framework import Arg, Spec, call
 from visionblocks import ops
 
 _ALL = ("noncontiguous", "channels_last", "half", "bfloat16")
@@ -25,13 +22,6 @@ def _rois() -> torch.Tensor:
     )  # fmt: skip
 
 
-def _call(fn: Callable[..., Any], **kwargs: Any) -> Callable[[], tuple[Any, dict[str, Any]]]:
-    def build() -> tuple[Any, dict[str, Any]]:
-        return fn, {k: v() if callable(v) else v for k, v in kwargs.items()}
-
-    return build
-
-
 _OPTIONS = [
     Arg("output_size", "int"),
     Arg("spatial_scale", "float"),
@@ -42,7 +32,7 @@ _TENSORS = [Arg("input", "tensor"), Arg("rois", "tensor")]
 SPECS: list[Spec] = [
     Spec(
         ops.rotated_roi_align,
-        _call(
+        call(
             ops.rotated_roi_align,
             input=_input,
             rois=_rois,
@@ -55,7 +45,7 @@ SPECS: list[Spec] = [
     ),
     Spec(
         ops.RotatedRoIAlign,
-        _call(ops.RotatedRoIAlign, output_size=(2, 3), spatial_scale=0.5, sampling_ratio=-1),
+        call(ops.RotatedRoIAlign, output_size=(2, 3), spatial_scale=0.5, sampling_ratio=-1),
         args=_OPTIONS,
     ),
     Spec(

@@ -8,17 +8,10 @@ from typing import Any
 
 import torch
 
-from tests.conformance.framework import Arg, Spec
+from tests.conformance.framework import Arg, Spec, call
 from visionblocks import nn, ops
 
 _HALF = ("noncontiguous", "half", "bfloat16")
-
-
-def _call(fn: Callable[..., Any], **kwargs: Any) -> Callable[[], tuple[Any, dict[str, Any]]]:
-    def build() -> tuple[Any, dict[str, Any]]:
-        return fn, {k: v() if callable(v) else v for k, v in kwargs.items()}
-
-    return build
 
 
 def _forward(module: Callable[[], Any], **kwargs: Any) -> Callable[[], tuple[Any, dict]]:
@@ -37,17 +30,17 @@ _INT = ("in_channels", "out_channels", "kernel_size", "stride", "dilation", "gro
 
 SPECS = [
     # Any real dtype, any leading dims; meta boxes give meta boxes.
-    Spec(ops.clip_boxes_to_image, _call(ops.clip_boxes_to_image, boxes=_boxes, size=(10, 12)),
+    Spec(ops.clip_boxes_to_image, call(ops.clip_boxes_to_image, boxes=_boxes, size=(10, 12)),
          args=[Arg("boxes", "tensor", accept={"dtype", "rank_up", "meta"}),
                Arg("size", "sequence")],
          equivalences=_HALF),
     # A negative min_size is torchvision's too (it keeps every box with non-negative sides).
-    Spec(ops.remove_small_boxes, _call(ops.remove_small_boxes, boxes=_boxes, min_size=1.0),
+    Spec(ops.remove_small_boxes, call(ops.remove_small_boxes, boxes=_boxes, min_size=1.0),
          args=[Arg("boxes", "tensor", accept={"dtype"}),
                Arg("min_size", "float", accept={"negative"})],
          equivalences=_HALF),
     Spec(nn.DeformConv2d,
-         _call(nn.DeformConv2d, in_channels=4, out_channels=6, kernel_size=3, stride=1,
+         call(nn.DeformConv2d, in_channels=4, out_channels=6, kernel_size=3, stride=1,
                padding=1, dilation=1, groups=2, bias=True),
          args=[*(Arg(n, "int") for n in _INT), Arg("padding", "int"), Arg("bias", "bool")]),
     Spec(nn.DeformConv2d,
@@ -58,7 +51,7 @@ SPECS = [
                Arg("mask", "tensor", optional=True)],
          forward=True, equivalences=_HALF, tolerance=(2e-2, 5e-2)),
     Spec(nn.ConvNormAct3d,
-         _call(nn.ConvNormAct3d, in_channels=4, out_channels=6, kernel_size=3, stride=1,
+         call(nn.ConvNormAct3d, in_channels=4, out_channels=6, kernel_size=3, stride=1,
                padding=1, groups=2, norm_layer=lambda: torch.nn.BatchNorm3d,
                activation_layer=lambda: torch.nn.ReLU, dilation=1, inplace=True, bias=None),
          args=[*(Arg(n, "int") for n in _INT), Arg("padding", "int", optional=True),
@@ -68,7 +61,7 @@ SPECS = [
     Spec(nn.ConvNormAct3d,
          _forward(lambda: nn.ConvNormAct3d(4, 6, 3).eval(), input=lambda: _x(2, 4, 3, 5, 6)),
          args=[Arg("input", "tensor")], forward=True, equivalences=_HALF),
-    Spec(nn.Permute, _call(nn.Permute, dims=[0, 2, 3, 1]),
+    Spec(nn.Permute, call(nn.Permute, dims=[0, 2, 3, 1]),
          args=[Arg("dims", "sequence")]),
     # Any dtype and device: a view.
     Spec(nn.Permute, _forward(lambda: nn.Permute([0, 2, 3, 1]), x=lambda: _x(2, 3, 4, 5)),
