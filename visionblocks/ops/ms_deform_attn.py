@@ -146,27 +146,18 @@ def check_spatial_shapes(
                 f"{type(spatial_shapes).__name__}"
             )
         sizes = []
-        total = 0
         for pair in spatial_shapes:
             if (type(pair) is not tuple and not isinstance(pair, list | tuple)) or len(pair) != 2:
                 break
             h, w = pair
             if not (type(h) is int and type(w) is int) and not (_is_size(h) and _is_size(w)):
                 break
-            if h < 1 or w < 1:
-                raise ValueError(f"spatial_shapes must hold sizes >= 1, got {spatial_shapes!r}")
             sizes.append((h, w))
-            total += h * w
         if len(sizes) != levels or len(spatial_shapes) != levels:
             raise ValueError(
                 f"spatial_shapes must be {levels} (H, W) pairs of ints (the levels of "
                 f"sampling_locations), got {spatial_shapes!r}"
             )
-        if keys != total:
-            raise ValueError(
-                f"value must have sum(H * W) = {total} keys for spatial_shapes {sizes}, got {keys}"
-            )
-        return sizes
     total = 0
     for h, w in sizes:
         if h < 1 or w < 1:
