@@ -36,6 +36,7 @@ __all__ = [
     "Spec",
     "call",
     "compare",
+    "forward",
     "mutate",
     "run_call",
     "time_limit",
@@ -131,6 +132,15 @@ def call(fn: Callable[..., Any], **kwargs: Any) -> Callable[[], tuple[Any, dict[
 
     def build() -> tuple[Any, dict[str, Any]]:
         return fn, {k: v() if callable(v) else v for k, v in kwargs.items()}
+
+    return build
+
+
+def forward(cls: type, ctor: dict[str, Any], **kwargs: Any) -> Callable[[], tuple[Any, dict]]:
+    """A `Spec` ``build`` for ``cls(**ctor).forward(**kwargs)`` (kwargs as in `call`)."""
+
+    def build() -> tuple[Any, dict[str, Any]]:
+        return cls(**ctor).forward, {k: v() if callable(v) else v for k, v in kwargs.items()}
 
     return build
 

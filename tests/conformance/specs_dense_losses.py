@@ -6,24 +6,12 @@ half-precision equivalences test the code rather than the rounding of the inputs
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
-
 import torch
 
-from tests.conformance.framework import Arg, Spec, call
+from tests.conformance.framework import Arg, Spec, call, forward
 from visionblocks import losses
 
 _HALF = ("noncontiguous", "half", "bfloat16")
-
-
-def _forward(cls: type, ctor: dict[str, Any], **kwargs: Any) -> Callable[[], tuple[Any, dict]]:
-    """A ``build`` for ``cls(**ctor).forward(**kwargs)``."""
-
-    def build() -> tuple[Any, dict[str, Any]]:
-        return cls(**ctor).forward, {k: v() if callable(v) else v for k, v in kwargs.items()}
-
-    return build
 
 
 def _bins() -> torch.Tensor:  # (2, 3, 5): reg_max = 4
@@ -80,7 +68,7 @@ SPECS = [
     ),
     Spec(
         losses.DistributionFocalLoss,
-        _forward(
+        forward(
             losses.DistributionFocalLoss,
             {"reduction": "none"},
             pred=_bins,
@@ -128,7 +116,7 @@ SPECS = [
     ),
     Spec(
         losses.VarifocalLoss,
-        _forward(
+        forward(
             losses.VarifocalLoss,
             {"reduction": "none", "gamma": 0.5},
             pred=_logits,
@@ -162,7 +150,7 @@ SPECS = [
     ),
     Spec(
         losses.QualityFocalLoss,
-        _forward(
+        forward(
             losses.QualityFocalLoss,
             {"reduction": "none", "beta": 0.5},
             pred=_logits,

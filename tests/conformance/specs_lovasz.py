@@ -8,23 +8,13 @@ loss in any order).
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 import torch
 
-from tests.conformance.framework import Arg, Spec, call
+from tests.conformance.framework import Arg, Spec, call, forward
 from visionblocks import losses
 
 _HALF = ("noncontiguous", "half", "bfloat16")
-
-
-def _forward(cls: type, ctor: dict[str, Any], **kwargs: Any) -> Callable[[], tuple[Any, dict]]:
-    """A ``build`` for ``cls(**ctor).forward(**kwargs)``."""
-
-    def build() -> tuple[Any, dict[str, Any]]:
-        return cls(**ctor).forward, {k: v() if callable(v) else v for k, v in kwargs.items()}
-
-    return build
 
 
 def _logits(c: int = 3) -> Callable[[], torch.Tensor]:  # (2, c, 3, 4)
@@ -95,7 +85,7 @@ SPECS = [
     Spec(losses.LovaszLoss, call(losses.LovaszLoss, **_MULTICLASS), args=_OPTIONS),
     Spec(
         losses.LovaszLoss,
-        _forward(
+        forward(
             losses.LovaszLoss,
             {"mode": "multiclass", "ignore_index": 255},
             pred=_logits(),

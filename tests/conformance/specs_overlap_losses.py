@@ -7,23 +7,13 @@ equivalences test the code rather than the rounding of the inputs.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 import torch
 
-from tests.conformance.framework import Arg, Spec, call
+from tests.conformance.framework import Arg, Spec, call, forward
 from visionblocks import losses
 
 _HALF = ("noncontiguous", "half", "bfloat16")
-
-
-def _forward(cls: type, ctor: dict[str, Any], **kwargs: Any) -> Callable[[], tuple[Any, dict]]:
-    """A ``build`` for ``cls(**ctor).forward(**kwargs)``."""
-
-    def build() -> tuple[Any, dict[str, Any]]:
-        return cls(**ctor).forward, {k: v() if callable(v) else v for k, v in kwargs.items()}
-
-    return build
 
 
 def _logits(c: int = 3) -> Callable[[], torch.Tensor]:  # (2, c, 3, 4)
@@ -132,7 +122,7 @@ SPECS = [
     *(
         Spec(
             cls,
-            _forward(
+            forward(
                 cls, {"mode": "multiclass", "ignore_index": 255}, pred=_logits(), target=_indices
             ),
             args=_INPUTS,
