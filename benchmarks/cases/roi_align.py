@@ -1,10 +1,11 @@
 """Benchmark cases: the RoI pooling family (`visionblocks.ops.roi_align`) against torchvision.
 
-Ours runs torchvision's compiled kernels after our argument checks, so on CPU the only
-difference is the wrapper's cost: these cases hold it to the sweep's `MIN_RATIO` from a
-tiny call (where the checks weigh most) to a Mask R-CNN box head's, forward and the input
-gradient, at 1 and 2 threads. Sizes (``N x C x H x W`` features, ``K`` boxes of 8 to 136
-pixels at stride 8, 7 x 7 bins, ``sampling_ratio`` 2):
+Ours runs torchvision's compiled kernels after our argument checks, except CPU ``roi_align``
+from some size on (a gather for the input gradient, and from a larger size for the forward
+too): these cases hold ours to the sweep's `MIN_RATIO` from a tiny call (where the checks
+weigh most) to a Mask R-CNN box head's, forward and the input gradient, at 1 and 2 threads.
+Sizes (``N x C x H x W`` features, ``K`` boxes of 8 to 136 pixels at stride 8, 7 x 7 bins,
+``sampling_ratio`` 2):
 
 - ``tiny``: 1 x 16 x 16 x 16, 4 boxes; ``small``: 1 x 64 x 32 x 40, 32 boxes;
   ``medium``: 2 x 256 x 50 x 68, 256 boxes; ``large``: 2 x 256 x 100 x 136, 512 boxes.
@@ -109,7 +110,11 @@ def _point(op: str, size: str, threads: int) -> BenchCase:
             min_busy_speedup=None,
             memory=False,
             threads=threads,
-            check=same_outputs(rtol=0, atol=0),
+            # roi_align's input gradient on CPU is our gather (from some size on): equal to
+            # torchvision's backward to float rounding, not bitwise; the rest runs its kernels
+            check=same_outputs(rtol=1e-5, atol=1e-6)
+            if op == "roi_align"
+            else same_outputs(rtol=0, atol=0),
             group="sweep",
             params={"op": op, "size": size, "elements": k * c * _BINS * _BINS},
             min_sample_ms=MIN_SAMPLE_MS,
@@ -174,7 +179,8 @@ def _ms_case(merge: str) -> BenchCase:
             min_busy_speedup=None,
             memory=False,
             threads=1,
-            check=same_outputs(rtol=0, atol=0 if merge == "indexed" else 1e-6),
+            # the feature gradients come from our CPU gather: torchvision's to float rounding
+            check=same_outputs(rtol=1e-5, atol=1e-6),
             group="sweep",
             params={"op": "MultiScaleRoIAlign", "size": merge},
             small_setup=lambda: _ms_setup((256, 320), 32, 8),

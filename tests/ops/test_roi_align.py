@@ -4,6 +4,7 @@ word. The Triton backward: tests/kernels/test_roi_align_kernel.py."""
 
 from __future__ import annotations
 
+import importlib
 import math
 
 import pytest
@@ -254,3 +255,219 @@ def test_modules_equal_torchvision_modules():
         RoIAlign(2, 1.0, 2, aligned=1)
     with pytest.raises(TypeError, match="output_size"):
         PSRoIPool(2.5, 1.0)
+
+
+# The CPU gather backward (visionblocks.ops._roi_align_gather): roi_align, sampling_ratio > 0.
+
+ROI_MODULE = importlib.import_module("visionblocks.ops.roi_align")
+ALWAYS = {"one thread": 0, "threads": 0}  # every roi_align call with sr > 0 gathers
+
+
+def _edge_rois(dtype):
+    """Boxes on both images: inside, past every border, fully outside (left, below), smaller
+    than a pixel, degenerate, and two that overlap (pixels read by several samples)."""
+    boxes = [
+        [0, 1.0, 2.0, 9.0, 8.0],
+        [1, -6.0, -3.0, 5.0, 4.0],
+        [1, 10.0, 7.0, 40.0, 31.0],
+        [0, -30.0, 2.0, -12.0, 9.0],
+        [1, 3.0, 35.0, 9.0, 50.0],
+        [0, 4.3, 5.1, 4.6, 5.3],
+        [1, 7.2, 2.2, 7.2, 2.2],
+        [0, 0.0, 0.0, 33.0, 25.0],
+        [0, 2.5, 1.5, 30.0, 20.0],
+    ]
+    return torch.tensor(boxes, dtype=dtype)
+
+
+def _close(got, want, dtype):
+    tol = 1e-5 if dtype == torch.float32 else 1e-12
+    scale = want.abs().max().item() or 1.0
+    torch.testing.assert_close(got, want, rtol=tol, atol=tol * scale)
+
+
+@pytest.mark.parametrize("forward", [False, True], ids=["tv_forward", "gather_forward"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("aligned", [False, True])
+@pytest.mark.parametrize(("size", "sr"), [((3, 4), 2), (2, 1), ((5, 3), 3)])
+def test_gather_equals_torchvision(dtype, aligned, size, sr, forward, monkeypatch):
+    monkeypatch.setattr(ROI_MODULE, "_GATHER_MIN_WORK", ALWAYS)
+    if forward:
+        monkeypatch.setattr(ROI_MODULE, "_GATHER_FORWARD_MIN_WORK", ALWAYS)
+    gen = torch.Generator().manual_seed(2)
+    x = torch.randn(2, 6, 13, 17, generator=gen, dtype=dtype)
+    rois = _edge_rois(dtype)
+    a, b = x.clone().requires_grad_(True), x.clone().requires_grad_(True)
+    out = roi_align(a, rois, size, 0.5, sr, aligned)
+    ref = tv.roi_align(b, rois, size, 0.5, sr, aligned)
+    assert type(out.grad_fn).__name__ == "_RoIAlignBackward"  # the gather, not torchvision's
+    if forward:  # the samples added in another order: equal to rounding, not bitwise
+        _close(out, ref, dtype)
+        assert not torch.equal(out, ref) or dtype == torch.float64
+        with torch.no_grad():  # without a gradient too
+            _close(roi_align(x, rois, size, 0.5, sr, aligned), ref.detach(), dtype)
+    else:
+        torch.testing.assert_close(out, ref, rtol=0, atol=0)  # torchvision's forward
+    grad = torch.randn(ref.shape, generator=gen, dtype=dtype)
+    out.backward(grad)
+    ref.backward(grad)
+    _close(a.grad, b.grad, dtype)
+
+
+def test_gather_takes_no_boxes(monkeypatch):
+    monkeypatch.setattr(ROI_MODULE, "_GATHER_MIN_WORK", ALWAYS)
+    x = torch.randn(2, 4, 9, 9, requires_grad=True)
+    out = roi_align(x, torch.zeros(0, 5), (2, 3), 1.0, 2)
+    assert out.shape == (0, 4, 2, 3)
+    out.sum().backward()
+    assert torch.equal(x.grad, torch.zeros_like(x))
+
+
+@pytest.mark.parametrize("aligned", [False, True])
+def test_gather_gradcheck_float64(aligned):
+    from visionblocks.ops._roi_align_gather import roi_align_gather
+
+    x = torch.rand(2, 3, 6, 7, dtype=torch.float64, requires_grad=True)
+    rois = torch.tensor(
+        [[0.0, 0.6, 0.7, 8.3, 7.9], [1.0, 2.2, 1.3, 5.1, 9.4], [0.0, 3.1, 3.2, 3.4, 3.3]],
+        dtype=torch.float64,
+    )
+    assert torch.autograd.gradcheck(
+        lambda t: roi_align_gather(t, rois, 0.7, 2, 3, 2, aligned), (x,)
+    )
+
+
+def test_gather_backward_is_bitwise_repeatable(monkeypatch):
+    """Many overlapping boxes: each pixel's gradient adds dozens of terms, in a fixed order
+    (stable sort), also under deterministic algorithms and on 2 threads."""
+    monkeypatch.setattr(ROI_MODULE, "_GATHER_MIN_WORK", ALWAYS)
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(2, 16, 20, 24, generator=gen)
+    xy = torch.rand(200, 2, generator=gen) * 10
+    rois = torch.cat([(torch.arange(200) % 2)[:, None].float(), xy, xy + 12], 1)
+    grad = torch.randn(200, 16, 7, 7, generator=gen)
+    threads = torch.get_num_threads()
+    grads = []
+    try:
+        for n, deterministic in ((1, False), (2, False), (2, True)):
+            torch.set_num_threads(n)
+            with DeterministicAlgorithms(deterministic):
+                a = x.clone().requires_grad_(True)
+                roi_align(a, rois, 7, 1.0, 2).backward(grad)
+                grads.append(a.grad)
+    finally:
+        torch.set_num_threads(threads)
+    assert all(torch.equal(g, grads[0]) for g in grads[1:])
+
+
+class DeterministicAlgorithms:
+    def __init__(self, on):
+        self.on, self.before = on, torch.are_deterministic_algorithms_enabled()
+
+    def __enter__(self):
+        torch.use_deterministic_algorithms(self.on)
+
+    def __exit__(self, *exc):
+        torch.use_deterministic_algorithms(self.before)
+
+
+@pytest.fixture
+def threads():
+    """Sets torch's intra-op threads for the test; restores them after."""
+    before = torch.get_num_threads()
+    yield torch.set_num_threads
+    torch.set_num_threads(before)
+
+
+def test_dispatch_gathers_from_the_threshold(monkeypatch, threads):
+    """The rule is K * C * PH * PW * sr**2 against the threshold of the pass and thread
+    count: gathers at it, torchvision's kernel below it and for sampling_ratio <= 0; impl
+    "torch" is this path too, "triton" is not."""
+    import visionblocks.ops._roi_align_gather as gather
+
+    calls = []
+    real = gather.roi_align_gather
+
+    def counted(*args, **kwargs):
+        calls.append(args[1].shape[0])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(gather, "roi_align_gather", counted)
+    work = 3 * 4 * 2 * 3 * 2 * 2  # K=3, C=4, 2x3 bins, sr=2
+    monkeypatch.setattr(ROI_MODULE, "_GATHER_MIN_WORK", {"one thread": work, "threads": 2 * work})
+    x = torch.randn(1, 4, 9, 9)
+    rois = torch.tensor([[0.0, 1.0, 1.0, 6.0, 7.0]] * 6)
+    leaf = x.clone().requires_grad_(True)
+    threads(1)
+    out = roi_align(leaf, rois[:3], (2, 3), 1.0, 2)  # at the threshold
+    out.sum().backward()
+    roi_align(leaf, rois[:2], (2, 3), 1.0, 2)  # below it
+    roi_align(x, rois, (2, 3), 1.0, 2)  # no gradient wanted: torchvision's
+    with torch.no_grad():
+        roi_align(leaf, rois, (2, 3), 1.0, 2)
+    roi_align(leaf, rois, (2, 3), 1.0, -1)  # adaptive sampling: torchvision's
+    roi_align(leaf, rois, (2, 3), 1.0, 2, impl="torch")  # the CPU torch path: gathers
+    assert calls == [3, 6]
+    MultiScaleRoIAlign(["a"], (2, 3), 2)({"a": leaf}, [rois[:3, 1:]], [(9, 9)])
+    assert calls == [3, 6, 3]
+    threads(2)
+    roi_align(leaf, rois[:5], (2, 3), 1.0, 2)  # below the threshold of several threads
+    roi_align(leaf, rois, (2, 3), 1.0, 2)  # at it
+    roi_align(leaf, rois, (2, 3), 1.0, 2, impl="triton").sum().backward()  # the Triton backward
+    assert calls == [3, 6, 3, 6]
+
+
+def test_gather_compiles_fullgraph(monkeypatch, threads):
+    """Traced with its gather backward (the threshold of several threads applies while
+    compiling): bitwise the eager gather's gradient (2 threads), which is not torchvision's."""
+    monkeypatch.setattr(ROI_MODULE, "_GATHER_MIN_WORK", {"one thread": 10**9, "threads": 0})
+    threads(2)
+    gen = torch.Generator().manual_seed(4)
+    x, rois = torch.randn(2, 8, 13, 17, generator=gen), make_rois()
+    grad = torch.randn(rois.shape[0], 8, 2, 3, generator=gen)
+    fn = torch.compile(
+        lambda a, b: roi_align(a, b, (2, 3), 0.5, 3),
+        fullgraph=True,
+        dynamic=True,
+        backend="aot_eager",
+    )
+    leaves = [x.clone().requires_grad_(True) for _ in range(3)]
+    outs = [fn(leaves[0], rois), roi_align(leaves[1], rois, (2, 3), 0.5, 3)]
+    outs.append(tv.roi_align(leaves[2], rois, (2, 3), 0.5, 3))
+    for out in outs:
+        torch.testing.assert_close(out, outs[2], rtol=0, atol=0)
+        out.backward(grad)
+    assert torch.equal(leaves[0].grad, leaves[1].grad)
+    assert not torch.equal(leaves[1].grad, leaves[2].grad)
+
+
+def test_dispatch_gathers_the_forward_from_its_threshold(monkeypatch, threads):
+    """The forward gathers from its own (higher) threshold, with or without a gradient;
+    below it a gradient-requiring call keeps torchvision's forward."""
+    import visionblocks.ops._roi_align_gather as gather
+
+    calls = []
+    real = gather.roi_align_gather
+
+    def counted(*args, forward=False):
+        calls.append((args[1].shape[0], forward))
+        return real(*args, forward=forward)
+
+    monkeypatch.setattr(gather, "roi_align_gather", counted)
+    work = 3 * 4 * 2 * 3 * 2 * 2  # K=3, C=4, 2x3 bins, sr=2
+    monkeypatch.setattr(ROI_MODULE, "_GATHER_MIN_WORK", {"one thread": 1, "threads": 1})
+    monkeypatch.setattr(
+        ROI_MODULE, "_GATHER_FORWARD_MIN_WORK", {"one thread": work, "threads": 2 * work}
+    )
+    x = torch.randn(1, 4, 9, 9)
+    rois = torch.tensor([[0.0, 1.0, 1.0, 6.0, 7.0]] * 6)
+    threads(1)
+    reference = tv.roi_align(x, rois[:3], (2, 3), 1.0, 2)
+    _close(roi_align(x, rois[:3], (2, 3), 1.0, 2), reference, torch.float32)  # at it
+    roi_align(x, rois[:2], (2, 3), 1.0, 2)  # below it, no gradient: torchvision's
+    roi_align(x.requires_grad_(True), rois[:2], (2, 3), 1.0, 2)  # the backward only
+    assert calls == [(3, True), (2, False)]
+    threads(2)
+    roi_align(x, rois[:3], (2, 3), 1.0, 2)  # the threshold of several threads: below
+    roi_align(x, rois, (2, 3), 1.0, 2)
+    assert calls == [(3, True), (2, False), (3, False), (6, True)]

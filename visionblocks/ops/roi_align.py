@@ -14,9 +14,14 @@ Deterministic backward: torchvision's CUDA backward kernels add with atomics, so
 deterministic algorithms are enabled (a host flag, read when the forward runs) keeps
 torchvision's forward and takes a Triton backward that gathers instead of scattering
 (`visionblocks.kernels.roi_align`): bitwise reproducible, equal to torchvision's gradients to
-float rounding. Without deterministic mode, and on CPU, torchvision's backward runs.
-``impl="triton"`` forces the Triton backward (on CPU tensors with ``TRITON_INTERPRET=1``);
-``impl="torch"`` always takes torchvision's.
+float rounding. Without deterministic mode torchvision's backward runs on CUDA. On CPU,
+`roi_align` with a fixed ``sampling_ratio > 0`` and enough work (a rule on shapes) computes
+the input gradient as a gather over a channels-last table instead of torchvision's backward
+(also deterministic, equal to it to float rounding), and with more work the forward too
+(equal to torchvision's kernel to float rounding), reading a channels-last copy of the
+feature map; other CPU calls run torchvision's kernels. ``impl="triton"`` forces the Triton
+backward (on CPU tensors with ``TRITON_INTERPRET=1``); ``impl="torch"`` takes torchvision's
+kernels, or that CPU gather.
 
 Convention:
     Boxes are ``"xyxy"`` in continuous coordinates (`visionblocks.ops.boxes`): pixel ``i``
@@ -182,13 +187,46 @@ def _check_ps(input: Tensor, size: tuple[int, int]) -> None:
         )
 
 
+_GATHER_MIN_WORK = {"one thread": 400_000, "threads": 10_000_000}
+"""CPU `roi_align` with ``sampling_ratio > 0`` whose input gradient is needed takes the
+gather backward (`_roi_align_gather`) from this much work, ``K * C * PH * PW *
+sampling_ratio ** 2`` (a rule on shapes only): on one thread, or on more (or while
+compiling, the thread count unknown: its parallel regions stall on a busy machine, where
+torchvision's kernel is serial). torchvision's backward below."""
+_GATHER_FORWARD_MIN_WORK = {"one thread": 1_600_000, "threads": 10_000_000}
+"""From this much work the forward gathers too (equal to torchvision's to float rounding),
+with or without a gradient."""
+
+
+def _gathers(input: Tensor, rois: Tensor, ph: int, pw: int, sr: int) -> tuple[bool, bool]:
+    """Whether the backward, and whether the forward, take the gather."""
+    work = rois.shape[0] * input.shape[1] * ph * pw * sr * sr
+    one = (
+        "one thread"
+        if not torch.compiler.is_compiling() and torch.get_num_threads() == 1
+        else "threads"
+    )
+    forward = work >= _GATHER_FORWARD_MIN_WORK[one]
+    backward = input.requires_grad and torch.is_grad_enabled() and work >= _GATHER_MIN_WORK[one]
+    return backward or forward, forward
+
+
 def _run(op: str, dtype: torch.dtype, impl: str, input: Tensor, rois: Tensor, *args: Any) -> Tensor:
-    """torchvision's op, with the Triton backward where dispatch picks it."""
+    """torchvision's op, with the Triton backward or the CPU gathers where dispatch picks."""
     deterministic = torch.are_deterministic_algorithms_enabled()
     if use_triton(op, impl, input, rois, auto=deterministic):
         from visionblocks.kernels.roi_align import roi_pool_triton
 
         out = roi_pool_triton(op, input, rois, *args, forced=forced_triton(impl))
+    elif (
+        op == "roi_align"
+        and input.is_cpu
+        and args[3] > 0
+        and (gathers := _gathers(input, rois, *args[1:4]))[0]
+    ):
+        from visionblocks.ops._roi_align_gather import roi_align_gather
+
+        out = roi_align_gather(input, rois, *args, forward=gathers[1])
     else:
         import torchvision.ops  # registers torch.ops.torchvision
 
