@@ -99,7 +99,8 @@ class _RoIAlign(torch.autograd.Function):
             mode="sum",
             per_sample_weights=weights.view(-1)[order],
         )
-        return g.view(n, h, w, c).permute(0, 3, 1, 2).contiguous(), *[None] * 7
+        # channels-last strides, as computed: no copy (the layers before accept any strides)
+        return g.view(n, h, w, c).permute(0, 3, 1, 2), *[None] * 7
 
 
 def roi_align_gather(
