@@ -60,6 +60,8 @@ DEMO_MODEL: dict[str, Any] = {
         "num_convs": 2,
         # Objects are 19 to 58 pixels: one level per octave of their extent.
         "size_ranges": [(0, 32), (32, 64), (64, 1e8)],
+        # Fragments of a large object (a triangle's corner) overlap its box by 0.5 to 0.6.
+        "nms_thresh": 0.5,
     },
 }
 """The demo's model, built with ``MODELS.build(DEMO_MODEL)``."""
