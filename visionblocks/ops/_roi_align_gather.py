@@ -72,12 +72,13 @@ class _RoIAlign(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, input, rois, scale, ph, pw, sr, aligned, gather):  # type: ignore[override]
-        ctx.save_for_backward(rois)
         ctx.args = (input.shape, (ph, pw), scale, sr, aligned)
         if not gather:
+            ctx.save_for_backward(rois)  # the samples are found in the backward
             return torch.ops.torchvision.roi_align(input, rois, scale, ph, pw, sr, aligned)
         n, c, h, w = input.shape
         pixels, weights = _samples(rois, *ctx.args)
+        ctx.save_for_backward(pixels, weights)  # found once for both passes
         table = input.permute(0, 2, 3, 1).reshape(n * h * w, c)  # channels-last rows
         out = F.embedding_bag(pixels, table, mode="sum", per_sample_weights=weights)
         return out.view(rois.shape[0], ph, pw, c).permute(0, 3, 1, 2).contiguous()
@@ -85,7 +86,8 @@ class _RoIAlign(torch.autograd.Function):
     @staticmethod
     @once_differentiable
     def backward(ctx, grad):  # type: ignore[override]
-        pixels, weights = _samples(*ctx.saved_tensors, *ctx.args)
+        saved = ctx.saved_tensors
+        pixels, weights = saved if len(saved) == 2 else _samples(*saved, *ctx.args)
         n, c, h, w = ctx.args[0]
         # sorted as one row of a 2-D tensor: serially (a 1-D sort takes a parallel radix
         # sort, whose barriers stall on a busy machine)
