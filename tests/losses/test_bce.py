@@ -226,3 +226,12 @@ def test_tensors_on_different_devices_raise():
         bce(x, x.to("meta"))
     with pytest.raises(ValueError, match=r"inputs, targets and pos_weight .*pos_weight on meta"):
         bce(x, x, pos_weight=torch.ones(3, device="meta"))
+
+
+def test_bool_weights_and_ignore_index_beyond_int64_are_refused_by_name():
+    inputs, targets = torch.zeros(3), torch.tensor([1.0, 0.0, 0.0])
+    for name in ("weight", "pos_weight"):
+        with pytest.raises(TypeError, match=rf"{name} must be a real tensor.*bool"):
+            binary_cross_entropy_with_logits(inputs, targets, **{name: torch.ones(3).bool()})
+    with pytest.raises(ValueError, match=r"ignore_index must be in \[-9223372036854775808"):
+        binary_cross_entropy_with_logits(inputs, targets, ignore_index=2**70)

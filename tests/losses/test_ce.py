@@ -188,9 +188,10 @@ def test_empty_mean_with_ohem_is_connected_zero(top_k, weight, shape):
 def test_an_all_zero_class_weight_is_refused(top_k):
     # every class weighs 0: the mean is 0 / 0 (F.cross_entropy: NaN), a config mistake
     logits, target = torch.randn(4, 3), torch.tensor([0, 1, 2, 1])
-    with pytest.raises(ValueError, match=r"weight must have a nonzero entry.*got 3 zeros"):
+    rule = r"weight must be finite and >= 0 with a nonzero entry"
+    with pytest.raises(ValueError, match=rule + r".*got values in \[0.0, 0.0\]"):
         cross_entropy(logits, target, weight=torch.zeros(3), top_k=top_k)
-    with pytest.raises(ValueError, match="weight must have a nonzero entry"):
+    with pytest.raises(ValueError, match=rule):
         CrossEntropyLoss(weight=torch.zeros(3))
     one = torch.tensor([0.0, 1.0, 0.0])  # one class counts: the mean of its elements
     expected = F.cross_entropy(logits, target, reduction="none")[[1, 3]].mean()
@@ -327,3 +328,29 @@ def test_tensors_on_different_devices_raise():
         cross_entropy(logits, target.to("meta"))
     with pytest.raises(ValueError, match=r"logits, target and weight .*weight on meta"):
         cross_entropy(logits, target, weight=torch.ones(3, device="meta"))
+
+
+@pytest.mark.parametrize("bad", [-1.0, float("inf"), float("nan")])
+def test_negative_or_non_finite_class_weights_are_refused(bad):
+    # a negative weight makes the loss unbounded below (F.cross_entropy gives -inf here)
+    logits, target = torch.tensor([[2.0, 0.0], [0.0, 2.0], [2.0, 0.0]]), torch.tensor([0, 1, 1])
+    weight = torch.tensor([2.0, bad])
+    with pytest.raises(ValueError, match=r"weight must be finite and >= 0.*got values in"):
+        cross_entropy(logits, target, weight=weight)
+    with pytest.raises(ValueError, match=r"weight must be finite and >= 0"):
+        CrossEntropyLoss(weight=weight)
+
+
+def test_a_batch_of_zero_weight_classes_is_nan_as_every_element_ignored():
+    # the documented NaN: a mean over zero total weight, as F.cross_entropy
+    logits, target = torch.zeros(3, 2), torch.ones(3, dtype=torch.long)
+    weight = torch.tensor([1.0, 0.0])
+    assert cross_entropy(logits, target, weight=weight).isnan()
+    assert F.cross_entropy(logits, target, weight=weight).isnan()
+    assert cross_entropy(logits, target, weight=weight, reduction="sum").item() == 0.0
+
+
+def test_ignore_index_beyond_int64_is_refused_by_name():
+    logits, target = torch.zeros(2, 3), torch.tensor([0, 1])
+    with pytest.raises(ValueError, match=r"ignore_index must be in \[-9223372036854775808"):
+        cross_entropy(logits, target, ignore_index=2**70)

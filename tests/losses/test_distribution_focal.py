@@ -263,3 +263,17 @@ def test_torch_compile_fullgraph_equals_eager():
         expected, expected_grad = _value_and_grad(lambda p, t=target, w=weight: loss(p, t, w), pred)
         assert_close(actual, expected)
         assert_close(actual_grad[0], expected_grad[0])
+
+
+def test_a_per_box_weight_without_its_unit_dim_is_refused_not_broadcast_per_side():
+    # (P,) against the (P, 4) loss: for P == 4 it would weigh the four sides, not the boxes
+    pred, target = torch.zeros(4, 4, 17), torch.full((4, 4), 8.0)
+    with pytest.raises(ValueError, match=r"weight is ambiguous.*pass shape \(4, 1\)"):
+        distribution_focal_loss(pred, target, weight=torch.tensor([1.0, 0.0, 0.0, 0.0]))
+    with pytest.raises(ValueError, match=r"must broadcast.*got \(5,\); pass shape \(5, 1\)"):
+        distribution_focal_loss(
+            torch.zeros(5, 4, 17), torch.full((5, 4), 8.0), weight=torch.ones(5)
+        )
+    per_box = distribution_focal_loss(pred, target, weight=torch.tensor([[1.0], [0], [0], [0]]),
+                                      reduction="none")  # fmt: skip
+    assert (per_box[0] > 0).all() and (per_box[1:] == 0).all()

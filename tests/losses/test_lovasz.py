@@ -311,3 +311,31 @@ def test_value_checks_can_be_turned_off():
     x, y = _data("multiclass")
     with visionblocks.value_checks(False):  # an index out of range counts for no class
         assert torch.isfinite(lovasz_loss(x, y + 1, "multiclass"))
+
+
+def test_float64_rows_of_radix_size_sort_in_float64():
+    # the CPU radix key reads float32 bits: float64 rows of that size sort with torch.sort
+    gen = torch.Generator().manual_seed(3)
+    pred = torch.randn(1, 1, 2**15, generator=gen, dtype=torch.float64)
+    target = torch.randint(0, 2, (1, 2**15), generator=gen)
+    loss = lovasz_loss(pred, target, "binary")
+    assert loss.dtype == torch.float64
+    errors = 1.0 - pred.reshape(-1) * (2.0 * target.reshape(-1) - 1.0)
+    order = errors.sort(descending=True, stable=True).indices
+    fg = target.reshape(-1)[order].double()
+    inter = fg.sum() - fg.cumsum(0)
+    jaccard = 1.0 - inter / (inter + torch.arange(1, fg.numel() + 1, dtype=torch.float64))
+    grad = torch.cat([jaccard[:1], jaccard[1:] - jaccard[:-1]])
+    torch.testing.assert_close(loss, torch.dot(errors[order].relu(), grad))
+
+
+def test_an_empty_batch_is_a_connected_zero():
+    pred = torch.zeros(0, 3, 4, 4, requires_grad=True)
+    loss = lovasz_loss(pred, torch.zeros(0, 4, 4, dtype=torch.long), "multiclass")
+    assert loss.item() == 0.0 and loss.requires_grad
+
+
+def test_probabilities_outside_zero_one_are_refused():
+    with pytest.raises(ValueError, match=r"pred must be in \[0, 1\]"):
+        lovasz_loss(torch.full((1, 2, 4), 5.0), torch.ones(1, 4, dtype=torch.long),
+                    "multiclass", from_logits=False)  # fmt: skip

@@ -357,3 +357,42 @@ def test_modules_refuse_bad_options_at_construction():
         TverskyLoss("binary", gamma=-1.0)
     with pytest.raises(ValueError, match="class_weights must be None with mode='binary'"):
         JaccardLoss("binary", class_weights=[1.0])
+
+
+@pytest.mark.parametrize("fn", [dice_loss, jaccard_loss, tversky_loss])
+def test_an_empty_batch_is_a_connected_zero(fn):
+    pred = torch.zeros(0, 3, 4, 4, requires_grad=True)
+    loss = fn(pred, torch.zeros(0, 4, 4, dtype=torch.long), "multiclass")
+    assert loss.item() == 0.0 and loss.requires_grad
+    loss.backward()
+    assert pred.grad.shape == pred.shape
+
+
+@pytest.mark.parametrize(
+    ("options", "name"),
+    [({"smooth": float("inf")}, "smooth"), ({"eps": float("inf")}, "eps"),
+     ({"alpha": float("inf")}, "alpha"), ({"gamma": float("inf")}, "gamma")],
+)  # fmt: skip
+def test_infinite_options_are_refused(options, name):
+    pred, target = torch.randn(1, 3, 4), torch.tensor([[0, 1, 2, 2]])
+    with pytest.raises(ValueError, match=rf"{name} must be in .*, got inf"):
+        tversky_loss(pred, target, "multiclass", **options)
+
+
+@pytest.mark.parametrize("bad", [-1.0, float("inf")])
+def test_class_weight_tensors_are_checked_as_the_list_form(bad):
+    pred, target = torch.randn(2, 3, 4, 4), torch.randint(0, 3, (2, 4, 4))
+    weights = torch.tensor([1.0, bad, 0.0])
+    with pytest.raises(ValueError, match=r"class_weights must be finite and >= 0"):
+        dice_loss(pred, target, "multiclass", class_weights=weights)
+    with pytest.raises(ValueError, match=r"class_weights entries must be in"):
+        dice_loss(pred, target, "multiclass", class_weights=weights.tolist())
+
+
+@pytest.mark.parametrize("value", [5.0, -1.0, float("nan")])
+def test_probabilities_outside_zero_one_are_refused(value):
+    pred = torch.full((1, 1, 4), value)
+    target = torch.tensor([[1, 0, 0, 0]])
+    with pytest.raises(ValueError, match=r"pred must be in \[0, 1\].*from_logits=False"):
+        jaccard_loss(pred, target, "binary", from_logits=False)
+    assert torch.isfinite(jaccard_loss(pred.nan_to_num(0.0), target, "binary"))  # logits: any

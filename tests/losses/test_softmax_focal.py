@@ -250,3 +250,11 @@ def test_tensors_on_different_devices_and_bad_indices_raise():
         softmax_focal_loss(logits, target, alpha=torch.ones(3, device="meta"))
     with pytest.raises(ValueError, match=r"in \[0, 3\) or equal ignore_index \(255\), got 7"):
         softmax_focal_loss(logits, torch.tensor([7, 255]), ignore_index=255)
+
+
+def test_infinite_gamma_and_negative_alpha_are_refused():
+    logits, target = torch.tensor([[0.0, 3.0]]), torch.tensor([0])
+    with pytest.raises(ValueError, match=r"gamma must be in \[0.0, inf\), got inf"):
+        softmax_focal_loss(logits, target, gamma=float("inf"))
+    with pytest.raises(ValueError, match=r"alpha must be finite and >= 0"):
+        softmax_focal_loss(logits, target, alpha=torch.tensor([-1.0, 2.0]))

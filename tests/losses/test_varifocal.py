@@ -259,3 +259,10 @@ def test_torch_compile_fullgraph_equals_eager():
         expected, expected_grad = _value_and_grad(lambda p, t=target, w=weight: loss(p, t, w), pred)
         assert_close(actual, expected)
         assert_close(actual_grad[0], expected_grad[0])
+
+
+def test_a_per_anchor_weight_is_ambiguous_when_anchors_equal_classes():
+    pred, target = torch.zeros(5, 5), torch.zeros(5, 5)
+    with pytest.raises(ValueError, match=r"weight is ambiguous.*pass shape \(5, 1\)"):
+        varifocal_loss(pred, target, weight=torch.ones(5))
+    varifocal_loss(torch.zeros(8, 5), torch.zeros(8, 5), weight=torch.ones(5))  # per class: fine

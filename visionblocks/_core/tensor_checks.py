@@ -186,6 +186,24 @@ def compute_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
+def exact_ignore(values: torch.Tensor, ignore: float | None) -> float | None:
+    """``ignore`` as a number to compare ``values`` with, or None where no value of their
+    dtype can equal it. torch compares a Python int with an integer tensor in the tensor's
+    own dtype and wraps it there (``uint8``: 256 matches 0, -100 matches 156).
+
+    Examples:
+        >>> mask = torch.tensor([0, 156, 255], dtype=torch.uint8)
+        >>> (mask == -100).tolist(), exact_ignore(mask, -100), exact_ignore(mask, 255)
+        ([False, True, False], None, 255)
+    """
+    if ignore is None or not isinstance(ignore, int) or values.is_floating_point():
+        return ignore
+    if values.dtype == torch.bool or values.is_complex():
+        return ignore  # bool promotes to int64; complex is refused by the callers
+    info = torch.iinfo(values.dtype)
+    return ignore if info.min <= ignore <= info.max else None
+
+
 MAX_ALLOCATION_BYTES = 2**48
 
 

@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 
 from visionblocks._core.checks import check_range, check_type
 from visionblocks._core.dispatch import assert_on_device, asserts_on_device, reads_values
-from visionblocks._core.tensor_checks import check_floating, check_same_device, check_tensor
+from visionblocks._core.tensor_checks import (
+    check_floating,
+    check_same_device,
+    check_tensor,
+    exact_ignore,
+)
 from visionblocks.losses._reduce import check_reduction
 from visionblocks.losses._torch_compat import TorchIndexError, TorchValueError
 
@@ -28,6 +35,7 @@ def check_options(
     check_type("ignore_index", ignore_index, int)
     if isinstance(ignore_index, bool):
         raise TypeError(f"ignore_index must be int, got bool ({ignore_index!r})")
+    check_range("ignore_index", ignore_index, -(2**63), 2**63 - 1)  # an int64, as targets
     check_type("label_smoothing", label_smoothing, (int, float))
     if smoothing_up_to_1:
         if not 0.0 <= label_smoothing <= 1.0:  # NaN fails too; PyTorch: RuntimeError
@@ -47,8 +55,9 @@ def check_top_k(top_k: float | None) -> None:
 
 def check_class_weight(name: str, weight: Tensor | None, num_classes: int | None) -> None:
     """``weight`` is None or a floating ``Tensor[C]`` (any ``C`` when ``num_classes`` is None)
-    with a nonzero entry: all zero, every element weighs 0 and a ``"mean"`` is 0 / 0 (PyTorch:
-    NaN). A value check (read on CPU, a device-side assert on CUDA)."""
+    of finite entries ``>= 0``, one of them nonzero: a negative weight makes the loss
+    unbounded below, and all zero, every element weighs 0 and a ``"mean"`` is 0 / 0
+    (PyTorch: NaN). A value check (read on CPU, a device-side assert on CUDA)."""
     if weight is None:
         return
     check_floating(name, weight)
@@ -57,12 +66,17 @@ def check_class_weight(name: str, weight: Tensor | None, num_classes: int | None
         raise TorchValueError(
             f"{name} must have shape ({expected},) (one value per class), got {tuple(weight.shape)}"
         )
-    rule = f"{name} must have a nonzero entry (all zero, every class weighs 0 and a mean is 0 / 0)"
+    rule = f"{name} must be finite and >= 0 with a nonzero entry (all zero, a mean is 0 / 0)"
+    if weight.numel() == 0:
+        raise ValueError(f"{rule}, got an empty tensor")
     if reads_values(weight):
-        if not weight.detach().any():
-            raise ValueError(f"{rule}, got {weight.numel()} zeros")
+        lo, hi = torch.aminmax(weight.detach())
+        low, high = lo.item(), hi.item()
+        if not (low >= 0 and 0 < high < math.inf):  # also False for NaN
+            raise ValueError(f"{rule}, got values in [{low}, {high}]")
     elif asserts_on_device(weight):
-        assert_on_device(weight.detach().any(), rule)
+        lo, hi = torch.aminmax(weight.detach())
+        assert_on_device((lo >= 0) & (hi > 0) & (hi < math.inf), rule)
 
 
 def check_logits_target(logits: Tensor, target: Tensor, *, allow_probs: bool) -> bool:
@@ -115,9 +129,10 @@ def check_class_indices(target: Tensor, num_classes: int, ignore_index: int) -> 
     """
     if target.numel() == 0 or not reads_values(target):
         return
+    ignore = exact_ignore(target, ignore_index)  # a uint8 target never equals -100
     for values in (target, None):
         if values is None:
-            values = target.masked_fill(target == ignore_index, 0)
+            values = target if ignore is None else target.masked_fill(target == ignore, 0)
         lo, hi = (int(v) for v in torch.aminmax(values))
         if lo >= 0 and hi < num_classes:
             return

@@ -17,6 +17,7 @@ import torch
 from torch import Tensor
 
 from visionblocks._core.dispatch import assert_on_device, asserts_on_device, reads_values
+from visionblocks._core.tensor_checks import exact_ignore
 
 __all__ = ["REDUCTIONS", "check_normalizer", "check_reduction", "check_target_range", "reduce_loss"]
 
@@ -177,6 +178,7 @@ def check_target_range(
     """
     if values.dtype == torch.bool or values.numel() == 0:
         return
+    ignore = exact_ignore(values, ignore)  # a uint8 target never equals -100
     if reads_values(values):
         lo_t, hi_t = torch.aminmax(values.detach())
         lo, hi = lo_t.item(), hi_t.item()

@@ -22,6 +22,7 @@ from visionblocks._core.tensor_checks import (
     check_same_shape,
     check_tensor,
     compute_dtype,
+    exact_ignore,
 )
 from visionblocks.losses._reduce import check_reduction, check_target_range, reduce_loss
 from visionblocks.losses._torch_compat import TorchValueError, autocast_enabled, legacy_reduction
@@ -41,6 +42,8 @@ def _check_options(label_smoothing: float, ignore_index: float | None, reduction
                 f"ignore_index must be None or a number, got {type(ignore_index).__name__}"
             )
         check_finite("ignore_index", ignore_index)
+        if isinstance(ignore_index, int):  # targets hold at most int64
+            check_range("ignore_index", ignore_index, -(2**63), 2**63 - 1)
     check_reduction(reduction)
 
 
@@ -51,12 +54,15 @@ _RANGE_HINT = (
 
 
 def _check_real(name: str, value: Tensor | None) -> None:
-    """``value`` is ``None`` or a real (not complex) tensor: PyTorch multiplies by it."""
+    """``value`` is ``None`` or a real (not complex, not bool) tensor: PyTorch multiplies by
+    it."""
     if value is None:
         return
     check_tensor(name, value)
-    if value.is_complex():
-        raise TypeError(f"{name} must be a real tensor, got dtype {value.dtype}")
+    if value.is_complex() or value.dtype == torch.bool:
+        raise TypeError(
+            f"{name} must be a real tensor (not complex or bool), got dtype {value.dtype}"
+        )
 
 
 def _check_broadcast(name: str, value: Tensor | None, shape: torch.Size) -> None:
@@ -177,6 +183,7 @@ def binary_cross_entropy_with_logits(
         return F.binary_cross_entropy_with_logits(inputs, t, reduction=reduction, **options)
 
     valid = None
+    ignore_index = exact_ignore(targets, ignore_index)  # a uint8 target never equals -1
     if ignore_index is not None:
         valid = targets != ignore_index
         t = t.masked_fill(~valid, 0.0)  # any value in [0, 1]: the element is dropped below

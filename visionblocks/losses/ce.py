@@ -113,9 +113,11 @@ def cross_entropy(
     arguments), values, gradients and dtypes, for class-index and probability targets,
     including its weighted mean (with ``weight``, ``"mean"`` divides the summed loss by the sum
     of the *target classes'* weights over the non-ignored elements, not by their number) and
-    its NaN when ``"mean"`` counts nothing (every element ignored, an empty batch). The
-    differences are only for calls PyTorch rejects: any integer dtype of class indices, a
-    ``weight`` of another floating dtype than ``logits`` (cast to it), and clear errors.
+    its NaN when ``"mean"`` counts nothing (every element ignored or of a class of weight 0,
+    an empty batch). The differences are only for calls PyTorch rejects: any integer dtype of
+    class indices (``ignore_index`` compared exactly: a ``uint8`` target never equals -100), a
+    ``weight`` of another floating dtype than ``logits`` (cast to it), a ``weight`` with a
+    negative, non-finite or no nonzero entry, and clear errors.
     Bad values raise ``ValueError``; where PyTorch raises ``RuntimeError`` or ``IndexError``
     for the same input, the error is also that type. The first argument is named ``logits``
     (PyTorch: ``input``).

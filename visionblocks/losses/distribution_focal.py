@@ -53,10 +53,15 @@ def check_loss_options(
         ok = weight.dim() <= len(loss_shape) and all(
             w == 1 or w == n for w, n in zip(reversed(weight.shape), reversed(loss_shape))
         )
-        if not ok:
+        k = weight.dim()  # (P,) against (P, P): one value per row, or (broadcast) per column?
+        per_row = 0 < k < len(loss_shape) and weight.shape == loss_shape[:k]
+        if not ok or (per_row and weight.numel() > 1):
+            rows = (*weight.shape, *(1,) * (len(loss_shape) - k))
+            hint = f"; pass shape {rows} for one value per row" if per_row else ""
+            what = "is ambiguous for" if ok else "must broadcast to"
             raise ValueError(
-                f"weight must broadcast to the loss's shape {tuple(loss_shape)}, "
-                f"got {tuple(weight.shape)}"
+                f"weight {what} the loss's shape {tuple(loss_shape)} (broadcasting aligns the "
+                f"last dims), got {tuple(weight.shape)}{hint}"
             )
     if target.device != pred.device or (weight is not None and weight.device != pred.device):
         check_same_device(pred=pred, target=target, weight=weight)

@@ -20,7 +20,12 @@ from visionblocks._core.deprecation import deprecated_attribute
 from visionblocks._core.dispatch import forced_triton, use_triton, validate_impl
 from visionblocks._core.namespace import public_dir
 from visionblocks._core.registries import LOSSES
-from visionblocks._core.tensor_checks import check_floating, check_same_device, check_tensor
+from visionblocks._core.tensor_checks import (
+    check_floating,
+    check_same_device,
+    check_tensor,
+    exact_ignore,
+)
 from visionblocks.losses._reduce import (
     REDUCTIONS,
     check_normalizer,
@@ -147,6 +152,7 @@ def _focal_elements(
             t = torch.where(keep, t, 0.0)
     else:  # class indices (-1 and C, background, match no class): t is 0 or 1
         positive = targets.unsqueeze(-1) == torch.arange(x.shape[-1], device=x.device)
+        ignore_index = exact_ignore(targets, ignore_index)  # uint8 never equals -100
         if ignore_index is not None:
             keep = (targets != ignore_index).unsqueeze(-1)
         t = positive.to(cdt)

@@ -27,7 +27,8 @@ from torch import Tensor, nn
 
 from visionblocks._core.namespace import public_dir
 from visionblocks._core.registries import LOSSES
-from visionblocks.losses.overlap import Mode, _check_options, _prepare_targets
+from visionblocks.losses._reduce import check_target_range
+from visionblocks.losses.overlap import _PROBABILITIES, Mode, _check_options, _prepare_targets
 
 __all__ = ["LovaszLoss", "lovasz_loss"]
 __dir__ = public_dir(__name__, __all__)
@@ -41,7 +42,7 @@ def _radix_order(errors: Tensor, keep: Tensor | None) -> Tensor:
     kept last.
 
     One ascending 1-D int64 key ``row * 2**32 + (inf bits - float bits)`` (the bits of
-    non-negative floats order like the numbers), which PyTorch sorts on CPU with its radix
+    non-negative float32 numbers order like the numbers), which PyTorch sorts on CPU with its radix
     sort, stable like a sort of the rows and faster."""
     p = errors.shape[-1]
     key = torch.where(errors > 0, errors, 0.0).view(torch.int32)  # -0.0 and NaN-free: >= +0.0
@@ -62,7 +63,7 @@ def _lovasz_rows(errors: Tensor, fg: Tensor, keep: Tensor | None) -> Tensor:
     negative ones, which add nothing either, differently)."""
     if keep is not None:
         errors = torch.where(keep, errors, -torch.inf)
-    if errors.is_cpu and errors.numel() >= _RADIX_MIN:
+    if errors.is_cpu and errors.dtype == torch.float32 and errors.numel() >= _RADIX_MIN:
         order = _radix_order(errors.detach(), keep)
         errors_sorted = errors.gather(-1, order)
     else:
@@ -174,6 +175,8 @@ def lovasz_loss(
         mode, classes, None, ignore_index, per_image=per_image, from_logits=from_logits
     )
     x, t, keep = _prepare_targets(pred, target, mode, ignore_index)  # x: (N, C, S)
+    if not from_logits:
+        check_target_range("pred", x, 0.0, 1.0, hint=_PROBABILITIES)
     n, c, _ = x.shape
     if classes is not None and max(classes) >= c:
         raise ValueError(f"classes must be in [0, {c}) (the classes of pred), got {list(classes)}")

@@ -31,6 +31,7 @@ Differences from smp 0.6 (elsewhere: equal values and gradients):
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Literal
 
@@ -46,6 +47,7 @@ from visionblocks._core.tensor_checks import (
     check_same_device,
     check_tensor,
     compute_dtype,
+    exact_ignore,
 )
 from visionblocks.losses._ce_checks import check_class_weight
 from visionblocks.losses._reduce import check_target_range
@@ -106,7 +108,7 @@ def _check_options(
             check_class_weight("class_weights", class_weights, None)
         elif isinstance(class_weights, Sequence) and class_weights:
             for w in class_weights:
-                check_number("class_weights entries", w, 0.0)
+                check_number("class_weights entries", w, 0.0, math.inf, high_inclusive=False)
             if not any(class_weights):
                 raise ValueError(
                     f"class_weights must have a nonzero entry, got {list(class_weights)}"
@@ -122,15 +124,13 @@ def _check_options(
 def _check_score_options(
     smooth: object, eps: object, alpha: object = 1.0, beta: object = 1.0, gamma: object = 1.0
 ) -> None:
-    check_number("smooth", smooth, 0.0)
-    check_number("eps", eps, 0.0)
-    check_number("alpha", alpha, 0.0)
-    check_number("beta", beta, 0.0)
+    for name, value in (("smooth", smooth), ("eps", eps), ("alpha", alpha), ("beta", beta)):
+        check_number(name, value, 0.0, math.inf, high_inclusive=False)
     if alpha + beta <= 0:  # type: ignore[operator]
         raise ValueError(
             f"alpha + beta must be > 0 (else the loss is constant), got {alpha}, {beta}"
         )
-    check_number("gamma", gamma, 0.0, low_inclusive=False)
+    check_number("gamma", gamma, 0.0, math.inf, low_inclusive=False, high_inclusive=False)
 
 
 def _prepare_targets(
@@ -181,10 +181,12 @@ def _prepare_targets(
     cdt = pred.dtype
     if cdt is not torch.float32 and cdt is not torch.float64:
         cdt = compute_dtype(cdt)
-    pred = pred.reshape(n, c, -1)
+    m = math.prod(spatial)  # not -1: an empty batch has no size to infer
+    pred = pred.reshape(n, c, m)
     pred = pred if pred.dtype is cdt else pred.to(cdt)
-    target = target.reshape(n, -1) if mode == "multiclass" else target.reshape(n, c, -1)
+    target = target.reshape(n, m) if mode == "multiclass" else target.reshape(n, c, m)
     valid = None
+    ignore_index = exact_ignore(target, ignore_index)  # a uint8 target never equals -100
     if ignore_index is not None:
         valid = target != ignore_index
         target = torch.where(valid, target, 0)
@@ -200,6 +202,9 @@ def _prepare_targets(
     if mode == "multiclass":
         return pred, (target if target.dtype is torch.int64 else target.long()), valid
     return pred, (target if target.dtype is cdt else target.to(cdt)), valid
+
+
+_PROBABILITIES = " (probabilities, as from_logits=False says; pass logits with from_logits=True)"
 
 
 def _check_labels(target: Tensor, mode: str, high: int, ignore_index: int | None) -> None:
@@ -313,6 +318,8 @@ def _overlap_loss(
     _check_score_options(smooth, eps, alpha, beta, gamma)
     hard = isinstance(target, Tensor) and not target.is_floating_point()
     p, t, valid = _prepare_targets(pred, target, mode, ignore_index)
+    if not from_logits:
+        check_target_range("pred", p, 0.0, 1.0, hint=_PROBABILITIES)
     w = _class_weights(class_weights, classes, p.shape[1], mode, p)
     if mode == "multilabel" and classes is not None:
         index = torch.tensor(classes, device=p.device)

@@ -33,7 +33,7 @@ Reduction = Literal["none", "mean", "sum"]
 def _check_focal_options(gamma: float, alpha: float | Tensor | None) -> None:
     if isinstance(gamma, bool) or not isinstance(gamma, int | float):
         raise TypeError(f"gamma must be a non-negative float, got {type(gamma).__name__}")
-    check_range("gamma", float(gamma), 0.0, None)
+    check_range("gamma", float(gamma), 0.0, math.inf, high_inclusive=False)
     if alpha is None:
         return
     if isinstance(alpha, Tensor):

@@ -9,7 +9,12 @@ from torch import Tensor
 from visionblocks._core.checks import check_int, check_type
 from visionblocks._core.dispatch import assert_on_device, asserts_on_device, reads_values
 from visionblocks._core.namespace import public_dir
-from visionblocks._core.tensor_checks import check_allocation, check_same_device, check_tensor
+from visionblocks._core.tensor_checks import (
+    check_allocation,
+    check_same_device,
+    check_tensor,
+    exact_ignore,
+)
 from visionblocks.distributed import get_world_size
 
 __all__ = ["SegmentationMetrics"]
@@ -177,8 +182,9 @@ class SegmentationMetrics:
         target = target.reshape(-1)
         index = torch.add(labels.reshape(-1).long(), target, alpha=k)  # target * K + pred
         ignored = None
-        if self.ignore_index is not None:
-            ignored = target == self.ignore_index
+        ignore = exact_ignore(target, self.ignore_index)  # a uint8 target never equals -100
+        if ignore is not None:
+            ignored = target == ignore
             index.masked_fill_(ignored, 0)  # counted in cell (0, 0), subtracted below
         # Valid predictions (checked above) and targets give every counted pixel an index in
         # [0, K * K), and a target outside [0, K) one outside: one check of the index.
