@@ -432,3 +432,13 @@ def test_no_host_reads_on_fake_cuda():
     assert best.anchor_values.shape == (50,) and best.box_values.shape == (5,)
     assert matches.shape == atss.shape == (50,)
     assert all(t.device.type == "cuda" for t in (*best, matches, atss))
+
+
+def test_atss_refuses_a_single_candidate_per_object():
+    # mmdetection's unbiased std of one IoU is NaN, and then no anchor is ever positive
+    anchors = torch.tensor([[0.0, 0.0, 8.0, 8.0], [0.0, 0.0, 8.0, 8.0]])  # IoUs 1, 1: std 0
+    boxes = torch.tensor([[0.0, 0.0, 8.0, 8.0]])
+    with pytest.raises(ValueError, match=r"at least 2 candidates per object.*got 1 \(topk=1"):
+        atss_assign(anchors, boxes, [2], topk=1)
+    assert atss_assign(anchors, boxes, [2], topk=2).tolist() == [0, 0]
+    assert atss_assign(anchors, boxes, [1, 1], topk=1).tolist() == [0, 0]  # 2 levels

@@ -160,11 +160,14 @@ def test_no_objects_no_anchors_no_candidates():
         (dict(topk=0), ValueError, "topk"),
         (dict(iou_weight=-2.0), ValueError, "iou_weight"),
         (dict(block_bytes=1.5), TypeError, "block_bytes"),
+        (dict(logits=torch.full((5, 3), float("nan"))), ValueError, r"logits must be finite"),
+        (dict(logits=torch.full((5, 3), -float("inf"))), ValueError, r"logits must be finite"),
+        (dict(priors=torch.zeros(5, 4)), ValueError, r"priors' strides"),
     ],
 )
 def test_validation(change, error, match):
     args = dict(
-        priors=torch.zeros(5, 4),
+        priors=torch.tensor([[0.0, 0.0, 8.0, 8.0]] * 5),
         boxes=torch.zeros(5, 4),
         logits=torch.zeros(5, 3),
         gt_boxes=torch.zeros(2, 4),

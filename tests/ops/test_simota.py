@@ -268,11 +268,21 @@ def test_inputs_are_not_modified_and_carry_no_gradient():
         (dict(iou_weight=float("nan")), ValueError, "iou_weight"),
         (dict(cls_weight=-1.0), ValueError, "cls_weight"),
         (dict(block_bytes=0), ValueError, "block_bytes"),
+        (
+            dict(priors=torch.tensor([[0.0, 0.0, 8.0, 0.0]] * 5)),
+            ValueError,
+            r"strides .* finite and > 0, got values in \[0.0, 8.0\]",
+        ),
+        (
+            dict(priors=torch.tensor([[0.0, 0.0, float("inf"), 8.0]] * 5)),
+            ValueError,
+            "priors' strides",
+        ),
     ],
 )
 def test_validation(change, error, match):
     args = dict(
-        priors=torch.zeros(5, 4),
+        priors=torch.tensor([[0.0, 0.0, 8.0, 8.0]] * 5),
         boxes=torch.zeros(5, 4),
         scores=torch.zeros(5, 3),
         gt_boxes=torch.zeros(2, 4),

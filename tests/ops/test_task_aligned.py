@@ -13,6 +13,8 @@ in the tails.
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -191,3 +193,30 @@ def test_compiles_fullgraph_and_matches_eager():
     compiled = torch.compile(task_aligned_assign, fullgraph=True)
     out = compiled(*inputs, topk=5, alpha=0.5, topk2=3, min_side=16.0)
     _assert_equal(out, task_aligned_assign(*inputs, topk=5, alpha=0.5, topk2=3, min_side=16.0))
+
+
+def _docstring_inputs():
+    points = torch.tensor([[2.0, 2.0], [6.0, 2.0], [10.0, 2.0], [14.0, 2.0]])
+    pred = torch.tensor([[[0.0, 0.0, 4.0, 4.0], [3.0, 0.0, 9.0, 4.0],
+                          [8.0, 0.0, 12.0, 4.0], [12.0, 0.0, 16.0, 4.0]]])  # fmt: skip
+    scores = torch.tensor([[[0.9, 0.1], [0.8, 0.2], [0.3, 0.7], [0.2, 0.6]]])
+    gt_boxes = torch.tensor([[[0.0, 0.0, 8.0, 4.0], [8.0, 0.0, 16.0, 4.0]]])
+    return scores, pred, points, gt_boxes
+
+
+@pytest.mark.parametrize("bad", [-1.0, 1.7, 2.0, float("nan")])
+def test_object_labels_outside_the_classes_are_refused(bad):
+    # ultralytics reads -1 as class C - 1 (negative indexing) and truncates 1.7 to 1
+    scores, pred, points, gt_boxes = _docstring_inputs()
+    labels, mask = torch.tensor([[[0.0], [bad]]]), torch.ones(1, 2, 1)
+    with pytest.raises(ValueError, match=r"gt_labels of the objects .* in \[0, 2\)"):
+        task_aligned_assign(scores, pred, points, labels, gt_boxes, mask, topk=1)
+
+
+def test_padding_labels_are_not_read():
+    scores, pred, points, gt_boxes = _docstring_inputs()
+    labels, mask = torch.tensor([[[5.0], [1.0]]]), torch.tensor([[[0.0], [1.0]]])
+    out = task_aligned_assign(scores, pred, points, labels, gt_boxes, mask, topk=1)
+    assert out.fg_mask.tolist() == [[False, False, True, False]]
+    with pytest.raises(ValueError, match=r"eps must be a finite number, got inf"):
+        task_aligned_assign(scores, pred, points, labels, gt_boxes, mask, topk=1, eps=math.inf)

@@ -407,7 +407,8 @@ def atss_assign(
         TypeError: Boxes not real tensors; ``num_anchors_per_level`` not a list or tuple of
             ints; ``topk``, ``eps`` or ``block_bytes`` of the wrong type.
         ValueError: Bad shapes or devices; level sizes negative or not adding up to ``N``;
-            ``topk`` < 1; ``eps`` < 0; ``block_bytes`` < 1.
+            ``topk`` < 1; ``eps`` < 0; ``block_bytes`` < 1; fewer than 2 candidates per
+            object (``topk=1`` on one level: the standard deviation of one IoU is undefined).
 
     Examples:
         >>> import torch
@@ -442,6 +443,11 @@ def atss_assign(
             candidates.append(_closest(cx, cy, gx, gy, start, start + size, k, block))
         start += size
     cand = torch.cat(candidates)  # (K, M) anchor indices
+    if cand.shape[0] < 2:  # mmdetection's std of one IoU is NaN: no anchor would be positive
+        raise ValueError(
+            f"atss_assign needs at least 2 candidates per object for the threshold's standard "
+            f"deviation, got {cand.shape[0]} (topk={topk} on levels of sizes {list(levels)})"
+        )
     iou = _overlap(a[cand], b, 0, True, eps)  # (K, M): box_iou's entries, bitwise
     threshold = iou.mean(dim=0) + iou.std(dim=0)
     ccx, ccy = cx[cand], cy[cand]

@@ -14,6 +14,8 @@ Convention:
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -78,7 +80,8 @@ def dynamic_soft_label_assign(
     Raises:
         TypeError: Inputs not floating tensors, ``gt_labels`` not integer, options of the
             wrong type.
-        ValueError: Bad shapes or devices, labels outside ``[0, C)`` (CPU), options out of range.
+        ValueError: Bad shapes or devices, options out of range; on CPU (value checks) labels
+            outside ``[0, C)``, logits not finite, priors' strides not finite and ``> 0``.
 
     Examples:
         >>> import torch
@@ -91,6 +94,10 @@ def dynamic_soft_label_assign(
         DynamicKAssignment(gt_indices=tensor([-1,  0, -1, -1]), max_ious=tensor([0.0000, 0.4000, 0.0000, 0.0000]), labels=tensor([-1,  1, -1, -1]))
     """
     reads = _check_inputs(priors, boxes, logits, gt_boxes, gt_labels, "logits")
+    if reads and logits.numel():
+        low, high = (float(v) for v in torch.aminmax(logits.detach()))
+        if not (-math.inf < low and high < math.inf):  # also False for NaN
+            raise ValueError(f"logits must be finite, got values in [{low}, {high}]")
     soft_center_radius = check_number("soft_center_radius", soft_center_radius, 0.0)
     topk = check_int("topk", topk, 1)
     iou_weight = check_number("iou_weight", iou_weight, 0.0)

@@ -37,6 +37,7 @@ Dtypes:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -90,8 +91,9 @@ def _check_inputs(
     priors: Tensor, boxes: Tensor, scores: Tensor, gt_boxes: Tensor, gt_labels: Tensor, name: str
 ) -> bool:
     """The shared checks: shapes ``(A, 4)``, ``(A, 4)``, ``(A, C)``, ``(M, 4)``, ``(M,)``,
-    floating values and integer labels in ``[0, C)`` (checked on the CPU only), one device.
-    Returns whether values may be read on the host (`reads_values`)."""
+    floating values, one device; on the CPU only, integer labels in ``[0, C)`` and finite
+    priors' strides ``> 0`` (a distance in strides of 0 is infinite). Returns whether values
+    may be read on the host (`reads_values`)."""
     for arg, value in (
         ("priors", priors),
         ("boxes", boxes),
@@ -129,6 +131,13 @@ def _check_inputs(
             raise ValueError(
                 f"gt_labels must be class indices in [0, {scores.shape[1]}) ({name} has "
                 f"{scores.shape[1]} classes), got {lo if lo < 0 else hi}"
+            )
+    if priors.shape[0] and reads:
+        low, high = (float(v) for v in torch.aminmax(priors.detach()[:, 2:]))
+        if not (low > 0 and high < math.inf):  # also False for NaN
+            raise ValueError(
+                "priors' strides (columns 2 and 3: stride_w, stride_h) must be finite and > 0, "
+                f"got values in [{low}, {high}]"
             )
     return reads
 
@@ -285,8 +294,9 @@ def simota_assign(
     Raises:
         TypeError: Inputs not floating tensors, ``gt_labels`` not integer, options of the
             wrong type.
-        ValueError: Bad shapes or devices, labels outside ``[0, C)`` or scores outside
-            ``[0, 1]`` (checked on the CPU only), options out of range.
+        ValueError: Bad shapes or devices, labels outside ``[0, C)``, scores outside
+            ``[0, 1]`` or priors' strides not finite and ``> 0`` (checked on the CPU only),
+            options out of range.
 
     Examples:
         >>> import torch

@@ -40,6 +40,7 @@ import torch
 from torch import Tensor, nn
 
 from visionblocks._core.checks import check_finite, check_int, check_number
+from visionblocks._core.dispatch import reads_values
 from visionblocks._core.namespace import public_dir
 from visionblocks._core.tensor_checks import check_floating, check_real, check_same_device
 from visionblocks.ops._assign_blocks import rows_per_block
@@ -177,6 +178,22 @@ def _check_inputs(
         gt_boxes=gt_boxes,
         gt_mask=gt_mask,
     )
+    if m > 0 and reads_values(gt_labels):
+        _check_labels(gt_labels, gt_mask, scores.shape[-1])
+
+
+def _check_labels(gt_labels: Tensor, gt_mask: Tensor, num_classes: int) -> None:
+    """The objects' labels (not the padding's) are whole numbers in ``[0, C)``: a value
+    check, one read on CPU. ultralytics reads a label of -1 as class C - 1 and truncates 1.7."""
+    labels = gt_labels.detach().double().masked_fill(gt_mask.detach() == 0, 0.0)
+    lo, hi = (float(v) for v in torch.aminmax(labels))
+    whole = bool((labels == labels.floor()).all())  # False for NaN and inf
+    if not (whole and lo >= 0 and hi < num_classes):
+        bad = labels[(labels != labels.floor()) | (labels < 0) | (labels >= num_classes)]
+        raise ValueError(
+            f"gt_labels of the objects (gt_mask != 0) must be class indices in "
+            f"[0, {num_classes}) (scores has {num_classes} classes), got {bad[0].item()}"
+        )
 
 
 def _check_options(
@@ -191,7 +208,7 @@ def _check_options(
     check_int("topk", topk, 1)
     check_finite("alpha", check_number("alpha", alpha, 0.0))
     check_finite("beta", check_number("beta", beta, 0.0))
-    check_number("eps", eps, 0.0, low_inclusive=False)
+    check_finite("eps", check_number("eps", eps, 0.0, low_inclusive=False))
     if topk2 is not None:
         check_int("topk2", topk2, 1)
     if min_side is not None:
@@ -262,8 +279,10 @@ def task_aligned_assign(
     Raises:
         TypeError: Inputs not tensors of the right kind; options of the wrong type.
         ValueError: Shapes that disagree (each named with the expected shape) or devices;
-            ``topk`` or ``topk2`` outside ``[1, A]``; ``eps <= 0``; ``min_side < 0``;
-            ``block_bytes < 1``; ``alpha`` or ``beta`` negative, NaN or infinite.
+            ``topk`` or ``topk2`` outside ``[1, A]``; ``eps <= 0`` or infinite;
+            ``min_side < 0``; ``block_bytes < 1``; ``alpha`` or ``beta`` negative, NaN or
+            infinite; on CPU (a value check), an object's label that is not a whole number
+            in ``[0, C)``.
 
     Examples:
         >>> import torch
@@ -376,9 +395,10 @@ def task_aligned_assign(
     best_metric_obj = zeros.scatter_reduce(1, gt_idx, metric_a, "amax")
     best_iou_obj = zeros.scatter_reduce(1, gt_idx, iou_a, "amax")
     norm = metric_a * best_iou_obj.gather(1, gt_idx) / (best_metric_obj.gather(1, gt_idx) + eps)
-    target_labels = labels.gather(1, gt_idx).clamp_(min=0)
+    target_labels = labels.gather(1, gt_idx).clamp_(min=0)  # ultralytics' (padding's too)
     target_scores = torch.zeros(b, a, c, dtype=dtype, device=device)
-    target_scores.scatter_(2, target_labels[..., None], norm[..., None])
+    # norm is 0 off the positives: a padding label (any value) puts that 0 into class 0
+    target_scores.scatter_(2, safe_labels.gather(1, gt_idx)[..., None], norm[..., None])
     boxes_index = gt_idx[..., None].expand(-1, -1, 4)
     target_bboxes = gt_boxes.detach().gather(1, boxes_index)
     return TaskAlignedTargets(target_labels, target_bboxes, target_scores, fg, gt_idx)
