@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib
 import math
+import re
 
 import pytest
 import torch
@@ -115,7 +116,7 @@ def _boxes(seed=0):
 
 @pytest.mark.parametrize(
     ("names", "output_size", "sampling_ratio"),
-    [(["p2", "p3", "p4", "p5"], 7, 2), (["p2", "p4"], (3, 5), -1), (["p3"], 4, 2)],
+    [(["p2", "p3", "p4", "p5"], 7, 2), (["p3", "p4"], (3, 5), -1), (["p3"], 4, 2)],
 )
 def test_multiscale_equals_torchvision_both_merges(names, output_size, sampling_ratio):
     x, boxes, shapes = _features(), _boxes(), [(256, 256), (250, 240)]
@@ -147,6 +148,62 @@ def test_multiscale_gradients_equal_torchvision():
         grads.append([feats[n].grad for n in names])
     for a, b in zip(*grads):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_multiscale_takes_the_levels_finest_first_whatever_the_dict_order():
+    """torchvision takes the levels in ``x``'s order: a coarse level listed first gives every
+    box a level index below 0, clamped away, and all zeros. Here the result is the same
+    whatever the order, bitwise torchvision's in the usual (finest first) order."""
+    x, boxes, shapes = _features(), _boxes(), [(256, 256), (250, 240)]
+    names = ["p2", "p3", "p4"]
+    finest_first = {k: x[k] for k in names}
+    coarse_first = {k: x[k] for k in reversed(names)}
+    ref = tv.MultiScaleRoIAlign(names, 3, 2)(finest_first, boxes, shapes)
+    assert not tv.MultiScaleRoIAlign(names, 3, 2)(coarse_first, boxes, shapes).any()
+    for order in (names, names[::-1]):  # featmap_names' order does not matter either
+        pool = MultiScaleRoIAlign(order, 3, 2)
+        for feats in (finest_first, coarse_first):
+            assert torch.equal(pool(feats, boxes, shapes), ref)
+            torch.testing.assert_close(  # the sync-free merge (CUDA, tracing)
+                torch.compile(pool, fullgraph=True)(feats, boxes, shapes), ref
+            )
+
+
+def test_multiscale_refuses_levels_that_skip_a_stride():
+    """The level mapping indexes the levels from the finest by ``log2(stride)``: with a
+    stride missing (p2, p4) torchvision pools p3-sized boxes from p4 and returns zeros for
+    p4-sized ones. Refused, naming the strides."""
+    x, boxes, shapes = _features(), _boxes(), [(256, 256), (256, 256)]
+    ref = tv.MultiScaleRoIAlign(["p2", "p4"], 3, 2)(x, boxes, shapes)
+    assert (ref.flatten(1).abs().sum(1) == 0).any()  # the silent zeros
+    for names in (["p2", "p4"], ["p2", "p3", "p5"]):
+        with pytest.raises(ValueError, match=r"strides double .* got strides \{'p2': 4\.0"):
+            MultiScaleRoIAlign(names, 3, 2)(x, boxes, shapes)
+    with pytest.raises(ValueError, match=r"got strides \{'a': 4\.0, 'b': 4\.0\}"):  # twice
+        MultiScaleRoIAlign(["a", "b"], 3, 2)({"a": x["p2"], "b": x["p2"]}, boxes, shapes)
+
+
+def test_multiscale_checks_image_shapes_and_levels():
+    pool = MultiScaleRoIAlign(["p2", "p3"], 3, 2)
+    x, boxes = {k: v[:1] for k, v in _features().items()}, [torch.tensor([[0.0, 0, 100, 100]])]
+    for shapes in ([(0, 0)], [(-256, 256)], "256", 256, [(256.0, 256)], [(256,)], [(256, 256)] * 2,
+                   [(True, 256)], None):  # fmt: skip
+        with pytest.raises(
+            ValueError,
+            match=r"image_shapes must be a list of \(height, width\) pairs of ints >= 1, one "
+            r"per image of x \(1\), got ",
+        ):
+            pool(x, boxes, shapes)
+    assert pool(x, boxes, (torch.Size([256, 240]),)).shape == (1, 5, 3, 3)
+    for bad, shape in ((x["p3"][:, :4], "(1, 4, 32, 32)"), (torch.cat([x["p3"]] * 2), "(2, 5")):
+        with pytest.raises(
+            ValueError,
+            match=r"same N and C on one device, got x\['p3'\] of shape " + re.escape(shape),
+        ):
+            pool({"p2": x["p2"], "p3": bad}, boxes, [(256, 256)])
+    for empty in (x["p3"][:, :, :0], x["p3"][..., :0]):  # an empty map crashes torchvision
+        with pytest.raises(ValueError, match=r"x\['p3'\] must have shape \(N, C, H, W\) with H"):
+            pool({"p2": x["p2"], "p3": empty}, boxes, [(256, 256)])
 
 
 def test_multiscale_options_and_errors():
@@ -195,7 +252,7 @@ def test_fake_cuda_reads_nothing():
 def test_errors_name_the_argument():
     x = torch.randn(2, 8, 5, 5)
     with pytest.raises(
-        ValueError, match=r"boxes\[:, 0\] must hold batch indices of input, in \[0, 1\]"
+        ValueError, match=r"boxes\[:, 0\] must hold integer batch indices of input, in \[0, 1\]"
     ):
         roi_align(x, torch.tensor([[2.0, 0, 0, 1, 1]]), 2)
     with pytest.raises(ValueError, match="multiple of output_size"):
@@ -210,6 +267,69 @@ def test_errors_name_the_argument():
         roi_align(x, torch.zeros(1, 5), 2.0)
     with pytest.raises(ValueError, match="spatial_scale"):
         roi_align(x, torch.zeros(1, 5), 2, 0.0)
+
+
+@pytest.mark.parametrize("name", list(OPS))
+@pytest.mark.parametrize("shape", [(1, 4, 0, 5), (1, 4, 5, 0), (1, 4, 0, 0)])
+@pytest.mark.parametrize("k", [1, 0])
+def test_empty_feature_maps_are_refused(name, shape, k):
+    """torchvision's kernels crash the process (or read out of bounds) on ``H`` or ``W`` 0:
+    refused by shape before any kernel, with or without boxes (as `rotated_roi_align`)."""
+    ours, _, args = OPS[name]
+    rois = torch.tensor([[0.0, 0, 0, 2, 2]])[:k]
+    for boxes in (rois, [rois[:, 1:]]):
+        with pytest.raises(
+            ValueError,
+            match=r"input must have shape \(N, C, H, W\) with H, W >= 1, got "
+            + re.escape(str(shape)),
+        ):
+            ours(torch.zeros(shape), boxes, *args)
+
+
+@pytest.mark.parametrize("many", [False, True], ids=["list_read", "reduction"])
+def test_fractional_batch_indices_are_refused_on_cpu(many):
+    """torchvision truncates a batch index of 0.99 to image 0: refused by every op, in the
+    value check's existing read (a few boxes: the list; many: the reductions)."""
+    x = torch.randn(2, 4, 5, 5)
+    head = [[1.0, 0.0, 0.0, 2.0, 2.0]] * (80 if many else 0)
+    for index in (0.99, 1.5, -0.5):
+        rois = torch.tensor([*head, [index, 0.0, 0.0, 2.0, 2.0]])
+        for ours, _, args in OPS.values():
+            with pytest.raises(
+                ValueError,
+                match=rf"boxes\[:, 0\] must hold integer batch indices of input, in \[0, 1\], "
+                rf"got \[{index}",
+            ):
+                ours(x, rois, *args)
+    assert torch.equal(roi_align(x, torch.tensor([*head, [1.0, 0, 0, 2, 2]]), 1)[-1:],
+                       roi_align(x[1:], torch.tensor([[0.0, 0, 0, 2, 2]]), 1))  # fmt: skip
+
+
+@pytest.mark.parametrize("many", [False, True], ids=["list_read", "reduction"])
+def test_adaptive_sampling_is_capped_like_sampling_ratio(many):
+    """``sampling_ratio <= 0`` takes ``ceil(side * spatial_scale / bins)`` samples per bin
+    side: a huge finite box made torchvision size a table past ``std::vector``'s limit (or
+    past memory). Capped at 1024, as ``sampling_ratio``, naming both arguments."""
+    x = torch.zeros(1, 4, 4, 4)
+    head = [[0.0, 0.0, 0.0, 2.0, 2.0]] * (80 if many else 0)
+    for row in ([0.0, 0.0, 0.0, 1e9, 1e9], [0.0, 5.0, 0.0, 5.0 + 2 * 1024 + 1, 3.0]):
+        with pytest.raises(
+            ValueError, match=r"boxes up to .* take more than 1024 samples per bin side with "
+            r"sampling_ratio <= 0",
+        ):  # fmt: skip
+            roi_align(x, torch.tensor([*head, row]), (3, 2), 1.0, -1)
+        assert roi_align(x, torch.tensor([*head, row]), (3, 2), 1.0, 2).shape[-2:] == (3, 2)
+    for ours, args in ((roi_align, (1.0, 0, True)), (ps_roi_align, (1.0, -1))):
+        with pytest.raises(ValueError, match="sampling_ratio in \\[1, 1024\\]"):
+            ours(x, [torch.tensor([[0.0, 0.0, 1e9, 1e9]])], 2, *args)
+    edge = torch.tensor([*head, [0.0, 0.0, 0.0, 2048.0, 1.0]])  # 1024 per side: allowed
+    torch.testing.assert_close(
+        roi_align(x + 1, edge, (1, 2), 1.0, -1), tv.roi_align(x + 1, edge, (1, 2), 1.0, -1)
+    )
+    with pytest.raises(ValueError, match="at most 28672 wide"):  # the finest level, 1 / 4
+        MultiScaleRoIAlign(["p2", "p3"], 7, -1)(
+            _features(1), [torch.tensor([[0.0, 0.0, 1e9, 1e9]])], [(256, 256)]
+        )
 
 
 @pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf])

@@ -273,3 +273,25 @@ def test_errors():
             rotated_roi_align(x, torch.tensor([[0, 1, 1, float("nan"), 1, 0]]), 2),
             torch.zeros(1, 3, 2, 2),
         )
+
+
+def test_sampling_is_capped_like_roi_align():
+    """``sampling_ratio`` is at most 1024 (`roi_align`'s cap), and so is the adaptive count
+    ``ceil(side / bins)`` where the RoIs are read: past it the sample points' tensor failed
+    with the allocator's raw error."""
+    x = torch.zeros(1, 2, 4, 4)
+    rois = torch.tensor([[0.0, 2.0, 2.0, 2.0, 2.0, 0.0]])
+    with pytest.raises(ValueError, match=r"sampling_ratio must be in \(-inf, 1024\], got 1000000"):
+        rotated_roi_align(x, rois, 2, 1.0, 10**6)
+    with pytest.raises(ValueError, match="sampling_ratio must be in"):
+        RotatedRoIAlign(2, 1.0, 1025)
+    assert rotated_roi_align(x, rois, 1, 1.0, 1024).shape == (1, 2, 1, 1)
+    huge = torch.tensor([[0.0, 2.0, 2.0, 1e5, 1e5, 30.0]])
+    with pytest.raises(
+        ValueError, match=r"rois take up to 14286 x 14286 sample points per bin with "
+        r"sampling_ratio <= 0 .* give a sampling_ratio in \[1, 1024\]",
+    ):  # fmt: skip
+        rotated_roi_align(x, huge, 7)
+    edge = torch.tensor([[0.0, 2.0, 2.0, 2048.0, 1.0, 0.0]])  # 1024 per side: allowed
+    assert rotated_roi_align(x, edge, (1, 2)).shape == (1, 2, 1, 2)
+    assert rotated_roi_align(x, huge, 7, 1.0, 2).shape == (1, 2, 7, 7)

@@ -6,7 +6,10 @@ errors that name them. half and bfloat16 inputs are computed in float32 (torchvi
 autocast rule; its kernels have no bfloat16) and returned in the input's dtype; boxes are
 cast to that compute dtype. Box values are not read on the host except by the CPU value
 check (`visionblocks.set_value_checks`) that refuses what torchvision's CPU kernels would read
-out of bounds on: batch indices out of range, and NaN or infinite coordinates (a crash there).
+out of bounds on or answer silently: batch indices out of range or fractional (truncated
+there), NaN or infinite coordinates (a crash there), and, with adaptive sampling, boxes
+that would take more than 1024 samples per bin side (an allocation error there). Empty
+feature maps (``H`` or ``W`` 0, a crash there) are refused by shape.
 
 Deterministic backward: torchvision's CUDA backward kernels add with atomics, so under
 ``torch.use_deterministic_algorithms(True)`` they raise (its ``roi_align`` switches to a
@@ -38,7 +41,9 @@ Convention:
 
 from __future__ import annotations
 
+import itertools
 import math
+import operator
 from collections.abc import Sequence
 from typing import Any, Literal
 
@@ -88,8 +93,11 @@ def _pair(output_size: Any) -> tuple[int, int]:
     return int(output_size[0]), int(output_size[1])
 
 
-def _rois(input: Tensor, boxes: Any, dtype: torch.dtype) -> Tensor:
-    """``boxes`` as checked ``(K, 5)`` rois of ``dtype`` on ``input``'s device."""
+def _rois(
+    input: Tensor, boxes: Any, dtype: torch.dtype, sides: tuple[float, float] | None = None
+) -> Tensor:
+    """``boxes`` as checked ``(K, 5)`` rois of ``dtype`` on ``input``'s device; ``sides``:
+    the largest box width and height adaptive sampling takes (`_adaptive_sides`)."""
     if isinstance(boxes, Tensor):
         if boxes.dtype != dtype:
             boxes = check_real("boxes", boxes).to(dtype)
@@ -101,7 +109,7 @@ def _rois(input: Tensor, boxes: Any, dtype: torch.dtype) -> Tensor:
         if not (boxes.is_cpu and input.is_cpu) and boxes.device != input.device:
             raise ValueError(f"boxes are on {boxes.device} but input is on {input.device}")
         if boxes.shape[0] and reads_values(boxes):
-            _check_values(boxes, input.shape[0])
+            _check_values(boxes, input.shape[0], sides)
         return boxes
     if not isinstance(boxes, (list, tuple)):
         raise TypeError(
@@ -122,42 +130,86 @@ def _rois(input: Tensor, boxes: Any, dtype: torch.dtype) -> Tensor:
     ]
     rois = torch.cat([torch.cat(index), torch.cat(list(boxes)).to(dtype)], 1)
     if rois.shape[0] and reads_values(rois):
-        _check_values(rois, input.shape[0])
+        _check_values(rois, input.shape[0], sides)
     return rois
 
 
-def _check_values(rois: Tensor, images: int) -> None:
+def _check_values(rois: Tensor, images: int, sides: tuple[float, float] | None) -> None:
     """Refuse what torchvision's CPU kernels read out of bounds on: a batch index out of
-    range, a NaN or infinite coordinate (a crash, or an allocation error far from its cause)."""
+    range, a NaN or infinite coordinate (a crash, or an allocation error far from its cause);
+    a fractional batch index (truncated there); with ``sides``, a box wider or taller than
+    adaptive sampling allows (`_adaptive_sides`)."""
     if rois.shape[0] <= 64:  # few boxes: a list read (cheaper than reductions)
         values = rois.reshape(-1).tolist()
         index = values[::5]
         low, high, total = min(index), max(index), sum(values)
+        whole = all(map(float.is_integer, index))  # False for NaN and inf: tested after
+        width = height = 0.0
+        if sides is not None:  # the largest side first; each axis only past the lower limit
+            ends, starts = values[3::5] + values[4::5], values[1::5] + values[2::5]
+            if max(map(operator.sub, ends, starts)) > min(sides):
+                width = max(map(operator.sub, values[3::5], values[1::5]))
+                height = max(map(operator.sub, values[4::5], values[2::5]))
     else:
-        low, high = (v.item() for v in rois.select(1, 0).aminmax())
+        column = rois.select(1, 0)
+        low, high = (v.item() for v in column.aminmax())
         total = rois.sum(dtype=torch.float64).item()  # no float32 box overflows it
+        whole = torch.equal(column, column.trunc())
+        width = height = 0.0
+        if sides is not None and math.isfinite(total):
+            width, height = (rois[:, 3:5] - rois[:, 1:3]).amax(0).tolist()
     if not math.isfinite(total):  # some value is NaN or infinite
         bad = ~torch.isfinite(rois)
         raise ValueError(
             f"boxes must hold finite values, got {rois[bad.any(1)][:3].tolist()} (rows with "
             "NaN or inf, as (batch index, x1, y1, x2, y2))"
         )
-    if not 0 <= low <= high < images:
+    if not (whole and 0 <= low <= high < images):
+        column = rois.select(1, 0)
+        bad = column[(column != column.trunc()) | (column < 0) | (column >= images)]
         raise ValueError(
-            f"boxes[:, 0] must hold batch indices of input, in [0, {images - 1}], got values "
-            f"in [{low}, {high}]"
+            f"boxes[:, 0] must hold integer batch indices of input, in [0, {images - 1}], got "
+            f"{bad[:3].tolist()}"
+        )
+    if sides is not None and (width > sides[0] or height > sides[1]):
+        raise ValueError(
+            f"boxes up to {width:g} wide and {height:g} tall take more than {_MAX_SAMPLES} "
+            "samples per bin side with sampling_ratio <= 0 (ceil(side * spatial_scale / "
+            f"bins)); at most {sides[0]:g} wide and {sides[1]:g} tall here: give a "
+            f"sampling_ratio in [1, {_MAX_SAMPLES}]"
         )
 
 
+def _check_map(name: str, input: Tensor) -> None:
+    """Shapes only: ``(N, C, H, W)`` with ``H, W >= 1`` (torchvision's kernels crash on an
+    empty map)."""
+    if input.dim() != 4 or not (input.shape[2] and input.shape[3]):
+        raise ValueError(
+            f"{name} must have shape (N, C, H, W) with H, W >= 1, got {tuple(input.shape)}"
+        )
+
+
+_MAX_SAMPLES = 1024
+"""Samples per bin axis, given (``sampling_ratio``) or adaptive: a million per bin at most,
+so no call runs for hours or sizes torchvision's sampling tables past any memory."""
+
+
+def _adaptive_sides(size: tuple[int, int], scale: float) -> tuple[float, float]:
+    """The largest box width and height (box units) whose adaptive sampling
+    (``sampling_ratio <= 0``: ``ceil(side * scale / bins)`` per bin axis) stays within
+    `_MAX_SAMPLES`."""
+    return _MAX_SAMPLES * size[1] / scale, _MAX_SAMPLES * size[0] / scale
+
+
 def _prepare(
-    input: Any, boxes: Any, output_size: Any, spatial_scale: Any
+    input: Any, boxes: Any, output_size: Any, spatial_scale: Any, sampling_ratio: int = 1
 ) -> tuple[Tensor, Tensor, tuple[int, int], float, torch.dtype]:
     """Checked input in its compute dtype, ``(K, 5)`` rois, ``(PH, PW)``, the scale and
     the input's dtype."""
     if type(input) is not Tensor or not input.is_floating_point():  # a plain float tensor: ok
         check_floating("input", input)
-    if input.dim() != 4:
-        raise ValueError(f"input must have shape (N, C, H, W), got {tuple(input.shape)}")
+    if input.dim() != 4 or (not input.numel() and not (input.shape[2] and input.shape[3])):
+        _check_map("input", input)
     size = _pair(output_size)
     if type(spatial_scale) is not float or not 0 < spatial_scale < math.inf:
         scale = check_number("spatial_scale", spatial_scale, 0.0, low_inclusive=False)
@@ -165,7 +217,8 @@ def _prepare(
     dtype = input.dtype
     if dtype is not torch.float32 and dtype is not torch.float64:
         dtype = compute_dtype(dtype)
-    rois = _rois(input, boxes, dtype)
+    sides = None if sampling_ratio > 0 else _adaptive_sides(size, spatial_scale)
+    rois = _rois(input, boxes, dtype, sides)
     if size[0] * size[1] > 2**16:  # beyond any real use: before torchvision allocates
         check_allocation(f"output_size={size}", (rois.shape[0], input.shape[1], *size), dtype)
     x = input if input.dtype == dtype else input.to(dtype)
@@ -173,10 +226,10 @@ def _prepare(
 
 
 def _sampling(sampling_ratio: Any) -> int:
-    """An int; at most 1024 samples per bin axis (a million per bin), so no call runs for hours."""
-    if type(sampling_ratio) is int and sampling_ratio <= 1024:  # the usual call
+    """An int, at most `_MAX_SAMPLES`."""
+    if type(sampling_ratio) is int and sampling_ratio <= _MAX_SAMPLES:  # the usual call
         return sampling_ratio
-    return check_int("sampling_ratio", sampling_ratio, None, 1024)
+    return check_int("sampling_ratio", sampling_ratio, None, _MAX_SAMPLES)
 
 
 def _check_ps(input: Tensor, size: tuple[int, int]) -> None:
@@ -257,7 +310,7 @@ def roi_align(
         output_size: Bins per box, ``int`` or ``(height, width)``.
         spatial_scale: Feature-map pixels per box unit (``1/16`` for stride 16); ``> 0``.
         sampling_ratio: Samples per bin along each axis (at most 1024); ``<= 0``:
-            ``ceil(box size / bins)``.
+            ``ceil(box size / bins)`` (at most 1024 too: CPU value check).
         aligned: True: pixel centres at ``+ 0.5`` (our convention, see the module notes).
         impl: ``"auto"`` | ``"torch"`` | ``"triton"``: the backward (module notes).
 
@@ -267,17 +320,20 @@ def roi_align(
     Raises:
         TypeError: A non-floating ``input``, boxes that are not a tensor or a list of
             tensors, a non-int ``output_size``/``sampling_ratio``, a non-bool ``aligned``.
-        ValueError: Shapes other than the above, boxes on another device, batch indices
-            out of range (CPU), ``spatial_scale <= 0`` or non-finite, ``sampling_ratio >
-            1024``, an output too large to allocate, an unknown ``impl``.
+        ValueError: Shapes other than the above (``H`` or ``W`` 0 too), boxes on another
+            device, batch indices out of range or not integers (CPU), ``spatial_scale <= 0``
+            or non-finite, ``sampling_ratio > 1024`` (or adaptive sampling past it, CPU),
+            an output too large to allocate, an unknown ``impl``.
 
     Examples:
         >>> x = torch.arange(16.0).view(1, 1, 4, 4)
         >>> roi_align(x, [torch.tensor([[0.0, 0.0, 2.0, 2.0]])], 1, aligned=True)
         tensor([[[[2.5000]]]])
     """
-    input, rois, (ph, pw), scale, dtype = _prepare(input, boxes, output_size, spatial_scale)
     _sampling(sampling_ratio)
+    input, rois, (ph, pw), scale, dtype = _prepare(
+        input, boxes, output_size, spatial_scale, sampling_ratio
+    )
     if aligned is not False and aligned is not True:
         check_type("aligned", aligned, bool)
     return _run("roi_align", dtype, impl, input, rois, scale, ph, pw, sampling_ratio, aligned)
@@ -347,8 +403,10 @@ def ps_roi_align(
         >>> ps_roi_align(x, torch.tensor([[0.0, 1.0, 1.0, 3.0, 3.0]]), 2).shape
         torch.Size([1, 2, 2, 2])
     """
-    input, rois, (ph, pw), scale, dtype = _prepare(input, boxes, output_size, spatial_scale)
     _sampling(sampling_ratio)
+    input, rois, (ph, pw), scale, dtype = _prepare(
+        input, boxes, output_size, spatial_scale, sampling_ratio
+    )
     _check_ps(input, (ph, pw))
     return _run("ps_roi_align", dtype, impl, input, rois, scale, ph, pw, sampling_ratio)
 
@@ -490,6 +548,31 @@ def _level_scale(feature: Tensor, image_size: tuple[int, int]) -> float:
     return 2.0 ** round(math.log2(float(feature.shape[-2]) / float(image_size[0])))
 
 
+def _finest(level: tuple[float, str, Tensor]) -> float:
+    return -level[0]
+
+
+def _image_size(image_shapes: Any, images: int) -> tuple[int, int]:
+    """The largest height and width of ``image_shapes``, checked: one ``(height, width)``
+    pair of ints ``>= 1`` per image."""
+    if not (
+        isinstance(image_shapes, (list, tuple))
+        and len(image_shapes) == images
+        and all(
+            isinstance(s, (list, tuple))
+            and len(s) == 2
+            and all(isinstance(v, (int, torch.SymInt)) and not isinstance(v, bool) for v in s)
+            and min(s) >= 1
+            for s in image_shapes
+        )
+    ):
+        raise ValueError(
+            "image_shapes must be a list of (height, width) pairs of ints >= 1, one per image "
+            f"of x ({images}), got {image_shapes!r:.200}"
+        )
+    return max(s[0] for s in image_shapes), max(s[1] for s in image_shapes)
+
+
 class MultiScaleRoIAlign(nn.Module):
     """torchvision's ``MultiScaleRoIAlign``: `roi_align` of each box on the FPN level of
     its size (Lin et al., 2017, eq. 1), without waiting for the GPU.
@@ -502,9 +585,12 @@ class MultiScaleRoIAlign(nn.Module):
     pools every box, the boxes of other levels moved far outside the map (where a bin is
     one sample, read as 0), and the levels are merged with ``torch.where``: the same values,
     no wait. Eager CPU calls index the levels as torchvision. ``aligned`` is False, as there.
+    The levels are taken finest first by their size, whatever the order of ``x`` (torchvision
+    takes ``x``'s order, and pools zeros when it lists a coarser level first); their strides
+    must double from one to the next, as the level mapping assumes.
 
     Args:
-        featmap_names: Names of the feature maps (keys of ``x``) to pool from, finest first.
+        featmap_names: Names of the feature maps (keys of ``x``) to pool from.
         output_size: Bins per box, ``int`` or ``(height, width)``.
         sampling_ratio: As `roi_align`.
         canonical_scale: The box size that maps to ``canonical_level``.
@@ -561,30 +647,43 @@ class MultiScaleRoIAlign(nn.Module):
             Tensor[K, C, PH, PW]: One row per box, in the order of ``boxes``.
 
         Raises:
-            TypeError, ValueError: ``x`` not a dict holding the feature maps named, no
-                ``image_shapes``, or the arguments `roi_align` refuses.
+            TypeError, ValueError: ``x`` not a dict holding the feature maps named (floating
+                ``(N, C, H, W)`` maps, ``H, W >= 1``, with the same ``N`` and ``C``, on one
+                device), levels whose strides do not double from one to the next (the
+                level mapping indexes them so), ``image_shapes`` not one ``(height, width)``
+                pair of ints ``>= 1`` per image, or the arguments `roi_align` refuses.
         """
         if not isinstance(x, dict):
             raise TypeError(f"x must be a dict of feature maps, got {type(x).__name__}")
-        features = [v for k, v in x.items() if k in self.featmap_names]  # x's order, as torchvision
-        if not features:
+        named = [(k, v) for k, v in x.items() if k in self.featmap_names]
+        if not named:
             raise ValueError(f"x holds none of featmap_names {self.featmap_names}; keys: {list(x)}")
         if not isinstance(boxes, (list, tuple)):
             raise TypeError(f"boxes must be a list of Tensor[L, 4], got {type(boxes).__name__}")
-        if not image_shapes:
-            raise ValueError("image_shapes must list the (height, width) of each image, got none")
-        for feature in features:  # checked once here: the levels' calls skip the checks
-            check_floating("x", feature)
-            if feature.dim() != 4 or feature.device != features[0].device:
+        first = named[0][1]
+        for name, feature in named:  # checked once here: the levels' calls skip the checks
+            check_floating(f"x[{name!r}]", feature)
+            _check_map(f"x[{name!r}]", feature)
+            if feature.shape[:2] != first.shape[:2] or feature.device != first.device:
                 raise ValueError(
-                    f"x must hold (N, C, H, W) maps on one device, got {tuple(feature.shape)} "
-                    f"on {feature.device} beside {features[0].device}"
+                    f"x must hold maps with the same N and C on one device, got x[{name!r}] of "
+                    f"shape {tuple(feature.shape)} on {feature.device} beside "
+                    f"{tuple(first.shape)} on {first.device}"
                 )
-        original = (max(s[0] for s in image_shapes), max(s[1] for s in image_shapes))
-        scales = [_level_scale(f, original) for f in features]
+        original = _image_size(image_shapes, first.shape[0])
+        # Finest first whatever x's order (torchvision takes x's: coarse first pools zeros).
+        levels = sorted(((_level_scale(v, original), k, v) for k, v in named), key=_finest)
+        scales, features = [s for s, _, _ in levels], [v for _, _, v in levels]
         if len(features) == 1:
             return roi_align(features[0], boxes, self.output_size, scales[0], self.sampling_ratio)
-        rois = _rois(features[0], boxes, compute_dtype(features[0].dtype))
+        if any(a != 2 * b for a, b in itertools.pairwise(scales)):
+            strides = {k: 1 / s for s, k, _ in levels}
+            raise ValueError(
+                "featmap_names must name feature maps whose strides double from one level to "
+                f"the next (FPN levels, as the level mapping indexes them), got strides {strides}"
+            )
+        sides = None if self.sampling_ratio > 0 else _adaptive_sides(self.output_size, scales[0])
+        rois = _rois(features[0], boxes, compute_dtype(features[0].dtype), sides)
         k_min, k_max = round(-math.log2(scales[0])), round(-math.log2(scales[-1]))
         levels = self._levels(rois[:, 1:], k_min, k_max)
         if features[0].is_cuda or recording():

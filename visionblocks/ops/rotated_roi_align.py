@@ -75,6 +75,8 @@ __dir__ = public_dir(__name__, __all__)
 
 _GRID_LIMIT = 2**24
 """Sample points per bin side are clamped to this (float32 holds it exactly)."""
+_MAX_SAMPLES = 1024
+"""Sample points per bin side, given or adaptive where the RoIs are read (`roi_align`'s cap)."""
 
 
 def _output_size(output_size: int | tuple[int, int]) -> tuple[int, int]:
@@ -104,7 +106,7 @@ def _check_args(input: Tensor, rois: Tensor, spatial_scale: float, sampling_rati
     check_finite(
         "spatial_scale", check_number("spatial_scale", spatial_scale, 0.0, low_inclusive=False)
     )
-    check_int("sampling_ratio", sampling_ratio)
+    check_int("sampling_ratio", sampling_ratio, None, _MAX_SAMPLES)
 
 
 def _check_values(rois: Tensor, batch: int) -> None:
@@ -158,6 +160,12 @@ def _grid_bound(
         return sampling_ratio, sampling_ratio
     if not recording() and frames.device.type == "cpu" and has_values(frames):
         gw, gh = frames[:, 9:11].amax(0).tolist() if frames.shape[0] else (1, 1)
+        if max(gw, gh) > _MAX_SAMPLES:
+            raise ValueError(
+                f"rois take up to {int(gh)} x {int(gw)} sample points per bin with "
+                "sampling_ratio <= 0 (ceil(side * spatial_scale / bins) per side); at most "
+                f"{_MAX_SAMPLES} per side: give a sampling_ratio in [1, {_MAX_SAMPLES}]"
+            )
         return max(int(gh), 1), max(int(gw), 1)  # not 0: F.embedding_bag needs a bag
     span = input.shape[-2] + input.shape[-1]
     return -(-span // output_size[0]), -(-span // output_size[1])
@@ -184,7 +192,8 @@ def rotated_roi_align(
             ``input`` pixels.
         output_size: ``ph`` or ``(ph, pw)``, bins per RoI.
         spatial_scale: Factor from RoI coordinates to ``input`` pixels (> 0), e.g. 1/16.
-        sampling_ratio: Sample points per bin side; ``<= 0``: ``ceil(side / bins)`` per RoI.
+        sampling_ratio: Sample points per bin side (at most 1024); ``<= 0``: ``ceil(side /
+            bins)`` per RoI (at most 1024 where the RoIs are read on the host).
         impl: ``"auto"`` | ``"torch"`` | ``"triton"``
             (`visionblocks.kernels.rotated_roi_align`).
 
@@ -196,8 +205,9 @@ def rotated_roi_align(
         TypeError: Non-tensor or non-floating inputs, non-int ``output_size`` or
             ``sampling_ratio``, non-number ``spatial_scale``.
         ValueError: Wrong shapes or devices, ``output_size < 1``, ``spatial_scale`` not
-            finite and > 0, non-finite RoIs or batch indices not integers in ``[0, N)``
-            (a value check: CPU raises, CUDA asserts on the device), an unknown ``impl``.
+            finite and > 0, ``sampling_ratio > 1024`` (or adaptive sampling past it on
+            CPU), non-finite RoIs or batch indices not integers in ``[0, N)`` (a value
+            check: CPU raises, CUDA asserts on the device), an unknown ``impl``.
         RuntimeError: ``impl="triton"`` where triton cannot run.
 
     Examples:
@@ -303,7 +313,7 @@ class RotatedRoIAlign(nn.Module):
             "spatial_scale", check_number("spatial_scale", spatial_scale, 0.0, low_inclusive=False)
         )
         self.spatial_scale = float(spatial_scale)
-        self.sampling_ratio = check_int("sampling_ratio", sampling_ratio)
+        self.sampling_ratio = check_int("sampling_ratio", sampling_ratio, None, _MAX_SAMPLES)
 
     def forward(self, input: Tensor, rois: Tensor) -> Tensor:
         return rotated_roi_align(
