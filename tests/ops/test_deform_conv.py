@@ -91,3 +91,63 @@ def test_errors_name_the_argument(change, match):
               "stride": 2, "padding": 1, **change}  # fmt: skip
     with pytest.raises(ValueError, match=match):
         deform_conv2d(**kwargs)
+
+
+def test_empty_kernel_is_refused():
+    """A weight with ``kh = 0`` divided by zero while the offset channels were counted."""
+    x = torch.randn(1, 4, 8, 8)
+    with pytest.raises(ValueError, match="kernel not empty"):
+        deform_conv2d(x, torch.zeros(1, 0, 10, 8), torch.randn(6, 4, 0, 3), padding=1)
+
+
+def test_meta_tensors_give_the_shape():
+    """Meta tensors run torchvision's meta kernel (autocast was asked about the meta device)."""
+    x, offset, weight, bias, m = (t.float().to("meta") for t in _inputs())
+    out = deform_conv2d(x, offset, weight, bias, stride=2, padding=1, mask=m)
+    assert out.device.type == "meta" and out.shape == (2, 6, 5, 5)
+
+
+_NAN_OFFSETS = """
+import torch
+from visionblocks.ops import deform_conv2d
+x, w = torch.randn(1, 4, 8, 8), torch.randn(6, 4, 3, 3)
+one = torch.zeros(1, 18, 8, 8)
+one[0, 4, 2, 3] = float("nan")
+for offset in (torch.full((1, 18, 8, 8), float("nan")), one):
+    try:
+        deform_conv2d(x, offset, w, padding=1)
+    except ValueError as e:
+        print("refused:", e)
+"""
+
+
+def test_nan_offsets_do_not_crash_the_process():
+    """torchvision's CPU kernel casts NaN sampling coordinates to ``int`` and reads out of
+    bounds: all-NaN offsets were a segmentation fault, one NaN gave finite numbers (run in a
+    subprocess)."""
+    import subprocess
+    import sys
+
+    run = subprocess.run([sys.executable, "-c", _NAN_OFFSETS], capture_output=True, text=True)
+    assert run.returncode == 0, (run.returncode, run.stderr[-2000:])
+    assert run.stdout.count("refused: offset must hold finite values, got nan") == 2
+    assert "at (0, 4, 2, 3)" in run.stdout
+
+
+@pytest.mark.parametrize("value", [float("inf"), -float("inf")])
+def test_infinite_offsets_are_refused_on_cpu(value):
+    """An infinite offset is an undefined ``int`` cast in torchvision's CPU kernel (NaN: the
+    subprocess test above); with value checks off the kernel runs unchecked."""
+    import visionblocks
+
+    x, offset, weight, bias, m = (t.float() for t in _inputs())
+    offset[1, 7, 2, 3] = value
+    with pytest.raises(ValueError, match=r"offset must hold finite values, got .* \(1, 7, 2, 3\)"):
+        deform_conv2d(x, offset, weight, bias, stride=2, padding=1, mask=m)
+    offset[1, 7, 2, 3] = 1e38  # large but finite: read as outside the input
+    deform_conv2d(x, offset, weight, bias, stride=2, padding=1, mask=m)
+    deform_conv2d(x.double(), offset.double().fill_(1e308), weight.double(), padding=1,
+                  stride=2)  # fmt: skip
+    with visionblocks.value_checks(False):
+        offset[1, 7, 2, 3] = float("inf")
+        deform_conv2d(x, offset, weight, bias, stride=2, padding=1, mask=m)

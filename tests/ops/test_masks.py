@@ -5,6 +5,7 @@ chunking, memory, gradients, compile and fake CUDA."""
 
 from __future__ import annotations
 
+import math
 import weakref
 
 import numpy as np
@@ -176,6 +177,27 @@ def test_crop_masks_matches_ultralytics():
     )
 
 
+def test_crop_masks_non_finite_values_outside_give_nan_as_ultralytics():
+    """The documented choice: masks times the box indicator, as ultralytics' ``crop_mask``,
+    so an infinite or NaN value outside the box gives NaN (not a silent 0); finite values
+    outside give 0, values inside are unchanged, a NaN box keeps nothing but non-finite
+    values."""
+    masks = torch.tensor([[[math.inf, -math.inf, 2.0], [math.nan, math.inf, 1.0]]] * 2)
+    boxes = torch.tensor([[1.0, 1.0, 2.0, 2.0], [math.nan, 0.0, 3.0, 2.0]])
+    nan = math.nan
+    want = torch.tensor(
+        [[[nan, nan, 0.0], [nan, math.inf, 0.0]], [[nan, nan, 0.0], [nan] * 2 + [0.0]]]
+    )
+    got = crop_masks(masks, boxes)
+    torch.testing.assert_close(got, want, equal_nan=True, rtol=0, atol=0)
+    ops = pytest.importorskip("ultralytics.utils.ops")
+    torch.testing.assert_close(
+        got, ops.crop_mask(masks.clone(), boxes), equal_nan=True, rtol=0, atol=0
+    )
+    inside = crop_masks(masks, torch.tensor([[0.0, 0.0, 3.0, 2.0]] * 2))
+    torch.testing.assert_close(inside, masks, equal_nan=True, rtol=0, atol=0)
+
+
 def test_crop_masks_gradient():
     masks = torch.randn(2, 6, 7, dtype=torch.float64, requires_grad=True)
     boxes = torch.tensor([[1.0, 1.0, 4.0, 5.0], [0.0, 2.0, 7.0, 3.0]])
@@ -207,6 +229,24 @@ def test_mask_iou_matches_pycocotools():
     torch.testing.assert_close(mask_iou(a.double(), b), ref)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         assert torch.equal(mask_iou(a, b), ours)  # the product is not lowered
+
+
+def test_mask_iou_integer_masks_are_binary():
+    """0/255 uint8 and 0/2 int64 masks gave IoUs of 0 and 2 (counted as weights); nonzero
+    pixels are the mask, as pycocotools' RLEs of them and `masks_to_boxes`."""
+    mask_utils = pytest.importorskip("pycocotools.mask")
+    g = torch.Generator().manual_seed(9)
+    a = torch.rand(5, 11, 13, generator=g) > 0.5
+    b = torch.rand(4, 11, 13, generator=g) > 0.4
+    b[1] = a[2]
+    ref = torch.from_numpy(np.asarray(mask_utils.iou(_rle(a * 255), _rle(b * 255), [0] * 4)))
+    ours = mask_iou(a, b)
+    torch.testing.assert_close(ours.double(), ref, rtol=1e-6, atol=0)
+    for x, y in ((a.to(torch.uint8) * 255, b.to(torch.uint8) * 255), (a.long() * 2, b.long() * -7)):
+        assert torch.equal(mask_iou(x, y), ours)
+        assert torch.equal(mask_iou(x, b.float()), ours)  # a binary float mask weighs 0 or 1
+    soft = mask_iou(a.float() * 2, a.float()).diagonal()  # floating masks weigh: 2n / n
+    assert torch.equal(soft, torch.full((5,), 2.0))
 
 
 def test_mask_iou_soft_masks_are_matrix_nms_formula():
@@ -301,6 +341,11 @@ def test_fake_cuda_reads_nothing(monkeypatch):
             lambda: paste_masks(torch.ones(2, 4, 4, dtype=torch.bool), torch.rand(2, 4), (5, 5)),
             TypeError,
             "masks must be a floating",
+        ),
+        (  # an empty mask size divided by zero
+            lambda: paste_masks(torch.ones(1, 0, 0), torch.tensor([[1.0, 1, 5, 3]]), (4, 7)),
+            ValueError,
+            r"masks must have shape \(N, M, M\) with M > 0, got \(1, 0, 0\)",
         ),
         (
             lambda: paste_masks(torch.rand(2, 4, 4), torch.rand(2, 4), (5, 5), padding=-1),

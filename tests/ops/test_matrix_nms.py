@@ -107,6 +107,52 @@ def test_duplicates_empty_masks_and_dtypes():
     torch.testing.assert_close(got[1], want[1], rtol=2e-2, atol=2e-3)
 
 
+_BOXES = torch.tensor([[0.0, 0, 10, 10], [0, 0, 10, 8], [0, 0, 10, 6], [20, 20, 30, 30]])
+
+
+def test_uint8_masks_count_nonzero_pixels():
+    """0/255 uint8 masks were weights (IoU 0 for identical masks): nothing was suppressed."""
+    _, masks, scores, labels = masks_and_boxes(16, 11)
+    want = matrix_nms(scores, masks=masks, labels=labels)
+    for m in (masks.to(torch.uint8) * 255, masks.long() * 3):
+        got = matrix_nms(scores, masks=m, labels=labels)
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    assert_matches(want, reference(mask_iou(masks), scores, labels))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_huge_sigma_gives_the_limit(dtype):
+    """A sigma beyond float32's range gave NaN scores (0 * -inf); the limit of the Gaussian
+    decay is 1 for no overlap beyond the compensation, 0 for more."""
+    scores = torch.tensor([0.9, 0.8, 0.7, 0.6], dtype=dtype)
+    for sigma in (1e39, 1e300):
+        keep, new = matrix_nms(scores, boxes=_BOXES.to(dtype), sigma=sigma)
+        assert keep.tolist() == [0, 3, 1, 2] and new.tolist() == [
+            pytest.approx(v) for v in (0.9, 0.6, 0.0, 0.0)
+        ]
+    keep, new = matrix_nms(scores.float(), boxes=_BOXES, sigma=1e30)  # finite: as before
+    assert_matches((keep, new), reference(box_iou(_BOXES, _BOXES), scores, sigma=1e30))
+
+
+def test_non_finite_scores_come_last_and_decay_nothing():
+    """A NaN score was sorted first and decayed the real boxes (soft_nms ignores it)."""
+    scores = torch.tensor([math.nan, 0.8, 0.7, 0.6])
+    keep, new = matrix_nms(scores, boxes=_BOXES)
+    want = reference(box_iou(_BOXES[1:], _BOXES[1:]), scores[1:])
+    assert keep.tolist() == [i + 1 for i in want[0]] + [0]
+    torch.testing.assert_close(new[:3].double(), torch.tensor(want[1], dtype=torch.float64))
+    assert new[3].isnan()
+    scores = torch.tensor([math.inf, 0.8, -math.inf, math.nan, 0.6])
+    boxes = torch.cat((_BOXES[:1], _BOXES[1:2], _BOXES[:1], _BOXES[:1], _BOXES[3:]))
+    keep, new = matrix_nms(scores, boxes=boxes, kernel="linear")
+    assert keep.tolist() == [1, 4, 0, 2, 3]  # in index order after the rest
+    assert new[:2].tolist() == pytest.approx([0.8, 0.6])  # not decayed by them
+    # they stay non-finite: -inf under the inf box (IoU 1, linear decay 0) becomes NaN
+    assert new[2] == math.inf and new[3].isnan() and new[4].isnan()
+    keep, new = matrix_nms(scores, boxes=boxes, score_threshold=0.0)
+    assert keep.tolist() == [1, 4]  # a threshold drops them, as soft_nms
+
+
 @pytest.mark.parametrize(
     "call, error, match",
     [
@@ -119,6 +165,7 @@ def test_duplicates_empty_masks_and_dtypes():
         (lambda: matrix_nms(torch.ones(2), boxes=torch.zeros(2, 4), labels=torch.ones(2)), TypeError, "labels must be an integer tensor"),
         (lambda: matrix_nms(torch.ones(2), boxes=torch.zeros(2, 4), kernel="box"), ValueError, "kernel must be one of 'gaussian', 'linear'"),
         (lambda: matrix_nms(torch.ones(2), boxes=torch.zeros(2, 4), sigma=0), ValueError, r"sigma must be in \(0.0, inf\)"),
+        (lambda: matrix_nms(torch.ones(2), boxes=torch.zeros(2, 4), sigma=math.inf), ValueError, "sigma must be a finite number, got inf"),
         (lambda: matrix_nms(torch.ones(2), boxes=torch.zeros(2, 4), score_threshold=float("nan")), ValueError, "score_threshold must be in"),
     ],
 )  # fmt: skip

@@ -3,7 +3,10 @@
 `deform_conv2d` runs torchvision's compiled ``torchvision::deform_conv2d`` (CPU and CUDA
 kernels, autograd, a meta kernel for ``torch.compile`` and fake tensors) after checking every
 shape against the others, where torchvision's kernel would fail with an assertion deep inside
-or read out of bounds. Half-precision inputs are computed in float32.
+or read out of bounds. Half-precision inputs are computed in float32. On CPU a value check
+(`visionblocks.set_value_checks`) refuses NaN and infinite offsets: torchvision's CPU kernel
+casts the sampling coordinates to ``int`` (undefined for them), reads out of bounds and
+crashes the process, or returns numbers. CUDA offsets are not read on the host.
 
 Convention:
     Offsets are ``(dy, dx)`` pairs per kernel tap, row-major over the ``kh x kw`` taps, for
@@ -15,10 +18,14 @@ Convention:
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
+from torch.amp.autocast_mode import is_autocast_available
 
 from visionblocks._core.checks import check_int
+from visionblocks._core.dispatch import reads_values
 from visionblocks._core.namespace import public_dir
 from visionblocks._core.tensor_checks import check_floating, check_same_device, compute_dtype
 
@@ -42,6 +49,17 @@ def _check_4d(name: str, value: object, shape: str) -> Tensor:
     if value.dim() != 4:
         raise ValueError(f"{name} must have shape {shape}, got {tuple(value.shape)}")
     return value
+
+
+def _check_offset(offset: Tensor) -> None:
+    """Refuse NaN or infinite offsets (undefined ``int`` casts in torchvision's CPU kernel)."""
+    total = offset.detach().sum().item()  # finite unless an offset is not, or the sum overflows
+    if not math.isfinite(total) and not torch.isfinite(offset).all():
+        bad = torch.isfinite(offset).logical_not().nonzero()[0].tolist()
+        raise ValueError(
+            f"offset must hold finite values, got {offset[tuple(bad)].item()} at {tuple(bad)} "
+            "(torchvision's CPU kernel reads out of bounds on it)"
+        )
 
 
 def deform_conv2d(
@@ -75,9 +93,10 @@ def deform_conv2d(
 
     Raises:
         TypeError: Non-tensor or non-floating tensors, non-int sizes.
-        ValueError: Shapes that do not fit together, tensors on different devices or of
-            different dtypes (outside ``torch.autocast``, where all are cast to the input's
-            compute dtype, as torchvision's), sizes out of range.
+        ValueError: Shapes that do not fit together (an empty kernel too), tensors on
+            different devices or of different dtypes (outside ``torch.autocast``, where all are
+            cast to the input's compute dtype, as torchvision's), sizes out of range, NaN or
+            infinite offsets on CPU (the module's value check).
 
     Examples:
         >>> import torch
@@ -95,7 +114,8 @@ def deform_conv2d(
     if mask is not None:
         _check_4d("mask", mask, "(B, offset_groups * kh * kw, H_out, W_out)")
     check_same_device(input=input, offset=offset, weight=weight, bias=bias, mask=mask)
-    autocast = torch.is_autocast_enabled(input.device.type)  # mixed dtypes: all cast below
+    device = input.device.type
+    autocast = is_autocast_available(device) and torch.is_autocast_enabled(device)
     for name, t in (("offset", offset), ("weight", weight), ("bias", bias), ("mask", mask)):
         if t is not None and t.dtype != input.dtype and not autocast:
             raise ValueError(f"{name} has dtype {t.dtype} but input has {input.dtype}")
@@ -104,10 +124,11 @@ def deform_conv2d(
     dilation = _pair("dilation", dilation, 1)
     batch, c_in, height, width = input.shape
     c_out, c_group, kh, kw = weight.shape
-    if c_out == 0 or c_group == 0 or c_in % c_group or c_out % (c_in // c_group):
+    if 0 in (c_out, c_group, kh, kw) or c_in % c_group or c_out % (c_in // c_group):
         raise ValueError(
             f"weight {tuple(weight.shape)} does not fit input with {c_in} channels: C_in must "
-            "be a multiple of weight.shape[1] (C_in / groups), and C_out of the groups"
+            "be a multiple of weight.shape[1] (C_in / groups), C_out of the groups, and the "
+            "kernel not empty"
         )
     out_h = (height + 2 * padding[0] - dilation[0] * (kh - 1) - 1) // stride[0] + 1
     out_w = (width + 2 * padding[1] - dilation[1] * (kw - 1) - 1) // stride[1] + 1
@@ -134,6 +155,8 @@ def deform_conv2d(
         )
     if bias is not None and tuple(bias.shape) != (c_out,):
         raise ValueError(f"bias must have shape ({c_out},), got {tuple(bias.shape)}")
+    if reads_values(offset):
+        _check_offset(offset)
     import torchvision.ops
 
     dtype = compute_dtype(input.dtype)  # torchvision's CPU kernel has no bfloat16

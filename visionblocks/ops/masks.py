@@ -133,7 +133,7 @@ def paste_masks(
     each axis by its own factor (torchvision uses the width's for both).
 
     Args:
-        masks (Tensor[N, M, M]): RoI mask probabilities or logits, floating point.
+        masks (Tensor[N, M, M]): RoI mask probabilities or logits, floating point; ``M > 0``.
         boxes (Tensor[N, 4]): ``"xyxy"`` boxes in image pixels (floating or integer).
         image_size: ``(H, W)`` of the image (ints in ``[0, 2**20]``).
         padding: Zero pixels added around each mask before resizing (torchvision's 1).
@@ -145,7 +145,8 @@ def paste_masks(
     Raises:
         TypeError: Non-tensor or non-floating ``masks``, complex or bool ``boxes``, non-int
             sizes.
-        ValueError: Bad shapes, devices on which the two differ, sizes out of range.
+        ValueError: Bad shapes (an empty ``M``: no mask to resize), devices on which the two
+            differ, sizes out of range.
 
     Examples:
         >>> import torch
@@ -157,8 +158,8 @@ def paste_masks(
                  [0.0000, 0.1964, 0.2500, 0.2500, 0.2500, 0.1964, 0.0000]]])
     """
     check_floating("masks", masks)
-    if masks.dim() != 3:
-        raise ValueError(f"masks must have shape (N, M, M), got {tuple(masks.shape)}")
+    if masks.dim() != 3 or 0 in masks.shape[1:]:
+        raise ValueError(f"masks must have shape (N, M, M) with M > 0, got {tuple(masks.shape)}")
     _check_boxes(boxes, masks.shape[0], "masks", masks)
     check_type("image_size", image_size, (tuple, list, torch.Size))
     if len(image_size) != 2:
@@ -202,7 +203,10 @@ def crop_masks(masks: Tensor, boxes: Tensor) -> Tensor:
 
     Pixel ``(row, col)`` is kept when ``x1 <= col < x2`` and ``y1 <= row < y2``, as
     ``ultralytics/utils/ops.py``'s ``crop_mask``; unlike it, ``masks`` is not modified (a new
-    tensor; gradients flow to ``masks``).
+    tensor; gradients flow to ``masks``). As there, masks are multiplied by the box's 0/1
+    indicator: an infinite or NaN value outside the box gives NaN, not 0 (non-finite masks
+    stay visible, and the product is several times faster than a select); a NaN box keeps
+    nothing.
 
     Args:
         masks (Tensor[N, H, W]): Masks of any real dtype or bool (prototype masks, logits).
@@ -236,12 +240,14 @@ def crop_masks(masks: Tensor, boxes: Tensor) -> Tensor:
 def mask_iou(masks1: Tensor, masks2: Tensor) -> Tensor:
     """Pairwise IoU of two sets of masks: ``|A ∩ B| / |A ∪ B|`` from one matrix product.
 
-    Equal to pycocotools' ``maskUtils.iou`` on the masks' RLEs (``iscrowd=0``) for binary
-    masks. Soft (floating) masks weigh: ``|A ∩ B| = sum(a * b)``, ``|A| = sum(a)`` (matrix
-    NMS's mask IoU). Two empty masks (a zero union) have IoU 0, as pycocotools.
+    Bool and integer masks are binary: nonzero pixels are the mask (``0/255`` uint8 masks
+    too, as `masks_to_boxes`); the IoUs equal pycocotools' ``maskUtils.iou`` on their RLEs
+    (``iscrowd=0``). Floating masks are soft and weigh: ``|A ∩ B| = sum(a * b)``,
+    ``|A| = sum(a)`` (matrix NMS's mask IoU; binarise them first for pycocotools' IoU). Two
+    empty masks (a zero union) have IoU 0, as pycocotools.
 
     Args:
-        masks1 (Tensor[N, H, W]): Masks of any real dtype or bool.
+        masks1 (Tensor[N, H, W]): Masks of any real dtype or bool (binary unless floating).
         masks2 (Tensor[M, H, W]): Masks of the same size.
 
     Returns:
@@ -275,10 +281,20 @@ def mask_iou(masks1: Tensor, masks2: Tensor) -> Tensor:
         dtype = torch.float64
     else:
         dtype = torch.float32
-    a, b = masks1.flatten(1).to(dtype), masks2.flatten(1).to(dtype)
+    a, b = (_counts(m.flatten(1), dtype) for m in (masks1, masks2))
     inter = _Product.apply(a, b.T)
     union = a.sum(1)[:, None] + b.sum(1)[None, :] - inter
     return torch.where(union > 0, inter / union.masked_fill(union <= 0, 1), 0)
+
+
+def _counts(masks: Tensor, dtype: torch.dtype) -> Tensor:
+    """``masks`` in ``dtype``: floating ones as they are (weights), bool and integer ones 1 on
+    their nonzero pixels (converting bool through uint8 is the faster copy)."""
+    if masks.is_floating_point():
+        return masks.to(dtype)
+    if masks.dtype == torch.bool:
+        return masks.view(torch.uint8).to(dtype)
+    return masks.to(dtype).ne_(0)
 
 
 def masks_to_boxes(masks: Tensor) -> Tensor:

@@ -8,28 +8,33 @@ by an estimate: a box decayed by a higher one is compensated by how much that on
 itself suppressed.
 
 Convention:
-    Boxes are sorted by decreasing score (ties in index order). With ``iou[i, j]`` the IoU of
-    ``i`` before ``j`` (same label, when ``labels`` are given; 0 otherwise) and ``c[i]`` the
-    largest ``iou[k, i]`` over the ``k`` before ``i``, box ``j``'s decay is the minimum over
-    every ``i`` of ``f(iou[i, j]) / f(c[i])``, with ``f(x) = exp(-sigma * x**2)``
-    (``"gaussian"``: mmdet's ``sigma``, which multiplies, where soft-NMS's divides) or
-    ``f(x) = 1 - x`` (``"linear"``; a zero ``1 - c[i]`` counts as the smallest positive
-    number, where mmdet divides by zero); the new score is the score times the decay.
-    Mask IoUs are `visionblocks.ops.mask_iou`'s (of the masks' values; 0 for two empty
-    masks); box IoUs `visionblocks.ops.box_iou`'s. Compiles with ``torch.compile(fullgraph=True)``
-    and reads no CUDA tensor values, unless ``score_threshold`` is given (the output's
-    length then depends on the values, as `visionblocks.ops.nms`).
+    Boxes are sorted by decreasing score (ties in index order); NaN and infinite scores come
+    last, in index order, and decay no box (`visionblocks.ops.soft_nms` ignores them too;
+    they stay NaN or infinite, or become NaN where their decay is 0). With ``iou[i, j]`` the IoU of ``i`` before ``j`` (same label, when ``labels``
+    are given; 0 otherwise) and ``c[i]`` the largest ``iou[k, i]`` over the ``k`` before
+    ``i``, box ``j``'s decay is the minimum over every ``i`` of ``f(iou[i, j]) / f(c[i])``,
+    with ``f(x) = exp(-sigma * x**2)`` (``"gaussian"``: mmdet's ``sigma``, which multiplies,
+    where soft-NMS's divides) or ``f(x) = 1 - x`` (``"linear"``; a zero ``1 - c[i]`` counts
+    as the smallest positive number, where mmdet divides by zero); the new score is the
+    score times the decay. A ``sigma`` beyond the largest number of the compute dtype counts
+    as that number (the limit: each ratio 0, 1 or infinite). Mask IoUs are
+    `visionblocks.ops.mask_iou`'s (bool and integer masks binary, floating ones soft; 0 for
+    two empty masks); box IoUs `visionblocks.ops.box_iou`'s. Compiles with
+    ``torch.compile(fullgraph=True)`` and reads no CUDA tensor values, unless
+    ``score_threshold`` is given (the output's length then depends on the values, as
+    `visionblocks.ops.nms`).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from visionblocks._core.checks import check_choice, check_number
+from visionblocks._core.checks import check_choice, check_finite, check_number
 from visionblocks._core.namespace import public_dir
 from visionblocks._core.tensor_checks import (
     check_real,
@@ -38,7 +43,7 @@ from visionblocks._core.tensor_checks import (
     compute_dtype,
 )
 from visionblocks.ops.boxes import box_iou
-from visionblocks.ops.masks import mask_iou
+from visionblocks.ops.masks import _counts, mask_iou
 
 __all__ = ["matrix_nms"]
 __dir__ = public_dir(__name__, __all__)
@@ -107,23 +112,26 @@ def matrix_nms(
     Args:
         scores (Tensor[N]): Scores, floating point.
         boxes (Tensor[N, 4]): ``"xyxy"`` boxes (floating or integer); or
-        masks (Tensor[N, H, W]): masks (bool, integer or floating: soft masks weigh).
+        masks (Tensor[N, H, W]): masks (bool or integer: nonzero pixels count; floating:
+            soft masks weigh).
         labels (Tensor[N]): Integer classes: only the same class decays (None: all do).
         kernel: ``"gaussian"`` or ``"linear"``.
-        sigma: The Gaussian kernel's ``sigma`` (mmdet's and SOLOv2's, default 2.0); ``> 0``.
+        sigma: The Gaussian kernel's ``sigma`` (mmdet's and SOLOv2's, default 2.0); finite,
+            ``> 0``.
         score_threshold: Drop results whose decayed score is below it (mmdet's
             ``filter_thr``); None keeps all ``N`` (no host read).
 
     Returns:
         tuple[Tensor[K], Tensor[K]]: int64 indices into the inputs, by decreasing decayed
         score (ties in score order), and the decayed scores (float32; float64 for float64
-        inputs). ``K = N`` without ``score_threshold``.
+        inputs); non-finite scores last (the module's Convention). ``K = N`` without
+        ``score_threshold``, which drops non-finite scores too.
 
     Raises:
         TypeError: Non-tensor or non-floating scores, complex or bool boxes, non-integer
             labels, a non-number ``sigma`` or ``score_threshold``.
         ValueError: Both or neither of boxes and masks, bad shapes or devices, ``sigma`` not
-            positive, a NaN ``score_threshold``, an unknown ``kernel``.
+            positive or not finite, a NaN ``score_threshold``, an unknown ``kernel``.
 
     Examples:
         >>> import torch
@@ -138,34 +146,40 @@ def matrix_nms(
     """
     regions = _checked(scores, boxes, masks, labels)
     check_choice("kernel", kernel, KERNELS)
-    sigma = check_number("sigma", sigma, 0.0, low_inclusive=False)
+    sigma = check_finite("sigma", check_number("sigma", sigma, 0.0, low_inclusive=False))
     if score_threshold is not None:
         score_threshold = check_number("score_threshold", score_threshold)
     dtype = compute_dtype(
         scores.dtype if masks is not None else torch.promote_types(regions.dtype, scores.dtype)
     )
     scores = scores.detach().to(dtype)
-    order = torch.sort(scores, descending=True, stable=True).indices
+    # NaN and infinite scores last (a plain sort puts NaN first): they decay no box
+    _, order = torch.sort(
+        scores.nan_to_num(-math.inf, -math.inf, -math.inf), descending=True, stable=True
+    )
     if scores.shape[0] == 0:
         return order, scores
     regions = regions.detach()[order]
     if boxes is not None:
         iou = box_iou(regions, regions).to(dtype)
     else:
-        regions = regions.to(dtype)
+        regions = _counts(regions, dtype)  # bool and integer masks binary (0/255 uint8)
         iou = mask_iou(regions, regions)
     iou = iou.triu(1)  # [i, j]: i before j
     if labels is not None:
-        ranked = labels[order]
-        iou = iou * (ranked[:, None] == ranked[None, :])
+        classes = labels[order]
+        iou = iou * (classes[:, None] == classes[None, :])
     compensate = iou.amax(0)[:, None]  # each box's largest IoU with a box before it
     if kernel == "gaussian":
+        sigma = min(sigma, torch.finfo(dtype).max)  # beyond it: 0 * inf (NaN) for equal IoUs
         decay = torch.exp((iou.square() - compensate.square()) * -sigma)
     else:
         decay = (1 - iou) / (1 - compensate).clamp_min(torch.finfo(dtype).tiny)
     decayed = scores[order] * decay.amin(0)
+    # finite scores times decays in [0, 1] are finite: the others keep their order, last
+    key = decayed.nan_to_num(-math.inf, -math.inf, -math.inf)
     if score_threshold is not None:
-        kept = decayed >= score_threshold
-        order, decayed = order[kept], decayed[kept]
-    rank = torch.sort(decayed, descending=True, stable=True).indices
+        kept = key >= score_threshold
+        order, decayed, key = order[kept], decayed[kept], key[kept]
+    rank = torch.sort(key, descending=True, stable=True).indices
     return order[rank], decayed[rank]
