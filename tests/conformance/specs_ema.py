@@ -16,7 +16,8 @@ def _update() -> tuple[object, dict[str, object]]:
 
 # fmt: off
 SPECS = [
-    # inf is a legitimate tau (no ramp: decay 0) and warm-up gamma (decay 0 throughout)
+    # inf is a legitimate warm-up power (no warm-up); an infinite tau or warm-up gamma would
+    # keep the decay at its floor forever, and is refused
     Spec(training.ModelEMA, lambda: (training.ModelEMA, {
             "model": nn.Sequential(nn.Conv2d(2, 2, 1), nn.BatchNorm2d(2)), "decay": 0.9,
             "min_decay": 0.1, "update_after_step": 0, "use_warmup": False,
@@ -24,9 +25,9 @@ SPECS = [
             "exclude_buffers": False, "device": "cpu"}),
          args=[Arg("model", "module"), Arg("decay", "float"), Arg("min_decay", "float"),
                Arg("update_after_step", "int", accept={"zero"}), Arg("use_warmup", "bool"),
-               Arg("warmup_gamma", "float", accept={"inf"}),
+               Arg("warmup_gamma", "float"),
                Arg("warmup_power", "float", accept={"inf"}),
-               Arg("tau", "float", optional=True, accept={"inf"}),
+               Arg("tau", "float", optional=True),
                Arg("exclude_buffers", "bool"), Arg("device", "choice", optional=True)]),
     Spec(training.ModelEMA, _update, label="update",
          args=[Arg("model", "module"), Arg("step", "int", optional=True, accept={"zero"})]),

@@ -267,6 +267,9 @@ def test_unwraps_ddp_with_sync_batchnorm_and_compile(tmp_path):
         ({"device": "nowhere"}, ValueError, "device must name a torch device"),
         ({"device": 3}, TypeError, "device must be str or device"),
         ({"dtype": torch.int64}, ValueError, "dtype must be a floating dtype"),
+        ({"tau": math.inf}, ValueError, r"tau must be in \(0.0, inf\), got inf"),
+        ({"warmup_gamma": math.inf}, ValueError, r"warmup_gamma must be in \(0.0, inf\)"),
+        ({"decay": 0.5, "min_decay": 0.9}, ValueError, r"min_decay must be at most decay \(0.5\)"),
     ],
 )
 def test_bad_arguments_raise_clearly(kwargs, error, match):
@@ -283,9 +286,134 @@ def test_bad_update_arguments_raise_clearly():
         ema.update(nn.Linear(2, 2), -1)
     with pytest.raises(TypeError, match="step must be int"):
         ema.update(nn.Linear(2, 2), 1.0)
-    with pytest.raises(ValueError, match="model must have the EMA's structure: 2 averaged"):
+    with pytest.raises(ValueError, match=r"tensors in order \(2, got 1\).* 'bias' .* got nothing"):
         ema.update(nn.Linear(2, 2, bias=False))
     assert ema.updates == 0
+
+
+@pytest.mark.parametrize("tau", [None, 3.0])
+def test_get_decay_refuses_a_step_that_is_no_count(tau):
+    ema = ModelEMA(nn.Linear(2, 2), 0.9, tau=tau)
+    with pytest.raises(ValueError, match=r"step must be in \[0, inf\), got -5"):
+        ema.get_decay(-5)
+    with pytest.raises(TypeError, match=r"step must be int, got float \(1.5\)"):
+        ema.get_decay(1.5)
+    assert ema.get_decay(0) == 0.0
+
+
+def _linear(cols: int, value: float) -> nn.Module:
+    model = nn.Linear(cols, 1, bias=False)
+    nn.init.constant_(model.weight, value)
+    return model
+
+
+def _reshape_data(model: nn.Module) -> None:
+    model.weight.data = torch.ones(1, 1)
+
+
+def _view_data(model: nn.Module) -> None:  # the same storage address, another shape
+    model.weight.data = model.weight.data[:, :1]
+
+
+@pytest.mark.parametrize("cached", [False, True], ids=["first-update", "after-an-update"])
+@pytest.mark.parametrize(
+    ("change", "got"),
+    [
+        (lambda m: _linear(1, 1.0), r"\(1, 1\)"),  # broadcasts into the EMA's (1, 2)
+        (lambda m: _linear(3, 1.0), r"\(1, 3\)"),  # torch's own error named nothing
+        (_reshape_data, r"\(1, 1\)"),
+        (_view_data, r"\(1, 1\)"),
+    ],
+    ids=["other-model", "other-model-no-broadcast", "data-replaced", "data-viewed"],
+)
+def test_a_model_of_other_shapes_is_refused_before_any_change(cached, change, got):
+    """Tensors that broadcast were averaged into the EMA's; the error names the tensor and
+    both shapes, and neither the count nor the weights change."""
+    model = _linear(2, 0.0)
+    ema = ModelEMA(model, 0.9)
+    if cached:
+        ema.update(model)
+    with torch.no_grad():
+        model.weight.fill_(1.0)
+    other = change(model) or model
+    updates, weight = ema.updates, ema.module.weight.clone()
+    match = rf"tensor 0: expected parameter 'weight' of shape \(1, 2\), .*, got .* shape {got}"
+    with pytest.raises(ValueError, match=match):
+        ema.update(other)
+    assert ema.updates == updates
+    assert torch.equal(ema.module.weight, weight)
+
+
+@pytest.mark.parametrize(
+    ("change", "match"),
+    [
+        (lambda m: setattr(m, "extra", nn.Parameter(torch.ones(3))), r"\(1, got 2\).*'extra'"),
+        (lambda m: m.register_buffer("count", torch.zeros(2)), r"\(1, got 2\).*'count'"),
+        (lambda m: m.add_module("head", nn.Linear(1, 1)), r"\(1, got 3\).*'head.weight'"),
+        (lambda m: setattr(m, "bias", nn.Parameter(torch.ones(1))), r"\(1, got 2\).*'bias'"),
+        (lambda m: delattr(m, "weight"), r"\(1, got 0\).*'weight'.* got nothing"),
+    ],
+    ids=["parameter", "buffer", "submodule", "none-slot-set", "removed"],
+)
+def test_tensors_added_or_removed_after_an_update_are_refused(change, match):
+    """The cached path only re-checked the slots it knew: added tensors were ignored."""
+    model = nn.Linear(2, 1, bias=False)
+    ema = ModelEMA(model, 0.9)
+    ema.update(model)
+    change(model)
+    weight = ema.module.weight.clone()
+    with pytest.raises(ValueError, match=match):
+        ema.update(model)
+    assert ema.updates == 1 and torch.equal(ema.module.weight, weight)
+
+
+def test_tensors_of_other_names_or_dtype_kinds_are_refused():
+    """Equal counts paired a float tensor with an integer one, or tensors of other names."""
+    from collections import OrderedDict
+
+    ema = ModelEMA(nn.Sequential(nn.Linear(2, 2)), 0.9)
+    renamed = nn.Sequential(OrderedDict(fc=nn.Linear(2, 2)))
+    with pytest.raises(ValueError, match=r"expected parameter '0.weight'.*, got parameter 'fc"):
+        ema.update(renamed)
+
+    def holder(a: torch.dtype, b: torch.dtype) -> nn.Module:
+        module = nn.Module()
+        module.a = nn.Parameter(torch.zeros(2, dtype=a), requires_grad=False)
+        module.register_buffer("b", torch.zeros(2, dtype=b))
+        return module
+
+    ema = ModelEMA(holder(torch.float32, torch.int64), 0.9)
+    with pytest.raises(ValueError, match=r"tensor 0: expected .* torch.float32 .* torch.int64"):
+        ema.update(holder(torch.int64, torch.float32))  # one averaged, one copied: as the EMA
+    with pytest.raises(ValueError, match=r"tensor 1: expected .* torch.int64 .* torch.bool"):
+        ema.update(holder(torch.float32, torch.bool))
+    assert ema.updates == 0
+    ema.update(holder(torch.float64, torch.int32))  # the same kinds: averaged, copied
+
+
+@pytest.mark.parametrize("device", [None, "cpu"])
+def test_a_model_moved_to_meta_is_refused(device):
+    model = nn.Sequential(nn.Linear(2, 2), nn.BatchNorm1d(2))
+    ema = ModelEMA(model, 0.9, device=device)
+    ema.update(model)
+    model.to("meta")
+    with pytest.raises(ValueError, match=r"expected parameter '0.weight' .* on cpu, .* on meta"):
+        ema.update(model)
+    assert ema.updates == 1
+
+
+def test_low_precision_model_with_float32_ema_and_copied_buffers_equals_timm():
+    """Copied buffers of another floating dtype are converted, as timm's copy does."""
+    torch.manual_seed(0)
+    model = _cnn().to(torch.float16)
+    options = {"dtype": torch.float32, "exclude_buffers": True}
+    ours, ref = ModelEMA(model, 0.9, **options), ModelEmaV3(model, 0.9, **options)
+    gen = torch.Generator().manual_seed(8)
+    for step in range(3):
+        _train_step(model, gen)
+        ours.update(model, step)
+        ref.update(model, step)
+    _assert_same_state(ours.module, ref.module)
 
 
 def test_replaced_tensors_and_submodules_are_followed():
@@ -303,10 +431,18 @@ def test_replaced_tensors_and_submodules_are_followed():
     weight = ema.module[0].weight.clone()
     ema.update(model)
     assert torch.equal(ema.module[0].weight, weight.lerp(model[0].weight, 0.5))
+    ema.module[1].num_batches_tracked = torch.tensor(0)  # equal to the one it replaces
+    model.train()(torch.randn(4, 2))
+    ema.update(model)
+    assert ema.module[1].num_batches_tracked.item() == 1
     model[0].weight.data = torch.full((2, 2), 8.0)  # a parameter's storage replaced
     weight = ema.module[0].weight.clone()
     ema.update(model)
     assert torch.equal(ema.module[0].weight, weight.lerp(model[0].weight, 0.5))
+    model[1].running_mean.data = torch.full((2,), 4.0)  # a buffer's
+    mean = ema.module[1].running_mean.clone()
+    ema.update(model)
+    assert torch.equal(ema.module[1].running_mean, mean.lerp(model[1].running_mean, 0.5))
     ema.module.to(torch.float64)  # the EMA's buffers are new tensors, its parameters' storages
     weight, mean = ema.module[0].weight.clone(), ema.module[1].running_mean.clone()
     ema.update(model)

@@ -15,13 +15,15 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from visionblocks._core.checks import check_int, check_number, check_type
+from visionblocks._core.checks import check_int, check_number, check_type, format_shape
 from visionblocks._core.namespace import public_dir
 
 __all__ = ["ModelEMA"]
 __dir__ = public_dir(__name__, __all__)
 
 _PARALLEL = (nn.DataParallel, nn.parallel.DistributedDataParallel)
+_SHAPE = operator.attrgetter("shape")
+_OPEN = {"low_inclusive": False, "high_inclusive": False}
 
 
 def _unwrap(model: nn.Module) -> nn.Module:
@@ -35,42 +37,54 @@ def _unwrap(model: nn.Module) -> nn.Module:
             return model
 
 
-def _slots(*modules: nn.Module) -> tuple[list[dict[str, Any]], list[str], list[Any]]:
-    """Where every tensor and submodule of ``modules`` is held (dicts and keys), and what each
-    holds: one replaced (an assignment, ``.to()`` of a buffer) changes the latter."""
-    slots = [
-        (d, k)
-        for module in modules
-        for m in module.modules()
-        for d in (m._parameters, m._buffers, m._modules)
-        for k in d
-    ]
-    return [d for d, _ in slots], [k for _, k in slots], [d[k] for d, k in slots]
-
-
-def _state(module: nn.Module, buffers: bool) -> tuple[list[Tensor], list[Tensor]]:
-    """The tensors an update averages and those it copies, each once, in a fixed order.
+def _entries(module: nn.Module, buffers: bool) -> tuple[list[str], list[Tensor], list[bool]]:
+    """The names and tensors an update reads, each tensor once, in a fixed order, and whether
+    each is averaged (else copied).
 
     ``buffers``: the state dict's floating-point buffers are averaged (its other buffers
     copied); otherwise every buffer is copied (timm's ``exclude_buffers``).
     """
-    averaged: list[Tensor] = []
-    copied: list[Tensor] = []
+    names: list[str] = []
+    tensors: list[Tensor] = []
+    averaged: list[bool] = []
     seen: set[int] = set()
-    for m in module.modules():
-        for p in m._parameters.values():
-            if p is not None and id(p) not in seen:
-                seen.add(id(p))
-                (averaged if p.is_floating_point() else copied).append(p)
-        for name, b in m._buffers.items():
-            if b is None or id(b) in seen:
-                continue
-            seen.add(id(b))
-            if not buffers:
-                copied.append(b)
-            elif name not in m._non_persistent_buffers_set:
-                (averaged if b.is_floating_point() else copied).append(b)
-    return averaged, copied
+    for prefix, m in module.named_modules():
+        for is_buffer, d in ((False, m._parameters), (True, m._buffers)):
+            for key, t in d.items():
+                if t is None or id(t) in seen:
+                    continue
+                seen.add(id(t))
+                if is_buffer and buffers and key in m._non_persistent_buffers_set:
+                    continue
+                names.append(f"{prefix}.{key}" if prefix else key)
+                tensors.append(t)
+                averaged.append(t.is_floating_point() and (buffers or not is_buffer))
+    return names, tensors, averaged
+
+
+def _eq_may_hide(value: Any) -> bool:
+    """Whether ``value == other`` may be true for another object ``other``: a tensor of one
+    element compared with an equal one, an object whose class defines ``__eq__``."""
+    if isinstance(value, Tensor):
+        return value.numel() == 1
+    return type(value).__eq__ is not object.__eq__
+
+
+def _kind(dtype: torch.dtype) -> str:
+    """What an update may convert within (the floating dtypes, the integer ones)."""
+    if dtype.is_complex:
+        return "complex"
+    if dtype.is_floating_point:
+        return "floating"
+    return "bool" if dtype == torch.bool else "integer"
+
+
+def _describe(entry: tuple[str, Tensor] | None) -> str:
+    if entry is None:
+        return "nothing"
+    name, t = entry
+    holder = "parameter" if isinstance(t, nn.Parameter) else "buffer"
+    return f"{holder} {name!r} of shape {format_shape(t.shape)}, {t.dtype} on {t.device}"
 
 
 class ModelEMA(nn.Module):
@@ -87,7 +101,10 @@ class ModelEMA(nn.Module):
     so a run resumes with ``load_state_dict``. Differences from timm: a tensor shared by
     two modules is updated once (timm updates it once per state-dict entry), bfloat16 EMA
     tensors are rounded to nearest, not stochastically (keep a low-precision model's EMA in
-    float32: ``dtype=torch.float32``), and there is no ``foreach=False`` path.
+    float32: ``dtype=torch.float32``), and there is no ``foreach=False`` path. ``update``
+    refuses a model whose tensors differ from the EMA's (see its Raises); it checks them
+    again whenever a tensor or submodule of either side is set, added or removed, or a
+    parameter's storage or shape changed.
 
     ultralytics' ``ModelEMA`` (YOLOv8-11) is this with its ramp
     ``decay * (1 - exp(-updates / tau))`` over its own count of updates and the buffers
@@ -99,19 +116,21 @@ class ModelEMA(nn.Module):
     Args:
         model: The model to average (or its DDP, DataParallel or compiled wrapper).
         decay: The decay, or the ramp's ceiling, in ``[0, 1]``.
-        min_decay: Floor of the warm-up ramp, in ``[0, 1]``.
+        min_decay: Floor of the warm-up ramp, in ``[0, decay]``.
         update_after_step: Steps that copy the model before averaging starts.
         use_warmup: Ramp the decay up with ``step`` (timm's warm-up).
-        warmup_gamma: The warm-up's inverse gamma, positive.
+        warmup_gamma: The warm-up's inverse gamma, positive and finite.
         warmup_power: The warm-up's power, positive.
-        tau: ultralytics' ramp time constant in updates, positive (``None``: no such ramp).
+        tau: ultralytics' ramp time constant in updates, positive and finite (``None``: no
+            such ramp).
         exclude_buffers: Copy the buffers instead of averaging them.
         device: Keep the copy on this device (``None``: the model's).
         dtype: Keep the copy in this floating dtype (``None``: the model's).
 
     Raises:
         TypeError: An argument of the wrong type.
-        ValueError: An argument out of range, or ``tau`` with ``use_warmup``.
+        ValueError: An argument out of range, ``min_decay`` above ``decay``, or ``tau``
+            with ``use_warmup``.
 
     Examples:
         >>> import torch
@@ -140,12 +159,15 @@ class ModelEMA(nn.Module):
         check_type("model", model, nn.Module)
         self.decay = check_number("decay", decay, 0.0, 1.0)
         self.min_decay = check_number("min_decay", min_decay, 0.0, 1.0)
+        if min_decay > decay:
+            raise ValueError(f"min_decay must be at most decay ({decay!r}), got {min_decay!r}")
         self.update_after_step = check_int("update_after_step", update_after_step, 0)
         check_type("use_warmup", use_warmup, bool)
-        self.warmup_gamma = check_number("warmup_gamma", warmup_gamma, 0.0, low_inclusive=False)
+        # an infinite gamma or tau never ramps up: the "average" would stay a copy
+        self.warmup_gamma = check_number("warmup_gamma", warmup_gamma, 0.0, math.inf, **_OPEN)
         self.warmup_power = check_number("warmup_power", warmup_power, 0.0, low_inclusive=False)
         if tau is not None:
-            tau = check_number("tau", tau, 0.0, low_inclusive=False)
+            tau = check_number("tau", tau, 0.0, math.inf, **_OPEN)
             if use_warmup:
                 raise ValueError("tau (ultralytics' ramp) and use_warmup=True exclude each other")
         check_type("exclude_buffers", exclude_buffers, bool)
@@ -169,7 +191,17 @@ class ModelEMA(nn.Module):
 
     def get_decay(self, step: int | None = None) -> float:
         """The decay an update at ``step`` uses (timm's ``get_decay``, or the ``tau`` ramp
-        over ``step``, by default the count of updates made)."""
+        over ``step``, by default the count of updates made).
+
+        Raises:
+            TypeError: ``step`` is not an int.
+            ValueError: ``step`` is negative.
+        """
+        if step is not None:
+            check_int("step", step, 0)
+        return self._decay(step)
+
+    def _decay(self, step: int | None) -> float:
         if self.tau is not None:
             n = self.updates if step is None else step
             return self.decay * (1.0 - math.exp(-n / self.tau))
@@ -192,23 +224,30 @@ class ModelEMA(nn.Module):
 
         Raises:
             TypeError: ``model`` is not an ``nn.Module`` or ``step`` not an int.
-            ValueError: ``step`` is negative, or ``model`` has another number of tensors.
+            ValueError: ``step`` is negative, or a tensor of ``model`` differs from the EMA's
+                (in number, name, shape, dtype kind or device; the message names the first),
+                checked before anything changes.
         """
         cached = self._pairs
-        if (  # the tensors of the last update, unless one of either side was replaced
-            cached is None
-            or cached[0] is not model
-            or cached[1] is not self._modules["module"]
-            or not all(map(operator.is_, map(dict.get, cached[2], cached[3]), cached[4]))
-            or list(map(Tensor.data_ptr, cached[5])) != cached[6]  # `.to()`, `p.data = ...`
-        ):
+        try:  # the tensors of the last update, unless a tensor or submodule of either side changed
+            fresh = (
+                cached is not None
+                and cached[0] is model
+                and cached[1] is self._modules["module"]
+                and (not cached[3] or all(map(operator.is_, map(dict.get, *cached[2]), cached[3])))
+                and cached[4] == cached[5]  # see `_tensors`
+                and [*map(Tensor.data_ptr, cached[6]), *map(_SHAPE, cached[7])] == cached[8]
+            )
+        except Exception:  # `==` on a replaced tensor of several elements raises
+            fresh = False
+        if not fresh:
             check_type("model", model, nn.Module)
             cached = self._tensors(model)
         if step is not None:
             check_int("step", step, 0)
-        ema_avg, avg, ema_copy, copied, same_dtypes = cached[7]
+        ema_avg, avg, ema_copy, copied, same_dtypes = cached[9]
         self.__dict__["updates"] = self.updates + 1  # skips nn.Module.__setattr__
-        weight = 1.0 - self.get_decay(step)
+        weight = 1.0 - self._decay(step)
         # detached aliases: no autograd, whether the model's tensors require gradients or not
         if self.device is not None:
             avg = [t.to(self.device) for t in avg]
@@ -224,24 +263,57 @@ class ModelEMA(nn.Module):
             torch._foreach_add_(ema_avg, avg, alpha=weight)
 
     def _tensors(self, model: nn.Module) -> tuple[Any, ...]:
-        """What `update` holds between calls: ``model`` (as given), the EMA's module, where
-        their tensors and submodules are held and what they hold, their parameters and their
-        storage addresses, and detached aliases of the EMA's and the model's averaged, then copied,
-        tensors and whether the averaged ones have equal dtypes."""
+        """Check ``model`` against the EMA; return (and keep) what `update` holds between
+        calls: ``model`` (as given) and the EMA's module; the slots (dicts, keys) whose value
+        `_eq_may_hide` its replacement, and these values; the dicts that hold both sides'
+        tensors and submodules, and a copy of each (``==`` compares their values by identity,
+        in C; a replaced tensor of several elements makes it raise); the tensors whose
+        storage address or shape is checked, and these; detached aliases of the EMA's and
+        the model's averaged, then copied, tensors, and whether the averaged ones have equal
+        dtypes."""
         module = self._modules["module"]
-        ema_avg, ema_copy = _state(module, not self.exclude_buffers)
-        avg, copied = _state(_unwrap(model), not self.exclude_buffers)
-        if len(avg) != len(ema_avg) or len(copied) != len(ema_copy):
+        ema_names, ema_ts, ema_flags = _entries(module, not self.exclude_buffers)
+        names, ts, flags = _entries(_unwrap(model), not self.exclude_buffers)
+        for i in range(max(len(ema_ts), len(ts))):
+            if i < min(len(ts), len(ema_ts)):
+                e, t = ema_ts[i], ts[i]
+                if (
+                    names[i] == ema_names[i]
+                    and t.shape == e.shape
+                    and flags[i] == ema_flags[i]
+                    and _kind(t.dtype) == _kind(e.dtype)
+                    and (t.device == e.device if self.device is None else t.device.type != "meta")
+                ):
+                    continue
+            expected = _describe((ema_names[i], ema_ts[i]) if i < len(ema_ts) else None)
+            got = _describe((names[i], ts[i]) if i < len(ts) else None)
             raise ValueError(
-                f"model must have the EMA's structure: {len(ema_avg)} averaged and "
-                f"{len(ema_copy)} copied tensors, got {len(avg)} and {len(copied)}"
+                f"model must have the EMA's tensors in order ({len(ema_ts)}, got {len(ts)}); "
+                f"the first that differs, tensor {i}: expected {expected}, got {got}"
             )
-        same = all(e.dtype == m.dtype for e, m in zip(ema_avg, avg, strict=True))
-        # a parameter's `.data` may change (`.to()` does that); buffers are replaced
-        held = [t for t in ema_avg + avg + ema_copy + copied if isinstance(t, nn.Parameter)]
-        aliases = [[t.detach() for t in ts] for ts in (ema_avg, avg, ema_copy, copied)]
-        ptrs = [t.data_ptr() for t in held]
-        cached = (model, module, *_slots(model, module), held, ptrs, (*aliases, same))
+        pairs = list(zip(ema_ts, ts, flags))
+        ema_avg = [e.detach() for e, _, f in pairs if f]
+        avg = [t.detach() for _, t, f in pairs if f]
+        ema_copy = [e.detach() for e, _, f in pairs if not f]
+        copied = [t.detach() for _, t, f in pairs if not f]
+        same = all(e.dtype == t.dtype for e, t in zip(ema_avg, avg, strict=True))
+        dicts = [
+            d
+            for side in (model, module)
+            for m in side.modules()
+            for d in (m._parameters, m._buffers, m._modules)
+        ]
+        by_id = [(d, k, v) for d in dicts for k, v in d.items() if _eq_may_hide(v)]
+        # `.to()` sets a parameter's `.data` (and replaces a buffer): the model's tensors'
+        # and the EMA's parameters' storage addresses, the model's parameters' shapes
+        params = [t for t in ts if isinstance(t, nn.Parameter)]
+        ptrs = ts + [e for e in ema_ts if isinstance(e, nn.Parameter)]
+        cached = (
+            model, module, ([d for d, _, _ in by_id], [k for _, k, _ in by_id]),
+            [v for _, _, v in by_id], dicts, [dict(d) for d in dicts], ptrs, params,
+            [*map(Tensor.data_ptr, ptrs), *map(_SHAPE, params)],
+            (ema_avg, avg, ema_copy, copied, same),
+        )  # fmt: skip
         self.__dict__["_pairs"] = cached
         return cached
 
