@@ -406,14 +406,11 @@ def _close(got, want, dtype):
     torch.testing.assert_close(got, want, rtol=tol, atol=tol * scale)
 
 
-@pytest.mark.parametrize("forward", [False, True], ids=["tv_forward", "gather_forward"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("aligned", [False, True])
 @pytest.mark.parametrize(("size", "sr"), [((3, 4), 2), (2, 1), ((5, 3), 3)])
-def test_gather_equals_torchvision(dtype, aligned, size, sr, forward, monkeypatch):
+def test_gather_equals_torchvision(dtype, aligned, size, sr, monkeypatch):
     monkeypatch.setattr(ROI_MODULE, "_GATHER_MIN_WORK", ALWAYS)
-    if forward:
-        monkeypatch.setattr(ROI_MODULE, "_GATHER_FORWARD_MIN_WORK", ALWAYS)
     gen = torch.Generator().manual_seed(2)
     x = torch.randn(2, 6, 13, 17, generator=gen, dtype=dtype)
     rois = _edge_rois(dtype)
@@ -421,13 +418,7 @@ def test_gather_equals_torchvision(dtype, aligned, size, sr, forward, monkeypatc
     out = roi_align(a, rois, size, 0.5, sr, aligned)
     ref = tv.roi_align(b, rois, size, 0.5, sr, aligned)
     assert type(out.grad_fn).__name__ == "_RoIAlignBackward"  # the gather, not torchvision's
-    if forward:  # the samples added in another order: equal to rounding, not bitwise
-        _close(out, ref, dtype)
-        assert not torch.equal(out, ref) or dtype == torch.float64
-        with torch.no_grad():  # without a gradient too
-            _close(roi_align(x, rois, size, 0.5, sr, aligned), ref.detach(), dtype)
-    else:
-        torch.testing.assert_close(out, ref, rtol=0, atol=0)  # torchvision's forward
+    torch.testing.assert_close(out, ref, rtol=0, atol=0)  # torchvision's forward
     grad = torch.randn(ref.shape, generator=gen, dtype=dtype)
     out.backward(grad)
     ref.backward(grad)
@@ -559,35 +550,3 @@ def test_gather_compiles_fullgraph(monkeypatch, threads):
         out.backward(grad)
     assert torch.equal(leaves[0].grad, leaves[1].grad)
     assert not torch.equal(leaves[1].grad, leaves[2].grad)
-
-
-def test_dispatch_gathers_the_forward_from_its_threshold(monkeypatch, threads):
-    """The forward gathers from its own (higher) threshold, with or without a gradient;
-    below it a gradient-requiring call keeps torchvision's forward."""
-    import visionblocks.ops._roi_align_gather as gather
-
-    calls = []
-    real = gather.roi_align_gather
-
-    def counted(*args, forward=False):
-        calls.append((args[1].shape[0], forward))
-        return real(*args, forward=forward)
-
-    monkeypatch.setattr(gather, "roi_align_gather", counted)
-    work = 3 * 4 * 2 * 3 * 2 * 2  # K=3, C=4, 2x3 bins, sr=2
-    monkeypatch.setattr(ROI_MODULE, "_GATHER_MIN_WORK", {"one thread": 1, "threads": 1})
-    monkeypatch.setattr(
-        ROI_MODULE, "_GATHER_FORWARD_MIN_WORK", {"one thread": work, "threads": 2 * work}
-    )
-    x = torch.randn(1, 4, 9, 9)
-    rois = torch.tensor([[0.0, 1.0, 1.0, 6.0, 7.0]] * 6)
-    threads(1)
-    reference = tv.roi_align(x, rois[:3], (2, 3), 1.0, 2)
-    _close(roi_align(x, rois[:3], (2, 3), 1.0, 2), reference, torch.float32)  # at it
-    roi_align(x, rois[:2], (2, 3), 1.0, 2)  # below it, no gradient: torchvision's
-    roi_align(x.requires_grad_(True), rois[:2], (2, 3), 1.0, 2)  # the backward only
-    assert calls == [(3, True), (2, False)]
-    threads(2)
-    roi_align(x, rois[:3], (2, 3), 1.0, 2)  # the threshold of several threads: below
-    roi_align(x, rois, (2, 3), 1.0, 2)
-    assert calls == [(3, True), (2, False), (3, False), (6, True)]
