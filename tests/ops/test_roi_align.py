@@ -406,11 +406,14 @@ def _close(got, want, dtype):
     torch.testing.assert_close(got, want, rtol=tol, atol=tol * scale)
 
 
+@pytest.mark.parametrize("forward", [False, True], ids=["tv_forward", "gather_forward"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("aligned", [False, True])
 @pytest.mark.parametrize(("size", "sr"), [((3, 4), 2), (2, 1), ((5, 3), 3)])
-def test_gather_equals_torchvision(dtype, aligned, size, sr, monkeypatch):
+def test_gather_equals_torchvision(dtype, aligned, size, sr, forward, monkeypatch):
     monkeypatch.setattr(ROI_MODULE, "_GATHER_MIN_WORK", ALWAYS)
+    if forward:
+        monkeypatch.setattr(ROI_MODULE, "_GATHER_FORWARD_MIN_WORK", ALWAYS)
     gen = torch.Generator().manual_seed(2)
     x = torch.randn(2, 6, 13, 17, generator=gen, dtype=dtype)
     rois = _edge_rois(dtype)
@@ -418,7 +421,15 @@ def test_gather_equals_torchvision(dtype, aligned, size, sr, monkeypatch):
     out = roi_align(a, rois, size, 0.5, sr, aligned)
     ref = tv.roi_align(b, rois, size, 0.5, sr, aligned)
     assert type(out.grad_fn).__name__ == "_RoIAlignBackward"  # the gather, not torchvision's
-    torch.testing.assert_close(out, ref, rtol=0, atol=0)  # torchvision's forward
+    if forward:  # the samples added in another order: equal to rounding, not bitwise
+        _close(out, ref, dtype)
+        assert not torch.equal(out, ref) or dtype == torch.float64
+        with torch.no_grad():  # without a gradient: torchvision's forward, bitwise
+            torch.testing.assert_close(
+                roi_align(x, rois, size, 0.5, sr, aligned), ref.detach(), rtol=0, atol=0
+            )
+    else:
+        torch.testing.assert_close(out, ref, rtol=0, atol=0)  # torchvision's forward
     grad = torch.randn(ref.shape, generator=gen, dtype=dtype)
     out.backward(grad)
     ref.backward(grad)
@@ -550,3 +561,39 @@ def test_gather_compiles_fullgraph(monkeypatch, threads):
         out.backward(grad)
     assert torch.equal(leaves[0].grad, leaves[1].grad)
     assert not torch.equal(leaves[1].grad, leaves[2].grad)
+
+
+def test_dispatch_gathers_the_forward_from_its_threshold(monkeypatch, threads):
+    """With a gradient the forward gathers from its own (higher) threshold; without one the
+    forward is torchvision's kernel at any size (on its own, the gather is slower on small
+    maps)."""
+    import visionblocks.ops._roi_align_gather as gather
+
+    calls = []
+    real = gather.roi_align_gather
+
+    def counted(*args, forward=False):
+        calls.append((args[1].shape[0], forward))
+        return real(*args, forward=forward)
+
+    monkeypatch.setattr(gather, "roi_align_gather", counted)
+    work = 3 * 4 * 2 * 3 * 2 * 2  # K=3, C=4, 2x3 bins, sr=2
+    monkeypatch.setattr(ROI_MODULE, "_GATHER_MIN_WORK", {"one thread": 1, "threads": 1})
+    monkeypatch.setattr(
+        ROI_MODULE, "_GATHER_FORWARD_MIN_WORK", {"one thread": work, "threads": 2 * work}
+    )
+    x = torch.randn(1, 4, 9, 9)
+    leaf = x.clone().requires_grad_(True)
+    rois = torch.tensor([[0.0, 1.0, 1.0, 6.0, 7.0]] * 6)
+    threads(1)
+    reference = tv.roi_align(x, rois, (2, 3), 1.0, 2)
+    out = roi_align(x, rois, (2, 3), 1.0, 2)  # no gradient: torchvision's, bitwise
+    torch.testing.assert_close(out, reference, rtol=0, atol=0)
+    assert calls == []
+    _close(roi_align(leaf, rois[:3], (2, 3), 1.0, 2), reference[:3], torch.float32)  # at it
+    roi_align(leaf, rois[:2], (2, 3), 1.0, 2)  # below it: the backward only
+    assert calls == [(3, True), (2, False)]
+    threads(2)
+    roi_align(leaf, rois[:3], (2, 3), 1.0, 2)  # the threshold of several threads: below
+    roi_align(leaf, rois, (2, 3), 1.0, 2)
+    assert calls == [(3, True), (2, False), (3, False), (6, True)]

@@ -11,8 +11,13 @@ The samples follow torchvision (``roi_align_kernel.cpp``, ``roi_align_common.h``
 pytorch/vision): ``y = start + p * bin + (i + 0.5) * bin / sr``; outside ``[-1, H]`` a sample
 reads 0; inside, ``y <= 0`` reads row 0 and a low corner at or past ``H - 1`` reads row
 ``H - 1`` alone; ``aligned=False`` stretches rois to at least one pixel; a bin is the mean of
-its ``sr * sr`` samples. The forward is torchvision's kernel (a gather over its samples was
-measured as well, and was no faster).
+its ``sr * sr`` samples.
+
+The forward can be the transpose of the same gather (``forward=True``, chosen only for calls
+that need the gradient, whose samples it then finds once for both passes): one bag of ``4 *
+sr * sr`` weighted rows of the channels-last input per output bin. It adds the samples in
+another order than torchvision's kernel (equal to float rounding); otherwise the forward is
+torchvision's kernel, bitwise.
 """
 
 from __future__ import annotations
@@ -64,18 +69,26 @@ def _samples(
 
 
 class _RoIAlign(torch.autograd.Function):
-    """torchvision's forward; the input gradient as a gather."""
+    """torchvision's forward or the gather (``gather``); the input gradient as a gather."""
 
     @staticmethod
-    def forward(ctx, input, rois, scale, ph, pw, sr, aligned):  # type: ignore[override]
+    def forward(ctx, input, rois, scale, ph, pw, sr, aligned, gather):  # type: ignore[override]
         ctx.args = (input.shape, (ph, pw), scale, sr, aligned)
-        ctx.save_for_backward(rois)  # the samples are found in the backward
-        return torch.ops.torchvision.roi_align(input, rois, scale, ph, pw, sr, aligned)
+        if not gather:
+            ctx.save_for_backward(rois)  # the samples are found in the backward
+            return torch.ops.torchvision.roi_align(input, rois, scale, ph, pw, sr, aligned)
+        n, c, h, w = input.shape
+        pixels, weights = _samples(rois, *ctx.args)
+        ctx.save_for_backward(pixels, weights)  # found once for both passes
+        table = input.permute(0, 2, 3, 1).reshape(n * h * w, c)  # channels-last rows
+        out = F.embedding_bag(pixels, table, mode="sum", per_sample_weights=weights)
+        return out.view(rois.shape[0], ph, pw, c).permute(0, 3, 1, 2).contiguous()
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad):  # type: ignore[override]
-        pixels, weights = _samples(*ctx.saved_tensors, *ctx.args)
+        saved = ctx.saved_tensors
+        pixels, weights = saved if len(saved) == 2 else _samples(*saved, *ctx.args)
         n, c, h, w = ctx.args[0]
         # sorted as one row of a 2-D tensor: serially (a 1-D sort takes a parallel radix
         # sort, whose barriers stall on a busy machine)
@@ -90,7 +103,7 @@ class _RoIAlign(torch.autograd.Function):
             per_sample_weights=weights.view(-1)[order],
         )
         # channels-last strides, as computed: no copy (the layers before accept any strides)
-        return g.view(n, h, w, c).permute(0, 3, 1, 2), *[None] * 6
+        return g.view(n, h, w, c).permute(0, 3, 1, 2), *[None] * 7
 
 
 def roi_align_gather(
@@ -101,9 +114,10 @@ def roi_align_gather(
     pw: int,
     sr: int,
     aligned: bool,
+    forward: bool = False,
 ) -> Tensor:
     """torchvision's ``roi_align`` (CPU, ``sr > 0``, ``rois`` ``(K, 5)`` of ``input``'s
-    dtype) whose input gradient gathers."""
+    dtype) whose input gradient gathers; with ``forward``, the forward gathers too."""
     import torchvision.ops  # noqa: F401  (registers torch.ops.torchvision)
 
-    return _RoIAlign.apply(input, rois, scale, ph, pw, sr, aligned)
+    return _RoIAlign.apply(input, rois, scale, ph, pw, sr, aligned, forward)

@@ -246,19 +246,22 @@ gather backward (`_roi_align_gather`) from this much work, ``K * C * PH * PW *
 sampling_ratio ** 2`` (a rule on shapes only): on one thread, or on more (or while
 compiling, the thread count unknown: its parallel regions stall on a busy machine, where
 torchvision's kernel is serial). torchvision's backward below."""
+_GATHER_FORWARD_MIN_WORK = {"one thread": 1_600_000, "threads": 10_000_000}
+"""From this much work a call whose backward gathers gathers its forward too (equal to
+torchvision's to float rounding), the samples found once for both passes. Without a
+gradient the forward is torchvision's kernel: on its own the gather is slower on small maps."""
 
 
-def _gathers(input: Tensor, rois: Tensor, ph: int, pw: int, sr: int) -> bool:
-    """Whether the backward takes the gather."""
-    if not (input.requires_grad and torch.is_grad_enabled()):
-        return False
+def _gathers(input: Tensor, rois: Tensor, ph: int, pw: int, sr: int) -> tuple[bool, bool]:
+    """Whether the backward, and whether the forward, take the gather."""
     work = rois.shape[0] * input.shape[1] * ph * pw * sr * sr
     one = (
         "one thread"
         if not torch.compiler.is_compiling() and torch.get_num_threads() == 1
         else "threads"
     )
-    return work >= _GATHER_MIN_WORK[one]
+    backward = input.requires_grad and torch.is_grad_enabled() and work >= _GATHER_MIN_WORK[one]
+    return backward, backward and work >= _GATHER_FORWARD_MIN_WORK[one]
 
 
 def _run(op: str, dtype: torch.dtype, impl: str, input: Tensor, rois: Tensor, *args: Any) -> Tensor:
@@ -268,10 +271,15 @@ def _run(op: str, dtype: torch.dtype, impl: str, input: Tensor, rois: Tensor, *a
         from visionblocks.kernels.roi_align import roi_pool_triton
 
         out = roi_pool_triton(op, input, rois, *args, forced=forced_triton(impl))
-    elif op == "roi_align" and input.is_cpu and args[3] > 0 and _gathers(input, rois, *args[1:4]):
+    elif (
+        op == "roi_align"
+        and input.is_cpu
+        and args[3] > 0
+        and (gathers := _gathers(input, rois, *args[1:4]))[0]
+    ):
         from visionblocks.ops._roi_align_gather import roi_align_gather
 
-        out = roi_align_gather(input, rois, *args)
+        out = roi_align_gather(input, rois, *args, forward=gathers[1])
     else:
         import torchvision.ops  # registers torch.ops.torchvision
 
