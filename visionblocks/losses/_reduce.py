@@ -178,7 +178,8 @@ def check_target_range(
     """
     if values.dtype == torch.bool or values.numel() == 0:
         return
-    ignore = exact_ignore(values, ignore)  # a uint8 target never equals -100
+    if ignore is not None:
+        ignore = exact_ignore(values, ignore)  # a uint8 target never equals -100
     if reads_values(values):
         lo_t, hi_t = torch.aminmax(values.detach())
         lo, hi = lo_t.item(), hi_t.item()

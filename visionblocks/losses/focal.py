@@ -152,7 +152,8 @@ def _focal_elements(
             t = torch.where(keep, t, 0.0)
     else:  # class indices (-1 and C, background, match no class): t is 0 or 1
         positive = targets.unsqueeze(-1) == torch.arange(x.shape[-1], device=x.device)
-        ignore_index = exact_ignore(targets, ignore_index)  # uint8 never equals -100
+        if ignore_index is not None:  # a uint8 target never equals -100
+            ignore_index = exact_ignore(targets, ignore_index)
         if ignore_index is not None:
             keep = (targets != ignore_index).unsqueeze(-1)
         t = positive.to(cdt)
