@@ -548,10 +548,6 @@ def _level_scale(feature: Tensor, image_size: tuple[int, int]) -> float:
     return 2.0 ** round(math.log2(float(feature.shape[-2]) / float(image_size[0])))
 
 
-def _finest(level: tuple[float, str, Tensor]) -> float:
-    return -level[0]
-
-
 def _image_size(image_shapes: Any, images: int) -> tuple[int, int]:
     """The largest height and width of ``image_shapes``, checked: one ``(height, width)``
     pair of ints ``>= 1`` per image."""
@@ -585,9 +581,10 @@ class MultiScaleRoIAlign(nn.Module):
     pools every box, the boxes of other levels moved far outside the map (where a bin is
     one sample, read as 0), and the levels are merged with ``torch.where``: the same values,
     no wait. Eager CPU calls index the levels as torchvision. ``aligned`` is False, as there.
-    The levels are taken finest first by their size, whatever the order of ``x`` (torchvision
-    takes ``x``'s order, and pools zeros when it lists a coarser level first); their strides
-    must double from one to the next, as the level mapping assumes.
+    The levels are taken finest first, whatever the order of ``x`` (torchvision takes ``x``'s
+    order, and pools zeros when it lists a coarser level first) and whether
+    ``featmap_names`` lists them finest or coarsest first; their strides must double from one
+    to the next, as the level mapping assumes.
 
     Args:
         featmap_names: Names of the feature maps (keys of ``x``) to pool from.
@@ -655,7 +652,7 @@ class MultiScaleRoIAlign(nn.Module):
         """
         if not isinstance(x, dict):
             raise TypeError(f"x must be a dict of feature maps, got {type(x).__name__}")
-        named = [(k, v) for k, v in x.items() if k in self.featmap_names]
+        named = [(k, x[k]) for k in self.featmap_names if k in x]  # not x's order
         if not named:
             raise ValueError(f"x holds none of featmap_names {self.featmap_names}; keys: {list(x)}")
         if not isinstance(boxes, (list, tuple)):
@@ -671,8 +668,11 @@ class MultiScaleRoIAlign(nn.Module):
                     f"{tuple(first.shape)} on {first.device}"
                 )
         original = _image_size(image_shapes, first.shape[0])
-        # Finest first whatever x's order (torchvision takes x's: coarse first pools zeros).
-        levels = sorted(((_level_scale(v, original), k, v) for k, v in named), key=_finest)
+        # Finest first whatever x's order (torchvision takes x's: coarse first pools zeros) and
+        # featmap_names' (no sort: a comparison of two scales compiles, a sort on them not).
+        levels = [(_level_scale(v, original), k, v) for k, v in named]
+        if levels[0][0] < levels[-1][0]:
+            levels.reverse()
         scales, features = [s for s, _, _ in levels], [v for _, _, v in levels]
         if len(features) == 1:
             return roi_align(features[0], boxes, self.output_size, scales[0], self.sampling_ratio)
