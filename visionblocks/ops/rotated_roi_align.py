@@ -69,14 +69,13 @@ from visionblocks._core.tensor_checks import (
     check_same_device,
     compute_dtype,
 )
+from visionblocks.ops.roi_align import _MAX_SAMPLES, _check_map  # the RoI ops' limits
 
 __all__ = ["RotatedRoIAlign", "rotated_roi_align"]
 __dir__ = public_dir(__name__, __all__)
 
 _GRID_LIMIT = 2**24
 """Sample points per bin side are clamped to this (float32 holds it exactly)."""
-_MAX_SAMPLES = 1024
-"""Sample points per bin side, given or adaptive where the RoIs are read (`roi_align`'s cap)."""
 
 
 def _output_size(output_size: int | tuple[int, int]) -> tuple[int, int]:
@@ -93,10 +92,7 @@ def _output_size(output_size: int | tuple[int, int]) -> tuple[int, int]:
 def _check_args(input: Tensor, rois: Tensor, spatial_scale: float, sampling_ratio: int) -> None:
     check_floating("input", input)
     check_floating("rois", rois)
-    if input.dim() != 4 or input.shape[-2] < 1 or input.shape[-1] < 1:
-        raise ValueError(
-            f"input must have shape (N, C, H, W) with H, W >= 1, got {tuple(input.shape)}"
-        )
+    _check_map("input", input)
     if rois.dim() != 2 or rois.shape[1] != 6:
         raise ValueError(
             "rois must have shape (K, 6) (batch index, cx, cy, w, h, angle), "
