@@ -220,11 +220,123 @@ def test_float64_losses_of_every_finite_float32_box(loss, scale):
     torch.testing.assert_close(grad * abs(scale), expected_grad, rtol=1e-5, atol=1e-6)
 
 
-def test_box_area_beyond_the_dtype_is_inf():
-    # 2e19 x 2e19 = 4e38: above float32's maximum (no rescaling), exact in float64.
-    box = torch.tensor([0.0, 0.0, 2e19, 2e19])
-    assert box_area(box).item() == float("inf")
-    assert box_area(box.double()).item() == pytest.approx(4e38, rel=1e-6)
+LIMIT32 = 2.0**61  # the float32 compute range: refused from here (the module's Range)
+LIMIT64 = 2.0**509
+
+
+def _unit_pairs() -> tuple[torch.Tensor, torch.Tensor]:
+    unit = torch.tensor([[0.0, 0.0, 2.0, 2.0], [1.0, 0.5, 3.0, 2.5], [-1.0, -1.0, 0.5, 1.0]])
+    return unit, unit.flip(0)
+
+
+def _calls(a: torch.Tensor, b: torch.Tensor) -> list:
+    """Every public entry that takes two sets of boxes, as (name, call)."""
+    calls = [(fn.__name__, lambda f=fn: f(a, b)) for fn in FUNCTIONS]
+    calls += [(fn.__name__ + "_aligned", lambda f=fn: f(a, b, aligned=True)) for fn in FUNCTIONS]
+    calls += [(loss.__name__, lambda f=loss: f(a, b)) for loss in LOSSES]
+    from visionblocks.losses import CompleteBoxIoULoss, DistanceBoxIoULoss, GeneralizedBoxIoULoss
+
+    for module in (GeneralizedBoxIoULoss, DistanceBoxIoULoss, CompleteBoxIoULoss):
+        calls.append((module.__name__, lambda m=module: m()(a, b)))
+    return calls
+
+
+@pytest.mark.parametrize("which", [0, 1])
+@pytest.mark.parametrize("coordinate", [LIMIT32, -LIMIT32, 1e19, 3e38])
+def test_float32_coordinates_beyond_the_range_are_refused(which, coordinate):
+    # Torchvision gives NaN, inf or 0 here (areas and squared distances overflow float32).
+    boxes = list(_unit_pairs())
+    boxes[which] = boxes[which].clone()
+    boxes[which][1, 2 if coordinate > 0 else 0] = coordinate
+    names = ("boxes1", "pred") if which == 0 else ("boxes2", "target")
+    for label, call in _calls(*boxes):
+        with pytest.raises(
+            ValueError, match=r"(boxes1|boxes2|pred|target) holds a coordinate"
+        ) as e:
+            call()
+        assert str(e.value).split()[0] in names, label
+        assert "2**61" in str(e.value) and ".double()" in str(e.value), label
+    with pytest.raises(ValueError, match=r"boxes holds a coordinate of .*\.double\(\)"):
+        box_area(boxes[which])
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.int64])
+def test_wide_dtypes_computed_in_float32_are_refused_too(dtype):
+    unit, other = _unit_pairs()
+    huge = (unit * 2.0**62).to(dtype)
+    with pytest.raises(
+        ValueError, match=rf"boxes1 holds .*{str(dtype)[6:]} boxes \(computed in float32\)"
+    ):
+        box_iou(huge, other)
+
+
+def test_the_range_ends_just_below_its_limit():
+    # The largest float32 coordinates allowed keep every value and gradient finite.
+    below = torch.tensor(LIMIT32).nextafter(torch.tensor(0.0)).item()
+    corners = torch.tensor([[-below, -below, below, below], [below, below, below, below],
+                            [-below, -below, -below, -below]])  # fmt: skip
+    for fn in FUNCTIONS:
+        boxes = corners.clone().requires_grad_()
+        out = fn(boxes, corners.flip(0))
+        (grad,) = torch.autograd.grad(out.sum(), boxes)
+        assert torch.isfinite(out).all() and torch.isfinite(grad).all(), fn.__name__
+    unit, other = _unit_pairs()
+    for fn in FUNCTIONS:  # scale invariance up to the limit: the unit values
+        assert_close(fn(unit * 2.0**59, other * 2.0**59), fn(unit, other))
+    for loss in LOSSES:
+        assert_close(loss(unit * 2.0**59, other * 2.0**59), loss(unit, other))
+    assert box_area(torch.tensor([-below, -below, below, below])).item() == pytest.approx(
+        4 * below**2, rel=1e-6
+    )
+
+
+def test_float64_has_its_own_limit():
+    unit, other = _unit_pairs()
+    scaled = box_iou(unit.double() * 2.0**500, other.double() * 2.0**500)
+    assert_close(scaled, box_iou(unit.double(), other.double()))
+    with pytest.raises(
+        ValueError,
+        match=r"boxes2 holds .*float64 boxes must stay within ±2\*\*509.*scale them down",
+    ):
+        complete_box_iou(unit, other.double() * 2.0**510)
+    # float32 boxes beside float64 ones are computed in float64: all finite float32 values pass
+    assert torch.isfinite(generalized_box_iou(unit * 1e38, other.double())).all()
+
+
+def test_non_finite_coordinates_are_not_refused():
+    # NaN and inf are not a range question: they give NaN, as in torchvision.
+    unit, other = _unit_pairs()
+    for bad in (float("nan"), float("inf")):
+        boxes = unit.clone()
+        boxes[0, 2] = bad
+        assert torch.isnan(generalized_box_iou(boxes, other)[0]).all()
+        assert torch.isnan(generalized_box_iou_loss(boxes, other, reduction="none")[0])
+
+
+def test_value_checks_off_skip_the_range():
+    import visionblocks
+
+    unit, other = _unit_pairs()
+    with visionblocks.value_checks(False):
+        out = generalized_box_iou(unit * 1e19, other * 1e19)
+    assert torch.isnan(out).any()  # what the check refuses: no longer caught
+
+
+def test_the_range_check_reads_no_cuda_value(monkeypatch):
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    import visionblocks
+
+    asserted = []
+    monkeypatch.setattr(torch, "_assert_async", lambda ok, msg: asserted.append(msg))
+    with visionblocks.value_checks(True), FakeTensorMode(allow_non_fake_inputs=False):
+        a = torch.rand(5, 4, device="cuda")
+        b = torch.rand(3, 4, device="cuda", dtype=torch.float16)  # cannot exceed: no assert
+        assert generalized_box_iou(a, b).shape == (5, 3)
+        assert generalized_box_iou_loss(a, a).shape == (5,)
+        assert box_area(a).shape == (5,)
+    assert [m.split(" holds")[0] for m in asserted] == ["boxes1", "pred", "target", "boxes"]
+    assert all("2**61" in m for m in asserted)
 
 
 # --- reproducibility -----------------------------------------------------------------------

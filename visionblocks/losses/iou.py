@@ -7,9 +7,10 @@ it) and a module of the same stem, registered in ``LOSSES``: `GeneralizedBoxIoUL
 formula, `visionblocks.ops.boxes`'s `_measure`, and for CUDA tensors the fused Triton kernels
 (`visionblocks.kernels.iou`), tested against it. The functions script with
 ``torch.jit.script`` (``impl`` ``"auto"`` or ``"torch"``; no input checks, gradients to half
-boxes not clamped) and compile with ``torch.compile(fullgraph=True)``. No value checks: a
-non-finite coordinate gives a NaN loss, as in torchvision, and so do float32 boxes beyond the
-box ops' range (about ``1e18``; float64 boxes cover every finite float32 box).
+boxes not clamped) and compile with ``torch.compile(fullgraph=True)``. A non-finite
+coordinate gives a NaN loss, as in torchvision; finite coordinates beyond the box ops' Range
+(``±2**61`` in float32; float64 boxes cover every finite float32 box) are refused: a
+``ValueError`` on CPU, a device-side assert on CUDA (the box ops' Range).
 
 Convention:
     The box ops' (`visionblocks.ops.boxes`: ``"xyxy"``, no ``+1``, the eps rule, zero-area
@@ -41,7 +42,14 @@ from visionblocks._core.namespace import public_dir
 from visionblocks._core.registries import LOSSES
 from visionblocks._core.tensor_checks import check_floating, check_same_device, check_same_shape
 from visionblocks.losses._reduce import REDUCTIONS, check_reduction, reduce_loss
-from visionblocks.ops.boxes import _columns, _measure, _upcast, check_eps
+from visionblocks.ops.boxes import (
+    _columns,
+    _measure,
+    _upcast,
+    check_eps,
+    check_range,
+    compute_dtype,
+)
 
 __all__ = [
     "CompleteBoxIoULoss",
@@ -59,9 +67,7 @@ _OPS = {1: "generalized_box_iou_loss", 2: "distance_box_iou_loss", 3: "complete_
 
 def _pair_losses(pred: Tensor, target: Tensor, kind: int, eps: float) -> Tensor:
     """``1 -`` `_measure` ``kind`` of ``(..., 4)`` pairs, in float32 (float64) (scriptable)."""
-    dtype = torch.promote_types(pred.dtype, target.dtype)
-    if dtype != torch.float64:
-        dtype = torch.float32
+    dtype = compute_dtype(pred, target)
     p = _columns(_upcast(pred, dtype), False)
     g = _columns(_upcast(target, dtype), False)
     return torch.rsub(_measure(p, g, kind, eps), 1.0)  # 1 - measure
@@ -83,6 +89,7 @@ def _check_loss_inputs(pred: Tensor, target: Tensor, reduction: str, eps: float)
     if reduction not in REDUCTIONS:
         check_reduction(reduction)
     check_eps(eps)
+    check_range(compute_dtype(pred, target), pred=pred, target=target)
 
 
 def _box_iou_loss(

@@ -10,10 +10,12 @@ pairwise): ground truths ``(M, 4)`` against predictions ``(B, N, 4)`` give ``(B,
 The pairwise results equal torchvision's for valid boxes, up to its ``eps`` (below); unlike
 torchvision, identical boxes give exactly 1 however small, and degenerate boxes give finite values
 and gradients. Every function scripts (without the input checks, and gradients to half boxes not
-clamped), compiles with ``torch.compile(fullgraph=True)`` and reads no tensor values on the host,
-except `remove_small_boxes`, whose output size depends on the values.
+clamped), compiles with ``torch.compile(fullgraph=True)`` and reads no CUDA tensor values on the host
+(CPU coordinates are read once for the Range check), except `remove_small_boxes`, whose output
+size depends on the values.
 ``ValueError``: a last dim other than 4, fewer than 2 dims (pairwise), leading dims that do not
-broadcast, boxes on different devices, or a negative or non-finite ``eps``.
+broadcast, boxes on different devices, a negative or non-finite ``eps``, or coordinates beyond
+the Range (below).
 
 Convention:
     Formats (``fmt`` strings of `box_convert`):
@@ -39,13 +41,17 @@ Convention:
     A **zero-area** (degenerate) box (``w == 0`` or ``h == 0``) intersects nothing: its IoU
     is 0, also against an identical box (torchvision: 0 / 0 = NaN).
 
-    **Range**: for exact results areas (and DIoU/CIoU squared diagonals) must be finite normal
-    numbers: float32 coordinates and sizes up to about ``1e18`` in magnitude, sizes down to
-    about ``1e-18`` (float64: ``1e±150``). Beyond, float32 results are NaN or ``±inf``, as
-    torchvision's, and `box_area` is ``inf`` where the area exceeds the dtype's maximum: no
-    value check (it would make the GPU wait) and no rescaling (it would slow every small call).
-    Every finite float32 box is inside float64's range: ``boxes.double()`` gives finite values
-    and gradients for all of them (the IoU losses too).
+    **Range**: every area, enclosing box and squared distance must be a finite number.
+    Finite coordinates of magnitude ``2**61`` (about ``2.3e18``) or more are refused when
+    computed in float32 (float32, bfloat16 and int64 boxes; the IoU family and `box_area`),
+    of ``2**509`` (about ``1.7e153``) or more in float64: a ``ValueError`` naming the
+    argument on CPU, a device-side assert on CUDA (no host read; a failure is a CUDA error at
+    the next synchronisation), nothing when value checks are off
+    (`visionblocks.set_value_checks`) or while compiling. Torchvision returns NaN, ``inf`` or
+    0 there. Every finite float32 box is inside float64's range: ``boxes.double()`` gives
+    finite values and gradients for all of them (the IoU losses too). At the small end, float32
+    sizes below about ``1e-18`` (float64: ``1e-150``) lose precision, as in torchvision. NaN
+    and infinite coordinates are not refused: they give NaN.
 
     An **inverted** box (``x2 < x1`` or ``y2 < y1``) is invalid but not rejected (a check would make
     the GPU wait): the IoU family collapses it to zero width (height) at ``x1`` (``y1``), so IoU is
@@ -77,6 +83,7 @@ import torch
 from torch import Tensor
 
 from visionblocks._core.checks import check_choice, check_int, check_number, check_type
+from visionblocks._core.dispatch import assert_on_device, asserts_on_device, reads_values
 from visionblocks._core.namespace import public_dir
 from visionblocks._core.tensor_checks import check_last_dim, check_real, check_same_device
 
@@ -121,6 +128,64 @@ def _check_convert(boxes: Tensor, in_fmt: str, out_fmt: str) -> None:
         check_type(name, fmt, str)
         check_choice(name, fmt, BOX_FORMATS)
     check_last_dim("boxes", boxes, 4, what=f"in {in_fmt!r} format")
+
+
+_RANGE = {torch.float32: 2.0**61, torch.float64: 2.0**509}
+"""Largest coordinate magnitude by compute dtype (the module's Range): with coordinates in
+``[-r, r]``, ``32 r**2`` (the largest squared centre distance, DIoU/CIoU) is finite."""
+_WIDE = {
+    torch.float32: frozenset({torch.float32, torch.bfloat16, torch.int64}),
+    torch.float64: frozenset({torch.float64}),
+}
+"""The input dtypes whose values can reach `_RANGE` of each compute dtype."""
+
+
+def check_range(dtype: torch.dtype, **boxes: Tensor) -> None:
+    """Refuse finite coordinates beyond the module's Range for the compute ``dtype``
+    (float32 or float64): on CPU one host read per tensor, on CUDA a device-side assert;
+    nothing for dtypes that cannot exceed it, or with value checks off.
+
+    Examples:
+        >>> check_range(torch.float32, boxes=torch.tensor([[0.0, 0.0, 1e19, 1e19]]))
+        Traceback (most recent call last):
+        ...
+        ValueError: boxes holds a coordinate of 1e+19: float32 boxes must stay within ±2**61 (about 2.3e+18), where every area and squared distance is finite; convert them with .double() (float64 holds every finite float32 box)
+    """
+    wide = [(name, t) for name, t in boxes.items() if t.dtype in _WIDE[dtype]]
+    if not wide:
+        return
+    limit = _RANGE[dtype]
+    if reads_values(*[t for _, t in wide]):
+        for name, t in wide:
+            if 0 not in t.shape:  # (calls kept few: box ops are often called on a few boxes)
+                low, high = torch.aminmax(t.data)
+                low, high = float(low), float(high)  # NaN: neither comparison below holds
+                if limit <= -low < math.inf or limit <= high < math.inf:
+                    value = low if -low >= limit else high
+                    raise ValueError(_range_message(name, value, t, dtype, limit))
+    elif asserts_on_device(*[t for _, t in wide]):
+        for name, t in wide:
+            if 0 not in t.shape:
+                top = t.detach().abs().amax()
+                if top.is_floating_point():  # NaN and inf pass: they give NaN, as documented
+                    top = top.nan_to_num(0.0, 0.0, 0.0)
+                assert_on_device(top < limit, _range_message(name, None, t, dtype, limit))
+
+
+def _range_message(
+    name: str, value: float | None, t: Tensor, dtype: torch.dtype, limit: float
+) -> str:
+    got = "a coordinate" if value is None else f"a coordinate of {value:.3g}"
+    given = str(t.dtype).removeprefix("torch.")
+    computed = "" if t.dtype == dtype else f" (computed in {str(dtype)[6:]})"
+    rule = (
+        f"{given} boxes{computed} must stay within ±2**{int(math.log2(limit))} "
+        f"(about {limit:.2g}), where every area and squared distance is finite"
+    )
+    route = "scale them down" if dtype == torch.float64 else (
+        "convert them with .double() (float64 holds every finite float32 box)"
+    )  # fmt: skip
+    return f"{name} holds {got}: {rule}; {route}"
 
 
 def box_convert(boxes: Tensor, in_fmt: str, out_fmt: str) -> Tensor:
@@ -182,7 +247,7 @@ def box_area(boxes: Tensor) -> Tensor:
 
     Raises:
         TypeError: ``boxes`` is not a real tensor (complex and bool are refused).
-        ValueError: Last dim not 4.
+        ValueError: Last dim not 4, or floating-point coordinates beyond the module's Range.
 
     Examples:
         >>> import torch
@@ -194,6 +259,10 @@ def box_area(boxes: Tensor) -> Tensor:
     if not torch.jit.is_scripting():
         check_real("boxes", boxes)
         check_last_dim("boxes", boxes, 4, what="(x1, y1, x2, y2)")
+        if boxes.is_floating_point():
+            check_range(
+                torch.float64 if boxes.dtype == torch.float64 else torch.float32, boxes=boxes
+            )
     if boxes.is_floating_point():  # torchvision's _upcast
         if boxes.dtype != torch.float32 and boxes.dtype != torch.float64:
             boxes = boxes.float()
@@ -237,6 +306,13 @@ def _check_iou_inputs(boxes1: Tensor, boxes2: Tensor, aligned: bool, eps: float)
         if boxes.is_complex():
             raise TypeError(f"boxes must be real (floating-point or integer), got {boxes.dtype}")
     check_pair(boxes1, boxes2, aligned)
+    check_range(compute_dtype(boxes1, boxes2), boxes1=boxes1, boxes2=boxes2)
+
+
+def compute_dtype(boxes1: Tensor, boxes2: Tensor) -> torch.dtype:
+    """The IoU family's compute dtype: float64 if either set is float64, else float32."""
+    dtype = torch.promote_types(boxes1.dtype, boxes2.dtype)
+    return dtype if dtype == torch.float64 else torch.float32
 
 
 def check_pair(boxes1: Tensor, boxes2: Tensor, aligned: bool) -> None:
@@ -339,9 +415,7 @@ def _measure(a: list[Tensor], b: list[Tensor], kind: int, eps: float) -> Tensor:
 
 def _overlap(boxes1: Tensor, boxes2: Tensor, kind: int, aligned: bool, eps: float) -> Tensor:
     """`_measure` of checked boxes: float32 (float64) columns, inverted boxes collapsed."""
-    dtype = torch.promote_types(boxes1.dtype, boxes2.dtype)
-    if dtype != torch.float64:
-        dtype = torch.float32
+    dtype = compute_dtype(boxes1, boxes2)
     if not aligned:  # (..., N, 1, 4) with (..., 1, M, 4)
         boxes1, boxes2 = boxes1.unsqueeze(-2), boxes2.unsqueeze(-3)
     collapse = kind != 0  # IoU: `_measure` clamps the sides instead, which is the same
