@@ -8,9 +8,9 @@ formula, `visionblocks.ops.boxes`'s `_measure`, and for CUDA tensors the fused T
 (`visionblocks.kernels.iou`), tested against it. The functions script with
 ``torch.jit.script`` (``impl`` ``"auto"`` or ``"torch"``; no input checks, gradients to half
 boxes not clamped) and compile with ``torch.compile(fullgraph=True)``. A non-finite
-coordinate gives a NaN loss, as in torchvision; finite coordinates beyond the box ops' Range
-(``±2**61`` in float32; float64 boxes cover every finite float32 box) are refused: a
-``ValueError`` on CPU, a device-side assert on CUDA (the box ops' Range).
+coordinate gives a NaN loss, as in torchvision; on CPU, finite coordinates beyond the box ops'
+Range (``±2**61`` in float32; float64 boxes hold every finite float32 box) raise a
+``ValueError`` naming ``pred`` or ``target`` (CUDA tensors are not checked).
 
 Convention:
     The box ops' (`visionblocks.ops.boxes`: ``"xyxy"``, no ``+1``, the eps rule, zero-area
@@ -46,8 +46,8 @@ from visionblocks.ops.boxes import (
     _columns,
     _measure,
     _upcast,
+    check_box_range,
     check_eps,
-    check_range,
     compute_dtype,
 )
 
@@ -89,7 +89,7 @@ def _check_loss_inputs(pred: Tensor, target: Tensor, reduction: str, eps: float)
     if reduction not in REDUCTIONS:
         check_reduction(reduction)
     check_eps(eps)
-    check_range(compute_dtype(pred, target), pred=pred, target=target)
+    check_box_range(compute_dtype(pred, target), ("pred", "target"), pred, target)
 
 
 def _box_iou_loss(

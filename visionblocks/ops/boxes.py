@@ -11,8 +11,8 @@ The pairwise results equal torchvision's for valid boxes, up to its ``eps`` (bel
 torchvision, identical boxes give exactly 1 however small, and degenerate boxes give finite values
 and gradients. Every function scripts (without the input checks, and gradients to half boxes not
 clamped), compiles with ``torch.compile(fullgraph=True)`` and reads no CUDA tensor values on the host
-(CPU coordinates are read once for the Range check), except `remove_small_boxes`, whose output
-size depends on the values.
+(the IoU family reads CPU coordinates once, for the Range), except `remove_small_boxes`, whose
+output size depends on the values.
 ``ValueError``: a last dim other than 4, fewer than 2 dims (pairwise), leading dims that do not
 broadcast, boxes on different devices, a negative or non-finite ``eps``, or coordinates beyond
 the Range (below).
@@ -41,17 +41,20 @@ Convention:
     A **zero-area** (degenerate) box (``w == 0`` or ``h == 0``) intersects nothing: its IoU
     is 0, also against an identical box (torchvision: 0 / 0 = NaN).
 
-    **Range**: every area, enclosing box and squared distance must be a finite number.
-    Finite coordinates of magnitude ``2**61`` (about ``2.3e18``) or more are refused when
-    computed in float32 (float32, bfloat16 and int64 boxes; the IoU family and `box_area`),
-    of ``2**509`` (about ``1.7e153``) or more in float64: a ``ValueError`` naming the
-    argument on CPU, a device-side assert on CUDA (no host read; a failure is a CUDA error at
-    the next synchronisation), nothing when value checks are off
-    (`visionblocks.set_value_checks`) or while compiling. Torchvision returns NaN, ``inf`` or
-    0 there. Every finite float32 box is inside float64's range: ``boxes.double()`` gives
-    finite values and gradients for all of them (the IoU losses too). At the small end, float32
-    sizes below about ``1e-18`` (float64: ``1e-150``) lose precision, as in torchvision. NaN
-    and infinite coordinates are not refused: they give NaN.
+    **Range**: the IoU family needs every area, enclosing box and squared distance to be a
+    finite number. On CPU it refuses finite coordinates of magnitude ``2**61`` (about
+    ``2.3e18``) or more when it computes in float32 (float32, bfloat16 and int64 boxes), of
+    ``2**509`` (about ``1.7e153``) or more in float64: a ``ValueError`` naming the argument
+    (torchvision returns NaN, or 0 for `box_iou`). One read of the boxes per call (a value
+    check: off with `visionblocks.set_value_checks`, skipped while compiling). CUDA tensors are
+    not checked (no host read, and no extra kernels in every call): there such boxes give NaN
+    or wrong values, as torchvision's. Every finite float32 box is inside float64's range:
+    ``boxes.double()`` gives finite values and gradients for all of them (the IoU losses too).
+    At the small end, float32 sizes below about ``1e-18`` (float64: ``1e-150``) lose
+    precision, as in torchvision. NaN and infinite coordinates are not refused: they give NaN.
+    `box_area` is not checked: it is ``inf`` where an area exceeds the dtype's maximum (the
+    float32 rounding of the true area), NaN where a side does (coordinates beyond about
+    ``±1.7e38``).
 
     An **inverted** box (``x2 < x1`` or ``y2 < y1``) is invalid but not rejected (a check would make
     the GPU wait): the IoU family collapses it to zero width (height) at ``x1`` (``y1``), so IoU is
@@ -83,7 +86,7 @@ import torch
 from torch import Tensor
 
 from visionblocks._core.checks import check_choice, check_int, check_number, check_type
-from visionblocks._core.dispatch import assert_on_device, asserts_on_device, reads_values
+from visionblocks._core.dispatch import reads_values
 from visionblocks._core.namespace import public_dir
 from visionblocks._core.tensor_checks import check_last_dim, check_real, check_same_device
 
@@ -140,42 +143,44 @@ _WIDE = {
 """The input dtypes whose values can reach `_RANGE` of each compute dtype."""
 
 
-def check_range(dtype: torch.dtype, **boxes: Tensor) -> None:
-    """Refuse finite coordinates beyond the module's Range for the compute ``dtype``
-    (float32 or float64): on CPU one host read per tensor, on CUDA a device-side assert;
-    nothing for dtypes that cannot exceed it, or with value checks off.
+def check_box_range(
+    dtype: torch.dtype, names: tuple[str, str], boxes1: Tensor, boxes2: Tensor
+) -> None:
+    """Refuse finite coordinates beyond the module's Range for the compute ``dtype`` (float32
+    or float64): on CPU, one host read of both sets (where they concatenate); nothing on
+    other devices, for dtypes that cannot exceed the range, or with value checks off. A few
+    microseconds: box ops are often called on a handful of boxes.
 
     Examples:
-        >>> check_range(torch.float32, boxes=torch.tensor([[0.0, 0.0, 1e19, 1e19]]))
+        >>> huge = torch.tensor([[0.0, 0.0, 1e19, 1e19]])
+        >>> check_box_range(torch.float32, ("pred", "target"), huge, huge)
         Traceback (most recent call last):
         ...
-        ValueError: boxes holds a coordinate of 1e+19: float32 boxes must stay within ±2**61 (about 2.3e+18), where every area and squared distance is finite; convert them with .double() (float64 holds every finite float32 box)
+        ValueError: pred holds a coordinate of 1e+19: float32 boxes must stay within ±2**61 (about 2.3e+18), where every area and squared distance is finite; convert them with .double() (float64 holds every finite float32 box)
     """
-    wide = [(name, t) for name, t in boxes.items() if t.dtype in _WIDE[dtype]]
-    if not wide:
+    if not reads_values(boxes1, boxes2):
         return
-    limit = _RANGE[dtype]
-    if reads_values(*[t for _, t in wide]):
-        for name, t in wide:
-            if 0 not in t.shape:  # (calls kept few: box ops are often called on a few boxes)
-                low, high = torch.aminmax(t.data)
-                low, high = float(low), float(high)  # NaN: neither comparison below holds
-                if limit <= -low < math.inf or limit <= high < math.inf:
-                    value = low if -low >= limit else high
+    wide, limit = _WIDE[dtype], _RANGE[dtype]
+    a, b = boxes1, boxes2
+    if (
+        a.dtype in wide
+        and a.dtype == b.dtype
+        and a.shape[1:] == b.shape[1:]
+        and a.numel() + b.numel()
+    ):
+        low, high = torch.aminmax(torch.cat((a.data, b.data)))  # one read for both sets
+        if -limit < float(low) and float(high) < limit:
+            return
+    for name, t in zip(names, (boxes1, boxes2)):
+        if t.dtype in wide and 0 not in t.shape:
+            low, high = torch.aminmax(t.data)
+            for value in (float(high), float(low)):  # NaN and inf are not refused
+                if limit <= abs(value) < math.inf:
                     raise ValueError(_range_message(name, value, t, dtype, limit))
-    elif asserts_on_device(*[t for _, t in wide]):
-        for name, t in wide:
-            if 0 not in t.shape:
-                top = t.detach().abs().amax()
-                if top.is_floating_point():  # NaN and inf pass: they give NaN, as documented
-                    top = top.nan_to_num(0.0, 0.0, 0.0)
-                assert_on_device(top < limit, _range_message(name, None, t, dtype, limit))
 
 
-def _range_message(
-    name: str, value: float | None, t: Tensor, dtype: torch.dtype, limit: float
-) -> str:
-    got = "a coordinate" if value is None else f"a coordinate of {value:.3g}"
+def _range_message(name: str, value: float, t: Tensor, dtype: torch.dtype, limit: float) -> str:
+    got = f"a coordinate of {value:.3g}"
     given = str(t.dtype).removeprefix("torch.")
     computed = "" if t.dtype == dtype else f" (computed in {str(dtype)[6:]})"
     rule = (
@@ -247,7 +252,7 @@ def box_area(boxes: Tensor) -> Tensor:
 
     Raises:
         TypeError: ``boxes`` is not a real tensor (complex and bool are refused).
-        ValueError: Last dim not 4, or floating-point coordinates beyond the module's Range.
+        ValueError: Last dim not 4.
 
     Examples:
         >>> import torch
@@ -259,10 +264,6 @@ def box_area(boxes: Tensor) -> Tensor:
     if not torch.jit.is_scripting():
         check_real("boxes", boxes)
         check_last_dim("boxes", boxes, 4, what="(x1, y1, x2, y2)")
-        if boxes.is_floating_point():
-            check_range(
-                torch.float64 if boxes.dtype == torch.float64 else torch.float32, boxes=boxes
-            )
     if boxes.is_floating_point():  # torchvision's _upcast
         if boxes.dtype != torch.float32 and boxes.dtype != torch.float64:
             boxes = boxes.float()
@@ -306,7 +307,7 @@ def _check_iou_inputs(boxes1: Tensor, boxes2: Tensor, aligned: bool, eps: float)
         if boxes.is_complex():
             raise TypeError(f"boxes must be real (floating-point or integer), got {boxes.dtype}")
     check_pair(boxes1, boxes2, aligned)
-    check_range(compute_dtype(boxes1, boxes2), boxes1=boxes1, boxes2=boxes2)
+    check_box_range(compute_dtype(boxes1, boxes2), ("boxes1", "boxes2"), boxes1, boxes2)
 
 
 def compute_dtype(boxes1: Tensor, boxes2: Tensor) -> torch.dtype:
