@@ -8,9 +8,11 @@ formula, `visionblocks.ops.boxes`'s `_measure`, and for CUDA tensors the fused T
 (`visionblocks.kernels.iou`), tested against it. The functions script with
 ``torch.jit.script`` (``impl`` ``"auto"`` or ``"torch"``; no input checks, gradients to half
 boxes not clamped) and compile with ``torch.compile(fullgraph=True)``. A non-finite
-coordinate gives a NaN loss, as in torchvision; on CPU, finite coordinates beyond the box ops'
-Range (``±2**61`` in float32; float64 boxes hold every finite float32 box) raise a
-``ValueError`` naming ``pred`` or ``target`` (CUDA tensors are not checked).
+coordinate gives a NaN loss, as in torchvision. Value check (`visionblocks.set_value_checks`):
+on CPU, finite coordinates beyond the box ops' Range (``2**61`` in magnitude in float32, where
+an area or squared distance overflows and torchvision's loss is NaN; float64 boxes hold every
+finite float32 box) raise a ``ValueError`` naming ``pred`` or ``target``; CUDA tensors are not
+checked (no host read, no extra kernels).
 
 Convention:
     The box ops' (`visionblocks.ops.boxes`: ``"xyxy"``, no ``+1``, the eps rule, zero-area
@@ -154,7 +156,8 @@ def generalized_box_iou_loss(
     Raises:
         TypeError: Non-floating (e.g. integer) boxes, or an ``eps`` that is not a number.
         ValueError: A last dimension other than 4, ``pred``/``target`` shapes or devices that
-            differ, a negative ``eps``, an unknown ``reduction`` or ``impl``.
+            differ, a negative ``eps``, an unknown ``reduction`` or ``impl``, or (CPU value
+            check) coordinates beyond the box ops' Range.
         RuntimeError: ``impl="triton"`` where the kernel cannot run; says why.
 
     Examples:

@@ -10,12 +10,10 @@ pairwise): ground truths ``(M, 4)`` against predictions ``(B, N, 4)`` give ``(B,
 The pairwise results equal torchvision's for valid boxes, up to its ``eps`` (below); unlike
 torchvision, identical boxes give exactly 1 however small, and degenerate boxes give finite values
 and gradients. Every function scripts (without the input checks, and gradients to half boxes not
-clamped), compiles with ``torch.compile(fullgraph=True)`` and reads no CUDA tensor values on the host
-(the IoU family reads CPU coordinates once, for the Range), except `remove_small_boxes`, whose
-output size depends on the values.
+clamped), compiles with ``torch.compile(fullgraph=True)`` and reads no tensor values on the host,
+except `remove_small_boxes`, whose output size depends on the values.
 ``ValueError``: a last dim other than 4, fewer than 2 dims (pairwise), leading dims that do not
-broadcast, boxes on different devices, a negative or non-finite ``eps``, or coordinates beyond
-the Range (below).
+broadcast, boxes on different devices, or a negative or non-finite ``eps``.
 
 Convention:
     Formats (``fmt`` strings of `box_convert`):
@@ -41,19 +39,16 @@ Convention:
     A **zero-area** (degenerate) box (``w == 0`` or ``h == 0``) intersects nothing: its IoU
     is 0, also against an identical box (torchvision: 0 / 0 = NaN).
 
-    **Range**: the IoU family needs every area, enclosing box and squared distance to be a
-    finite number. On CPU it refuses finite coordinates of magnitude ``2**61`` (about
-    ``2.3e18``) or more when it computes in float32 (float32, bfloat16 and int64 boxes), of
-    ``2**509`` (about ``1.7e153``) or more in float64: a ``ValueError`` naming the argument
-    (torchvision returns NaN, or 0 for `box_iou`). One read of the boxes per call (a value
-    check: off with `visionblocks.set_value_checks`, skipped while compiling). CUDA tensors are
-    not checked (no host read, and no extra kernels in every call): there such boxes give NaN
-    or wrong values, as torchvision's. Every finite float32 box is inside float64's range:
-    ``boxes.double()`` gives finite values and gradients for all of them (the IoU losses too).
-    At the small end, float32 sizes below about ``1e-18`` (float64: ``1e-150``) lose
-    precision, as in torchvision. NaN and infinite coordinates are not refused: they give NaN.
-    `box_area` is not checked: it is ``inf`` where an area exceeds the dtype's maximum (the
-    float32 rounding of the true area), NaN where a side does (coordinates beyond about
+    **Range**: for exact results every area, enclosing box and squared distance must be a
+    finite number: float32 coordinates below ``2**61`` (about ``2.3e18``) in magnitude
+    (float64: ``2**509``, about ``1.7e153``), sizes above about ``1e-18`` (float64:
+    ``1e-150``). Beyond, float32 results are NaN, ``inf``, or (for `box_iou`) 0, as
+    torchvision's. The functions here do not check it: a check reads the boxes on every call,
+    which costs more than the whole call on a few boxes (the Benchmarks page), and a GPU would
+    wait for it. The IoU losses do check it on CPU (`visionblocks.losses.iou`). Every finite
+    float32 box is inside float64's range: ``boxes.double()`` gives finite values and
+    gradients for all of them. `box_area` is ``inf`` where an area exceeds the dtype's maximum
+    (the float32 rounding of the true area), NaN where a side does (coordinates beyond about
     ``±1.7e38``).
 
     An **inverted** box (``x2 < x1`` or ``y2 < y1``) is invalid but not rejected (a check would make
@@ -147,9 +142,9 @@ def check_box_range(
     dtype: torch.dtype, names: tuple[str, str], boxes1: Tensor, boxes2: Tensor
 ) -> None:
     """Refuse finite coordinates beyond the module's Range for the compute ``dtype`` (float32
-    or float64): on CPU, one host read of both sets (where they concatenate); nothing on
-    other devices, for dtypes that cannot exceed the range, or with value checks off. A few
-    microseconds: box ops are often called on a handful of boxes.
+    or float64), the IoU losses' value check: on CPU, one host read of both sets (where they
+    concatenate); nothing on other devices, for dtypes that cannot exceed the range, or with
+    value checks off.
 
     Examples:
         >>> huge = torch.tensor([[0.0, 0.0, 1e19, 1e19]])
@@ -307,7 +302,6 @@ def _check_iou_inputs(boxes1: Tensor, boxes2: Tensor, aligned: bool, eps: float)
         if boxes.is_complex():
             raise TypeError(f"boxes must be real (floating-point or integer), got {boxes.dtype}")
     check_pair(boxes1, boxes2, aligned)
-    check_box_range(compute_dtype(boxes1, boxes2), ("boxes1", "boxes2"), boxes1, boxes2)
 
 
 def compute_dtype(boxes1: Tensor, boxes2: Tensor) -> torch.dtype:
