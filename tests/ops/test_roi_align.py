@@ -14,7 +14,8 @@ import torchvision.ops as tv
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from visionblocks.ops import MultiScaleRoIAlign, ps_roi_align, ps_roi_pool, roi_align, roi_pool
-from visionblocks.ops.roi_align import _level_scale, _rois
+from visionblocks.ops.multiscale_roi_align import _level_scale
+from visionblocks.ops.roi_align import _rois
 
 OPS = {
     "roi_align": (roi_align, tv.roi_align, (3, 0.5, -1, False)),

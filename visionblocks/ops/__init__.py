@@ -55,11 +55,11 @@ from visionblocks.ops.local_attention import local_attention2d
 from visionblocks.ops.masks import crop_masks, mask_iou, masks_to_boxes, paste_masks
 from visionblocks.ops.matrix_nms import matrix_nms
 from visionblocks.ops.ms_deform_attn import ms_deform_attn
+from visionblocks.ops.multiscale_roi_align import MultiScaleRoIAlign
 from visionblocks.ops.nms import batched_nms, nms
 from visionblocks.ops.oks import COCO_PERSON_SIGMAS, keypoint_oks
 from visionblocks.ops.priors import AnchorGenerator, make_anchor_boxes, make_anchor_points
 from visionblocks.ops.roi_align import (
-    MultiScaleRoIAlign,
     PSRoIAlign,
     PSRoIPool,
     RoIAlign,
