@@ -50,14 +50,16 @@ def _focal_terms(
     and (soft ``t``) ``sigmoid(x)`` and ``sigmoid(-x)``: what `_FocalGrad`'s backward reuses.
     """
     # Exact forms: at t = 0, BCE = softplus(x) and 1 - p_t = sigmoid(x); at t = 1, softplus(-x)
-    # and sigmoid(-x). Never 1 - p, nor softplus(x) - t x: no cancellation. A soft t mixes
-    # positive terms; lerp gives either end exactly at t = 0 and t = 1.
+    # and sigmoid(-x). Never 1 - p, nor softplus(x) - t x: no cancellation. For any t in
+    # [0, 1], BCE = softplus(-|x|) + ([x >= 0] - t) x, a sum of two terms >= 0 (1 - t is exact
+    # for t >= 1/2), with one softplus: its log1p is most of the cost. 1 - p_t mixes positive
+    # terms; lerp gives either end exactly at t = 0 and t = 1.
     s: Tensor | None = None
     sn: Tensor | None = None
     if positive is None:
         nx = -x
         s, sn = torch.sigmoid(x), torch.sigmoid(nx)
-        ce = torch.lerp(F.softplus(x), F.softplus(nx), t)
+        ce = F.softplus(torch.minimum(x, nx)).addcmul_(torch.add(x >= 0, t, alpha=-1), x)
         m = torch.lerp(s, sn, t)
     else:  # t is 0 or 1: the same terms at z = -x where positive, x elsewhere
         z = torch.where(positive, -x, x)
@@ -114,7 +116,7 @@ class _FocalGrad(torch.autograd.Function):
             dm = torch.sub(1, m).mul_(m).mul_(sign)
         else:
             dm = sn.neg()
-            dce = torch.lerp(s, dm, t)  # exact at t = 0 and 1, like the formula's lerps
+            dce = torch.lerp(s, dm, t)  # exact at t = 0 and 1, like the formula's lerp
             dm = torch.mul(s, sn, out=dm).mul_(sign)
         if gamma == 0:
             dx = dce
