@@ -43,9 +43,14 @@ from visionblocks._core.deprecation import deprecated_attribute
 from visionblocks._core.dispatch import forced_triton, reads_values, use_triton, validate_impl
 from visionblocks._core.namespace import public_dir
 from visionblocks._core.registries import LOSSES
-from visionblocks._core.tensor_checks import check_floating, check_same_device, check_same_shape
+from visionblocks._core.tensor_checks import (
+    check_floating,
+    check_same_device,
+    check_same_shape,
+    compute_dtype,
+)
 from visionblocks.losses._reduce import REDUCTIONS, check_reduction, reduce_loss
-from visionblocks.ops.boxes import _columns, _measure, _upcast, check_eps, compute_dtype
+from visionblocks.ops.boxes import _columns, _measure, _upcast, check_eps
 
 __all__ = [
     "CompleteBoxIoULoss",
@@ -112,7 +117,7 @@ def _range_message(name: str, value: float, t: Tensor, dtype: torch.dtype, limit
 
 def _pair_losses(pred: Tensor, target: Tensor, kind: int, eps: float) -> Tensor:
     """``1 -`` `_measure` ``kind`` of ``(..., 4)`` pairs, in float32 (float64) (scriptable)."""
-    dtype = compute_dtype(pred, target)
+    dtype = compute_dtype(torch.promote_types(pred.dtype, target.dtype))
     p = _columns(_upcast(pred, dtype), False)
     g = _columns(_upcast(target, dtype), False)
     return torch.rsub(_measure(p, g, kind, eps), 1.0)  # 1 - measure
@@ -134,7 +139,12 @@ def _check_loss_inputs(pred: Tensor, target: Tensor, reduction: str, eps: float)
     if reduction not in REDUCTIONS:
         check_reduction(reduction)
     check_eps(eps)
-    _check_range(compute_dtype(pred, target), ("pred", "target"), pred, target)
+    _check_range(
+        compute_dtype(torch.promote_types(pred.dtype, target.dtype)),
+        ("pred", "target"),
+        pred,
+        target,
+    )
 
 
 def _box_iou_loss(

@@ -82,7 +82,12 @@ from torch import Tensor
 
 from visionblocks._core.checks import check_choice, check_int, check_number, check_type
 from visionblocks._core.namespace import public_dir
-from visionblocks._core.tensor_checks import check_last_dim, check_real, check_same_device
+from visionblocks._core.tensor_checks import (
+    check_last_dim,
+    check_real,
+    check_same_device,
+    compute_dtype,
+)
 
 __all__ = [
     "BOX_FORMATS",
@@ -243,12 +248,6 @@ def _check_iou_inputs(boxes1: Tensor, boxes2: Tensor, aligned: bool, eps: float)
     check_pair(boxes1, boxes2, aligned)
 
 
-def compute_dtype(boxes1: Tensor, boxes2: Tensor) -> torch.dtype:
-    """The IoU family's compute dtype: float64 if either set is float64, else float32."""
-    dtype = torch.promote_types(boxes1.dtype, boxes2.dtype)
-    return dtype if dtype == torch.float64 else torch.float32
-
-
 def check_pair(boxes1: Tensor, boxes2: Tensor, aligned: bool) -> None:
     """Both sets on one device, their leading dims (all but the last one or two) broadcastable."""
     if boxes1.device != boxes2.device:
@@ -349,7 +348,7 @@ def _measure(a: list[Tensor], b: list[Tensor], kind: int, eps: float) -> Tensor:
 
 def _overlap(boxes1: Tensor, boxes2: Tensor, kind: int, aligned: bool, eps: float) -> Tensor:
     """`_measure` of checked boxes: float32 (float64) columns, inverted boxes collapsed."""
-    dtype = compute_dtype(boxes1, boxes2)
+    dtype = compute_dtype(torch.promote_types(boxes1.dtype, boxes2.dtype))
     if not aligned:  # (..., N, 1, 4) with (..., 1, M, 4)
         boxes1, boxes2 = boxes1.unsqueeze(-2), boxes2.unsqueeze(-3)
     collapse = kind != 0  # IoU: `_measure` clamps the sides instead, which is the same
