@@ -24,9 +24,9 @@ within 1e-6 relative. The step is mostly the ResNet-50 backbone, whose run-to-ru
 forward pass of the same model and batch.
 
 **Our detector** (``workload_demo_detector_train_step``): one training step of the demo's
-model (`visionblocks.cli.demo.DEMO_MODEL`, AdamW as the demo's `make_optimizer`) on a batch
-of the demo's size (16 synthetic COCO images of 128×128, loaded and collated as the demo's
-loader does), 2 threads. No peer: the time per step.
+model (`visionblocks.cli.demo.DEMO_MODEL`, AdamW as the demo's `make_optimizer`, weights and
+images channels-last as the demo's on the CPU) on a batch of the demo's size (16 synthetic
+COCO images of 128×128, loaded and collated as the demo's loader does), 2 threads. No peer: the time per step.
 
 **Per-sample augmentation** (``workload_augment_<dtype>[_planar]_vs_<peer>``): one COCO-like sample,
 a **pre-decoded** 640×640 RGB image (uint8, or float32 in ``[0, 1]``) with 5 boxes and 5
@@ -313,7 +313,7 @@ def _demo_setup(batch: int | None = None) -> dict[str, Any]:
     from torchvision.transforms import v2
 
     from visionblocks.cli._demo_data import _DATA, BATCH_SIZE
-    from visionblocks.cli._demo_train import make_optimizer
+    from visionblocks.cli._demo_train import make_optimizer, memory_format
     from visionblocks.cli.demo import DEMO_MODEL
     from visionblocks.data import CocoInstances, collate_detection, make_synthetic_coco
     from visionblocks.registry import MODELS
@@ -324,8 +324,10 @@ def _demo_setup(batch: int | None = None) -> dict[str, Any]:
         data = CocoInstances(ann.parent / "images", ann, transforms=v2.RandomHorizontalFlip())
         images, targets, sizes = collate_detection([data[i] for i in range(batch)])
     torch.manual_seed(0)
-    model = MODELS.build(DEMO_MODEL)
+    layout = memory_format(images.device)  # the demo's: channels-last on the CPU
+    model = MODELS.build(DEMO_MODEL).to(memory_format=layout)
     model.train()
+    images = images.contiguous(memory_format=layout)
     targets = [{k: t[k] for k in ("boxes", "labels")} for t in targets]
     return {"model": model, "optimizer": make_optimizer(model), "batch": (images, targets, sizes)}
 
@@ -347,8 +349,8 @@ DEMO_DETECTOR_TRAIN_STEP = register_case(
         name="workload_demo_detector_train_step",
         setup=_demo_setup,
         ours=_demo_step,
-        description="the demo's Detector (vb_tiny + FPN + FCOS head) training step, 16 "
-        "synthetic COCO images 128x128, AdamW; 2 threads",
+        description="the demo's Detector (vb_tiny + FPN + YOLOv8 head) training step, 16 "
+        "synthetic COCO images 128x128, AdamW, channels-last; 2 threads",
         memory=False,
         small_setup=_demo_small_setup,
         group="workload",

@@ -55,12 +55,11 @@ FEATURE_LAYERS = {f"backbone.{name}": name for name in STAGES} | {"head": "head"
 
 
 def class_scores(head: dict, index: int, size: tuple[int, int]) -> np.ndarray:
-    """FCOS scores ``sqrt(sigmoid(class) * sigmoid(centerness))`` of one image: the maximum
-    over the levels at image resolution, as ``(H, W, classes)``."""
+    """The YOLOv8 head's class scores ``sigmoid(logit)`` of one image: the maximum over the
+    levels at image resolution, as ``(H, W, classes)``."""
     levels = []
-    for logits, centerness, (h, w) in zip(head["cls_logits"], head["centerness"], head["sizes"]):
-        score = (logits[index].sigmoid() * centerness[index, :, None].sigmoid()).sqrt()
-        score = score.T.reshape(1, -1, int(h), int(w))
+    for logits, (h, w) in zip(head["cls_logits"], head["sizes"]):
+        score = logits[index].sigmoid().T.reshape(1, -1, int(h), int(w))
         levels.append(torch.nn.functional.interpolate(score, size=size, mode="nearest")[0])
     return torch.stack(levels).amax(0).permute(1, 2, 0).numpy()
 

@@ -1,6 +1,6 @@
 """`visionblocks demo`: outputs, data reuse, errors, a torchrun run on two gloo processes, and
-the default run's targets (AP >= 0.70, AP50 >= 0.95; on the images drawn, a box of the right
-class on all objects but at most one, and at most one box more). Its time is measured by running it (``make demo``), not here.
+the default run's targets (AP >= 0.70, AP50 >= 0.95; on the images drawn, at most a quarter
+of the objects missed and a quarter more boxes than objects found). Its time is measured by running it (``make demo``), not here.
 """
 
 from __future__ import annotations
@@ -73,7 +73,7 @@ def test_the_default_demo_meets_its_ap_and_draws_few_wrong_boxes(tmp_path, capsy
     # The picture after the deployed postprocessing: no pile of boxes, few objects missed.
     # Exactly one box per object, of its class, is still open (issue 40): the same seed gives
     # another run on another CPU (its kernels sum in another order). Seeds 0-6 on one thread
-    # (as here under pytest-xdist): 0-2 objects missed, 0-2 boxes more than found, of 15-24.
+    # (as here under pytest-xdist): 0-1 objects missed, 0-1 boxes more than found, of 15-24.
     drawn = metrics["drawn"]
     assert drawn["objects"] > 8 and drawn["found"] <= drawn["objects"], drawn
     assert drawn["objects"] - drawn["found"] <= drawn["objects"] // 4, drawn

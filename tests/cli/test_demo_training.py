@@ -90,3 +90,30 @@ def test_losses_are_read_on_the_host_only_at_log_steps(out, monkeypatch):
     assert runs[0][0] == [3, 3, 1] and runs[1][0] == [1] * 7  # steps read at each log step
     assert runs[0][1] == runs[1][1]  # the same per-step values as reading every step
     assert all(len(v) == 7 for v in runs[0][1].values())
+
+
+@pytest.mark.slow  # the demo
+def test_the_cpu_demo_trains_on_channels_last_weights_and_images(out, monkeypatch):
+    import visionblocks.cli._demo_train as demo_train
+
+    layouts = []
+    step = demo_train._step
+
+    def recorded(model, batch, *args):
+        def record(module, inputs):
+            weights = [p for p in module.parameters() if p.dim() == 4]
+            layouts.append((inputs[0].is_contiguous(memory_format=torch.channels_last),
+                            all(w.is_contiguous(memory_format=torch.channels_last)
+                                for w in weights), len(weights)))  # fmt: skip
+
+        handle = model.register_forward_pre_hook(record)
+        try:
+            return step(model, batch, *args)
+        finally:
+            handle.remove()
+
+    monkeypatch.setattr(demo_train, "_step", recorded)
+    assert main(["demo", "--steps", "2", "--out", str(out), "--seed", "3", "--no-export"]) == 0
+    assert len(layouts) == 2 and all(images and weights for images, weights, _ in layouts)
+    assert layouts[0][2] > 20  # every convolution of the detector
+    assert demo_train.memory_format(torch.device("cuda")) == torch.contiguous_format

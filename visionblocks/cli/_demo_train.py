@@ -50,6 +50,12 @@ def make_optimizer(model: Any) -> torch.optim.Optimizer:
         return torch.optim.AdamW(model.parameters(), **options)
 
 
+def memory_format(device: torch.device) -> torch.memory_format:
+    """The layout of the demo's weights and images: channels-last (NHWC) on the CPU, whose
+    oneDNN convolutions run the demo's steps faster in it; torch's default elsewhere."""
+    return torch.channels_last if device.type == "cpu" else torch.contiguous_format
+
+
 def amp_dtype(device: torch.device, amp: bool) -> torch.dtype | None:
     """The autocast dtype: bf16 on the CPU and on CUDA GPUs that have it, else fp16;
     ``None`` without AMP."""
@@ -151,7 +157,7 @@ def _step(
     finder: Any,
 ) -> dict[str, torch.Tensor]:
     images, targets, sizes = batch
-    images = images.to(device, non_blocking=True)
+    images = images.to(device, non_blocking=True, memory_format=memory_format(device))
     targets = [{k: t[k].to(device) for k in ("boxes", "labels")} for t in targets]
     autocast = nullcontext() if dtype is None else torch.autocast(device.type, dtype=dtype)
     with autocast:
