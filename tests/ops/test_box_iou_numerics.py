@@ -239,18 +239,58 @@ def _loss_calls(a: torch.Tensor, b: torch.Tensor) -> list:
     return calls
 
 
+def _op_calls(a: torch.Tensor, b: torch.Tensor) -> list:
+    """The IoU family, pairwise and aligned, as (name, call)."""
+    return [(f"{fn.__name__} aligned={aligned}", lambda f=fn, al=aligned: f(a, b, aligned=al))
+            for fn in FUNCTIONS for aligned in (False, True)]  # fmt: skip
+
+
 @pytest.mark.parametrize("which", [0, 1])
 @pytest.mark.parametrize("coordinate", [LIMIT32, -LIMIT32, 1e19, 3e38])
-def test_losses_refuse_float32_coordinates_beyond_the_range(which, coordinate):
-    # Torchvision's losses give NaN here (areas and squared distances overflow float32).
+def test_float32_coordinates_beyond_the_range_are_refused(which, coordinate):
+    # Torchvision gives NaN, inf or (box_iou) 0 here: areas and squared distances overflow.
     boxes = list(_unit_pairs())
     boxes[which] = boxes[which].clone()
     boxes[which][1, 2 if coordinate > 0 else 0] = coordinate
-    for label, call in _loss_calls(*boxes):
-        with pytest.raises(ValueError, match=r"(pred|target) holds a coordinate") as e:
-            call()
-        assert str(e.value).split()[0] == ("pred", "target")[which], label
-        assert "2**61" in str(e.value) and ".double()" in str(e.value), label
+    names = {"loss": ("pred", "target"), "op": ("boxes1", "boxes2")}
+    for kind, calls in (("loss", _loss_calls(*boxes)), ("op", _op_calls(*boxes))):
+        for label, call in calls:
+            with pytest.raises(ValueError, match=r"holds a coordinate of") as e:
+                call()
+            assert str(e.value).split()[0] == names[kind][which], label
+            assert "2**61" in str(e.value) and ".double()" in str(e.value), label
+
+
+def test_int64_boxes_are_checked_in_float32():
+    # int64 holds coordinates beyond float32's range (up to 9.2e18); int32 cannot reach it.
+    unit, other = _unit_pairs()
+    huge = unit.long() * 2**62
+    with pytest.raises(ValueError, match=r"boxes2 holds .*int64 boxes \(computed in float32\)"):
+        box_iou(other.long(), huge)
+    assert_close(box_iou(unit.long() * 2**59, other.long() * 2**59),
+                 box_iou(unit.long(), other.long()))  # fmt: skip
+    assert box_iou(unit.int() * 2**30, other.int()).dtype == torch.float32
+
+
+def test_one_set_given_twice_is_read_once(monkeypatch):
+    reads = []
+    aminmax = torch.aminmax
+    monkeypatch.setattr(torch, "aminmax", lambda t: reads.append(t) or aminmax(t))
+    unit, other = _unit_pairs()
+    box_iou(unit, unit)
+    assert len(reads) == 1
+    generalized_box_iou(unit, other)
+    assert len(reads) == 3
+
+
+def test_matrix_nms_names_its_boxes():
+    from visionblocks.ops import matrix_nms
+
+    unit, _ = _unit_pairs()
+    with pytest.raises(ValueError, match=r"^boxes holds a coordinate of 3e\+19"):
+        matrix_nms(torch.rand(3), boxes=unit * 1e19)
+    order, scores = matrix_nms(torch.rand(3), boxes=(unit * 1e19).double())
+    assert torch.isfinite(scores).all() and sorted(order.tolist()) == [0, 1, 2]
 
 
 def test_bfloat16_losses_are_checked_in_float32():
@@ -309,14 +349,8 @@ def test_value_checks_off_skip_the_range():
     unit, other = _unit_pairs()
     with visionblocks.value_checks(False):
         out = generalized_box_iou_loss(unit * 1e19, other * 1e19, reduction="none")
-    assert torch.isnan(out).any()  # what the check refuses: no longer caught
-
-
-def test_the_ops_document_their_range_instead():
-    # No check in the pairwise and aligned ops (it would cost more than a call on a few
-    # boxes): beyond the range they give torchvision's NaN; float64 gives the values.
-    unit, other = _unit_pairs()
-    assert torch.isnan(generalized_box_iou(unit * 1e19, other * 1e19)).any()
+        op = generalized_box_iou(unit * 1e19, other * 1e19)
+    assert torch.isnan(out).any() and torch.isnan(op).any()  # what the check refuses
     assert_close(generalized_box_iou(unit.double() * 1e19, other.double() * 1e19),
                  generalized_box_iou(unit.double(), other.double()))  # fmt: skip
 

@@ -32,7 +32,6 @@ nothing.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from typing import Any, Literal
 
@@ -40,7 +39,7 @@ import torch
 from torch import Tensor, nn
 
 from visionblocks._core.deprecation import deprecated_attribute
-from visionblocks._core.dispatch import forced_triton, reads_values, use_triton, validate_impl
+from visionblocks._core.dispatch import forced_triton, use_triton, validate_impl
 from visionblocks._core.namespace import public_dir
 from visionblocks._core.registries import LOSSES
 from visionblocks._core.tensor_checks import (
@@ -50,7 +49,7 @@ from visionblocks._core.tensor_checks import (
     compute_dtype,
 )
 from visionblocks.losses._reduce import REDUCTIONS, check_reduction, reduce_loss
-from visionblocks.ops.boxes import _columns, _measure, _upcast, check_eps
+from visionblocks.ops.boxes import _columns, _measure, _upcast, check_eps, check_range
 
 __all__ = [
     "CompleteBoxIoULoss",
@@ -64,55 +63,6 @@ __dir__ = public_dir(__name__, __all__)
 
 Reduction = Literal["none", "mean", "sum"]
 _OPS = {1: "generalized_box_iou_loss", 2: "distance_box_iou_loss", 3: "complete_box_iou_loss"}
-
-
-_RANGE = {torch.float32: 2.0**61, torch.float64: 2.0**509}
-"""Largest coordinate magnitude by compute dtype (the box ops' Range): with coordinates in
-``[-r, r]``, ``32 r**2`` (the largest squared centre distance, DIoU/CIoU) is finite."""
-_WIDE = {
-    torch.float32: frozenset({torch.float32, torch.bfloat16}),
-    torch.float64: frozenset({torch.float64}),
-}
-"""The input dtypes whose values can reach `_RANGE` of each compute dtype."""
-
-
-def _check_range(
-    dtype: torch.dtype, names: tuple[str, str], boxes1: Tensor, boxes2: Tensor
-) -> None:
-    """Refuse finite coordinates beyond the box ops' Range for the compute ``dtype`` (float32
-    or float64), the losses' value check: on CPU, one read of each set; nothing on other
-    devices, for dtypes that cannot exceed the range, or with value checks off.
-
-    Examples:
-        >>> huge = torch.tensor([[0.0, 0.0, 1e19, 1e19]])
-        >>> _check_range(torch.float32, ("pred", "target"), huge, huge)
-        Traceback (most recent call last):
-        ...
-        ValueError: pred holds a coordinate of 1e+19: float32 boxes must stay within ±2**61 (about 2.3e+18), where every area and squared distance is finite; convert them with .double() (float64 holds every finite float32 box)
-    """
-    if not reads_values(boxes1, boxes2):
-        return
-    wide, limit = _WIDE[dtype], _RANGE[dtype]
-    for name, t in zip(names, (boxes1, boxes2)):
-        if t.dtype in wide and 0 not in t.shape:
-            low, high = torch.aminmax(t.data)
-            for value in (float(high), float(low)):  # NaN and inf are not refused
-                if limit <= abs(value) < math.inf:
-                    raise ValueError(_range_message(name, value, t, dtype, limit))
-
-
-def _range_message(name: str, value: float, t: Tensor, dtype: torch.dtype, limit: float) -> str:
-    got = f"a coordinate of {value:.3g}"
-    given = str(t.dtype).removeprefix("torch.")
-    computed = "" if t.dtype == dtype else f" (computed in {str(dtype)[6:]})"
-    rule = (
-        f"{given} boxes{computed} must stay within ±2**{int(math.log2(limit))} "
-        f"(about {limit:.2g}), where every area and squared distance is finite"
-    )
-    route = "scale them down" if dtype == torch.float64 else (
-        "convert them with .double() (float64 holds every finite float32 box)"
-    )  # fmt: skip
-    return f"{name} holds {got}: {rule}; {route}"
 
 
 def _pair_losses(pred: Tensor, target: Tensor, kind: int, eps: float) -> Tensor:
@@ -139,12 +89,7 @@ def _check_loss_inputs(pred: Tensor, target: Tensor, reduction: str, eps: float)
     if reduction not in REDUCTIONS:
         check_reduction(reduction)
     check_eps(eps)
-    _check_range(
-        compute_dtype(torch.promote_types(pred.dtype, target.dtype)),
-        ("pred", "target"),
-        pred,
-        target,
-    )
+    check_range(pred, target, ("pred", "target"))
 
 
 def _box_iou_loss(

@@ -42,14 +42,15 @@ Convention:
     **Range**: for exact results every area, enclosing box and squared distance must be a
     finite number: float32 coordinates below ``2**61`` (about ``2.3e18``) in magnitude
     (float64: ``2**509``, about ``1.7e153``), sizes above about ``1e-18`` (float64:
-    ``1e-150``). Beyond, float32 results are NaN, ``inf``, or (for `box_iou`) 0, as
-    torchvision's. The functions here do not check it: a check reads the boxes on every call,
-    which costs more than the whole call on a few boxes (the Benchmarks page), and a GPU would
-    wait for it. The IoU losses do check it on CPU (`visionblocks.losses.iou`). Every finite
-    float32 box is inside float64's range: ``boxes.double()`` gives finite values and
-    gradients for all of them. `box_area` is ``inf`` where an area exceeds the dtype's maximum
-    (the float32 rounding of the true area), NaN where a side does (coordinates beyond about
-    ``±1.7e38``).
+    ``1e-150``). Beyond, torchvision's float32 results are NaN, ``inf`` or (``box_iou``) 0.
+    Here the IoU family refuses finite CPU boxes beyond it, a value check
+    (`visionblocks.set_value_checks`: one read of each set, a few microseconds) that raises
+    a ``ValueError`` naming the set; CUDA boxes are not read (no host synchronisation), so
+    there, and with value checks off, the results beyond the range are torchvision's.
+    ``boxes.double()`` computes in float64, whose range holds every finite float32 box:
+    finite values and gradients for all of them. `box_area` is not checked: it is ``inf``
+    where an area exceeds the dtype's maximum (the float32 rounding of the true area), NaN
+    where a side does (coordinates beyond about ``±1.7e38``).
 
     An **inverted** box (``x2 < x1`` or ``y2 < y1``) is invalid but not rejected (a check would make
     the GPU wait): the IoU family collapses it to zero width (height) at ``x1`` (``y1``), so IoU is
@@ -81,6 +82,7 @@ import torch
 from torch import Tensor
 
 from visionblocks._core.checks import check_choice, check_int, check_number, check_type
+from visionblocks._core.dispatch import reads_values
 from visionblocks._core.namespace import public_dir
 from visionblocks._core.tensor_checks import (
     check_last_dim,
@@ -246,6 +248,7 @@ def _check_iou_inputs(boxes1: Tensor, boxes2: Tensor, aligned: bool, eps: float)
         if boxes.is_complex():
             raise TypeError(f"boxes must be real (floating-point or integer), got {boxes.dtype}")
     check_pair(boxes1, boxes2, aligned)
+    check_range(boxes1, boxes2)
 
 
 def check_pair(boxes1: Tensor, boxes2: Tensor, aligned: bool) -> None:
@@ -265,6 +268,59 @@ def check_pair(boxes1: Tensor, boxes2: Tensor, aligned: bool) -> None:
                 f"{what} of boxes1 and boxes2 must be equal or broadcastable, "
                 f"got {tuple(batch1)} and {tuple(batch2)}"
             ) from None
+
+
+_RANGE = {torch.float32: 2.0**61, torch.float64: 2.0**509}
+"""Largest coordinate magnitude by compute dtype (the module's Range): with coordinates in
+``[-r, r]``, ``32 r**2`` (the largest squared centre distance, DIoU/CIoU) is finite."""
+_WIDE = {
+    torch.float32: (torch.float32, torch.bfloat16, torch.int64),
+    torch.float64: (torch.float64,),
+}
+"""The input dtypes whose values can reach `_RANGE` of each compute dtype."""
+
+
+def check_range(
+    boxes1: Tensor, boxes2: Tensor, names: tuple[str, str] = ("boxes1", "boxes2")
+) -> None:
+    """Refuse finite coordinates beyond the module's Range for the compute dtype of the two
+    sets (float32, or float64 if one is float64), naming the set: on CPU, one read of each;
+    nothing on other devices, for dtypes that cannot exceed the range, or with value checks
+    off (`visionblocks.set_value_checks`). NaN and inf are not refused.
+
+    Examples:
+        >>> huge = torch.tensor([[0.0, 0.0, 1e19, 1e19]])
+        >>> check_range(huge, huge, ("pred", "target"))
+        Traceback (most recent call last):
+        ...
+        ValueError: pred holds a coordinate of 1e+19: float32 boxes must stay within ±2**61 (about 2.3e+18), where every area and squared distance is finite; convert them with .double() (float64 holds every finite float32 box)
+    """
+    if not reads_values(boxes1, boxes2):
+        return
+    dtype = torch.float64 if torch.float64 in (boxes1.dtype, boxes2.dtype) else torch.float32
+    wide, limit = _WIDE[dtype], _RANGE[dtype]
+    for name, t in zip(names, (boxes1, boxes2) if boxes2 is not boxes1 else (boxes1,)):
+        if t.dtype in wide and t.numel():
+            low, high = torch.aminmax(t.detach() if t.requires_grad else t)
+            low, high = float(low), float(high)
+            if not -limit < low <= high < limit:  # beyond, or NaN: which one is it?
+                for value in (high, low):
+                    if limit <= abs(value) < math.inf:
+                        raise ValueError(_range_message(name, value, t, dtype, limit))
+
+
+def _range_message(name: str, value: float, t: Tensor, dtype: torch.dtype, limit: float) -> str:
+    got = f"a coordinate of {value:.3g}"
+    given = str(t.dtype).removeprefix("torch.")
+    computed = "" if t.dtype == dtype else f" (computed in {str(dtype)[6:]})"
+    rule = (
+        f"{given} boxes{computed} must stay within ±2**{int(math.log2(limit))} "
+        f"(about {limit:.2g}), where every area and squared distance is finite"
+    )
+    route = "scale them down" if dtype == torch.float64 else (
+        "convert them with .double() (float64 holds every finite float32 box)"
+    )  # fmt: skip
+    return f"{name} holds {got}: {rule}; {route}"
 
 
 class _CastClamped(torch.autograd.Function):
@@ -304,13 +360,14 @@ def _columns(boxes: Tensor, collapse: bool, contiguous: bool = False) -> list[Te
 
 
 def _nonzero(x: Tensor, eps: float) -> Tensor:
-    """The eps rule: ``eps`` where the denominator ``x`` is exactly zero, ``x`` elsewhere."""
-    return x.masked_fill(x == 0, eps)
+    """The eps rule: ``eps`` where the denominator ``x`` is exactly zero, ``x`` elsewhere
+    (``logical_not``: ``x == 0`` without a scalar operand, a third cheaper on a few boxes)."""
+    return x.masked_fill(x.logical_not(), eps)
 
 
 def _angle(w: Tensor, h: Tensor) -> Tensor:
     """``atan(w / h)`` for ``w, h >= 0``: ``pi / 2`` at ``h = 0``, 0 (no gradient) for a point."""
-    point = (w == 0) & (h == 0)
+    point = w.logical_not() & h.logical_not()  # w == 0 and h == 0 (see `_nonzero`)
     return torch.atan2(w, h.masked_fill(point, 1.0)).masked_fill(point, 0.0)
 
 
@@ -320,16 +377,16 @@ def _measure(a: list[Tensor], b: list[Tensor], kind: int, eps: float) -> Tensor:
     ax1, ay1, ax2, ay2 = a[0], a[1], a[2], a[3]
     bx1, by1, bx2, by2 = b[0], b[1], b[2], b[3]
     aw, ah, bw, bh = ax2 - ax1, ay2 - ay1, bx2 - bx1, by2 - by1
-    if kind == 0:  # sides clamped at 0: the values and gradients of collapsed boxes
-        aw, ah, bw, bh = aw.clamp_min(0), ah.clamp_min(0), bw.clamp_min(0), bh.clamp_min(0)
     area_a, area_b = aw * ah, bw * bh
+    if kind == 0:  # IoU does not collapse: an inverted box has inter = 0 (dx or dy < 0)
+        area_a, area_b = area_a.relu(), area_b.relu()  # and then no area
     dx = torch.minimum(ax2, bx2) - torch.maximum(ax1, bx1)  # overlap sides, < 0 if apart
     dy = torch.minimum(ay2, by2) - torch.maximum(ay1, by1)
     inter = dx.relu() * dy.relu()  # relu: no gradient through a side that is 0
     if kind == 0:
         # A union is zero only where both areas are, and beside a zero-area box inter = 0:
         # eps in place of a zero area_a (O(N), not O(NM)) is the eps rule, value and gradient.
-        return inter / ((area_a.masked_fill(area_a == 0, eps) + area_b) - inter)
+        return inter / ((_nonzero(area_a, eps) + area_b) - inter)
     union = (area_a + area_b) - inter
     iou = inter / _nonzero(union, eps)
     cw, ch = (aw + bw) - dx, (ah + bh) - dy  # sides of the smallest enclosing box
@@ -342,7 +399,7 @@ def _measure(a: list[Tensor], b: list[Tensor], kind: int, eps: float) -> Tensor:
         return diou
     v = (4 / math.pi**2) * (_angle(bw, bh) - _angle(aw, ah)) ** 2
     v_c = v.detach()  # alpha = v / (1 - IoU + v) is a constant weight, 0 where v = 0
-    alpha = (v_c / ((1 - iou.detach()) + v_c)).masked_fill(v_c == 0, 0.0)
+    alpha = (v_c / ((1 - iou.detach()) + v_c)).masked_fill(v_c.logical_not(), 0.0)
     return diou - alpha * v
 
 
@@ -351,7 +408,7 @@ def _overlap(boxes1: Tensor, boxes2: Tensor, kind: int, aligned: bool, eps: floa
     dtype = compute_dtype(torch.promote_types(boxes1.dtype, boxes2.dtype))
     if not aligned:  # (..., N, 1, 4) with (..., 1, M, 4)
         boxes1, boxes2 = boxes1.unsqueeze(-2), boxes2.unsqueeze(-3)
-    collapse = kind != 0  # IoU: `_measure` clamps the sides instead, which is the same
+    collapse = kind != 0  # IoU: `_measure` clamps the areas instead, which gives the same
     a = _columns(_upcast(boxes1, dtype), collapse)
     # Pairwise, the inner loop runs along boxes2: contiguous columns pay off from ~100 boxes.
     b = _columns(_upcast(boxes2, dtype), collapse, not aligned and boxes2.shape[-2] > 64)
@@ -375,7 +432,8 @@ def box_iou(boxes1: Tensor, boxes2: Tensor, aligned: bool = False, eps: float = 
 
     Raises:
         TypeError: Boxes not real tensors, ``aligned`` not a bool, ``eps`` not a number.
-        ValueError: Bad shapes, devices or ``eps`` (listed in the module notes).
+        ValueError: Bad shapes, devices or ``eps`` (listed in the module notes); CPU boxes
+            beyond the Range (the module notes).
 
     Examples:
         >>> import torch
@@ -388,6 +446,10 @@ def box_iou(boxes1: Tensor, boxes2: Tensor, aligned: bool = False, eps: float = 
         >>> tiny = torch.tensor([[0.3, 0.3, 0.3002, 0.3002]])  # identical: 1 at any size
         >>> box_iou(tiny, tiny)
         tensor([[1.]])
+        >>> box_iou(a * 1e19, b)  # beyond float32's range; (a * 1e19).double() computes it
+        Traceback (most recent call last):
+        ...
+        ValueError: boxes1 holds a coordinate of 2e+19: float32 boxes must stay within ±2**61 (about 2.3e+18), where every area and squared distance is finite; convert them with .double() (float64 holds every finite float32 box)
     """
     if not torch.jit.is_scripting():
         _check_iou_inputs(boxes1, boxes2, aligned, eps)

@@ -19,7 +19,8 @@ Convention:
     score times the decay. A ``sigma`` beyond the largest number of the compute dtype counts
     as that number (the limit: each ratio 0, 1 or infinite). Mask IoUs are
     `visionblocks.ops.mask_iou`'s (bool and integer masks binary, floating ones soft; 0 for
-    two empty masks); box IoUs `visionblocks.ops.box_iou`'s. Compiles with
+    two empty masks); box IoUs `visionblocks.ops.box_iou`'s, within its range (checked on
+    CPU, as there). Compiles with
     ``torch.compile(fullgraph=True)`` and reads no CUDA tensor values, unless
     ``score_threshold`` is given (the output's length then depends on the values, as
     `visionblocks.ops.nms`).
@@ -42,7 +43,7 @@ from visionblocks._core.tensor_checks import (
     check_tensor,
     compute_dtype,
 )
-from visionblocks.ops.boxes import box_iou
+from visionblocks.ops.boxes import _overlap, check_range
 from visionblocks.ops.masks import _counts, mask_iou
 
 __all__ = ["matrix_nms"]
@@ -61,6 +62,7 @@ def _checked(scores: Any, boxes: Any, masks: Any, labels: Any) -> Tensor:
             raise ValueError(
                 f"boxes must have shape (N, 4) in 'xyxy' format, got {tuple(boxes.shape)}"
             )
+        check_range(boxes, boxes, ("boxes", "boxes"))
     else:
         regions = check_tensor("masks", masks)
         if masks.is_complex() or masks.dim() != 3:
@@ -131,7 +133,8 @@ def matrix_nms(
         TypeError: Non-tensor or non-floating scores, complex or bool boxes, non-integer
             labels, a non-number ``sigma`` or ``score_threshold``.
         ValueError: Both or neither of boxes and masks, bad shapes or devices, ``sigma`` not
-            positive or not finite, a NaN ``score_threshold``, an unknown ``kernel``.
+            positive or not finite, a NaN ``score_threshold``, an unknown ``kernel``, CPU
+            boxes beyond `visionblocks.ops.box_iou`'s range.
 
     Examples:
         >>> import torch
@@ -161,7 +164,7 @@ def matrix_nms(
         return order, scores
     regions = regions.detach()[order]
     if boxes is not None:
-        iou = box_iou(regions, regions).to(dtype)
+        iou = _overlap(regions, regions, 0, False, 1e-7).to(dtype)  # box_iou, checked
     else:
         regions = _counts(regions, dtype)  # bool and integer masks binary (0/255 uint8)
         iou = mask_iou(regions, regions)
