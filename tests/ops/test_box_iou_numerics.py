@@ -6,6 +6,8 @@ zero, so identical boxes give exactly 1 at every scale and in every dtype.
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 import torchvision.ops as tvo
@@ -269,7 +271,35 @@ def test_int64_boxes_are_checked_in_float32():
         box_iou(other.long(), huge)
     assert_close(box_iou(unit.long() * 2**59, other.long() * 2**59),
                  box_iou(unit.long(), other.long()))  # fmt: skip
-    assert box_iou(unit.int() * 2**30, other.int()).dtype == torch.float32
+    top = torch.iinfo(torch.int32).max  # int32 is not read: its largest boxes are in range
+    corners = torch.tensor([[0, 0, top, top], [-top, -top, 1, top]], dtype=torch.int32)
+    assert_close(box_iou(corners, corners.flip(0)), box_iou(corners.double(), corners.flip(0).double()).float())  # fmt: skip
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+def test_nan_or_inf_do_not_hide_a_coordinate_beyond_the_range(bad):
+    # aminmax of a set holding NaN (or inf) is NaN (inf): the huge finite one is found anyway.
+    unit, other = _unit_pairs()
+    boxes = unit.clone()
+    boxes[0, 2], boxes[1, 3] = bad, -1e30
+    for label, call in _op_calls(other, boxes) + _loss_calls(other, boxes):
+        with pytest.raises(ValueError) as e:
+            call()
+        assert re.match(r"(boxes2|target) holds a coordinate of -1e\+30", str(e.value)), label
+
+
+@pytest.mark.parametrize("eps", [0.0, 1e-7])
+def test_special_corners_match_the_reference(eps):
+    # Every pair of boxes whose corners are drawn from a few special values (zero, signed
+    # zero, equal and swapped corners: degenerate and inverted boxes), at eps 0 (0 / 0 is
+    # NaN) and eps > 0, against the float64 reference, NaN where it is NaN.
+    gen = torch.Generator().manual_seed(0)
+    values = torch.tensor([0.0, -0.0, 1.0, -1.0, 2.0, 0.5])
+    boxes = values[torch.randint(0, len(values), (400, 4), generator=gen)]
+    for fn, name in zip(FUNCTIONS, IDS, strict=True):
+        out = fn(boxes[:200], boxes[200:], eps=eps)
+        expected = ref.pairwise(ref.MEASURES[name], boxes[:200], boxes[200:], eps)
+        torch.testing.assert_close(out, expected.float(), equal_nan=True, msg=name)
 
 
 def test_one_set_given_twice_is_read_once(monkeypatch):

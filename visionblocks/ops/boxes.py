@@ -10,10 +10,12 @@ pairwise): ground truths ``(M, 4)`` against predictions ``(B, N, 4)`` give ``(B,
 The pairwise results equal torchvision's for valid boxes, up to its ``eps`` (below); unlike
 torchvision, identical boxes give exactly 1 however small, and degenerate boxes give finite values
 and gradients. Every function scripts (without the input checks, and gradients to half boxes not
-clamped), compiles with ``torch.compile(fullgraph=True)`` and reads no tensor values on the host,
-except `remove_small_boxes`, whose output size depends on the values.
+clamped), compiles with ``torch.compile(fullgraph=True)`` and reads no CUDA tensor values on
+the host; on CPU the IoU family reads each set once (the Range check below), and
+`remove_small_boxes`, whose output size depends on the values, reads them on every device.
 ``ValueError``: a last dim other than 4, fewer than 2 dims (pairwise), leading dims that do not
-broadcast, boxes on different devices, or a negative or non-finite ``eps``.
+broadcast, boxes on different devices, a negative or non-finite ``eps``, or CPU boxes beyond
+the Range (the IoU family).
 
 Convention:
     Formats (``fmt`` strings of `box_convert`):
@@ -302,10 +304,11 @@ def check_range(
     for name, t in zip(names, (boxes1, boxes2) if boxes2 is not boxes1 else (boxes1,)):
         if t.dtype in wide and t.numel():
             low, high = torch.aminmax(t.detach() if t.requires_grad else t)
-            low, high = float(low), float(high)
-            if not -limit < low <= high < limit:  # beyond, or NaN: which one is it?
+            if not -limit < float(low) <= float(high) < limit:  # beyond, NaN or inf
+                finite = torch.where(t.isfinite(), t, 0)  # NaN and inf are not refused
+                low, high = (float(v) for v in torch.aminmax(finite.detach()))
                 for value in (high, low):
-                    if limit <= abs(value) < math.inf:
+                    if abs(value) >= limit:
                         raise ValueError(_range_message(name, value, t, dtype, limit))
 
 
@@ -377,9 +380,9 @@ def _measure(a: list[Tensor], b: list[Tensor], kind: int, eps: float) -> Tensor:
     ax1, ay1, ax2, ay2 = a[0], a[1], a[2], a[3]
     bx1, by1, bx2, by2 = b[0], b[1], b[2], b[3]
     aw, ah, bw, bh = ax2 - ax1, ay2 - ay1, bx2 - bx1, by2 - by1
+    if kind == 0:  # sides at 0, the collapsed boxes' (relu: cheaper than clamp_min(0))
+        aw, ah, bw, bh = aw.relu(), ah.relu(), bw.relu(), bh.relu()
     area_a, area_b = aw * ah, bw * bh
-    if kind == 0:  # IoU does not collapse: an inverted box has inter = 0 (dx or dy < 0)
-        area_a, area_b = area_a.relu(), area_b.relu()  # and then no area
     dx = torch.minimum(ax2, bx2) - torch.maximum(ax1, bx1)  # overlap sides, < 0 if apart
     dy = torch.minimum(ay2, by2) - torch.maximum(ay1, by1)
     inter = dx.relu() * dy.relu()  # relu: no gradient through a side that is 0
@@ -408,7 +411,7 @@ def _overlap(boxes1: Tensor, boxes2: Tensor, kind: int, aligned: bool, eps: floa
     dtype = compute_dtype(torch.promote_types(boxes1.dtype, boxes2.dtype))
     if not aligned:  # (..., N, 1, 4) with (..., 1, M, 4)
         boxes1, boxes2 = boxes1.unsqueeze(-2), boxes2.unsqueeze(-3)
-    collapse = kind != 0  # IoU: `_measure` clamps the areas instead, which gives the same
+    collapse = kind != 0  # IoU: `_measure` clamps the sides instead, which gives the same
     a = _columns(_upcast(boxes1, dtype), collapse)
     # Pairwise, the inner loop runs along boxes2: contiguous columns pay off from ~100 boxes.
     b = _columns(_upcast(boxes2, dtype), collapse, not aligned and boxes2.shape[-2] > 64)
