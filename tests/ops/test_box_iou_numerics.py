@@ -397,6 +397,11 @@ def test_cuda_boxes_are_not_read(monkeypatch):
         a = torch.rand(5, 4, device="cuda")
         assert generalized_box_iou(a, a[:3]).shape == (5, 3)
         assert generalized_box_iou_loss(a, a).shape == (5,)
+        for fn in FUNCTIONS:
+            assert fn(a, a, aligned=True).shape == (5,)
+        from visionblocks.ops import matrix_nms
+
+        assert matrix_nms(torch.rand(5, device="cuda"), boxes=a)[1].shape == (5,)
     assert asserted == []
 
 
