@@ -159,6 +159,49 @@ def test_init_follows_ultralytics():
         assert isinstance(branch[0].norm, nn.BatchNorm2d) and isinstance(branch[0].act, nn.SiLU)
 
 
+def test_depthwise_class_branch_is_ultralytics_yolo11_branch():
+    """Peer oracle: with ``depthwise_cls=True`` each level's class branch has the modules,
+    parameter shapes and outputs of ultralytics' ``Detect(legacy=False)`` ``cv3`` (YOLO11
+    and later), its weights and BatchNorm statistics copied in order; the box branch is
+    unchanged. The default keeps YOLOv8's two 3x3 convolutions."""
+    pytest.importorskip("ultralytics")
+    from ultralytics.nn.modules.head import Detect
+
+    torch.manual_seed(0)
+    ours = YOLOv8Head(24, 5, [8, 16], reg_max=8, depthwise_cls=True).eval()
+    legacy = YOLOv8Head(24, 5, [8, 16], reg_max=8).eval()
+    detect = Detect(nc=5, reg_max=8, ch=(24, 24))
+    detect.legacy = False
+    assert not type(detect).legacy  # ultralytics' default: YOLO11's branch
+    detect.eval()
+    feats = [torch.randn(2, 24, 8, 8), torch.randn(2, 24, 4, 4)]
+    for level, (branch, theirs) in enumerate(zip(ours.cls_branches, detect.cv3)):
+        mine, peer = branch.state_dict(), theirs.state_dict()
+        assert [v.shape for v in mine.values()] == [v.shape for v in peer.values()]
+        for module in branch.modules():
+            if isinstance(module, nn.BatchNorm2d):
+                module.running_mean.uniform_(-0.5, 0.5)
+                module.running_var.uniform_(0.5, 2.0)
+        theirs.load_state_dict(dict(zip(peer, (v.clone() for v in branch.state_dict().values()))))
+        with torch.no_grad():
+            torch.testing.assert_close(branch(feats[level]), theirs(feats[level]))
+        depthwise = branch[0].depthwise.conv
+        assert depthwise.groups == 24 and depthwise.kernel_size == (3, 3)
+        assert isinstance(branch[0].depthwise.act, nn.SiLU)
+    for a, b in zip(ours.box_branches, legacy.box_branches):
+        assert [v.shape for v in a.state_dict().values()] == [
+            v.shape for v in b.state_dict().values()
+        ]
+    assert [m.kernel_size for m in legacy.cls_branches[0].modules() if isinstance(m, nn.Conv2d)] == [
+        (3, 3), (3, 3), (1, 1)
+    ]  # fmt: skip
+    ours.train()
+    out = ours(feats)
+    loss = ours.loss(out, [_targets()[0], _targets()[0]])
+    sum(loss.values()).backward()
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in ours.parameters())
+
+
 def test_detector_trains_with_finite_losses_and_gradients():
     torch.manual_seed(0)
     model = build_detector(CFG)
@@ -275,6 +318,7 @@ def test_head_forward_and_loss_compile_fullgraph():
         ({"norm": "nope"}, ValueError, "nope"),
         ({"strides": [16, 8]}, ValueError, "strides must increase"),
         ({"score_thresh": 1.5}, ValueError, "score_thresh must be in"),
+        ({"depthwise_cls": 1}, TypeError, "depthwise_cls must be"),
     ],
 )
 def test_options_are_checked_at_construction(kwargs, error, match):

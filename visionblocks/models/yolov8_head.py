@@ -17,7 +17,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn.utils.rnn import pad_sequence
 
-from visionblocks._core.checks import check_finite, check_int, check_number
+from visionblocks._core.checks import check_finite, check_int, check_number, check_type
 from visionblocks._core.namespace import public_dir
 from visionblocks._core.registries import HEADS
 from visionblocks.losses.bce import binary_cross_entropy_with_logits
@@ -34,7 +34,7 @@ from visionblocks.models._levels import (
 from visionblocks.models._targets import prepare_targets
 from visionblocks.models.postprocess import postprocess_detections, postprocess_padded
 from visionblocks.nn._limits import MAX_CHANNELS, check_channels
-from visionblocks.nn.conv import ConvNormAct
+from visionblocks.nn.conv import ConvNormAct, DepthwiseSeparableConv2d
 from visionblocks.nn.layers import ActSpec, NormSpec, make_norm
 from visionblocks.ops.box_coders import decode_distances, encode_distances
 from visionblocks.ops.priors import make_anchor_points
@@ -54,9 +54,13 @@ class YOLOv8Head(nn.Module):
     ``ConvNormAct``, ``max(16, in_channels // 4, 4 reg_max)`` channels, then a 1x1 conv to
     ``4 * reg_max`` logits: a distribution over ``reg_max`` bins for each side) and a class
     branch (two 3x3 ``ConvNormAct``, ``max(in_channels, min(num_classes, 100))`` channels,
-    then a 1x1 conv to ``num_classes`` logits). A side's distance is the expectation of its
-    distribution (the DFL integral). ultralytics' bias init: box logits 1.0, class logits
-    ``log(5 / num_classes / (640 / stride)^2)``.
+    then a 1x1 conv to ``num_classes`` logits). With ``depthwise_cls=True`` the class branch
+    is YOLO11's instead (ultralytics' ``Detect`` with ``legacy=False``, as YOLO11 and later
+    build it): two `visionblocks.nn.DepthwiseSeparableConv2d` (a depthwise 3x3, then a
+    pointwise 1x1, each normed and activated) of the same widths, then the 1x1 conv; about
+    an eighth of the class branch's multiply-adds at 64 channels. A side's distance is the
+    expectation of its distribution (the DFL integral). ultralytics' bias init: box logits
+    1.0, class logits ``log(5 / num_classes / (640 / stride)^2)``.
 
     Training (`loss`): `visionblocks.ops.task_aligned_assign` (``tal_topk``, ``tal_alpha``,
     ``tal_beta``; ``tal_min_side``: ultralytics 8.4's widening of small boxes, ``None`` for
@@ -78,6 +82,8 @@ class YOLOv8Head(nn.Module):
         num_classes: Object classes (no background class).
         strides: Stride of each input level, finest first.
         reg_max: Bins per side distribution (``>= 2``).
+        depthwise_cls: YOLO11's depthwise-separable class branch instead of YOLOv8's two
+            3x3 convolutions (ultralytics' ``legacy=False``).
         norm: Norm of the branch convolutions (ultralytics: BatchNorm).
         act: Activation of the branch convolutions (ultralytics: SiLU).
         tal_topk: Anchors each object keeps in the assignment (at most the anchors).
@@ -124,6 +130,7 @@ class YOLOv8Head(nn.Module):
         strides: Sequence[int],
         *,
         reg_max: int = 16,
+        depthwise_cls: bool = False,
         norm: NormSpec = "bn",
         act: ActSpec = "silu",
         tal_topk: int = 10,
@@ -143,6 +150,7 @@ class YOLOv8Head(nn.Module):
         check_int("num_classes", num_classes, 1, MAX_CHANNELS)
         strides = check_strides(strides)
         check_int("reg_max", reg_max, 2, MAX_CHANNELS // 4)
+        check_type("depthwise_cls", depthwise_cls, bool)
         make_norm(norm, in_channels)  # an unknown norm fails here, named
         check_int("tal_topk", tal_topk, 1)
         for name, value in (("tal_alpha", tal_alpha), ("tal_beta", tal_beta),
@@ -167,18 +175,26 @@ class YOLOv8Head(nn.Module):
         box_width = max(16, in_channels // 4, 4 * reg_max)
         cls_width = max(in_channels, min(num_classes, 100))
 
-        def branch(width: int, outputs: int, bias: float) -> nn.Sequential:
+        def branch(width: int, outputs: int, bias: float, depthwise: bool) -> nn.Sequential:
+            block = DepthwiseSeparableConv2d if depthwise else ConvNormAct
             last = nn.Conv2d(width, outputs, 1)
             nn.init.constant_(last.bias, bias)
             return nn.Sequential(
-                ConvNormAct(in_channels, width, 3, norm=norm, act=act),
-                ConvNormAct(width, width, 3, norm=norm, act=act),
+                block(in_channels, width, 3, norm=norm, act=act),
+                block(width, width, 3, norm=norm, act=act),
                 last,
             )
 
-        self.box_branches = nn.ModuleList(branch(box_width, 4 * reg_max, 1.0) for _ in strides)
+        self.box_branches = nn.ModuleList(
+            branch(box_width, 4 * reg_max, 1.0, depthwise=False) for _ in strides
+        )
         self.cls_branches = nn.ModuleList(
-            branch(cls_width, num_classes, math.log(5 / num_classes / (640 / s) ** 2))
+            branch(
+                cls_width,
+                num_classes,
+                math.log(5 / num_classes / (640 / s) ** 2),
+                depthwise=depthwise_cls,
+            )
             for s in strides
         )
 
