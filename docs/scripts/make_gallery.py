@@ -9,7 +9,7 @@ attention (`visionblocks.ops.local_filter2d`, `visionblocks.ops.local_attention2
     python docs/scripts/make_gallery.py [--out DIR] [--demo-out DIR] [--quick]
 
 ``--demo-out DIR`` reuses a ``visionblocks demo --out DIR`` folder (or trains the demo there
-when it holds none); without it the demo trains in a temporary folder: 800 steps (minutes on
+when it holds none); without it the demo trains in a temporary folder: 850 steps (minutes on
 a laptop CPU), ``--quick`` a few (for tests). PNGs above 250 KB get a reduced palette.
 
 The pictures are drawn by the modules beside this script: ``_gallery_ops.py`` (the figure
