@@ -159,7 +159,7 @@ def test_init_follows_ultralytics():
         assert isinstance(branch[0].norm, nn.BatchNorm2d) and isinstance(branch[0].act, nn.SiLU)
 
 
-def test_depthwise_class_branch_is_ultralytics_yolo11_branch():
+def test_depthwise_class_branch_is_ultralytics_yolo11_branch(monkeypatch):
     """Peer oracle: with ``depthwise_cls=True`` each level's class branch has the modules,
     parameter shapes and outputs of ultralytics' ``Detect(legacy=False)`` ``cv3`` (YOLO11
     and later), its weights and BatchNorm statistics copied in order; the box branch is
@@ -170,10 +170,10 @@ def test_depthwise_class_branch_is_ultralytics_yolo11_branch():
     torch.manual_seed(0)
     ours = YOLOv8Head(24, 5, [8, 16], reg_max=8, depthwise_cls=True).eval()
     legacy = YOLOv8Head(24, 5, [8, 16], reg_max=8).eval()
-    detect = Detect(nc=5, reg_max=8, ch=(24, 24))
-    detect.legacy = False
-    assert not type(detect).legacy  # ultralytics' default: YOLO11's branch
-    detect.eval()
+    # ultralytics' model parser sets the class attribute for the models it builds; its
+    # constructor reads it
+    monkeypatch.setattr(Detect, "legacy", False)
+    detect = Detect(nc=5, reg_max=8, ch=(24, 24)).eval()
     feats = [torch.randn(2, 24, 8, 8), torch.randn(2, 24, 4, 4)]
     for level, (branch, theirs) in enumerate(zip(ours.cls_branches, detect.cv3)):
         mine, peer = branch.state_dict(), theirs.state_dict()

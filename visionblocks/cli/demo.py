@@ -204,7 +204,7 @@ def run_demo(
         >>> import tempfile
         >>> folder = tempfile.TemporaryDirectory()
         >>> metrics = run_demo(steps=2, out=folder.name, device="cpu", seed=0, export=False)  # doctest: +ELLIPSIS
-        visionblocks demo: 2 steps on cpu x 1, 522,561 parameters, seed 0 (repeatable: ... threads)
+        visionblocks demo: 2 steps on cpu x 1, 330,177 parameters, seed 0 (repeatable: ... threads)
         trained 2 steps in ... s: ... steps/s
         AP ...  AP50 ...  AP75 ...
         class ...
