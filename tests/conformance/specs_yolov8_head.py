@@ -47,7 +47,7 @@ SPECS = [
     # huge gains and exponents are legitimate numbers
     Spec(YOLOv8Head, lambda: (YOLOv8Head, {
             "in_channels": 8, "num_classes": 3, "strides": [8, 16], "reg_max": 4,
-            "depthwise_cls": True, "norm": "bn",
+            "depthwise_cls": False, "norm": "bn",
             "act": "silu", "tal_topk": 10, "tal_alpha": 0.5, "tal_beta": 6.0, "tal_min_side": 16.0,
             "box_gain": 7.5, "cls_gain": 0.5, "dfl_gain": 1.5, "score_thresh": 0.05,
             "nms_thresh": 0.7, "topk_candidates": 100, "max_detections": 10}),

@@ -147,12 +147,14 @@ def test_the_assignment_sees_positives_in_the_oracle_case():
 
 
 # ------------------------------------------------------------------ head and detector
-def test_init_follows_ultralytics():
-    head = YOLOv8Head(16, 4, STRIDES)
+@pytest.mark.parametrize("depthwise_cls", [False, True])
+def test_init_follows_ultralytics(depthwise_cls):
+    head = YOLOv8Head(16, 4, STRIDES, depthwise_cls=depthwise_cls)
     for branch, stride in zip(head.cls_branches, STRIDES):
         expected = math.log(5 / 4 / (640 / stride) ** 2)
         torch.testing.assert_close(branch[-1].bias, torch.full((4,), expected))
-        assert branch[0].conv.out_channels == 16  # max(in_channels, min(nc, 100))
+        first = branch[0].pointwise.conv if depthwise_cls else branch[0].conv
+        assert first.out_channels == 16  # max(in_channels, min(nc, 100))
     for branch in head.box_branches:
         assert (branch[-1].bias == 1.0).all() and branch[-1].out_channels == 64
         assert branch[0].conv.out_channels == 64  # max(16, in_channels // 4, 4 reg_max)
@@ -168,13 +170,14 @@ def test_depthwise_class_branch_is_ultralytics_yolo11_branch(monkeypatch):
     from ultralytics.nn.modules.head import Detect
 
     torch.manual_seed(0)
-    ours = YOLOv8Head(24, 5, [8, 16], reg_max=8, depthwise_cls=True).eval()
-    legacy = YOLOv8Head(24, 5, [8, 16], reg_max=8).eval()
+    # more classes than input channels: the branch is 40 wide on 16 input channels
+    ours = YOLOv8Head(16, 40, [8, 16], reg_max=8, depthwise_cls=True).eval()
+    legacy = YOLOv8Head(16, 40, [8, 16], reg_max=8).eval()
     # ultralytics' model parser sets the class attribute for the models it builds; its
     # constructor reads it
     monkeypatch.setattr(Detect, "legacy", False)
-    detect = Detect(nc=5, reg_max=8, ch=(24, 24)).eval()
-    feats = [torch.randn(2, 24, 8, 8), torch.randn(2, 24, 4, 4)]
+    detect = Detect(nc=40, reg_max=8, ch=(16, 16)).eval()
+    feats = [torch.randn(2, 16, 8, 8), torch.randn(2, 16, 4, 4)]
     for level, (branch, theirs) in enumerate(zip(ours.cls_branches, detect.cv3)):
         mine, peer = branch.state_dict(), theirs.state_dict()
         assert [v.shape for v in mine.values()] == [v.shape for v in peer.values()]
@@ -185,9 +188,11 @@ def test_depthwise_class_branch_is_ultralytics_yolo11_branch(monkeypatch):
         theirs.load_state_dict(dict(zip(peer, (v.clone() for v in branch.state_dict().values()))))
         with torch.no_grad():
             torch.testing.assert_close(branch(feats[level]), theirs(feats[level]))
-        depthwise = branch[0].depthwise.conv
-        assert depthwise.groups == 24 and depthwise.kernel_size == (3, 3)
-        assert isinstance(branch[0].depthwise.act, nn.SiLU)
+        for block, width in zip(branch[:2], (16, 40)):
+            depthwise = block.depthwise.conv
+            assert depthwise.groups == depthwise.in_channels == width
+            assert depthwise.kernel_size == (3, 3) and block.pointwise.conv.out_channels == 40
+            assert isinstance(block.depthwise.act, nn.SiLU)
     for a, b in zip(ours.box_branches, legacy.box_branches):
         assert [v.shape for v in a.state_dict().values()] == [
             v.shape for v in b.state_dict().values()

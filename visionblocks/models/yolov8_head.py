@@ -59,8 +59,9 @@ class YOLOv8Head(nn.Module):
     build it): two `visionblocks.nn.DepthwiseSeparableConv2d` (a depthwise 3x3, then a
     pointwise 1x1, each normed and activated) of the same widths, then the 1x1 conv; about
     an eighth of the class branch's multiply-adds at 64 channels. A side's distance is the
-    expectation of its distribution (the DFL integral). ultralytics' bias init: box logits
-    1.0, class logits ``log(5 / num_classes / (640 / stride)^2)``.
+    expectation of its distribution (the DFL integral). Bias init: box logits 1.0
+    (ultralytics 8.4 sets 2.0), class logits ``log(5 / num_classes / (640 / stride)^2)``
+    (ultralytics').
 
     Training (`loss`): `visionblocks.ops.task_aligned_assign` (``tal_topk``, ``tal_alpha``,
     ``tal_beta``; ``tal_min_side``: ultralytics 8.4's widening of small boxes, ``None`` for
