@@ -295,11 +295,12 @@ def test_channels_last_features_give_the_same_outputs():
 
 
 @pytest.mark.slow  # compiles
-def test_head_forward_and_loss_compile_fullgraph():
+@pytest.mark.parametrize("depthwise_cls", [False, True])
+def test_head_forward_and_loss_compile_fullgraph(depthwise_cls):
     """The head's forward and loss under ``torch.compile(fullgraph=True)`` (the detector
     checks the targets before it: `training_targets`' result is passed on as is)."""
     torch.manual_seed(0)
-    head = YOLOv8Head(16, 2, STRIDES)
+    head = YOLOv8Head(16, 2, STRIDES, depthwise_cls=depthwise_cls)
     feats = [torch.randn(2, 16, 8, 8), torch.randn(2, 16, 4, 4), torch.randn(2, 16, 2, 2)]
     checked = training_targets(_targets(), num_classes=2)
     compiled = torch.compile(

@@ -142,8 +142,12 @@ def test_backbone_forward_on_fake_cuda(backbone):
 
 @pytest.mark.parametrize(
     ("head", "names"),
-    [(DETECTOR["head"], {"loss_centerness"}), ({"type": "yolov8", "num_classes": 2}, {"loss_dfl"})],
-    ids=["fcos", "yolov8"],
+    [
+        (DETECTOR["head"], {"loss_centerness"}),
+        ({"type": "yolov8", "num_classes": 2}, {"loss_dfl"}),
+        ({"type": "yolov8", "num_classes": 2, "depthwise_cls": True}, {"loss_dfl"}),
+    ],
+    ids=["fcos", "yolov8", "yolo11_cls"],
 )
 def test_detector_training_forward_on_fake_cuda(head, names):
     from visionblocks.models import build_detector
