@@ -103,7 +103,7 @@ def compare(steps: int, out: Path) -> None:
     from visionblocks.registry import MODELS
     from visionblocks.training import seed_everything
 
-    train_ann, val_ann = demo_data(out, 0)
+    train_ann, val_ann = demo_data(out, 0, demo.TRAIN_IMAGES)
     images, labels, _ = demo._split(train_ann)
     val_images, val_labels, classes = demo._split(val_ann)
     rows = []

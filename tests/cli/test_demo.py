@@ -72,8 +72,8 @@ def test_the_default_demo_meets_its_ap_and_draws_few_wrong_boxes(tmp_path, capsy
     assert metrics["AP"] >= 0.70 and metrics["AP50"] >= 0.95
     # The picture after the deployed postprocessing: no pile of boxes, few objects missed.
     # Exactly one box per object, of its class, is still open (issue 40): the same seed gives
-    # another run on another CPU (its kernels sum in another order). Seeds 0-6 on one thread
-    # (as here under pytest-xdist): 0-1 objects missed, 0-1 boxes more than found, of 15-24.
+    # another run on another CPU (its kernels sum in another order). Seeds 0-13 on one thread
+    # (as here under pytest-xdist): no object missed, 0-2 boxes more than found, of 15-24.
     drawn = metrics["drawn"]
     assert drawn["objects"] > 8 and drawn["found"] <= drawn["objects"], drawn
     assert drawn["objects"] - drawn["found"] <= drawn["objects"] // 4, drawn

@@ -15,8 +15,9 @@ from visionblocks.cli import main
 def few_images(monkeypatch):
     """The demo's data with 16 train and 8 val images."""
     import visionblocks.cli._demo_data as data
+    import visionblocks.cli._demo_seg as seg
 
-    monkeypatch.setattr(data, "TRAIN_IMAGES", 16)
+    monkeypatch.setattr(seg, "TRAIN_IMAGES", 16)
     monkeypatch.setattr(data, "VAL_IMAGES", 8)
 
 

@@ -11,6 +11,17 @@ import torch
 from visionblocks.cli import main
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _few_training_images():
+    """64 training images, not the demo's thousands: these tests check the loop, not the
+    recipe."""
+    import visionblocks.cli._demo_data as data
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(data, "TRAIN_IMAGES", 64)
+        yield
+
+
 @pytest.fixture(scope="module")
 def out(tmp_path_factory):
     """One demo folder: its synthetic data is written once and reused by every run."""

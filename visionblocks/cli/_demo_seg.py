@@ -2,9 +2,10 @@
 the demo's synthetic COCO and report its mIoU (private; the command line is in
 `visionblocks.cli`).
 
-The detection demo's splits (`visionblocks.cli._demo_data.demo_data`) are painted into label
-maps by `visionblocks.data.CocoSegmentation` and brought to `IMAGE_SIZE` (images with
-antialiasing, labels by nearest neighbour); a `Segmenter` (``vb_tiny``, `FPN`, `FPNSegHead`
+The detection demo's splits (`visionblocks.cli._demo_data.demo_data`, with `TRAIN_IMAGES`
+training images: the first of the detection demo's) are painted into label maps by
+`visionblocks.data.CocoSegmentation` and brought to `IMAGE_SIZE` (images with antialiasing,
+labels by nearest neighbour); a `Segmenter` (``vb_tiny``, `FPN`, `FPNSegHead`
 with ``loss=("ce", "dice")``) trains on random mirrored batches with AdamW (`LEARNING_RATE`,
 the detection demo's warm-up and cosine decay), and `visionblocks.metrics.SegmentationMetrics` scores the val
 split, printed by `visionblocks.metrics.format_metrics`. Outputs in ``out``: ``metrics.json``
@@ -34,6 +35,8 @@ __all__ = ["DEFAULT_STEPS", "SEG_MODEL", "run_segmentation_demo"]
 DEFAULT_STEPS = 400
 """Training steps of the default segmentation demo."""
 IMAGE_SIZE = (64, 64)
+TRAIN_IMAGES = 512
+"""Training images of the segmentation demo."""
 BATCH_SIZE = 16
 LEARNING_RATE = 2.5e-2
 SEG_MODEL: dict[str, Any] = {
@@ -114,7 +117,7 @@ def _run(
     from visionblocks.training import seed_everything
 
     out.mkdir(parents=True, exist_ok=True)
-    train_ann, val_ann = demo_data(out, 0 if seed is None else seed)
+    train_ann, val_ann = demo_data(out, 0 if seed is None else seed, TRAIN_IMAGES)
     seed_everything(0 if seed is None else seed, deterministic=seed is not None, warn_only=True)
     images, labels, _ = _split(train_ann)
     val_images, val_labels, classes = _split(val_ann)
