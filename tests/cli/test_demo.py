@@ -71,9 +71,10 @@ def test_the_default_demo_meets_its_ap_and_draws_few_wrong_boxes(tmp_path, capsy
     assert metrics["steps"] == DEFAULT_STEPS
     assert metrics["AP"] >= 0.70 and metrics["AP50"] >= 0.95
     # The picture after the deployed postprocessing: no pile of boxes, few objects missed.
-    # Exactly one box per object, of its class, is still open (issue 40): the same seed gives
-    # another run on another CPU (its kernels sum in another order). Seeds 0-13 on one thread
-    # (as here under pytest-xdist): no object missed, 0-2 boxes more than found, of 15-24.
+    # Exactly one box per object, of its class, holds in most runs but not all, so it is not
+    # asserted: the same seed gives another run on another CPU (its kernels sum in another
+    # order). Seeds 0-13 on one thread (as here under pytest-xdist): no object missed, 0-2
+    # boxes more than found, of 15-24.
     drawn = metrics["drawn"]
     assert drawn["objects"] > 8 and drawn["found"] <= drawn["objects"], drawn
     assert drawn["objects"] - drawn["found"] <= drawn["objects"] // 4, drawn
