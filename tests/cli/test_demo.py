@@ -61,7 +61,7 @@ def test_demo_writes_metrics_and_figures(tmp_path, capsys):
     assert annotations.stat().st_mtime_ns == first  # the same data is reused, not rewritten
 
 
-@pytest.mark.slow  # the whole default demo: about two minutes on 2 quiet cores
+@pytest.mark.slow  # the whole default demo: about 70 s on 2 quiet cores (--no-export)
 def test_the_default_demo_meets_its_ap_and_draws_few_wrong_boxes(tmp_path, capsys):
     from visionblocks.cli.demo import DEFAULT_STEPS
 
